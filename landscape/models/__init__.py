@@ -1,0 +1,189 @@
+"""Model zoo: name -> builder(input_shape, num_classes, opts) -> nn.Module returning logits [B, num_classes].
+
+All models are deterministic (no dropout), use standard layers only and keep PyTorch's default initialisation,
+so the caller's torch.manual_seed fully determines the parameters.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from numbers import Integral
+from typing import Any
+
+from torch import nn
+
+from landscape.errors import LandscapeError
+from landscape.models.resnet import ResNet18, norm_factory
+from landscape.registry import Registry
+
+ModelBuilder = Callable[[tuple[int, ...], int, Any], nn.Module]
+
+MODELS: Registry[ModelBuilder] = Registry("model")
+
+__all__ = ["MODELS", "ModelBuilder", "build_model"]
+
+
+def build_model(
+    name: str, input_shape: Sequence[int], num_classes: int, options: dict[str, Any] | None = None
+) -> nn.Module:
+    """Build model `name` for inputs of shape (C, H, W) or (D,) with `num_classes` logits."""
+    entry = MODELS.get(name)
+    if not input_shape or not all(
+        isinstance(d, Integral) and not isinstance(d, bool) and d > 0 for d in input_shape
+    ):
+        raise LandscapeError(f"{name}: input shape must be positive integers, got {tuple(input_shape)}")
+    shape = tuple(int(d) for d in input_shape)  # accepts torch.Size and numpy integers
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise LandscapeError(f"{name}: num_classes must be a positive integer, got {num_classes!r}")
+    opts = entry.make_options(dict(options or {}))
+    return entry.factory(shape, num_classes, opts)
+
+
+def _check_positive_int(model: str, option: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LandscapeError(f"{model} option '{option}' must be a positive integer, got {value!r}")
+
+
+def _image_shape(model: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise LandscapeError(f"{model} needs image input (C, H, W), got input shape {input_shape}")
+    c, h, w = input_shape
+    return c, h, w
+
+
+def _min_size(out_size: Callable[[int], int]) -> int:
+    """Smallest input side for which `out_size` (the side after the conv/pool stack) is at least 1."""
+    return next(n for n in range(1, 1024) if out_size(n) >= 1)
+
+
+# --- mlp ---
+
+
+@dataclass(frozen=True)
+class MLPOptions:
+    hidden: list[int] = field(default_factory=lambda: [200, 200])  # the "2NN" of McMahan et al. 2017
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.hidden, (list, tuple)):
+            raise LandscapeError(f"mlp option 'hidden' must be a list of widths, got {self.hidden!r}")
+        for width in self.hidden:
+            _check_positive_int("mlp", "hidden", width)
+
+
+@MODELS.register("mlp", options=MLPOptions, summary="fully connected ReLU net on flattened input (2NN)")
+def _build_mlp(input_shape: tuple[int, ...], num_classes: int, opts: MLPOptions) -> nn.Module:
+    layers: OrderedDict[str, nn.Module] = OrderedDict(flatten=nn.Flatten())
+    in_features = 1
+    for d in input_shape:
+        in_features *= d
+    for i, width in enumerate(opts.hidden, start=1):
+        layers[f"fc{i}"] = nn.Linear(in_features, width)
+        layers[f"relu{i}"] = nn.ReLU()
+        in_features = width
+    layers["out"] = nn.Linear(in_features, num_classes)
+    return nn.Sequential(layers)
+
+
+# --- cnn ---
+
+
+@dataclass(frozen=True)
+class CNNOptions:
+    width: int = 32  # channels of the first conv; the second has 2 * width
+    hidden: int = 128
+
+    def __post_init__(self) -> None:
+        _check_positive_int("cnn", "width", self.width)
+        _check_positive_int("cnn", "hidden", self.hidden)
+
+
+def _cnn_side(n: int) -> int:
+    return n // 2 // 2  # 3x3 pad-1 convs keep the side; each 2x2 max-pool halves it
+
+
+@MODELS.register("cnn", options=CNNOptions, summary="small 2-conv CNN for digits / MNIST-sized images")
+def _build_cnn(input_shape: tuple[int, ...], num_classes: int, opts: CNNOptions) -> nn.Module:
+    c, h, w = _image_shape("cnn", input_shape)
+    least = _min_size(_cnn_side)
+    if min(h, w) < least:
+        raise LandscapeError(f"cnn needs input at least {least}x{least} (two 2x2 max-pools), got {h}x{w}")
+    return nn.Sequential(
+        OrderedDict(
+            conv1=nn.Conv2d(c, opts.width, 3, padding=1),
+            relu1=nn.ReLU(),
+            pool1=nn.MaxPool2d(2),
+            conv2=nn.Conv2d(opts.width, 2 * opts.width, 3, padding=1),
+            relu2=nn.ReLU(),
+            pool2=nn.MaxPool2d(2),
+            flatten=nn.Flatten(),
+            fc1=nn.Linear(2 * opts.width * _cnn_side(h) * _cnn_side(w), opts.hidden),
+            relu3=nn.ReLU(),
+            fc2=nn.Linear(opts.hidden, num_classes),
+        )
+    )
+
+
+# --- lenet5 ---
+
+
+def _lenet_side(n: int) -> int:
+    # conv5x5 (no padding) -> maxpool2 -> conv5x5 -> maxpool2
+    return ((n - 4) // 2 - 4) // 2
+
+
+@MODELS.register("lenet5", summary="LeNet-5-style CNN of the FedSAM CIFAR experiments")
+def _build_lenet5(input_shape: tuple[int, ...], num_classes: int, opts: None) -> nn.Module:
+    # Layer sizes as in Hsu et al. 2020 and Caldarola et al. 2022 (FedSAM, models/cifar10/cnn.py):
+    # conv5x5 64, conv5x5 64, fc 384, fc 192, each followed by ReLU (and 2x2 max-pool after the convs).
+    c, h, w = _image_shape("lenet5", input_shape)
+    least = _min_size(_lenet_side)
+    if min(h, w) < least:
+        raise LandscapeError(
+            f"lenet5 needs input at least {least}x{least} (two 5x5 convs, each followed by a 2x2 max-pool), "
+            f"got {h}x{w}"
+        )
+    return nn.Sequential(
+        OrderedDict(
+            conv1=nn.Conv2d(c, 64, 5),
+            relu1=nn.ReLU(),
+            pool1=nn.MaxPool2d(2),
+            conv2=nn.Conv2d(64, 64, 5),
+            relu2=nn.ReLU(),
+            pool2=nn.MaxPool2d(2),
+            flatten=nn.Flatten(),
+            fc1=nn.Linear(64 * _lenet_side(h) * _lenet_side(w), 384),
+            relu3=nn.ReLU(),
+            fc2=nn.Linear(384, 192),
+            relu4=nn.ReLU(),
+            fc3=nn.Linear(192, num_classes),
+        )
+    )
+
+
+# --- resnet18 ---
+
+_NORMS = ("gn", "bn")
+
+
+@dataclass(frozen=True)
+class ResNetOptions:
+    norm: str = "gn"  # GroupNorm, as in Hsieh et al. 2020 and FedSAM; "bn" for BatchNorm2d
+    groups: int = 2  # GroupNorm groups (ignored for "bn")
+
+    def __post_init__(self) -> None:
+        if self.norm not in _NORMS:
+            raise LandscapeError(f"unknown norm {self.norm!r} for resnet18; choose from: {', '.join(_NORMS)}")
+        _check_positive_int("resnet18", "groups", self.groups)
+        if self.norm == "gn" and ResNet18.WIDTHS[0] % self.groups:
+            raise LandscapeError(
+                f"resnet18 option 'groups' must divide {ResNet18.WIDTHS[0]} (the narrowest width), "
+                f"got {self.groups}"
+            )
+
+
+@MODELS.register("resnet18", options=ResNetOptions, summary="ResNet-18, CIFAR stem, GroupNorm(2) by default")
+def _build_resnet18(input_shape: tuple[int, ...], num_classes: int, opts: ResNetOptions) -> nn.Module:
+    c, _, _ = _image_shape("resnet18", input_shape)
+    return ResNet18(c, num_classes, norm_factory(opts.norm, opts.groups))

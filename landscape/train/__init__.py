@@ -1,0 +1,1 @@
+"""Training: the federated round loop and the algorithms it runs."""

@@ -1,0 +1,127 @@
+"""Federated algorithms, one module each, registered by name.
+
+An algorithm is a client rule, a server rule and their state (the optax / Flower split):
+
+- ``init_server_state(x)``: the server's state tensors (momentum, control variates, ...).
+- ``broadcast(x, server_state, round)``: what the server sends down (always ``"x"``, the global model).
+- ``client_update(message, client_state, problem)``: the local rule; returns the client's final model, what it
+  sends up (``upload``, counted as uplink floats) and its new persistent state.
+- ``aggregate(x, server_state, results, round)``: the server rule; returns the new global model and state.
+
+Every module in this package is imported on first use, so adding an algorithm is adding one file.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+from landscape.registry import Registry
+
+Batch = tuple[Tensor, Tensor]
+
+
+@dataclass
+class LocalProblem:
+    """What one client has in one round: its minibatches, step settings and loss oracle."""
+
+    client: int
+    round: int
+    lr: float
+    weight_decay: float
+    clip_norm: float
+    num_steps: int
+    batch_stream: Callable[[], Iterator[Batch]]
+    oracle: Callable[[Tensor, Batch], tuple[Tensor, Tensor]]
+
+    def batches(self) -> Iterator[Batch]:
+        """The client's ``num_steps`` minibatches of this round, in order (seeded by seed, round, client)."""
+        return self.batch_stream()
+
+    def loss_and_grad(self, w: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
+        """Minibatch cross-entropy f_i(w; B) and its gradient g(w; B) (no weight decay)."""
+        return self.oracle(w, batch)
+
+    def descent(self, d: Tensor, y: Tensor) -> Tensor:
+        """The descent gradient actually applied: clip(d) + wd * y (wd never enters a perturbation)."""
+        if self.clip_norm > 0:
+            d = d * torch.clamp(self.clip_norm / (d.norm() + 1e-12), max=1.0)
+        if self.weight_decay > 0:
+            d = d + self.weight_decay * y
+        return d
+
+
+@dataclass
+class ClientResult:
+    client: int
+    model: Tensor  # y_{i,K}: the client's final local model
+    upload: dict[str, Tensor]  # what crosses the wire up (its size is the uplink cost)
+    state: dict[str, Tensor] = field(default_factory=dict)  # the client's persistent state after the round
+    train_loss: Tensor | float = float("nan")  # mean minibatch loss over the local steps
+
+    @property
+    def uplink_floats(self) -> int:
+        return sum(t.numel() for t in self.upload.values())
+
+
+class Algorithm(ABC):
+    """Base class: FedAvg's server rule and a plain broadcast; subclasses give their own rules."""
+
+    def __init__(self, options, *, num_clients: int, server_lr: float) -> None:
+        self.options = options
+        self.num_clients = num_clients
+        self.server_lr = server_lr
+
+    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
+        return {}
+
+    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
+        return {"x": x}
+
+    @abstractmethod
+    def client_update(
+        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+    ) -> ClientResult:
+        """The client rule: K local steps from what the server sent."""
+
+    def aggregate(
+        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        # FedAvg server: x^{t+1} = x^t + eta_g * mean_S(Delta_i), Delta_i = y_{i,K} - x^t.
+        delta_bar = torch.stack([r.model for r in results]).mean(dim=0) - x
+        return x + self.server_lr * delta_bar, server_state
+
+
+def local_sgd(
+    problem: LocalProblem, start: Tensor, direction: Callable[[Tensor, Batch], tuple[Tensor, Tensor]]
+) -> tuple[Tensor, Tensor]:
+    """K local steps y_{k+1} = y_k - eta * (clip(d_k) + wd * y_k), d_k = direction(y_k, B_k).
+
+    ``direction`` returns (minibatch loss at y_k, d_k). Returns (y_K, mean loss over the K steps).
+    """
+    y = start.clone()
+    total = torch.zeros((), dtype=torch.float64, device=start.device)
+    steps = 0
+    for batch in problem.batches():
+        loss, d = direction(y, batch)
+        y = y - problem.lr * problem.descent(d, y)
+        total += loss.double()
+        steps += 1
+    return y, total / max(steps, 1)
+
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+
+
+def _import_all() -> None:
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+_import_all()

@@ -1,0 +1,20 @@
+"""FedAvg (McMahan et al. 2017).
+
+client: y_{k+1} = y_k - eta * (g(y_k) + wd * y_k).   server: x^{t+1} = x^t + eta_g * Delta_bar.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem, local_sgd
+
+
+@ALGORITHMS.register("fedavg", summary="FedAvg (McMahan et al. 2017): local SGD, average of client updates")
+class FedAvg(Algorithm):
+    def client_update(
+        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+    ) -> ClientResult:
+        x = message["x"]
+        y, loss = local_sgd(problem, x, problem.loss_and_grad)  # d = g(y_k)
+        return ClientResult(problem.client, y, upload={"delta": y - x}, train_loss=loss)

@@ -1,0 +1,415 @@
+"""The round loop: sample -> local train -> aggregate -> log -> checkpoint. No algorithm names here.
+
+Randomness is derived, never carried: client sampling from (seed, round), each client's minibatch order
+and augmentation from (seed, round, client), model initialisation from seed. So a run resumed from any
+checkpoint, or a round's clients split across processes, gives the same numbers as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from landscape import recipe as recipes
+from landscape.data.datasets import DatasetBundle, load_dataset
+from landscape.data.partitions import class_histogram, make_partition
+from landscape.errors import LandscapeError
+from landscape.flat import FlatModel
+from landscape.models import build_model
+from landscape.runs import (
+    CHECKPOINT_FORMAT,
+    RunDir,
+    load_checkpoint,
+    partition_record,
+    save_checkpoint,
+    write_text,
+)
+from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem
+
+# Tags that keep the derived random streams of one seed apart.
+_STREAM_SAMPLING, _STREAM_CLIENT = 1, 2
+
+
+def derived_seed(*key: int) -> int:
+    """A 63-bit seed from integers (numpy SeedSequence: well mixed, stable across versions)."""
+    return int(np.random.SeedSequence(list(key)).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+def sample_clients(seed: int, round: int, num_clients: int, per_round: int) -> list[int]:
+    """S clients uniformly without replacement, fixed by (seed, round)."""
+    rng = np.random.default_rng(derived_seed(seed, _STREAM_SAMPLING, round))
+    return sorted(int(i) for i in rng.choice(num_clients, size=per_round, replace=False))
+
+
+def clients_per_round(train: dict, num_clients: int) -> int:
+    return max(1, int(round(train["participation"] * num_clients)))
+
+
+def learning_rate(train: dict, round: int) -> float:
+    """The client learning rate of round ``round`` (0-based) under the recipe's schedule."""
+    lr, schedule = train["lr"], train["lr_schedule"]
+    if schedule == "exponential":  # lr * decay^t, decayed once per round
+        return lr * train["lr_decay"] ** round
+    if schedule == "cosine":  # cosine from lr to lr_min over the recipe's rounds
+        progress = round / max(train["rounds"], 1)
+        return train["lr_min"] + 0.5 * (lr - train["lr_min"]) * (1 + math.cos(math.pi * progress))
+    return lr
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise LandscapeError(f"unknown device '{name}'; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise LandscapeError(f"device '{name}' asked for, but no CUDA device is available here")
+    if device.type not in ("cpu", "cuda"):
+        raise LandscapeError(f"unsupported device '{name}'; use auto, cpu, cuda or cuda:N")
+    return device
+
+
+# ----------------------------------------------------------------------------------------------------------
+# set-up: data, partition, model, algorithm
+
+
+@dataclass
+class DataSetup:
+    bundle: DatasetBundle
+    client_indices: list[np.ndarray]
+    histogram: np.ndarray
+
+
+def prepare_data(recipe: dict) -> DataSetup:
+    """Load the data set and partition it exactly as the recipe says (no files written)."""
+    ds, part = recipe["dataset"], recipe["partition"]
+    bundle = load_dataset(
+        ds["name"],
+        root=ds["root"],
+        download=ds["download"],
+        augment=ds["augment"],
+        num_clients=part["clients"],
+        seed=recipe["seed"],
+        options=recipes.entry_options(recipe, "dataset"),
+    )
+    labels = bundle.train.y.numpy()
+    indices = make_partition(
+        part["name"],
+        labels,
+        num_clients=part["clients"],
+        num_classes=bundle.num_classes,
+        seed=recipe["seed"],
+        options=recipes.entry_options(recipe, "partition"),
+        natural=bundle.natural_partition,
+    )
+    return DataSetup(bundle, indices, class_histogram(labels, indices, bundle.num_classes))
+
+
+def build_module(recipe: dict, bundle: DatasetBundle) -> torch.nn.Module:
+    """The recipe's model for this data set, initialised from the recipe's seed (CPU, float32)."""
+    torch.manual_seed(derived_seed(recipe["seed"]))
+    return build_model(
+        recipe["model"]["name"], bundle.input_shape, bundle.num_classes, recipes.entry_options(recipe, "model")
+    )
+
+
+def build_algorithm(recipe: dict) -> Algorithm:
+    entry = ALGORITHMS.get(recipe["algorithm"]["name"])
+    options = entry.make_options(recipes.entry_options(recipe, "algorithm"))
+    return entry.factory(options, num_clients=recipe["partition"]["clients"], server_lr=recipe["train"]["server_lr"])
+
+
+def check_local_work(train: dict) -> None:
+    if train["local_steps"] == 0 and train["local_epochs"] == 0:
+        raise LandscapeError("train.local_epochs and train.local_steps are both 0: clients would not train")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the trainer
+
+
+@dataclass
+class TrainerState:
+    round: int  # rounds completed; the global model is x^round
+    x: Tensor
+    buffers: dict[str, Tensor]
+    server_state: dict[str, Tensor]
+    client_states: dict[int, dict[str, Tensor]]
+
+
+class Trainer:
+    """Runs the rounds of one resolved recipe into one run directory."""
+
+    def __init__(self, recipe: dict, run_dir: RunDir, setup: DataSetup | None = None) -> None:
+        self.recipe = recipe
+        self.train_cfg = recipe["train"]
+        check_local_work(self.train_cfg)
+        self.run_dir = run_dir
+        self.setup = setup or prepare_data(recipe)
+        self.device = resolve_device(self.train_cfg["device"])
+        self.dtype = torch.float64 if self.train_cfg["dtype"] == "float64" else torch.float32
+        module = build_module(recipe, self.setup.bundle).to(self.device, self.dtype)
+        self.flat = FlatModel(module)
+        self.algorithm = build_algorithm(recipe)
+        bundle = self.setup.bundle
+        # Small data sets live on the device for the whole run.
+        self.train_x = bundle.train.x.to(self.device, self.dtype)
+        self.train_y = bundle.train.y.to(self.device)
+        self.test_x = bundle.test.x.to(self.device, self.dtype)
+        self.test_y = bundle.test.y.to(self.device)
+        self.client_idx = [torch.as_tensor(ix, dtype=torch.long) for ix in self.setup.client_indices]
+        self.num_clients = len(self.client_idx)
+        self.per_round = clients_per_round(self.train_cfg, self.num_clients)
+        self.recipe_text = recipes.to_toml(recipe)
+
+    # -- state ------------------------------------------------------------------------------------------
+    def initial_state(self) -> TrainerState:
+        x = self.flat.vector()
+        return TrainerState(0, x, self.flat.buffers(), self.algorithm.init_server_state(x), {})
+
+    def checkpoint_payload(self, state: TrainerState) -> dict:
+        def cpu(d: dict[str, Tensor]) -> dict[str, Tensor]:
+            return {k: v.detach().cpu() for k, v in d.items()}
+
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "round": state.round,
+            "model": self.flat.state_dict(state.x, state.buffers),
+            "server_state": cpu(state.server_state),
+            "client_states": {str(i): cpu(s) for i, s in sorted(state.client_states.items())},
+            "rng": {"seed": self.recipe["seed"], "scheme": "SeedSequence(seed, stream, round[, client])"},
+            "recipe": self.recipe_text,
+        }
+
+    def state_from_checkpoint(self, ckpt: dict, path: Path) -> TrainerState:
+        try:
+            x, buffers = self.flat.from_state_dict(ckpt["model"])
+        except (KeyError, RuntimeError) as e:
+            raise LandscapeError(f"{path} does not match the recipe's model: {e}") from None
+        if x.numel() != self.flat.dim:
+            raise LandscapeError(f"{path} does not match the recipe's model ({x.numel()} vs {self.flat.dim} parameters)")
+
+        def dev(d: dict[str, Tensor]) -> dict[str, Tensor]:
+            return {k: v.to(self.device) for k, v in d.items()}
+
+        return TrainerState(
+            int(ckpt["round"]),
+            x,
+            buffers,
+            dev(ckpt["server_state"]),
+            {int(i): dev(s) for i, s in ckpt["client_states"].items()},
+        )
+
+    def save(self, state: TrainerState, results: list[ClientResult] | None) -> None:
+        save_checkpoint(self.run_dir.checkpoint(state.round), self.checkpoint_payload(state))
+        if self.train_cfg["keep_clients"] and results:
+            kept = {str(r.client): self.flat.state_dict(r.model, state.buffers) for r in results}
+            save_checkpoint(
+                self.run_dir.clients_checkpoint(state.round),
+                {"format": CHECKPOINT_FORMAT, "round": state.round, "model": {}, "clients": kept},
+            )
+
+    # -- one client -------------------------------------------------------------------------------------
+    def _batch_indices(self, client: int, generator: torch.Generator) -> list[Tensor]:
+        """Minibatch index tensors of one client's round: shuffled epochs, last batch of an epoch shorter."""
+        idx = self.client_idx[client]
+        bs, steps, epochs = self.train_cfg["batch_size"], self.train_cfg["local_steps"], self.train_cfg["local_epochs"]
+        batches: list[Tensor] = []
+        while True:
+            perm = idx[torch.randperm(len(idx), generator=generator)]
+            for chunk in perm.split(bs):
+                batches.append(chunk)
+                if steps and len(batches) == steps:
+                    return batches
+            if not steps and len(batches) == epochs * math.ceil(len(idx) / bs):
+                return batches
+
+    def local_problem(self, client: int, round: int, lr: float, buffers: dict[str, Tensor]) -> LocalProblem:
+        generator = torch.Generator().manual_seed(derived_seed(self.recipe["seed"], _STREAM_CLIENT, round, client))
+        batch_idx = self._batch_indices(client, generator)
+        augment = self.setup.bundle.augmentation
+
+        def stream() -> Iterator[tuple[Tensor, Tensor]]:
+            for b in batch_idx:
+                b = b.to(self.device)
+                xb = self.train_x[b]
+                if augment is not None:
+                    xb = augment(xb, generator)
+                yield xb, self.train_y[b]
+
+        def oracle(w: Tensor, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+            return self.flat.loss_and_grad(w, batch[0], batch[1], buffers)
+
+        return LocalProblem(
+            client=client,
+            round=round,
+            lr=lr,
+            weight_decay=self.train_cfg["weight_decay"],
+            clip_norm=self.train_cfg["clip_norm"],
+            num_steps=len(batch_idx),
+            batch_stream=stream,
+            oracle=oracle,
+        )
+
+    # -- one round --------------------------------------------------------------------------------------
+    def run_round(self, state: TrainerState) -> tuple[TrainerState, list[ClientResult], dict]:
+        t = state.round
+        started = time.perf_counter()
+        lr = learning_rate(self.train_cfg, t)
+        clients = sample_clients(self.recipe["seed"], t, self.num_clients, self.per_round)
+        message = self.algorithm.broadcast(state.x, state.server_state, t)
+        results: list[ClientResult] = []
+        client_buffers: list[dict[str, Tensor]] = []
+        self.flat.module.train()
+        for i in clients:
+            buffers = {k: v.clone() for k, v in state.buffers.items()}  # BN statistics move during local work
+            problem = self.local_problem(i, t, lr, buffers)
+            results.append(self.algorithm.client_update(message, state.client_states.get(i, {}), problem))
+            client_buffers.append(buffers)
+        x_new, server_state = self.algorithm.aggregate(state.x, state.server_state, results, t)
+        client_states = dict(state.client_states)
+        for r in results:
+            if r.state:
+                client_states[r.client] = r.state
+        new_buffers = average_buffers(client_buffers) if client_buffers and state.buffers else state.buffers
+        new_state = TrainerState(t + 1, x_new, new_buffers, server_state, client_states)
+
+        # Flatness distance (METRICS.md): Delta_D = mean_S ||y_{i,K} - x^{t+1}||^2, and normalised.
+        models = torch.stack([r.model for r in results])
+        distance = ((models - x_new) ** 2).sum(dim=1).mean()
+        row = {
+            "round": t + 1,
+            "lr": lr,
+            "clients": clients,
+            "train_loss": torch.stack([torch.as_tensor(r.train_loss, dtype=torch.float64) for r in results])
+            .mean()
+            .item(),
+            "flatness_distance": distance.item(),
+            "flatness_distance_normalized": (distance / (x_new**2).sum()).item(),
+            "update_norm": (x_new - state.x).norm().item(),
+            "uplink_floats": sum(r.uplink_floats for r in results) / len(results),
+        }
+        if (t + 1) % self.train_cfg["eval_every"] == 0 or t + 1 == self.train_cfg["rounds"]:
+            row["test_loss"], row["test_acc"] = self.evaluate(new_state)
+        row["seconds"] = time.perf_counter() - started
+        return new_state, results, row
+
+    def evaluate(self, state: TrainerState) -> tuple[float, float]:
+        return self.flat.evaluate(state.x, state.buffers, self.test_x, self.test_y)
+
+    def train(self, state: TrainerState, progress: bool = True) -> TrainerState:
+        """Run rounds from ``state.round`` to the recipe's rounds, logging and checkpointing."""
+        from tqdm.auto import tqdm
+
+        total = self.train_cfg["rounds"]
+        if state.round == 0 and not self.run_dir.checkpoint(0).exists():
+            self.save(state, None)  # round 0: the initial model (trajectory start, resumable from scratch)
+        bar = tqdm(total=total, initial=state.round, desc=self.run_dir.path.name, unit="round", disable=not progress,
+                   dynamic_ncols=True, leave=True)
+        try:
+            while state.round < total:
+                state, results, row = self.run_round(state)
+                if not all(math.isfinite(row[k]) for k in ("train_loss", "update_norm")):
+                    raise LandscapeError(
+                        f"training diverged in round {state.round} ({self.recipe['algorithm']['name']}): "
+                        f"train_loss={row['train_loss']}; the last good checkpoint is kept"
+                    )
+                self.run_dir.append_metrics(row)
+                if state.round % self.train_cfg["checkpoint_every"] == 0 or state.round == total:
+                    self.save(state, results)
+                postfix = {"loss": f"{row['train_loss']:.3f}"}
+                if "test_acc" in row:
+                    postfix["acc"] = f"{row['test_acc']:.3f}"
+                bar.set_postfix(postfix)
+                bar.update(1)
+        finally:
+            bar.close()
+        return state
+
+
+def average_buffers(client_buffers: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Server average of BatchNorm statistics (integer counters averaged and rounded)."""
+    out = {}
+    for name, ref in client_buffers[0].items():
+        stacked = torch.stack([b[name] for b in client_buffers])
+        out[name] = stacked.double().mean(0).round().to(ref.dtype) if not ref.is_floating_point() else stacked.mean(0)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# entry points used by the CLI
+
+
+def start_run(recipe: dict, out: Path, *, overwrite: bool = False, progress: bool = True) -> TrainerState:
+    """Validate everything, then create the run directory and train. Nothing is written on bad input."""
+    run_dir = RunDir(out)
+    check_out_dir(run_dir, overwrite)
+    setup = prepare_data(recipe)
+    trainer = Trainer(recipe, run_dir, setup)
+    if overwrite and run_dir.path.exists():
+        shutil.rmtree(run_dir.path)
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    write_text(run_dir.recipe, trainer.recipe_text)
+    record = partition_record(
+        setup.client_indices,
+        setup.histogram,
+        {"name": recipe["partition"]["name"], **recipes.entry_options(recipe, "partition"), "seed": recipe["seed"]},
+    )
+    write_text(run_dir.partition, json.dumps(record) + "\n")
+    return trainer.train(trainer.initial_state(), progress=progress)
+
+
+def check_out_dir(run_dir: RunDir, overwrite: bool) -> None:
+    path = run_dir.path
+    if path.exists() and not path.is_dir():
+        raise LandscapeError(f"{path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()):
+        if not overwrite:
+            raise LandscapeError(f"{path} already exists and is not empty; pass --resume {path} to continue it "
+                                 "or --overwrite to replace it")
+        if not run_dir.is_run():
+            raise LandscapeError(f"{path} is not empty and not a run directory; --overwrite only replaces runs")
+
+
+def last_good_checkpoint(run_dir: RunDir) -> tuple[int, dict]:
+    """The newest checkpoint that loads; a damaged newer one is reported and skipped."""
+    rounds = run_dir.rounds()
+    if not rounds:
+        raise LandscapeError(f"{run_dir.path} has no checkpoints to resume from")
+    errors = []
+    for r in reversed(rounds):
+        try:
+            return r, load_checkpoint(run_dir.checkpoint(r))
+        except LandscapeError as e:
+            errors.append(str(e))
+    raise LandscapeError(f"no loadable checkpoint in {run_dir.path}: {errors[0]}")
+
+
+def resume_run(path: Path, rounds: int | None = None, progress: bool = True) -> TrainerState:
+    """Continue a run from its last checkpoint, to the recipe's rounds or to ``rounds``."""
+    run_dir = RunDir(path)
+    if not run_dir.path.is_dir() or not run_dir.is_run():
+        raise LandscapeError(f"{path} is not a run directory (no recipe.toml); nothing to resume")
+    recipe = recipes.resolve(recipes.read_toml(run_dir.recipe))
+    if rounds is not None:
+        recipe["train"]["rounds"] = rounds
+        recipe = recipes.resolve(recipe)
+    last, ckpt = last_good_checkpoint(run_dir)
+    if rounds is not None and rounds < last:
+        raise LandscapeError(f"--rounds {rounds} is below the last checkpoint's round {last}")
+    trainer = Trainer(recipe, run_dir)
+    state = trainer.state_from_checkpoint(ckpt, run_dir.checkpoint(last))
+    run_dir.truncate_metrics(last)
+    if rounds is not None:
+        write_text(run_dir.recipe, trainer.recipe_text)
+    return trainer.train(state, progress=progress)

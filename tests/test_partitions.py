@@ -1,0 +1,206 @@
+"""Partitions: exact cover, label skew, determinism and the user-facing errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from landscape.data.partitions import (
+    PARTITIONS,
+    class_histogram,
+    format_partition_table,
+    make_partition,
+    mean_label_entropy,
+)
+from landscape.errors import LandscapeError
+
+
+@pytest.fixture(scope="module")
+def digits_labels() -> np.ndarray:
+    return load_digits().target.astype(np.int64)
+
+
+def split(labels: np.ndarray, name: str, clients: int = 10, seed: int = 0, **options) -> list[np.ndarray]:
+    return make_partition(name, labels, num_clients=clients, num_classes=10, seed=seed, options=options)
+
+
+def assert_exact_cover(parts: list[np.ndarray], n: int) -> None:
+    for part in parts:
+        assert part.dtype == np.int64
+        assert np.all(np.diff(part) > 0), "indices sorted, no repeats within a client"
+        assert len(part) >= 1
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(n))
+
+
+CASES = [
+    ("iid", {}),
+    ("dirichlet", {"alpha": 0.5}),
+    ("dirichlet", {"alpha": 0.05, "min_samples": 1}),
+    ("dirichlet", {"alpha": 0.5, "balanced": True}),
+    ("dirichlet", {"alpha": 0.01, "balanced": True}),
+    ("pathological", {}),
+    ("pathological", {"classes_per_client": 3}),
+]
+
+
+@pytest.mark.parametrize(("name", "options"), CASES)
+@pytest.mark.parametrize("clients", [5, 7, 20])
+def test_every_sample_in_exactly_one_client(digits_labels, name, options, clients):
+    parts = split(digits_labels, name, clients=clients, **options)
+    assert len(parts) == clients
+    assert_exact_cover(parts, len(digits_labels))
+
+
+def test_natural_partition_is_the_data_sets_own_split():
+    natural = [np.array([4, 0, 2]), np.array([1, 3]), np.array([5])]
+    labels = np.array([0, 1, 0, 1, 0, 1])
+    parts = make_partition("natural", labels, num_clients=3, num_classes=2, seed=0, options={}, natural=natural)
+    assert [p.tolist() for p in parts] == [[0, 2, 4], [1, 3], [5]]
+    assert_exact_cover(parts, 6)
+
+
+@pytest.mark.parametrize(("clients", "c"), [(10, 2), (7, 2), (10, 3), (3, 4), (5, 10), (40, 1)])
+def test_pathological_clients_hold_exactly_c_classes(digits_labels, clients, c):
+    parts = split(digits_labels, "pathological", clients=clients, classes_per_client=c)
+    hist = class_histogram(digits_labels, parts, 10)
+    assert np.all((hist > 0).sum(axis=1) == c)
+    # each class is shared as equally as possible among the clients holding it
+    for column in hist.T:
+        held = column[column > 0]
+        assert held.max() - held.min() <= 1
+
+
+@pytest.mark.parametrize("balanced", [True, False])
+def test_label_entropy_falls_with_alpha(digits_labels, balanced):
+    alphas = [100.0, 1.0, 0.1, 0.01] if balanced else [100.0, 1.0, 0.1]
+    entropies = [
+        mean_label_entropy(class_histogram(digits_labels, split(digits_labels, "dirichlet", alpha=a,
+                                                                 balanced=balanced, min_samples=1), 10))
+        for a in alphas
+    ]
+    assert all(a > b for a, b in itertools.pairwise(entropies)), entropies
+    assert entropies[0] > 0.95 * np.log(10)  # alpha -> inf is IID: near-uniform labels on every client
+
+
+@pytest.mark.parametrize(("name", "options"), CASES)
+def test_same_seed_same_partition_other_seed_different(digits_labels, name, options):
+    first = split(digits_labels, name, seed=3, **options)
+    again = split(digits_labels, name, seed=3, **options)
+    other = split(digits_labels, name, seed=4, **options)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other))
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.1, 10.0])
+@pytest.mark.parametrize("clients", [10, 13, 100])
+def test_balanced_dirichlet_sizes_differ_by_at_most_one(digits_labels, alpha, clients):
+    sizes = [len(p) for p in split(digits_labels, "dirichlet", clients=clients, alpha=alpha, balanced=True)]
+    assert max(sizes) - min(sizes) <= 1
+    assert sum(sizes) == len(digits_labels)
+
+
+def test_natural_size_dirichlet_respects_min_samples(digits_labels):
+    parts = split(digits_labels, "dirichlet", clients=20, alpha=0.1, min_samples=20)
+    assert min(len(p) for p in parts) >= 20
+
+
+def test_a_single_client_gets_everything(digits_labels):
+    for name, options in [("iid", {}), ("dirichlet", {}), ("dirichlet", {"balanced": True}),
+                          ("pathological", {"classes_per_client": 10})]:
+        assert_exact_cover(split(digits_labels, name, clients=1, **options), len(digits_labels))
+
+
+def test_iid_sizes_are_near_equal(digits_labels):
+    sizes = [len(p) for p in split(digits_labels, "iid", clients=13)]
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("alpha", [0, -1.0])
+def test_alpha_must_be_positive(digits_labels, alpha):
+    for balanced in (True, False):
+        with pytest.raises(LandscapeError, match=rf"partition.alpha must be > 0 \(got {alpha}\)"):
+            split(digits_labels, "dirichlet", alpha=alpha, balanced=balanced)
+
+
+def test_unreachable_min_samples_says_what_to_change(digits_labels):
+    with pytest.raises(LandscapeError, match="lower partition.min_samples or raise partition.alpha"):
+        split(digits_labels, "dirichlet", clients=20, alpha=0.001, min_samples=50)
+    with pytest.raises(LandscapeError, match="lower partition.min_samples"):
+        split(digits_labels, "dirichlet", clients=20, min_samples=100)  # 20 x 100 > 1797
+
+
+@pytest.mark.parametrize("name", ["iid", "dirichlet", "pathological"])
+def test_more_clients_than_samples(name):
+    labels = np.arange(10) % 10
+    with pytest.raises(LandscapeError, match="20 clients but only 10 training samples"):
+        split(labels, name, clients=20)
+
+
+def test_need_at_least_one_client(digits_labels):
+    with pytest.raises(LandscapeError, match="at least 1 client"):
+        split(digits_labels, "iid", clients=0)
+
+
+def test_pathological_errors(digits_labels):
+    with pytest.raises(LandscapeError, match=r"classes_per_client must be in 1..10 \(got 11\)"):
+        split(digits_labels, "pathological", classes_per_client=11)
+    with pytest.raises(LandscapeError, match="3 clients x 2 classes each cannot cover 10 classes"):
+        split(digits_labels, "pathological", clients=3, classes_per_client=2)
+    few = np.repeat(np.arange(10), 2)  # 2 samples per class, but 20 clients x 3 classes = 6 holders per class
+    with pytest.raises(LandscapeError, match="class 0 has 2 samples but 6 clients must hold it"):
+        split(few, "pathological", clients=20, classes_per_client=3)
+
+
+def test_natural_errors(digits_labels):
+    with pytest.raises(LandscapeError, match=r"partition 'natural' needs a data set with its own clients \(synthetic\)"):
+        split(digits_labels, "natural")
+    natural = [np.array([0, 1]), np.array([2, 3])]
+    with pytest.raises(LandscapeError, match="the data set has 2 clients but num_clients is 3"):
+        make_partition("natural", np.zeros(4, int), num_clients=3, num_classes=2, seed=0, options={},
+                       natural=natural)
+    empty = [np.array([0, 1, 2, 3]), np.array([], dtype=np.int64)]
+    with pytest.raises(LandscapeError, match="left client 1 without samples"):
+        make_partition("natural", np.zeros(4, int), num_clients=2, num_classes=2, seed=0, options={},
+                       natural=empty)
+
+
+def test_unknown_partition_and_option(digits_labels):
+    with pytest.raises(LandscapeError, match="unknown partition 'shards'; choose from: dirichlet, iid, natural"):
+        split(digits_labels, "shards")
+    with pytest.raises(LandscapeError, match="unknown option 'beta' for dirichlet"):
+        split(digits_labels, "dirichlet", beta=1.0)
+    with pytest.raises(LandscapeError, match="iid takes no options"):
+        split(digits_labels, "iid", alpha=1.0)
+
+
+def test_option_defaults_are_the_reference_ones():
+    assert PARTITIONS.get("dirichlet").option_defaults() == {"alpha": 0.1, "balanced": False, "min_samples": 2}
+    assert PARTITIONS.get("pathological").option_defaults() == {"classes_per_client": 2}
+    assert PARTITIONS.get("iid").option_defaults() == {}
+
+
+def test_histogram_entropy_and_table_by_hand():
+    labels = np.array([0, 0, 1, 2, 2, 2])
+    hist = class_histogram(labels, [np.array([0, 2]), np.array([1, 3, 4, 5])], 3)
+    np.testing.assert_array_equal(hist, [[1, 1, 0], [1, 0, 3]])
+    # client 0: (1/2, 1/2) -> ln 2; client 1: (1/4, 3/4) -> -(1/4 ln 1/4 + 3/4 ln 3/4)
+    expected = (np.log(2) - (0.25 * np.log(0.25) + 0.75 * np.log(0.75))) / 2
+    assert mean_label_entropy(hist) == pytest.approx(expected)
+    lines = format_partition_table(hist).splitlines()
+    assert [line.split() for line in lines] == [
+        ["client", "0", "1", "2", "total"],
+        ["0", "1", "1", "0", "2"],
+        ["1", "1", "0", "3", "4"],
+        ["total", "2", "1", "3", "6"],
+    ]
+
+
+def test_table_for_many_clients_and_classes():
+    hist = np.arange(100 * 100).reshape(100, 100) % 7
+    lines = format_partition_table(hist).splitlines()
+    assert len(lines) == 102
+    assert len({len(line) for line in lines}) == 1  # columns aligned
+    assert lines[-1].split()[-1] == str(hist.sum())
