@@ -12,9 +12,10 @@ import dataclasses
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from landscape.errors import LandscapeError
 from landscape.registry import Registry

@@ -7,8 +7,9 @@ reference defaults. The recipe layer uses it to validate keys and to write every
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from landscape.errors import LandscapeError
 

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import tempfile
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,7 +69,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise LandscapeError(f"checkpoint not found: {path}") from None
-    except Exception as e:  # torch raises several types for truncated / foreign / unsafe files
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, KeyError, AttributeError,
+            zipfile.BadZipFile) as e:  # truncated, foreign or unsafe files
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise LandscapeError(f"cannot load checkpoint {path}: {first}") from None
     if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT or "model" not in obj:
@@ -135,7 +139,7 @@ def partition_record(
         "settings": settings,
         "num_clients": len(client_indices),
         "clients": [
-            {"client": i, "size": int(len(idx)), "histogram": histogram[i].tolist(), "indices": idx.tolist()}
+            {"client": i, "size": len(idx), "histogram": histogram[i].tolist(), "indices": idx.tolist()}
             for i, idx in enumerate(client_indices)
         ],
     }

@@ -11,9 +11,9 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ def sample_clients(seed: int, round: int, num_clients: int, per_round: int) -> l
 
 
 def clients_per_round(train: dict, num_clients: int) -> int:
-    return max(1, int(round(train["participation"] * num_clients)))
+    return max(1, round(train["participation"] * num_clients))
 
 
 def learning_rate(train: dict, round: int) -> float:

@@ -14,10 +14,10 @@ Every module in this package is imported on first use, so adding an algorithm is
 from __future__ import annotations
 
 import importlib
-from abc import ABC, abstractmethod
 import pkgutil
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import torch
 from torch import Tensor

@@ -1,0 +1,21 @@
+# make demo: install into .venv (created when missing) and train FedAvg on the bundled digits data.
+# make test: install into .venv and run the test suite.
+VENV   ?= .venv
+PYTHON ?= python3
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.landscape-installed
+
+.PHONY: demo test install
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/landscape train train/digits-fedavg.toml --out runs/demo --overwrite
+
+test: $(STAMP)
+	$(PY) -m pytest

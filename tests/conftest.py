@@ -1,0 +1,31 @@
+"""Shared helpers: tiny, fast recipes on the bundled digits data."""
+
+from __future__ import annotations
+
+import pytest
+
+from landscape import recipe as recipes
+
+TINY = {
+    "partition.clients": 4,
+    "partition.alpha": 0.5,
+    "train.rounds": 3,
+    "train.participation": 0.5,
+    "train.local_steps": 2,
+    "train.batch_size": 16,
+    "train.checkpoint_every": 1,
+    "train.device": "cpu",
+}
+
+
+def tiny_recipe(**changes) -> dict:
+    """A resolved recipe of a few-second digits run; keys as 'section__key' or top-level names."""
+    overrides = dict(TINY)
+    for key, value in changes.items():
+        overrides[key.replace("__", ".")] = value
+    return recipes.build(None, list(overrides.items()))
+
+
+@pytest.fixture
+def tiny():
+    return tiny_recipe

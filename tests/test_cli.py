@@ -1,0 +1,170 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from landscape import __version__
+from landscape.cli import cli
+
+FAST = ["--clients", "4", "--participation", "0.5", "--rounds", "2", "--local-steps", "2", "--device", "cpu"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_help_lists_only_built_commands():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    commands = result.output.split("Commands:")[1].split()
+    assert {"list", "train"} <= set(commands)
+    for unbuilt in ("analyze", "figures", "compare", "report", "demo"):
+        assert unbuilt not in commands
+
+
+def test_version():
+    assert invoke("--version").output.strip() == f"landscape, version {__version__}"
+
+
+def test_list_comes_from_the_registries():
+    from landscape.data.datasets import DATASETS
+    from landscape.data.partitions import PARTITIONS
+    from landscape.models import MODELS
+    from landscape.train.algorithms import ALGORITHMS
+
+    out = invoke("list").output
+    for registry in (DATASETS, PARTITIONS, MODELS, ALGORITHMS):
+        for name in registry.names():
+            assert f"  {name} " in out
+    assert "alpha=0.1" in out and "norm='gn'" in out
+
+
+def test_train_writes_a_run_directory(tmp_path):
+    out = tmp_path / "run"
+    result = invoke("train", *FAST, "--out", out, "--set", "train.weight_decay=0.001", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert f"run {out}: 2 rounds; test accuracy" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "metrics.jsonl", "partition.json", "recipe.toml"]
+    recipe = (out / "recipe.toml").read_text()
+    assert "weight_decay = 0.001" in recipe and "clients = 4" in recipe and "lr_schedule = \"constant\"" in recipe
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2]
+    for key in ("lr", "train_loss", "test_loss", "test_acc", "flatness_distance", "update_norm", "seconds"):
+        assert key in rows[-1]
+    part = json.loads((out / "partition.json").read_text())
+    assert part["num_clients"] == 4 and part["settings"]["name"] == "dirichlet"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["round-0000.pt", "round-0002.pt"]
+
+
+def test_recipe_file_and_flags(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('seed = 4\n[partition]\nclients = 6\n[train]\nrounds = 1\nlocal_steps = 1\n')
+    result = invoke("train", recipe, "--clients", "5", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "seed = 4" in result.output and "clients = 5" in result.output
+    assert "run directory: runs/digits-fedavg-dir0.1-cnn-c5-s4" in result.output
+    table = result.output.split("client")[-1].splitlines()[1:]
+    assert [line.split()[0] for line in table if line.strip()] == ["0", "1", "2", "3", "4", "total"]
+
+
+def test_dry_run_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    result = invoke("train", *FAST, "--out", out, "--dry-run")
+    assert result.exit_code == 0
+    assert " total" in result.output
+    assert not out.exists()
+
+
+BAD_INPUT = [
+    (["--dataset", "imagenet"], "unknown dataset 'imagenet'; choose from: cifar10, cifar100, digits, fashion-mnist"),
+    (["--model", "vit"], "unknown model 'vit'; choose from: cnn, lenet5, mlp, resnet18"),
+    (["--partition", "zipf"], "unknown partition 'zipf'; choose from: dirichlet, iid, natural, pathological"),
+    (["--algorithm", "fedfoo"], "unknown algorithm 'fedfoo'; choose from: fedavg"),
+    (["--alpha", "0"], "partition.alpha must be > 0 (got 0.0)"),
+    (["--alpha", "-0.5"], "partition.alpha must be > 0 (got -0.5)"),
+    (["--participation", "1.5"], "train.participation must be in (0, 1] (got 1.5)"),
+    (["--participation", "0"], "train.participation must be in (0, 1] (got 0.0)"),
+    (["--clients", "5000"], "5000 clients but only 1437 training samples"),
+    (["--set", "train.lrr=0.1"], "unknown recipe key 'train.lrr'; allowed in [train]: rounds"),
+    (["--set", "colour=red"], "unknown recipe key 'colour'; allowed top-level keys"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT)
+def test_bad_input_one_line_nonzero_nothing_written(tmp_path, args, message):
+    out = tmp_path / "run"
+    result = invoke("train", *FAST, *args, "--out", out)
+    assert result.exit_code != 0
+    assert result.output.strip() == f"error: {message}" or result.output.startswith(f"error: {message}")
+    assert len(result.output.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "dataset, expected",
+    [("mnist", "MNIST/raw/train-images-idx3-ubyte"), ("fashion-mnist", "FashionMNIST/raw/train-images-idx3-ubyte"),
+     ("cifar10", "cifar-10-batches-py/data_batch_1"), ("cifar100", "cifar-100-python/train")],
+)
+def test_missing_dataset_files(tmp_path, dataset, expected):
+    out = tmp_path / "run"
+    result = invoke("train", *FAST, "--dataset", dataset, "--data-root", tmp_path / "data", "--out", out)
+    assert result.exit_code != 0
+    line = result.output.strip()
+    assert len(line.splitlines()) == 1 and line.startswith(f"error: {dataset}: missing ")
+    assert str(tmp_path / "data" / expected) in line and "--download" in line
+    assert not out.exists()
+
+
+def test_existing_run_directory_is_not_touched(tmp_path):
+    out = tmp_path / "run"
+    assert invoke("train", *FAST, "--out", out, "--quiet").exit_code == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    result = invoke("train", *FAST, "--out", out, "--quiet")
+    assert result.exit_code != 0
+    assert result.output.strip() == (
+        f"error: {out} already exists and is not empty; pass --resume {out} to continue it or --overwrite to replace it"
+    )
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # --overwrite replaces a run, but never a folder that is not one
+    assert invoke("train", *FAST, "--out", out, "--quiet", "--overwrite", "--seed", "1").exit_code == 0
+    assert "seed = 1" in (out / "recipe.toml").read_text()
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "thesis.tex").write_text("precious")
+    result = invoke("train", *FAST, "--out", other, "--overwrite")
+    assert result.exit_code != 0 and "not a run directory; --overwrite only replaces runs" in result.output
+    assert (other / "thesis.tex").read_text() == "precious"
+
+
+def test_resume_through_the_cli(tmp_path):
+    out = tmp_path / "run"
+    assert invoke("train", *FAST, "--out", out, "--quiet").exit_code == 0
+    result = invoke("train", "--resume", out, "--rounds", "3", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert f"run {out}: 3 rounds" in result.output
+    result = invoke("train", "--resume", out, "--lr", "0.5")
+    assert result.exit_code != 0 and "only --rounds may be given with it" in result.output
+
+
+def test_missing_recipe_file(tmp_path):
+    result = invoke("train", tmp_path / "nope.toml")
+    assert result.exit_code != 0 and result.output.strip() == f"error: recipe file not found: {tmp_path / 'nope.toml'}"
+
+
+def test_real_subprocess(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-m", "landscape", "train", *FAST, "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "round" in done.stderr  # the progress bar
+    assert (out / "checkpoints" / "round-0002.pt").is_file()
+    bad = subprocess.run([sys.executable, "-m", "landscape", "train", "--alpha", "0", "--out", str(tmp_path / "x")],
+                         capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == "error: partition.alpha must be > 0 (got 0.0)"
+    assert "Traceback" not in bad.stderr and not (tmp_path / "x").exists()

@@ -1,0 +1,89 @@
+import pytest
+
+from landscape import recipe as recipes
+from landscape.errors import LandscapeError
+
+
+def test_defaults_are_all_written_out():
+    r = recipes.build()
+    assert r["dataset"]["name"] == "digits"
+    assert r["partition"] == {"name": "dirichlet", "clients": 20, "alpha": 0.1, "balanced": False, "min_samples": 2}
+    assert r["model"] == {"name": "cnn", "width": 32, "hidden": 128}
+    assert r["algorithm"] == {"name": "fedavg"}
+    assert r["train"]["rounds"] == 30 and r["train"]["lr_schedule"] == "constant"
+    assert r["seed"] == 0
+
+
+def test_toml_round_trip(tmp_path):
+    r = recipes.build(None, [("model.name", "mlp"), ("model.hidden", [7, 5]), ("train.lr", 0.25)])
+    path = tmp_path / "r.toml"
+    path.write_text(recipes.to_toml(r))
+    assert recipes.build(path) == r
+
+
+def test_file_then_overrides_in_order(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_text('seed = 3\n[train]\nlr = 0.5\nrounds = 7\n')
+    r = recipes.build(path, [("train.lr", 0.2)])
+    assert (r["seed"], r["train"]["lr"], r["train"]["rounds"]) == (3, 0.2, 7)
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("0.1", 0.1), ("3", 3), ("true", True), ("[1, 2]", [1, 2]), ('"gn"', "gn"), ("gn", "gn"), ("1e-3", 1e-3)],
+)
+def test_set_values_parse_as_toml(text, value):
+    assert recipes.parse_assignment(f"train.x={text}") == ("train.x", value)
+
+
+def test_int_accepted_for_float_and_stored_as_float():
+    assert recipes.build(None, [("train.lr", 1)])["train"]["lr"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ([("train.lrr", 1.0)], "unknown recipe key 'train.lrr'; allowed in [train]: rounds, participation"),
+        ([("colour", 1)], "unknown recipe key 'colour'; allowed top-level keys: name, seed, dataset"),
+        ([("partition.name", "iid"), ("partition.alpha", 0.5)],
+         "unknown recipe key 'partition.alpha'; allowed in [partition] with partition.name = 'iid': name, clients"),
+        ([("train.lr", "fast")], "train.lr must be a number (got 'fast')"),
+        ([("train.rounds", 2.5)], "train.rounds must be an integer (got 2.5)"),
+        ([("train.keep_clients", 1)], "train.keep_clients must be true or false (got 1)"),
+        ([("train.participation", 1.5)], "train.participation must be in (0, 1] (got 1.5)"),
+        ([("train.participation", 0)], "train.participation must be in (0, 1] (got 0.0)"),
+        ([("train.lr_schedule", "step")], "train.lr_schedule must be one of constant, exponential, cosine"),
+        ([("partition.clients", 0)], "partition.clients must be >= 1 (got 0)"),
+        ([("dataset.name", "imagenet")], "unknown dataset 'imagenet'; choose from: cifar10, cifar100, digits"),
+        ([("model.name", "vit")], "unknown model 'vit'; choose from: cnn, lenet5, mlp, resnet18"),
+        ([("algorithm.name", "fedfoo")], "unknown algorithm 'fedfoo'; choose from: fedavg"),
+        ([("partition.name", "zipf")], "unknown partition 'zipf'; choose from: dirichlet, iid, natural, pathological"),
+        ([("seed", -1)], "seed must be >= 0"),
+        ([("train", 3)], "recipe key 'train' is a table"),
+        ([("a.b.c", 3)], "must be 'key' or 'section.key'"),
+    ],
+)
+def test_validation_names_the_key_and_the_allowed_values(overrides, message):
+    with pytest.raises(LandscapeError) as err:
+        recipes.build(None, overrides)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_toml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\nlr = ")
+    with pytest.raises(LandscapeError, match="not valid TOML"):
+        recipes.build(bad)
+    with pytest.raises(LandscapeError, match="recipe file not found"):
+        recipes.build(tmp_path / "nope.toml")
+
+
+def test_set_without_equals():
+    with pytest.raises(LandscapeError, match="--set takes key=value"):
+        recipes.parse_assignment("train.lr")
+
+
+def test_run_name_is_systematic():
+    r = recipes.build(None, [("partition.alpha", 0.6), ("seed", 2)])
+    assert recipes.run_name(r) == "digits-fedavg-dir0.6-cnn-c20-s2"
