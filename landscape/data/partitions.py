@@ -1,0 +1,189 @@
+"""Splitting a training set over clients (label skew), registered by name.
+
+Every partition is a list of sorted int64 index arrays, one per client; every training sample lies in exactly
+one client, and the same seed gives the same split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from landscape.errors import LandscapeError
+from landscape.registry import Registry
+
+PartitionFn = Callable[..., list[np.ndarray]]
+PARTITIONS: Registry[PartitionFn] = Registry("partition")
+
+
+def make_partition(name: str, labels: np.ndarray, *, num_clients: int, num_classes: int, seed: int,
+                   options: dict, natural: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    """Split the samples with these `labels` over `num_clients` clients; one sorted index array each."""
+    entry = PARTITIONS.get(name)
+    opts = entry.make_options(dict(options or {}))
+    labels = np.asarray(labels, dtype=np.int64)
+    if num_clients < 1:
+        raise LandscapeError(f"need at least 1 client (got {num_clients})")
+    if num_clients > len(labels):
+        raise LandscapeError(f"{num_clients} clients but only {len(labels)} training samples")
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise LandscapeError(f"labels must lie in 0..{num_classes - 1} for {num_classes} classes")
+    rng = np.random.default_rng(seed)
+    clients = [np.sort(np.asarray(c, dtype=np.int64)) for c in entry.factory(
+        labels, num_clients, num_classes, rng, opts, natural)]
+    empty = [k for k, c in enumerate(clients) if len(c) == 0]
+    if empty:
+        raise LandscapeError(f"partition '{name}' left client {empty[0]} without samples "
+                             f"({len(empty)} empty of {num_clients}); use fewer clients")
+    return clients
+
+
+@PARTITIONS.register("iid", summary="uniform random split into near-equal parts")
+def iid(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator, opts: None,
+        natural: list[np.ndarray] | None) -> list[np.ndarray]:
+    return np.array_split(rng.permutation(len(labels)), num_clients)
+
+
+@dataclass(frozen=True)
+class DirichletOptions:
+    alpha: float = 0.1  # concentration: small = few classes per client, large -> IID
+    balanced: bool = False  # equal client sizes (per-client proportions) or natural sizes (per-class split)
+    min_samples: int = 2  # natural sizes: redraw until every client has this many
+
+
+DIRICHLET_ATTEMPTS = 1000
+
+
+@PARTITIONS.register("dirichlet", options=DirichletOptions,
+                     summary="Dirichlet(alpha) label skew (Hsu et al. 2019); balanced or natural sizes")
+def dirichlet(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator,
+              opts: DirichletOptions, natural: list[np.ndarray] | None) -> list[np.ndarray]:
+    if not opts.alpha > 0:
+        raise LandscapeError(f"partition.alpha must be > 0 (got {opts.alpha})")
+    if opts.balanced:
+        return _dirichlet_balanced(labels, num_clients, num_classes, rng, opts.alpha)
+    if opts.min_samples < 1:
+        raise LandscapeError(f"partition.min_samples must be >= 1 (got {opts.min_samples})")
+    if opts.min_samples * num_clients > len(labels):
+        raise LandscapeError(f"{num_clients} clients x partition.min_samples {opts.min_samples} exceeds "
+                             f"the {len(labels)} training samples; lower partition.min_samples")
+    by_class = [np.flatnonzero(labels == c) for c in range(num_classes)]
+    for _ in range(DIRICHLET_ATTEMPTS):
+        clients: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for samples in by_class:
+            # Per class c: q_c ~ Dir(alpha * 1_N) over clients; split c's shuffled samples by q_c.
+            share = rng.dirichlet(np.full(num_clients, opts.alpha))
+            cuts = (np.cumsum(share)[:-1] * len(samples)).astype(int)
+            for k, part in enumerate(np.split(rng.permutation(samples), cuts)):
+                clients[k].append(part)
+        merged = [np.concatenate(parts) for parts in clients]
+        if min(len(m) for m in merged) >= opts.min_samples:
+            return merged
+    raise LandscapeError(
+        f"dirichlet partition: {DIRICHLET_ATTEMPTS} draws with alpha={opts.alpha} never gave all {num_clients} "
+        f"clients >= {opts.min_samples} samples; lower partition.min_samples or raise partition.alpha"
+    )
+
+
+def _dirichlet_balanced(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator,
+                        alpha: float) -> list[np.ndarray]:
+    """Equal sizes: client i draws its quota from p_i ~ Dir(alpha * 1_C), without reusing a sample.
+
+    Drawing a quota sample by sample from p_i restricted to classes with samples left is the same as drawing
+    it as a multinomial and redrawing the part that overflows a class among the classes still available.
+    """
+    proportions = rng.dirichlet(np.full(num_classes, alpha), size=num_clients)
+    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
+    left = np.array([len(p) for p in pools])
+    quotas = np.full(num_clients, len(labels) // num_clients)
+    quotas[: len(labels) % num_clients] += 1
+    clients = []
+    for p, quota in zip(proportions, quotas):
+        counts = np.zeros(num_classes, dtype=np.int64)
+        need = int(quota)
+        while need > 0:
+            available = left - counts
+            weights = np.where(available > 0, np.nan_to_num(p), 0.0)
+            if weights.sum() <= 0:  # all of p_i's mass sits on used-up classes: draw among what is left
+                weights = available.astype(float)
+            draw = rng.multinomial(need, weights / weights.sum())
+            counts += np.minimum(draw, available)
+            need = int(quota - counts.sum())
+        taken = [pool[len(pool) - left[c]: len(pool) - left[c] + counts[c]] for c, pool in enumerate(pools)]
+        left -= counts
+        clients.append(np.concatenate(taken))
+    return clients
+
+
+@dataclass(frozen=True)
+class PathologicalOptions:
+    classes_per_client: int = 2
+
+
+@PARTITIONS.register("pathological", options=PathologicalOptions,
+                     summary="each client holds exactly c classes (McMahan et al. 2017)")
+def pathological(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator,
+                 opts: PathologicalOptions, natural: list[np.ndarray] | None) -> list[np.ndarray]:
+    c = opts.classes_per_client
+    if not 1 <= c <= num_classes:
+        raise LandscapeError(f"partition.classes_per_client must be in 1..{num_classes} (got {c})")
+    if num_clients * c < num_classes:
+        raise LandscapeError(f"{num_clients} clients x {c} classes each cannot cover {num_classes} classes; "
+                             "raise partition.classes_per_client or the number of clients")
+    # Round-robin over a seeded class permutation: client k holds perm[(k * c + j) % C], j < c.
+    perm = rng.permutation(num_classes)
+    holders: list[list[int]] = [[] for _ in range(num_classes)]
+    for k in range(num_clients):
+        for j in range(c):
+            holders[perm[(k * c + j) % num_classes]].append(k)
+    clients: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for cls, owners in enumerate(holders):
+        samples = rng.permutation(np.flatnonzero(labels == cls))
+        if len(samples) < len(owners):
+            raise LandscapeError(f"pathological partition: class {cls} has {len(samples)} samples but "
+                                 f"{len(owners)} clients must hold it; use fewer clients or classes per client")
+        for k, part in zip(owners, np.array_split(samples, len(owners))):
+            clients[k].append(part)
+    return [np.concatenate(parts) for parts in clients]
+
+
+@PARTITIONS.register("natural", summary="the data set's own clients (synthetic)")
+def natural_split(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator, opts: None,
+                  natural: list[np.ndarray] | None) -> list[np.ndarray]:
+    if natural is None:
+        raise LandscapeError("partition 'natural' needs a data set with its own clients (synthetic)")
+    if len(natural) != num_clients:
+        raise LandscapeError(f"partition 'natural': the data set has {len(natural)} clients "
+                             f"but num_clients is {num_clients}")
+    return [np.array(c, dtype=np.int64) for c in natural]
+
+
+def class_histogram(labels: Any, client_indices: list[np.ndarray], num_classes: int) -> np.ndarray:
+    """[clients, classes] sample counts."""
+    labels = np.asarray(labels, dtype=np.int64)
+    return np.stack([np.bincount(labels[np.asarray(idx, dtype=np.int64)], minlength=num_classes)
+                     for idx in client_indices])
+
+
+def mean_label_entropy(hist: np.ndarray) -> float:
+    """Mean over clients of the entropy (nats) of the client's label distribution (0 log 0 = 0)."""
+    hist = np.asarray(hist, dtype=np.float64)
+    hist = hist[hist.sum(axis=1) > 0]
+    p = hist / hist.sum(axis=1, keepdims=True)
+    terms = np.where(p > 0, -p * np.log(np.where(p > 0, p, 1.0)), 0.0)
+    return float(terms.sum(axis=1).mean())
+
+
+def format_partition_table(hist: np.ndarray) -> str:
+    """One row per client, one column per class, a total column and a totals row."""
+    hist = np.asarray(hist, dtype=np.int64)
+    body = np.concatenate([hist, hist.sum(axis=1, keepdims=True)], axis=1)
+    body = np.concatenate([body, body.sum(axis=0, keepdims=True)], axis=0)
+    header = ["client"] + [str(c) for c in range(hist.shape[1])] + ["total"]
+    names = [str(k) for k in range(hist.shape[0])] + ["total"]
+    rows = [header] + [[name] + [str(v) for v in row] for name, row in zip(names, body)]
+    widths = [max(len(row[j]) for row in rows) for j in range(len(header))]
+    return "\n".join(" ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows)
