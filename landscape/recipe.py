@@ -85,6 +85,10 @@ class TrainSettings:
     eval_every: int = field(default=1, metadata=_check(_positive, "must be >= 1"))
     checkpoint_every: int = field(default=10, metadata=_check(_positive, "must be >= 1"))
     keep_clients: bool = False
+    swa: bool = False
+    swa_start: float = field(default=0.75, metadata=_check(lambda v: 0 <= v < 1, "must be in [0, 1) (a fraction of rounds)"))
+    swa_cycle: int = field(default=5, metadata=_check(_positive, "must be >= 1"))
+    swa_lr: float = field(default=0.001, metadata=_check(_positive, "must be > 0"))
     device: str = "auto"
     dtype: str = field(default="float32", metadata=_check(lambda v: v in DTYPES, f"must be one of {', '.join(DTYPES)}"))
 

@@ -217,12 +217,14 @@ class Run:
         return load_checkpoint(self.dir.checkpoint(round))
 
     def model(self, round: int | None = None) -> torch.nn.Module:
-        """The global model of a checkpointed round (default: the last), on the CPU, in eval mode."""
+        """The global model of a checkpointed round (default: the last; x_swa once server SWA has begun),
+        on the CPU, in eval mode."""
         from landscape.train.loop import build_module
 
         setup = self._data_setup()
         module = build_module(self.recipe, setup.bundle)
-        state = self.checkpoint(round)["model"]
+        ckpt = self.checkpoint(round)
+        state = ckpt.get("swa_model", ckpt["model"])  # analysis uses the SWA average once it exists
         try:
             module.load_state_dict(state)
         except RuntimeError as e:

@@ -78,7 +78,7 @@ def test_client_sampling_is_uniform_without_replacement_and_seeded():
 
 
 def test_learning_rate_schedules():
-    train = {"lr": 0.1, "lr_schedule": "constant", "lr_decay": 0.998, "lr_min": 0.001, "rounds": 100}
+    train = {"lr": 0.1, "lr_schedule": "constant", "lr_decay": 0.998, "lr_min": 0.001, "rounds": 100, "swa": False}
     assert loop.learning_rate(train, 57) == 0.1
     train["lr_schedule"] = "exponential"
     assert loop.learning_rate(train, 10) == pytest.approx(0.1 * 0.998**10)
@@ -86,6 +86,43 @@ def test_learning_rate_schedules():
     assert loop.learning_rate(train, 0) == pytest.approx(0.1)
     assert loop.learning_rate(train, 50) == pytest.approx(0.001 + 0.5 * 0.099)
     assert loop.learning_rate(train, 100) == pytest.approx(0.001)
+
+
+def test_swa_cyclic_learning_rate_and_cycle_ends():
+    train = {"lr": 0.1, "lr_schedule": "constant", "rounds": 20, "swa": True, "swa_start": 0.5, "swa_cycle": 4,
+             "swa_lr": 0.01}
+    assert [loop.learning_rate(train, t) for t in range(9)] == [0.1] * 9  # before round 10
+    for t in range(10, 20):
+        t_c = (t % 4 + 1) / 4  # Caldarola et al.: t_c = ((t mod c) + 1) / c
+        assert loop.learning_rate(train, t) == pytest.approx((1 - t_c) * 0.1 + t_c * 0.01)
+    assert [t for t in range(20) if loop.swa_cycle_ends(train, t)] == [11, 15, 19]
+
+
+def test_swa_average_and_the_model_analysis_uses(tmp_path):
+    recipe = tiny_recipe(train__rounds=8, train__swa=True, train__swa_start=0.25, train__swa_cycle=2,
+                         train__checkpoint_every=1)
+    loop.start_run(recipe, tmp_path / "r", progress=False)
+    run = landscape.open_run(tmp_path / "r")
+    flat_of = {r: torch.cat([v.reshape(-1) for k, v in load_checkpoint(run.dir.checkpoint(r))["model"].items()])
+               for r in run.rounds()}
+    # rounds t = 2..7 are SWA rounds; cycles close at t = 3, 5, 7, i.e. after rounds 4, 6, 8
+    expected = (flat_of[4] + flat_of[6] + flat_of[8]) / 3
+    last = load_checkpoint(run.dir.checkpoint(8))
+    assert last["swa_count"] == 3
+    swa = torch.cat([v.reshape(-1) for v in last["swa_model"].values()])
+    torch.testing.assert_close(swa, expected)
+    assert "swa_model" not in load_checkpoint(run.dir.checkpoint(3))
+    model = run.model(8)
+    torch.testing.assert_close(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), expected)
+    assert [row["swa_models"] for row in run.metrics()] == [0, 0, 0, 1, 1, 2, 2, 3]
+
+
+def test_algorithm_plus_swa_before_swa_start_is_the_algorithm(tmp_path):
+    loop.start_run(tiny_recipe(train__rounds=4), tmp_path / "a", progress=False)
+    loop.start_run(tiny_recipe(train__rounds=8, train__swa=True, train__swa_start=0.5), tmp_path / "b", progress=False)
+    a = load_checkpoint(RunDir(tmp_path / "a").checkpoint(3))["model"]
+    b = load_checkpoint(RunDir(tmp_path / "b").checkpoint(3))["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _metrics_without_time(path):

@@ -33,7 +33,7 @@ from landscape.runs import (
     save_checkpoint,
     write_text,
 )
-from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem
+from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem, ParamLayout
 
 # Tags that keep the derived random streams of one seed apart.
 _STREAM_SAMPLING, _STREAM_CLIENT = 1, 2
@@ -55,14 +55,31 @@ def clients_per_round(train: dict, num_clients: int) -> int:
 
 
 def learning_rate(train: dict, round: int) -> float:
-    """The client learning rate of round ``round`` (0-based) under the recipe's schedule."""
+    """The client learning rate of round ``round`` (0-based) under the recipe's schedule (and SWA's cycles)."""
     lr, schedule = train["lr"], train["lr_schedule"]
     if schedule == "exponential":  # lr * decay^t, decayed once per round
-        return lr * train["lr_decay"] ** round
-    if schedule == "cosine":  # cosine from lr to lr_min over the recipe's rounds
+        lr = lr * train["lr_decay"] ** round
+    elif schedule == "cosine":  # cosine from lr to lr_min over the recipe's rounds
         progress = round / max(train["rounds"], 1)
-        return train["lr_min"] + 0.5 * (lr - train["lr_min"]) * (1 + math.cos(math.pi * progress))
+        lr = train["lr_min"] + 0.5 * (lr - train["lr_min"]) * (1 + math.cos(math.pi * progress))
+    if swa_active(train, round):
+        # Server SWA (Caldarola et al. 2022): cyclic client lr, t_c = ((t mod c) + 1) / c.
+        t_c = (round % train["swa_cycle"] + 1) / train["swa_cycle"]
+        lr = (1 - t_c) * lr + t_c * train["swa_lr"]
     return lr
+
+
+def swa_start_round(train: dict) -> int:
+    return int(train["swa_start"] * train["rounds"])
+
+
+def swa_active(train: dict, round: int) -> bool:
+    return bool(train["swa"]) and round >= swa_start_round(train)
+
+
+def swa_cycle_ends(train: dict, round: int) -> bool:
+    """Whether round ``round`` (0-based) closes an SWA cycle: x_swa then absorbs x^{round+1}."""
+    return swa_active(train, round) and (round % train["swa_cycle"]) + 1 == train["swa_cycle"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -123,10 +140,12 @@ def build_module(recipe: dict, bundle: DatasetBundle) -> torch.nn.Module:
     )
 
 
-def build_algorithm(recipe: dict) -> Algorithm:
+def build_algorithm(recipe: dict, layout: ParamLayout) -> Algorithm:
     entry = ALGORITHMS.get(recipe["algorithm"]["name"])
     options = entry.make_options(recipes.entry_options(recipe, "algorithm"))
-    return entry.factory(options, num_clients=recipe["partition"]["clients"], server_lr=recipe["train"]["server_lr"])
+    return entry.factory(
+        options, num_clients=recipe["partition"]["clients"], server_lr=recipe["train"]["server_lr"], layout=layout
+    )
 
 
 def check_local_work(train: dict) -> None:
@@ -144,7 +163,14 @@ class TrainerState:
     x: Tensor
     buffers: dict[str, Tensor]
     server_state: dict[str, Tensor]
-    client_states: dict[int, dict[str, Tensor]]
+    client_states: dict[int, dict[str, Tensor]]  # kept on the CPU between rounds
+    swa_model: Tensor | None = None  # server SWA average x_swa, once a cycle has closed
+    swa_count: int = 0
+
+    @property
+    def model(self) -> Tensor:
+        """The model that evaluation and analysis use: x_swa once it exists, else x."""
+        return self.swa_model if self.swa_model is not None else self.x
 
 
 class Trainer:
@@ -160,7 +186,7 @@ class Trainer:
         self.dtype = torch.float64 if self.train_cfg["dtype"] == "float64" else torch.float32
         module = build_module(recipe, self.setup.bundle).to(self.device, self.dtype)
         self.flat = FlatModel(module)
-        self.algorithm = build_algorithm(recipe)
+        self.algorithm = build_algorithm(recipe, ParamLayout(tuple(self.flat.names), tuple(map(tuple, self.flat.shapes))))
         bundle = self.setup.bundle
         # Small data sets live on the device for the whole run.
         self.train_x = bundle.train.x.to(self.device, self.dtype)
@@ -181,7 +207,7 @@ class Trainer:
         def cpu(d: dict[str, Tensor]) -> dict[str, Tensor]:
             return {k: v.detach().cpu() for k, v in d.items()}
 
-        return {
+        payload = {
             "format": CHECKPOINT_FORMAT,
             "round": state.round,
             "model": self.flat.state_dict(state.x, state.buffers),
@@ -190,6 +216,10 @@ class Trainer:
             "rng": {"seed": self.recipe["seed"], "scheme": "SeedSequence(seed, stream, round[, client])"},
             "recipe": self.recipe_text,
         }
+        if state.swa_model is not None:
+            payload["swa_model"] = self.flat.state_dict(state.swa_model, state.buffers)
+            payload["swa_count"] = state.swa_count
+        return payload
 
     def state_from_checkpoint(self, ckpt: dict, path: Path) -> TrainerState:
         try:
@@ -199,15 +229,15 @@ class Trainer:
         if x.numel() != self.flat.dim:
             raise LandscapeError(f"{path} does not match the recipe's model ({x.numel()} vs {self.flat.dim} parameters)")
 
-        def dev(d: dict[str, Tensor]) -> dict[str, Tensor]:
-            return {k: v.to(self.device) for k, v in d.items()}
-
+        swa_model = self.flat.from_state_dict(ckpt["swa_model"])[0] if "swa_model" in ckpt else None
         return TrainerState(
             int(ckpt["round"]),
             x,
             buffers,
-            dev(ckpt["server_state"]),
-            {int(i): dev(s) for i, s in ckpt["client_states"].items()},
+            {k: v.to(self.device) for k, v in ckpt["server_state"].items()},
+            {int(i): s for i, s in ckpt["client_states"].items()},
+            swa_model,
+            int(ckpt.get("swa_count", 0)),
         )
 
     def save(self, state: TrainerState, results: list[ClientResult] | None) -> None:
@@ -247,8 +277,9 @@ class Trainer:
                     xb = augment(xb, generator)
                 yield xb, self.train_y[b]
 
-        def oracle(w: Tensor, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-            return self.flat.loss_and_grad(w, batch[0], batch[1], buffers)
+        def oracle(w: Tensor, batch: tuple[Tensor, Tensor], update_stats: bool) -> tuple[Tensor, Tensor]:
+            stats = buffers if update_stats else {k: v.clone() for k, v in buffers.items()}
+            return self.flat.loss_and_grad(w, batch[0], batch[1], stats)
 
         return LocalProblem(
             client=client,
@@ -271,18 +302,24 @@ class Trainer:
         results: list[ClientResult] = []
         client_buffers: list[dict[str, Tensor]] = []
         self.flat.module.train()
+        client_states = dict(state.client_states)
         for i in clients:
             buffers = {k: v.clone() for k, v in state.buffers.items()}  # BN statistics move during local work
             problem = self.local_problem(i, t, lr, buffers)
-            results.append(self.algorithm.client_update(message, state.client_states.get(i, {}), problem))
+            own_state = {k: v.to(self.device) for k, v in state.client_states.get(i, {}).items()}
+            result = self.algorithm.client_update(message, own_state, problem)
+            result.num_steps = problem.num_steps
+            results.append(result)
             client_buffers.append(buffers)
-        x_new, server_state = self.algorithm.aggregate(state.x, state.server_state, results, t)
-        client_states = dict(state.client_states)
-        for r in results:
-            if r.state:
-                client_states[r.client] = r.state
+            if result.state:
+                client_states[i] = {k: v.to("cpu") for k, v in result.state.items()}
+        x_new, server_state = self.algorithm.aggregate(state.x, state.server_state, results, t, lr)
         new_buffers = average_buffers(client_buffers) if client_buffers and state.buffers else state.buffers
-        new_state = TrainerState(t + 1, x_new, new_buffers, server_state, client_states)
+        swa_model, swa_count = state.swa_model, state.swa_count
+        if swa_cycle_ends(self.train_cfg, t):  # x_swa = (n * x_swa + x^{t+1}) / (n + 1)
+            swa_model = x_new.clone() if swa_model is None else (swa_count * swa_model + x_new) / (swa_count + 1)
+            swa_count += 1
+        new_state = TrainerState(t + 1, x_new, new_buffers, server_state, client_states, swa_model, swa_count)
 
         # Flatness distance (METRICS.md): Delta_D = mean_S ||y_{i,K} - x^{t+1}||^2, and normalised.
         models = torch.stack([r.model for r in results])
@@ -299,13 +336,15 @@ class Trainer:
             "update_norm": (x_new - state.x).norm().item(),
             "uplink_floats": sum(r.uplink_floats for r in results) / len(results),
         }
+        if self.train_cfg["swa"]:
+            row["swa_models"] = swa_count
         if (t + 1) % self.train_cfg["eval_every"] == 0 or t + 1 == self.train_cfg["rounds"]:
             row["test_loss"], row["test_acc"] = self.evaluate(new_state)
         row["seconds"] = time.perf_counter() - started
         return new_state, results, row
 
     def evaluate(self, state: TrainerState) -> tuple[float, float]:
-        return self.flat.evaluate(state.x, state.buffers, self.test_x, self.test_y)
+        return self.flat.evaluate(state.model, state.buffers, self.test_x, self.test_y)
 
     def train(self, state: TrainerState, progress: bool = True) -> TrainerState:
         """Run rounds from ``state.round`` to the recipe's rounds, logging and checkpointing."""

@@ -6,7 +6,11 @@ An algorithm is a client rule, a server rule and their state (the optax / Flower
 - ``broadcast(x, server_state, round)``: what the server sends down (always ``"x"``, the global model).
 - ``client_update(message, client_state, problem)``: the local rule; returns the client's final model, what it
   sends up (``upload``, counted as uplink floats) and its new persistent state.
-- ``aggregate(x, server_state, results, round)``: the server rule; returns the new global model and state.
+- ``aggregate(x, server_state, results, round, lr)``: the server rule; returns the new global model and state.
+
+State tensors live on the training device while in use; the loop keeps client states on the CPU between
+rounds and saves both in checkpoints. Hyper-parameters come from the algorithm's options dataclass (the
+recipe's ``[algorithm]`` keys, reference defaults); none is hard-coded in a rule.
 
 Every module in this package is imported on first use, so adding an algorithm is adding one file.
 """
@@ -14,6 +18,7 @@ Every module in this package is imported on first use, so adding an algorithm is
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -27,6 +32,24 @@ from landscape.registry import Registry
 Batch = tuple[Tensor, Tensor]
 
 
+@dataclass(frozen=True)
+class ParamLayout:
+    """Names and shapes of the tensors packed into the flat parameter vector, in order."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @property
+    def numels(self) -> list[int]:
+        return [math.prod(s) for s in self.shapes]
+
+    def mask(self, select: Callable[[str, tuple[int, ...]], bool], like: Tensor) -> Tensor:
+        """A 0/1 vector shaped like the flat parameters: 1 on the tensors ``select(name, shape)`` picks."""
+        parts = [torch.full((n,), float(select(name, shape)), dtype=like.dtype, device=like.device)
+                 for name, shape, n in zip(self.names, self.shapes, self.numels)]
+        return torch.cat(parts)
+
+
 @dataclass
 class LocalProblem:
     """What one client has in one round: its minibatches, step settings and loss oracle."""
@@ -38,15 +61,19 @@ class LocalProblem:
     clip_norm: float
     num_steps: int
     batch_stream: Callable[[], Iterator[Batch]]
-    oracle: Callable[[Tensor, Batch], tuple[Tensor, Tensor]]
+    oracle: Callable[[Tensor, Batch, bool], tuple[Tensor, Tensor]]
 
     def batches(self) -> Iterator[Batch]:
         """The client's ``num_steps`` minibatches of this round, in order (seeded by seed, round, client)."""
         return self.batch_stream()
 
-    def loss_and_grad(self, w: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
-        """Minibatch cross-entropy f_i(w; B) and its gradient g(w; B) (no weight decay)."""
-        return self.oracle(w, batch)
+    def loss_and_grad(self, w: Tensor, batch: Batch, update_stats: bool = True) -> tuple[Tensor, Tensor]:
+        """Minibatch cross-entropy f_i(w; B) and its gradient g(w; B) (no weight decay).
+
+        ``update_stats=False`` for evaluations at perturbed points (y + e): BatchNorm running statistics
+        are then left as they were (they move only with the descent point's batches).
+        """
+        return self.oracle(w, batch, update_stats)
 
     def descent(self, d: Tensor, y: Tensor) -> Tensor:
         """The descent gradient actually applied: clip(d) + wd * y (wd never enters a perturbation)."""
@@ -64,6 +91,7 @@ class ClientResult:
     upload: dict[str, Tensor]  # what crosses the wire up (its size is the uplink cost)
     state: dict[str, Tensor] = field(default_factory=dict)  # the client's persistent state after the round
     train_loss: Tensor | float = float("nan")  # mean minibatch loss over the local steps
+    num_steps: int = 0  # K of this client this round (filled in by the loop)
 
     @property
     def uplink_floats(self) -> int:
@@ -73,10 +101,11 @@ class ClientResult:
 class Algorithm(ABC):
     """Base class: FedAvg's server rule and a plain broadcast; subclasses give their own rules."""
 
-    def __init__(self, options, *, num_clients: int, server_lr: float) -> None:
+    def __init__(self, options, *, num_clients: int, server_lr: float, layout: ParamLayout) -> None:
         self.options = options
         self.num_clients = num_clients
         self.server_lr = server_lr
+        self.layout = layout
 
     def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
         return {}
@@ -91,7 +120,7 @@ class Algorithm(ABC):
         """The client rule: K local steps from what the server sent."""
 
     def aggregate(
-        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int
+        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
     ) -> tuple[Tensor, dict[str, Tensor]]:
         # FedAvg server: x^{t+1} = x^t + eta_g * mean_S(Delta_i), Delta_i = y_{i,K} - x^t.
         delta_bar = torch.stack([r.model for r in results]).mean(dim=0) - x
