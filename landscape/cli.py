@@ -38,31 +38,33 @@ def cli() -> None:
     """
 
 
-# Flags that set one recipe key each: (option name, recipe key, click type, help).
-_RECIPE_FLAGS: list[tuple[str, str, Any, str]] = [
-    ("--algorithm", "algorithm.name", str, "federated algorithm (see `landscape list`)"),
-    ("--dataset", "dataset.name", str, "data set: digits (default, offline), synthetic, mnist, ..."),
-    ("--model", "model.name", str, "model: mlp, cnn, lenet5, resnet18"),
-    ("--partition", "partition.name", str, "how the training set is split: iid, dirichlet, pathological, natural"),
-    ("--alpha", "partition.alpha", float, "Dirichlet concentration (smaller = more heterogeneous)"),
-    ("--clients", "partition.clients", int, "number of clients N"),
-    ("--participation", "train.participation", float, "fraction of clients sampled per round, in (0, 1]"),
-    ("--rounds", "train.rounds", int, "communication rounds T"),
-    ("--local-epochs", "train.local_epochs", int, "local epochs E per round"),
-    ("--local-steps", "train.local_steps", int, "fixed local steps K per round (overrides epochs when > 0)"),
-    ("--batch-size", "train.batch_size", int, "local minibatch size"),
-    ("--lr", "train.lr", float, "client learning rate eta"),
-    ("--seed", "seed", int, "seed of partition, initialisation, sampling and batches"),
-    ("--checkpoint-every", "train.checkpoint_every", int, "checkpoint every N rounds (and always at the end)"),
-    ("--eval-every", "train.eval_every", int, "evaluate on the test set every N rounds (and at the end)"),
-    ("--data-root", "dataset.root", str, "folder holding torchvision-format data sets"),
-    ("--device", "train.device", str, "auto, cpu, cuda or cuda:N"),
+# Flags that set one recipe key each: (option name, recipe key, help). Comma lists (--alpha 0.6,0.1) sweep.
+_RECIPE_FLAGS: list[tuple[str, str, str]] = [
+    ("--algorithm", "algorithm.name", "federated algorithm (see `landscape list`)"),
+    ("--dataset", "dataset.name", "data set: digits (default, offline), synthetic, mnist, ..."),
+    ("--model", "model.name", "model: mlp, cnn, lenet5, resnet18"),
+    ("--partition", "partition.name", "how the training set is split: iid, dirichlet, pathological, natural"),
+    ("--alpha", "partition.alpha", "Dirichlet concentration (smaller = more heterogeneous)"),
+    ("--clients", "partition.clients", "number of clients N"),
+    ("--participation", "train.participation", "fraction of clients sampled per round, in (0, 1]"),
+    ("--rounds", "train.rounds", "communication rounds T"),
+    ("--local-epochs", "train.local_epochs", "local epochs E per round"),
+    ("--local-steps", "train.local_steps", "fixed local steps K per round (overrides epochs when > 0)"),
+    ("--batch-size", "train.batch_size", "local minibatch size"),
+    ("--lr", "train.lr", "client learning rate eta"),
+    ("--seed", "seed", "seed of partition, initialisation, sampling and batches"),
+    ("--checkpoint-every", "train.checkpoint_every", "checkpoint every N rounds (and always at the end)"),
+    ("--eval-every", "train.eval_every", "evaluate on the test set every N rounds (and at the end)"),
+    ("--data-root", "dataset.root", "folder holding torchvision-format data sets"),
+    ("--device", "train.device", "auto, cpu, cuda or cuda:N"),
 ]
+_NO_SWEEP = {"dataset.root", "train.device"}  # values that may hold commas themselves
 
 
 def _recipe_options(f):
-    for flag, key, kind, help_text in reversed(_RECIPE_FLAGS):
-        f = click.option(flag, type=kind, default=None, help=f"{help_text} [{key}]")(f)
+    for flag, key, help_text in reversed(_RECIPE_FLAGS):
+        sweep = "" if key in _NO_SWEEP else "; a,b,c sweeps"
+        f = click.option(flag, type=str, default=None, help=f"{help_text} [{key}{sweep}]")(f)
     return f
 
 
@@ -71,59 +73,94 @@ def _recipe_options(f):
 @_recipe_options
 @click.option("--download", is_flag=True, default=None, help="download torchvision data sets where a network exists")
 @click.option("--keep-clients", is_flag=True, default=None, help="also save the clients' final models at checkpoints")
+@click.option("--swa", is_flag=True, default=None, help="server SWA (Caldarola et al. 2022) on top of the algorithm")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="set any recipe key, e.g. --set train.weight_decay=1e-3 (repeatable)")
+              help="set any recipe key, e.g. --set train.weight_decay=1e-3 or --set algorithm.fedsam.rho=0.05")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="run directory [default: runs/<generated name>]")
-@click.option("--dry-run", is_flag=True, help="print the resolved recipe and the client x class table, then exit")
+              help="run directory [default: runs/<generated name>]; for a sweep, the folder of its runs")
+@click.option("--dry-run", is_flag=True, help="print the resolved recipe and the client x class table (or the "
+              "sweep's runs), then exit")
 @click.option("--overwrite", is_flag=True, help="replace an existing run directory")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="continue the run in this directory from its last checkpoint (with --rounds to extend it)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
-def train_command(recipe_file: Path | None, download: bool | None, keep_clients: bool | None,
+def train_command(recipe_file: Path | None, download: bool | None, keep_clients: bool | None, swa: bool | None,
                   assignments: tuple[str, ...], out: Path | None, dry_run: bool, overwrite: bool,
                   resume_dir: Path | None, quiet: bool, **flags: Any) -> None:
-    """Train one federated run from a RECIPE_FILE (TOML) and/or flags.
+    """Train federated runs from a RECIPE_FILE (TOML) and/or flags.
 
-    Flags override the recipe, and --set overrides both. The run directory gets the fully resolved recipe,
-    partition.json, metrics.jsonl (one line per round) and checkpoints/round-XXXX.pt.
+    Flags override the recipe, and --set overrides both. A comma list in a flag (--algorithm fedsam,fednsam
+    --alpha 0.6,0.1 --seed 0,1) or a [sweep] table in the recipe makes one run per combination, named
+    systematically under --out (default runs/); finished runs are skipped and unfinished ones resumed.
+    Each run directory gets the fully resolved recipe, partition.json, metrics.jsonl (one line per round)
+    and checkpoints/round-XXXX.pt.
     """
     from landscape import recipe as recipes
     from landscape.train import loop
 
     overrides: list[tuple[str, Any]] = []
-    for flag, key, _, _ in _RECIPE_FLAGS:
-        value = flags[flag.lstrip("-").replace("-", "_")]
-        if value is not None:
-            overrides.append((key, value))
-    if download:
-        overrides.append(("dataset.download", True))
-    if keep_clients:
-        overrides.append(("train.keep_clients", True))
+    axes: dict[str, list] = {}
+    for flag, key, _ in _RECIPE_FLAGS:
+        text = flags[flag.lstrip("-").replace("-", "_")]
+        if text is None:
+            continue
+        if "," in text and key not in _NO_SWEEP:
+            axes[key] = [recipes.parse_value(item.strip()) for item in text.split(",")]
+        else:
+            overrides.append((key, text if key in _NO_SWEEP else recipes.parse_value(text)))
+    for enabled, key in ((download, "dataset.download"), (keep_clients, "train.keep_clients"), (swa, "train.swa")):
+        if enabled:
+            overrides.append((key, True))
     overrides += [recipes.parse_assignment(a) for a in assignments]
 
     if resume_dir is not None:
         extra = [k for k, _ in overrides if k != "train.rounds"]
-        if recipe_file is not None or extra or out is not None or overwrite or dry_run:
+        if recipe_file is not None or extra or axes or out is not None or overwrite or dry_run:
             raise LandscapeError("--resume continues a run as recorded; only --rounds may be given with it")
         rounds = dict(overrides).get("train.rounds")
+        if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
+            raise LandscapeError(f"--rounds must be a positive integer (got {rounds!r})")
         state = loop.resume_run(resume_dir, rounds=rounds, progress=not quiet)
         _report(resume_dir, state.round)
         return
 
-    recipe = recipes.build(recipe_file, overrides)
-    out = out if out is not None else Path("runs") / (recipe["name"] or recipes.run_name(recipe))
-    if dry_run:
-        from landscape.data.partitions import format_partition_table
+    runs = recipes.build_sweep(recipe_file, overrides, axes)
+    if not any(swept for _, swept in runs):  # one run: --out is its directory
+        recipe = runs[0][0]
+        out = out if out is not None else Path("runs") / (recipe["name"] or recipes.run_name(recipe))
+        if dry_run:
+            from landscape.data.partitions import format_partition_table
 
-        setup = loop.prepare_data(recipe)
-        loop.check_local_work(recipe["train"])
-        click.echo(recipes.to_toml(recipe))
-        click.echo(f"# run directory: {out}")
-        click.echo(format_partition_table(setup.histogram))
+            setup = loop.prepare_data(recipe)
+            loop.check_local_work(recipe["train"])
+            click.echo(recipes.to_toml(recipe))
+            click.echo(f"# run directory: {out}")
+            click.echo(format_partition_table(setup.histogram))
+            return
+        state = loop.start_run(recipe, out, overwrite=overwrite, progress=not quiet)
+        _report(out, state.round)
         return
-    state = loop.start_run(recipe, out, overwrite=overwrite, progress=not quiet)
-    _report(out, state.round)
+
+    # A sweep: every run under --out, checked before any of them starts.
+    parent = out if out is not None else Path("runs")
+    plan = [(recipe, parent / recipes.sweep_run_name(recipe, swept)) for recipe, swept in runs]
+    names = [p.name for _, p in plan]
+    if len(set(names)) != len(names):
+        raise LandscapeError("two runs of this sweep get the same name; give them different values or a name")
+    statuses = [loop.sweep_status(recipe, path, overwrite) for recipe, path in plan]
+    if dry_run:
+        for (_, path), status in zip(plan, statuses):
+            click.echo(f"{status:<8} {path}")
+        return
+    for i, ((recipe, path), status) in enumerate(zip(plan, statuses), start=1):
+        click.echo(f"[{i}/{len(plan)}] {status}: {path}", err=True)
+        if status == "done":
+            continue
+        if status == "resume":
+            state = loop.resume_run(path, progress=not quiet)
+        else:
+            state = loop.start_run(recipe, path, overwrite=overwrite, progress=not quiet)
+        _report(path, state.round)
 
 
 def _report(out: Path, rounds: int) -> None:

@@ -8,7 +8,9 @@ into a run directory holds every key with its value, defaults included.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import itertools
 import json
 import math
 import sys
@@ -138,19 +140,18 @@ def parse_value(text: str) -> Any:
 
 
 def set_key(raw: dict, dotted: str, value: Any) -> None:
-    """Set ``section.key`` (or a top-level key) in a raw recipe dict."""
+    """Set ``section.key``, ``section.<entry name>.key`` or a top-level key in a raw recipe dict."""
     parts = dotted.split(".")
-    if len(parts) > 2 or not all(parts):
-        raise LandscapeError(f"recipe key '{dotted}' must be 'key' or 'section.key'")
-    if len(parts) == 1:
-        if parts[0] in SECTIONS:
-            raise LandscapeError(f"recipe key '{dotted}' is a table; set one of its keys, e.g. {dotted}.name")
-        raw[parts[0]] = value
-        return
-    table = raw.setdefault(parts[0], {})
-    if not isinstance(table, dict):
-        raise LandscapeError(f"recipe key '{parts[0]}' must be a table")
-    table[parts[1]] = value
+    if len(parts) > 3 or not all(parts):
+        raise LandscapeError(f"recipe key '{dotted}' must be 'key', 'section.key' or 'section.<name>.key'")
+    if len(parts) == 1 and parts[0] in SECTIONS:
+        raise LandscapeError(f"recipe key '{dotted}' is a table; set one of its keys, e.g. {dotted}.name")
+    table = raw
+    for part in parts[:-1]:
+        table = table.setdefault(part, {})
+        if not isinstance(table, dict):
+            raise LandscapeError(f"recipe key '{part}' in '{dotted}' must be a table")
+    table[parts[-1]] = value
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
@@ -201,34 +202,45 @@ def _resolve_section(section: str, given: dict, registry: Registry | None) -> di
     common = SECTIONS[section]
     common_fields = {f.name: f for f in dataclasses.fields(common)}
     defaults = {f.name: f.default for f in common_fields.values()}
-    name = given.get("name", defaults.get("name"))
-    entry = None
-    if registry is not None:
-        if not isinstance(name, str):
-            raise LandscapeError(f"{section}.name must be a string (got {name!r})")
-        entry = registry.get(name)
-        option_defaults = entry.option_defaults()
-    else:
-        option_defaults = {}
+    plain = {k: v for k, v in given.items() if not isinstance(v, dict)}
+    per_entry = {k: v for k, v in given.items() if isinstance(v, dict)}  # [section.<entry name>] tables
+    name = plain.get("name", defaults.get("name"))
+    if registry is None:
+        if per_entry:
+            raise LandscapeError(f"recipe key '{section}.{next(iter(per_entry))}' must be a value, not a table")
+        return _resolve_values(section, plain, common_fields, {}, None)
+    if not isinstance(name, str):
+        raise LandscapeError(f"{section}.name must be a string (got {name!r})")
+    for other, values in per_entry.items():
+        # Options for an entry this run may not use (sweeps): still checked, so typos are caught.
+        entry = registry.get(other)
+        _resolve_values(f"{section}.{other}", values, {}, entry.option_defaults(), entry)
+    entry = registry.get(name)
+    merged = {**per_entry.get(name, {}), **plain}  # the plain [section] keys win over [section.<name>]
+    return _resolve_values(section, merged, common_fields, entry.option_defaults(), entry)
+
+
+def _resolve_values(where: str, given: dict, common_fields: dict, option_defaults: dict, entry) -> dict:
+    defaults = {name: f.default for name, f in common_fields.items()}
     allowed = list(common_fields) + [k for k in option_defaults if k not in common_fields]
-    out: dict[str, Any] = {}
     for key in given:
         if key not in allowed:
-            owner = f"[{section}] with {section}.name = '{name}'" if entry is not None else f"[{section}]"
-            raise LandscapeError(f"unknown recipe key '{section}.{key}'; allowed in {owner}: {', '.join(allowed)}")
+            owner = f"[{where}] with {where}.name = '{entry.name}'" if entry is not None and common_fields else f"[{where}]"
+            raise LandscapeError(f"unknown recipe key '{where}.{key}'; allowed in {owner}: {', '.join(allowed)}")
+    out: dict[str, Any] = {}
     for key in allowed:
         default = defaults[key] if key in common_fields else option_defaults[key]
-        value = _coerce(f"{section}.{key}", default, given[key]) if key in given else default
+        value = _coerce(f"{where}.{key}", default, given[key]) if key in given else default
         meta = common_fields[key].metadata if key in common_fields else {}
         if "check" in meta and not meta["check"](value):
-            raise LandscapeError(f"{section}.{key} {meta['rule']} (got {value!r})")
+            raise LandscapeError(f"{where}.{key} {meta['rule']} (got {value!r})")
         out[key] = list(value) if isinstance(value, tuple) else value
     if entry is not None:
-        # The entry's own options dataclass may check its values (e.g. alpha > 0) in __post_init__.
+        # The entry's own options dataclass may check its values (e.g. rho >= 0) in __post_init__.
         try:
             entry.make_options({k: out[k] for k in option_defaults})
         except (TypeError, ValueError) as e:
-            raise LandscapeError(f"{section} '{name}': {e}") from None
+            raise LandscapeError(f"{where} '{entry.name}': {e}") from None
     return out
 
 
@@ -261,11 +273,40 @@ def entry_options(recipe: dict, section: str) -> dict:
 
 
 def build(path: str | Path | None = None, overrides: list[tuple[str, Any]] = ()) -> dict:
-    """Load a recipe file (or start empty), apply overrides in order, resolve."""
+    """Load a recipe file (or start empty), apply overrides in order, resolve. One run: no sweep."""
+    runs = build_sweep(path, overrides)
+    if len(runs) != 1:
+        raise LandscapeError(f"this recipe is a sweep of {len(runs)} runs; one run is needed here")
+    return runs[0][0]
+
+
+def build_sweep(
+    path: str | Path | None = None, overrides: list[tuple[str, Any]] = (), axes: dict[str, list] | None = None
+) -> list[tuple[dict, dict[str, Any]]]:
+    """Every run of a recipe: the product of its ``[sweep]`` axes (and ``axes``, which replace same-named ones).
+
+    Returns (resolved recipe, the swept values of that run) pairs in sweep order. ``[sweep]`` maps recipe keys
+    to lists, e.g. ``"algorithm.name" = ["fedavg", "fedsam"]``; overrides apply to every run.
+    """
     raw = read_toml(path) if path is not None else {}
+    sweep = raw.pop("sweep", {})
+    if not isinstance(sweep, dict):
+        raise LandscapeError("recipe key 'sweep' must be a table of key = [values]")
     for key, value in overrides:
+        sweep.pop(key, None)  # a flag or --set value replaces that axis
         set_key(raw, key, value)
-    return resolve(raw)
+    sweep.update(axes or {})
+    for key, values in sweep.items():
+        if not isinstance(values, list) or not values:
+            raise LandscapeError(f"sweep.'{key}' must be a non-empty list of values")
+    runs = []
+    for combo in itertools.product(*sweep.values()):
+        point = copy.deepcopy(raw)
+        chosen = dict(zip(sweep, combo))
+        for key, value in chosen.items():
+            set_key(point, key, value)
+        runs.append((resolve(point), chosen))
+    return runs
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -294,6 +335,21 @@ def to_toml(recipe: dict) -> str:
         if isinstance(v, dict):
             lines += ["", f"[{k}]"] + [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items()]
     return "\n".join(lines) + "\n"
+
+
+_NAMED_KEYS = ("dataset.name", "algorithm.name", "partition.name", "partition.alpha", "partition.classes_per_client",
+               "model.name", "partition.clients", "seed")
+
+
+def sweep_run_name(recipe: dict, swept: dict[str, Any]) -> str:
+    """The run name of one sweep point: the recipe's name (if any), the systematic name, then the swept keys
+    that the systematic name does not show (e.g. ``-lr0.05``)."""
+    parts = [recipe["name"]] if recipe["name"] else []
+    parts.append(run_name(recipe))
+    for key, value in swept.items():
+        if key not in _NAMED_KEYS:
+            parts.append(f"{key.split('.')[-1]}{value:g}" if isinstance(value, float) else f"{key.split('.')[-1]}{value}")
+    return "-".join(parts)
 
 
 def run_name(recipe: dict) -> str:

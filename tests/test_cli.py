@@ -83,7 +83,7 @@ BAD_INPUT = [
     (["--dataset", "imagenet"], "unknown dataset 'imagenet'; choose from: cifar10, cifar100, digits, fashion-mnist"),
     (["--model", "vit"], "unknown model 'vit'; choose from: cnn, lenet5, mlp, resnet18"),
     (["--partition", "zipf"], "unknown partition 'zipf'; choose from: dirichlet, iid, natural, pathological"),
-    (["--algorithm", "fedfoo"], "unknown algorithm 'fedfoo'; choose from: fedavg"),
+    (["--algorithm", "fedfoo"], "unknown algorithm 'fedfoo'; choose from: "),
     (["--alpha", "0"], "partition.alpha must be > 0 (got 0.0)"),
     (["--alpha", "-0.5"], "partition.alpha must be > 0 (got -0.5)"),
     (["--participation", "1.5"], "train.participation must be in (0, 1] (got 1.5)"),
@@ -117,6 +117,37 @@ def test_missing_dataset_files(tmp_path, dataset, expected):
     assert len(line.splitlines()) == 1 and line.startswith(f"error: {dataset}: missing ")
     assert str(tmp_path / "data" / expected) in line and "--download" in line
     assert not out.exists()
+
+
+def test_unknown_algorithm_lists_every_registered_one(tmp_path):
+    from landscape.train.algorithms import ALGORITHMS
+
+    result = invoke("train", "--algorithm", "fedfoo", "--out", tmp_path / "x")
+    assert result.output.strip() == f"error: unknown algorithm 'fedfoo'; choose from: {', '.join(ALGORITHMS.names())}"
+
+
+def test_sweep_from_comma_lists_skips_finished_and_resumes_unfinished(tmp_path):
+    sweep = ["--alpha", "0.6,0.1", "--seed", "0,1", "--rounds", "2", "--clients", "4", "--participation", "0.5",
+             "--local-steps", "1", "--device", "cpu", "--out", tmp_path, "--quiet"]
+    listed = invoke("train", *sweep, "--dry-run")
+    assert listed.exit_code == 0, listed.output
+    names = [line.split()[1] for line in listed.output.strip().splitlines()]
+    assert names == [str(tmp_path / f"digits-fedavg-dir{a}-cnn-c4-s{s}") for a in ("0.6", "0.1") for s in (0, 1)]
+    assert all(line.startswith("new") for line in listed.output.strip().splitlines())
+    result = invoke("train", *sweep)
+    assert result.exit_code == 0, result.output
+    for name in names:
+        assert (Path(name) / "checkpoints" / "round-0002.pt").is_file()
+    # make one run look killed after round 1: drop its last checkpoint
+    (Path(names[2]) / "checkpoints" / "round-0002.pt").unlink()
+    listed = invoke("train", *sweep, "--dry-run").output.split()
+    assert listed[0::2] == ["done", "done", "resume", "done"]
+    stamp = (Path(names[0]) / "metrics.jsonl").stat().st_mtime_ns
+    assert invoke("train", *sweep).exit_code == 0
+    assert (Path(names[2]) / "checkpoints" / "round-0002.pt").is_file()
+    assert (Path(names[0]) / "metrics.jsonl").stat().st_mtime_ns == stamp  # finished runs are not touched
+    changed = invoke("train", *sweep, "--lr", "0.05")
+    assert changed.exit_code != 0 and "holds a run of another recipe; pass --overwrite" in changed.output
 
 
 def test_existing_run_directory_is_not_touched(tmp_path):

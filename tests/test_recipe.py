@@ -56,11 +56,14 @@ def test_int_accepted_for_float_and_stored_as_float():
         ([("partition.clients", 0)], "partition.clients must be >= 1 (got 0)"),
         ([("dataset.name", "imagenet")], "unknown dataset 'imagenet'; choose from: cifar10, cifar100, digits"),
         ([("model.name", "vit")], "unknown model 'vit'; choose from: cnn, lenet5, mlp, resnet18"),
-        ([("algorithm.name", "fedfoo")], "unknown algorithm 'fedfoo'; choose from: fedavg"),
+        ([("algorithm.name", "fedfoo")], "unknown algorithm 'fedfoo'; choose from: "),
         ([("partition.name", "zipf")], "unknown partition 'zipf'; choose from: dirichlet, iid, natural, pathological"),
         ([("seed", -1)], "seed must be >= 0"),
         ([("train", 3)], "recipe key 'train' is a table"),
-        ([("a.b.c", 3)], "must be 'key' or 'section.key'"),
+        ([("a.b.c.d", 3)], "must be 'key', 'section.key' or 'section.<name>.key'"),
+        ([("algorithm.fedsam.rhoo", 0.1)], "unknown recipe key 'algorithm.fedsam.rhoo'; allowed in [algorithm.fedsam]: rho"),
+        ([("algorithm.fedfoo.rho", 0.1)], "unknown algorithm 'fedfoo'"),
+        ([("algorithm.fedsam.rho", -1)], "algorithm.rho must be >= 0"),
     ],
 )
 def test_validation_names_the_key_and_the_allowed_values(overrides, message):
@@ -87,3 +90,39 @@ def test_set_without_equals():
 def test_run_name_is_systematic():
     r = recipes.build(None, [("partition.alpha", 0.6), ("seed", 2)])
     assert recipes.run_name(r) == "digits-fedavg-dir0.6-cnn-c20-s2"
+
+
+def test_per_algorithm_tables_apply_to_their_algorithm_only(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_text('[algorithm]\nname = "fedsam"\n[algorithm.fedsam]\nrho = 0.07\n[algorithm.fedavg]\n')
+    assert recipes.build(path)["algorithm"] == {"name": "fedsam", "rho": 0.07}
+    assert recipes.build(path, [("algorithm.name", "fedavg")])["algorithm"] == {"name": "fedavg"}
+    # a plain [algorithm] key wins over the per-algorithm table
+    assert recipes.build(path, [("algorithm.rho", 0.2)])["algorithm"]["rho"] == 0.2
+
+
+def test_sweep_is_the_product_of_its_axes_in_order(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_text('[sweep]\n"algorithm.name" = ["fedavg", "fedsam"]\n"partition.alpha" = [0.6, 0.1]\n'
+                    '[algorithm.fedsam]\nrho = 0.05\n')
+    runs = recipes.build_sweep(path)
+    assert [(r["algorithm"]["name"], r["partition"]["alpha"]) for r, _ in runs] == [
+        ("fedavg", 0.6), ("fedavg", 0.1), ("fedsam", 0.6), ("fedsam", 0.1)]
+    assert runs[3][0]["algorithm"]["rho"] == 0.05 and runs[3][1] == {"algorithm.name": "fedsam", "partition.alpha": 0.1}
+    # an override replaces the axis; extra axes (comma lists on the command line) are added
+    runs = recipes.build_sweep(path, [("partition.alpha", 0.3)], {"seed": [0, 1]})
+    assert [(r["algorithm"]["name"], r["partition"]["alpha"], r["seed"]) for r, _ in runs] == [
+        ("fedavg", 0.3, 0), ("fedavg", 0.3, 1), ("fedsam", 0.3, 0), ("fedsam", 0.3, 1)]
+    with pytest.raises(LandscapeError, match="a sweep of 4 runs"):
+        recipes.build(path)
+
+
+def test_sweep_run_names_are_systematic_and_show_extra_axes():
+    runs = recipes.build_sweep(None, [], {"train.lr": [0.1, 0.05], "algorithm.name": ["fedavg"]})
+    names = [recipes.sweep_run_name(r, swept) for r, swept in runs]
+    assert names == ["digits-fedavg-dir0.1-cnn-c20-s0-lr0.1", "digits-fedavg-dir0.1-cnn-c20-s0-lr0.05"]
+
+
+def test_bad_sweep_axis():
+    with pytest.raises(LandscapeError, match="must be a non-empty list"):
+        recipes.build_sweep(None, [], {"seed": []})

@@ -420,6 +420,21 @@ def check_out_dir(run_dir: RunDir, overwrite: bool) -> None:
             raise LandscapeError(f"{path} is not empty and not a run directory; --overwrite only replaces runs")
 
 
+def sweep_status(recipe: dict, path: Path, overwrite: bool) -> str:
+    """What a sweep does with one run directory: 'new' (train), 'done' (skip), 'resume' or 'replace'."""
+    run_dir = RunDir(path)
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        return "new"
+    check_out_dir(run_dir, overwrite=True)  # exists: must be a run directory, whatever the flags
+    recorded = run_dir.recipe.read_text()
+    if recorded != recipes.to_toml(recipe):
+        if overwrite:
+            return "replace"
+        raise LandscapeError(f"{path} holds a run of another recipe; pass --overwrite to replace it")
+    rounds = run_dir.rounds()
+    return "done" if rounds and rounds[-1] >= recipe["train"]["rounds"] else "resume"
+
+
 def last_good_checkpoint(run_dir: RunDir) -> tuple[int, dict]:
     """The newest checkpoint that loads; a damaged newer one is reported and skipped."""
     rounds = run_dir.rounds()
