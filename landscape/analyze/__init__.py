@@ -1,0 +1,1 @@
+"""Analysis of checkpoints: curvature, sharpness, flatness, incompatibility, alignment (METRICS.md)."""

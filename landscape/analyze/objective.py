@@ -1,0 +1,168 @@
+"""The analysis objective F(w): mean cross-entropy of a model over a declared data set.
+
+Everything ``landscape analyze`` measures is a function of F (or of a client's F_i) at a point w, the flat
+parameter vector of a checkpoint. ``Objective`` evaluates F, its gradient and minibatch versions of both,
+with batches weighted by their size and with no weight-decay term. The model is used through
+``torch.func.functional_call`` (``landscape.flat.FlatModel``), so its parameters, ``requires_grad`` flags
+and ``.grad`` fields are never touched; its training flag is set per evaluation and restored afterwards.
+
+BatchNorm modes (METRICS.md): ``eval`` (running statistics of the checkpoint), ``train-batch-stats`` (each
+batch normalised by its own statistics; the running statistics are not changed) and ``recompute`` (running
+statistics recomputed over the analysis data, then eval mode). Models without BatchNorm ignore the mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from landscape.errors import LandscapeError
+from landscape.flat import FlatModel
+
+BN_MODES = ("eval", "train-batch-stats", "recompute")
+
+
+@dataclass(frozen=True)
+class AnalysisData:
+    """A fixed data set in fixed batches (order and batch boundaries never change, so F is deterministic)."""
+
+    x: Tensor
+    y: Tensor
+    batch_size: int = 512
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
+        for start in range(0, len(self), self.batch_size):
+            yield self.x[start : start + self.batch_size], self.y[start : start + self.batch_size]
+
+    def subset(self, indices: Tensor) -> AnalysisData:
+        index = torch.as_tensor(indices, dtype=torch.long, device=self.x.device)
+        return AnalysisData(self.x[index], self.y[index], self.batch_size)
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> AnalysisData:
+        return AnalysisData(self.x.to(device, dtype), self.y.to(device), self.batch_size)
+
+
+class Objective:
+    """F(w) = (1/n) sum_j CE(model(w; x_j), y_j) over ``data``, for flat parameter vectors w."""
+
+    def __init__(self, flat: FlatModel, buffers: dict[str, Tensor], data: AnalysisData, bn_mode: str = "eval"):
+        if bn_mode not in BN_MODES:
+            raise LandscapeError(f"unknown BN mode '{bn_mode}'; choose from: {', '.join(BN_MODES)}")
+        if len(data) == 0:
+            raise LandscapeError("the analysis data set is empty")
+        self.flat = flat
+        self.data = data
+        self.bn_mode = bn_mode
+        self.buffers = dict(buffers)
+        self._recomputed_for: Tensor | None = None
+
+    @property
+    def module(self) -> nn.Module:
+        return self.flat.module
+
+    @property
+    def has_batchnorm(self) -> bool:
+        return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.module.modules())
+
+    @contextlib.contextmanager
+    def _mode(self) -> Iterator[None]:
+        """Set the module's training flag for this BN mode; always restore it."""
+        was_training = self.module.training
+        self.module.train(self.bn_mode == "train-batch-stats")
+        try:
+            yield
+        finally:
+            self.module.train(was_training)
+
+    def _buffers_for(self, w: Tensor) -> dict[str, Tensor]:
+        if self.bn_mode == "train-batch-stats":
+            return {k: v.clone() for k, v in self.buffers.items()}  # updates land in a throw-away copy
+        if self.bn_mode == "recompute" and self.has_batchnorm:
+            if self._recomputed_for is None or not torch.equal(self._recomputed_for, w):
+                self.recomputed_buffers = recompute_bn_statistics(self.flat, w, self.buffers, self.data)
+                self._recomputed_for = w.detach().clone()
+            return self.recomputed_buffers
+        return self.buffers
+
+    # -- evaluations ------------------------------------------------------------------------------------
+    def batch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor], buffers: dict[str, Tensor] | None = None) -> Tensor:
+        """Mean CE on one batch at w (differentiable in w)."""
+        with self._mode():
+            return F.cross_entropy(self.flat.logits(w, batch[0], buffers or self._buffers_for(w)), batch[1])
+
+    def batch_loss_and_grad(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """(f(w; B), grad f(w; B)), both detached."""
+        w = w.detach().requires_grad_(True)
+        loss = self.batch_loss(w, batch)
+        (grad,) = torch.autograd.grad(loss, w)
+        return loss.detach(), grad
+
+    def loss(self, w: Tensor) -> Tensor:
+        """F(w) over the whole data set (batches weighted by size), as a 0-d float64 tensor."""
+        total = torch.zeros((), dtype=torch.float64, device=w.device)
+        buffers = self._buffers_for(w)
+        with torch.no_grad(), self._mode():
+            for xb, yb in self.data.batches():
+                total += F.cross_entropy(self.flat.logits(w, xb, buffers), yb, reduction="sum").double()
+        return total / len(self.data)
+
+    def loss_and_grad(self, w: Tensor) -> tuple[Tensor, Tensor]:
+        """(F(w), grad F(w)) over the whole data set; batches weighted by size."""
+        w = w.detach().requires_grad_(True)
+        buffers = self._buffers_for(w.detach())
+        total = torch.zeros((), dtype=torch.float64, device=w.device)
+        grad = torch.zeros_like(w)
+        with self._mode():
+            for xb, yb in self.data.batches():
+                loss = F.cross_entropy(self.flat.logits(w, xb, buffers), yb, reduction="sum") / len(self.data)
+                (g,) = torch.autograd.grad(loss, w)
+                grad += g
+                total += loss.detach().double()
+        return total, grad
+
+    def accuracy(self, w: Tensor) -> float:
+        buffers = self._buffers_for(w)
+        correct = 0
+        with torch.no_grad(), self._mode():
+            for xb, yb in self.data.batches():
+                correct += int((self.flat.logits(w, xb, buffers).argmax(1) == yb).sum())
+        return correct / len(self.data)
+
+    def with_data(self, data: AnalysisData) -> Objective:
+        """The same model and BN mode over other data (e.g. one client's F_i)."""
+        return Objective(self.flat, self.buffers, data, self.bn_mode)
+
+
+@torch.no_grad()
+def recompute_bn_statistics(
+    flat: FlatModel, w: Tensor, buffers: dict[str, Tensor], data: AnalysisData
+) -> dict[str, Tensor]:
+    """BatchNorm running statistics recomputed at w: the cumulative average over the batches of ``data``."""
+    fresh = {k: v.clone() for k, v in buffers.items()}
+    bns = [m for m in flat.module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [(m, m.momentum) for m in bns]
+    for name, value in fresh.items():
+        if name.endswith(("running_mean", "num_batches_tracked")):
+            value.zero_()
+        elif name.endswith("running_var"):
+            value.fill_(1.0)
+    was_training = flat.module.training
+    try:
+        for m in bns:
+            m.momentum = None  # cumulative moving average = exact mean over the batches
+        flat.module.train()
+        for xb, _ in data.batches():
+            flat.logits(w, xb, fresh)
+    finally:
+        for m, momentum in saved:
+            m.momentum = momentum
+        flat.module.train(was_training)
+    return fresh

@@ -1,0 +1,65 @@
+"""The analysis objective: F over batches equals F over the whole set; BN modes; nothing on the model moves."""
+
+import torch
+import torch.nn.functional as F
+
+from landscape.analyze.objective import AnalysisData, Objective
+from landscape.flat import FlatModel
+from landscape.models import build_model
+
+
+def _setup(norm="bn", n=40, batch=16, dtype=torch.float64):
+    torch.manual_seed(0)
+    module = build_model("resnet18", (3, 8, 8), 5, {"norm": norm}).to(dtype) if norm else None
+    if module is None:
+        module = build_model("cnn", (1, 8, 8), 10).to(dtype)
+    shape = (n, 3, 8, 8) if norm else (n, 1, 8, 8)
+    x = torch.randn(shape, dtype=dtype)
+    y = torch.randint(0, 5, (n,))
+    return FlatModel(module), AnalysisData(x, y, batch)
+
+
+def test_whole_set_loss_and_gradient_weight_batches_by_size():
+    flat, data = _setup(norm=None, n=37, batch=16)
+    w = flat.vector()
+    obj = Objective(flat, flat.buffers(), data)
+    loss, grad = obj.loss_and_grad(w)
+    ref_w = w.clone().requires_grad_(True)
+    ref = F.cross_entropy(flat.logits(ref_w, data.x, {}), data.y)
+    (ref_grad,) = torch.autograd.grad(ref, ref_w)
+    torch.testing.assert_close(loss, ref.detach().double(), rtol=1e-12, atol=0)
+    torch.testing.assert_close(obj.loss(w), ref.detach().double(), rtol=1e-12, atol=0)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-14)
+
+
+def test_bn_modes_leave_the_model_untouched():
+    flat, data = _setup()
+    module = flat.module
+    module.train()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    flags = [p.requires_grad for p in module.parameters()]
+    w = flat.vector()
+    losses = {}
+    for mode in ("eval", "train-batch-stats", "recompute"):
+        obj = Objective(flat, flat.buffers(), data, mode)
+        losses[mode] = obj.loss_and_grad(w)[0].item()
+        assert obj.loss(w).item() == losses[mode] or abs(obj.loss(w).item() - losses[mode]) < 1e-12
+        assert module.training  # restored
+    after = module.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert [p.requires_grad for p in module.parameters()] == flags
+    assert all(p.grad is None for p in module.parameters())
+    assert len(set(round(v, 10) for v in losses.values())) == 3  # the three modes differ on a BN model
+
+
+def test_recompute_uses_the_analysis_data_statistics():
+    flat, data = _setup(n=32, batch=32)
+    w = flat.vector()
+    obj = Objective(flat, flat.buffers(), data, "recompute")
+    # One batch holding all the data: the recomputed statistics are that batch's (up to PyTorch's unbiased
+    # running variance, n/(n-1)), so recompute ~ train-batch-stats, and far from the initial statistics.
+    train_mode = Objective(flat, flat.buffers(), data, "train-batch-stats")
+    eval_mode = Objective(flat, flat.buffers(), data, "eval")
+    recomputed, batch_stats, initial = obj.loss(w).item(), train_mode.loss(w).item(), eval_mode.loss(w).item()
+    assert abs(recomputed - batch_stats) < 0.02 * batch_stats
+    assert abs(recomputed - batch_stats) < 0.2 * abs(initial - batch_stats)
