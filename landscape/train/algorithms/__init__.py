@@ -3,7 +3,8 @@
 An algorithm is a client rule, a server rule and their state (the optax / Flower split):
 
 - ``init_server_state(x)``: the server's state tensors (momentum, control variates, ...).
-- ``broadcast(x, server_state, round)``: what the server sends down (always ``"x"``, the global model).
+- ``broadcast(x, server_state, round)``: what the server sends down (always ``"x"``, the model the clients start
+  from: the global model, or e.g. FedACG's lookahead x^t + lam*m).
 - ``client_update(message, client_state, problem)``: the local rule; returns the client's final model, what it
   sends up (``upload``, counted as uplink floats) and its new persistent state.
 - ``aggregate(x, server_state, results, round, lr)``: the server rule; returns the new global model and state.

@@ -1,0 +1,73 @@
+"""FedACG (Kim et al., CVPR 2024): accelerated client gradient (server momentum sent as a lookahead).
+
+server sends the lookahead x~ = x^t + lam * m (one model: no extra downlink).
+client: starts at y_0 = x~ and minimises f_i(y) + beta * ||y - x~||^2; its descent gradient is
+        d = g(y_k) + 2 * beta * (y_k - x~)   (2 * beta * (y - x~) = d/dy of beta * ||y - x~||^2);
+        y_{k+1} = y_k - eta * (d + wd * y_k);  Delta_i = y_{i,K} - x~.
+server: m = lam * m + eta_g * mean_S(y_{i,K} - x~);  x^{t+1} = x^t + m.  Reference lam 0.85, beta 1e-3.
+
+The server lr eta_g (not in the paper, whose rule is eta_g = 1) scales the clients' fresh update inside the
+momentum, so that m stays the step the server actually takes (m = x^{t+1} - x^t) and the next lookahead
+x^{t+1} + lam * m is its momentum part: x^{t+1} = x~ + eta_g * Delta_bar, a FedAvg server step from the point
+the clients started at. With eta_g = 1 this is the paper's rule; with lam = 0 and beta = 0 it is FedAvg for
+any eta_g. m starts at zero, so round 0 is a FedProx round (mu = 2 * beta) from x^0.
+Clipping, when on, acts on the whole d (the proximal term included). train_loss is f_i alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from landscape.errors import LandscapeError
+from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
+
+
+@dataclass(frozen=True)
+class FedACGOptions:
+    lam: float = 0.85  # server momentum coefficient (lookahead)
+    beta: float = 1e-3  # weight of the proximal term beta * ||y - x~||^2
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lam < 1:
+            raise LandscapeError(f"algorithm.lam must be in [0, 1) (got {self.lam})")
+        if self.beta < 0:
+            raise LandscapeError(f"algorithm.beta must be >= 0 (got {self.beta})")
+
+
+@ALGORITHMS.register(
+    "fedacg", options=FedACGOptions,
+    summary="FedACG (Kim et al. 2024): server momentum broadcast as a lookahead, proximal local steps",
+)
+class FedACG(Algorithm):
+    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
+        return {"m": torch.zeros_like(x)}  # m = 0 at the start
+
+    def lookahead(self, x: Tensor, server_state: dict[str, Tensor]) -> Tensor:
+        return x + self.options.lam * server_state["m"]  # x~ = x^t + lam * m
+
+    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
+        return {"x": self.lookahead(x, server_state)}  # the model the clients start from is x~
+
+    def client_update(
+        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+    ) -> ClientResult:
+        x_tilde = message["x"]
+        two_beta = 2 * self.options.beta  # d/dy beta * ||y - x~||^2 = 2 * beta * (y - x~)
+
+        def direction(y: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
+            loss, g = problem.loss_and_grad(y, batch)
+            return loss, g + two_beta * (y - x_tilde)  # d = g(y_k) + 2 * beta * (y_k - x~)
+
+        y, loss = local_sgd(problem, x_tilde, direction)  # y_0 = x~
+        return ClientResult(problem.client, y, upload={"delta": y - x_tilde}, train_loss=loss)
+
+    def aggregate(
+        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        x_tilde = self.lookahead(x, server_state)  # the x~ broadcast this round
+        delta_bar = torch.stack([r.model for r in results]).mean(dim=0) - x_tilde  # mean_S(y_{i,K} - x~)
+        m = self.options.lam * server_state["m"] + self.server_lr * delta_bar  # m = lam * m + eta_g * Delta_bar
+        return x + m, {"m": m}  # x^{t+1} = x^t + m

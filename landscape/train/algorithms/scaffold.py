@@ -1,0 +1,80 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates.
+
+client: d = g(y_k) - c_i + c;  y_{k+1} = y_k - eta * (d + wd * y_k);
+        after K steps: c_i+ = c_i - c + (x^t - y_{i,K}) / (K * eta).
+server: x^{t+1} = x^t + eta_g * Delta_bar;  c += (1/N) * sum_{i in S} (c_i+ - c_i)  (N: all clients).
+Upload: Delta_i and c_i+ - c_i (2x uplink). Broadcast: x^t and c.
+
+State: the server's c (zeros at round 0); each client's c_i (zeros before its first participation), kept
+between its participations. K and eta are this client's local steps and this round's client lr. Clipping,
+when on, acts on the whole corrected d. The control-variate client and server rules are the helpers below,
+reused by FedGAMMA (SAM + SCAFFOLD), whose only change is the uncorrected local direction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
+
+Direction = Callable[[Tensor, Batch], tuple[Tensor, Tensor]]
+
+
+def control_variate_update(c_i: Tensor, c: Tensor, x: Tensor, y: Tensor, num_steps: int, lr: float) -> Tensor:
+    """Option II: c_i+ = c_i - c + (x^t - y_{i,K}) / (K * eta)."""
+    return c_i - c + (x - y) / (num_steps * lr)
+
+
+def corrected_client_update(
+    message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem, direction: Direction
+) -> ClientResult:
+    """K local steps with d = direction(y_k) - c_i + c, then the new c_i; uploads Delta_i and c_i+ - c_i."""
+    x, c = message["x"], message["c"]
+    c_i = client_state.get("c_i")
+    if c_i is None:
+        c_i = torch.zeros_like(x)  # a client's first participation: c_i = 0
+    correction = c - c_i  # the drift correction -c_i + c, the same at every local step
+
+    def corrected(y: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
+        loss, g = direction(y, batch)
+        return loss, g + correction  # d = g - c_i + c
+
+    y, loss = local_sgd(problem, x, corrected)
+    c_i_new = control_variate_update(c_i, c, x, y, problem.num_steps, problem.lr)  # c_i+
+    return ClientResult(
+        problem.client, y, upload={"delta": y - x, "dc": c_i_new - c_i}, state={"c_i": c_i_new}, train_loss=loss
+    )
+
+
+def server_control_variate(c: Tensor, results: list[ClientResult], num_clients: int) -> Tensor:
+    """c + (1/N) * sum_{i in S} (c_i+ - c_i), N = all clients."""
+    return c + torch.stack([r.upload["dc"] for r in results]).sum(dim=0) / num_clients
+
+
+@ALGORITHMS.register(
+    "scaffold", summary="SCAFFOLD (Karimireddy et al. 2020): control variates c, c_i correct the client drift"
+)
+class Scaffold(Algorithm):
+    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
+        return {"c": torch.zeros_like(x)}  # c = 0 at the start
+
+    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
+        return {"x": x, "c": server_state["c"]}
+
+    def local_direction(self, problem: LocalProblem) -> Direction:
+        """The uncorrected local direction: the minibatch gradient g(y_k) (FedGAMMA: the SAM gradient)."""
+        return problem.loss_and_grad
+
+    def client_update(
+        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+    ) -> ClientResult:
+        return corrected_client_update(message, client_state, problem, self.local_direction(problem))
+
+    def aggregate(
+        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        x_new, _ = super().aggregate(x, server_state, results, round, lr)  # x^t + eta_g * Delta_bar
+        return x_new, {"c": server_control_variate(server_state["c"], results, self.num_clients)}
