@@ -171,13 +171,69 @@ def _report(out: Path, rounds: int) -> None:
     click.echo(f"run {out}: {rounds} rounds{tail}")
 
 
+@cli.command("analyze")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--rounds", default="last", show_default=True, help="last, all, or a comma list of rounds")
+@click.option("--passes", default=None, help="comma list of passes [default: all of them; see `landscape list`]")
+@click.option("--analysis-samples", type=int, default=0, show_default=True,
+              help="a fixed seeded subset of N samples of the split (0: all)")
+@click.option("--split", type=click.Choice(["train", "test"]), default="train", show_default=True,
+              help="train: the union of all clients' training data; test: the test set")
+@click.option("--bn-mode", type=click.Choice(["eval", "train-batch-stats", "recompute"]), default="eval",
+              show_default=True, help="BatchNorm statistics used by the analysis")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N")
+@click.option("--backend", type=click.Choice(["native", "pyhessian"]), default="native", show_default=True,
+              help="pyhessian: also compute lambda_max and trace with the PyHessian package (cross-check)")
+@click.option("--hvp", type=click.Choice(["double-backward", "forward-over-reverse"]), default="double-backward",
+              show_default=True, help="how Hessian-vector products are computed")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of subsets, probes and minibatches")
+@click.option("--set", "assignments", multiple=True, metavar="PASS.KEY=VALUE",
+              help="a pass option, e.g. --set hessian.top_k=10 or --set sharpness.rhos=[0.05,0.1]")
+@click.option("--force", is_flag=True, help="recompute passes already computed with the same settings")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+def analyze_command(path: Path, rounds: str, passes: str | None, analysis_samples: int, split: str, bn_mode: str,
+                    device: str, backend: str, hvp: str, dtype: str, seed: int, assignments: tuple[str, ...],
+                    force: bool, quiet: bool) -> None:
+    """Analyse checkpoints: Hessian spectrum, sharpness, flatness distance, incompatibility, alignment.
+
+    PATH is a run directory, a folder of runs, a run's checkpoints/ folder, a folder of checkpoints, or one
+    checkpoint file. Results go to analysis/round-XXXX/<pass>.json (+ .npz) with the settings that produced
+    them; passes already computed with the same settings are skipped. A summary table is printed at the end.
+    """
+    from landscape.analyze.context import AnalysisSettings
+    from landscape.analyze.passes import PASSES, format_summary, pass_options, run_analysis
+    from landscape.recipe import parse_assignment
+
+    if analysis_samples < 0:
+        raise LandscapeError(f"--analysis-samples must be >= 0 (got {analysis_samples})")
+    names = [p.strip() for p in passes.split(",") if p.strip()] if passes else PASSES.names()
+    values: dict[str, dict] = {name: {} for name in names}
+    for text in assignments:
+        key, value = parse_assignment(text)
+        pass_name, _, option = key.partition(".")
+        if pass_name not in values or not option:
+            raise LandscapeError(f"--set takes PASS.KEY=VALUE for a chosen pass ({', '.join(names)}); got '{key}'")
+        values[pass_name][option] = value
+    options = {name: pass_options(name, values[name]) for name in names}
+    settings = AnalysisSettings(split=split, analysis_samples=analysis_samples, bn_mode=bn_mode, device=device,
+                                backend=backend, hvp=hvp, seed=seed, dtype=dtype)
+    report = run_analysis(path, rounds=rounds, passes=names, settings=settings, options=options, force=force,
+                          progress=not quiet)
+    click.echo(format_summary(report))
+    click.echo(f"{report.computed} computed, {report.skipped} already done (same settings)")
+
+
 @cli.command("list")
 def list_command() -> None:
-    """List everything a recipe can name: algorithms, data sets, models, partitions, with their options."""
+    """List everything a recipe can name (algorithms, data sets, models, partitions) and the analysis passes."""
+    from landscape.analyze.passes import PASSES
     from landscape.recipe import registries
 
-    for section, registry in registries().items():
-        click.echo(f"{registry.kind}s ([{section}] name = ...):")
+    headers = [(f"{registry.kind}s ([{section}] name = ...):", registry) for section, registry in registries().items()]
+    headers.append(("analysis passes (landscape analyze --passes NAME --set NAME.option=...):", PASSES))
+    for header, registry in headers:
+        click.echo(header)
         for entry in registry.entries():
             click.echo(f"  {entry.name:<14} {entry.summary}")
             options = entry.option_defaults()

@@ -1,0 +1,260 @@
+"""Analysis passes: one function each, registered by name; ``run_analysis`` runs them over checkpoints.
+
+A pass reads one checkpoint (``CheckpointContext``) and its options (a dataclass of the pass's settings),
+and returns a ``PassOutput``: scalars (written to ``analysis/round-XXXX/<pass>.json`` with the schema version,
+the settings that produced them, the checkpoint's SHA-256 and the seconds taken) and arrays (``<pass>.npz``).
+A pass whose JSON already records the same settings and checkpoint is skipped unless ``force``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from landscape.analyze.context import AnalysisSettings, CheckpointContext, Source, find_sources, select_rounds
+from landscape.registry import Registry
+from landscape.runs import atomic_write, write_text
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class PassOutput:
+    scalars: dict[str, Any]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    summary: dict[str, float] = field(default_factory=dict)  # the few numbers shown in the final table
+
+
+PassFn = Callable[[CheckpointContext, Any], PassOutput]
+PASSES: Registry[PassFn] = Registry("analysis pass")
+
+
+def to_plain(value: Any) -> Any:
+    """JSON-ready: dataclasses -> dicts, tensors/arrays of one value -> numbers, NaN/inf kept as floats."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, np.ndarray):
+        return value.item() if value.ndim == 0 else value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def split_result(result: Any, prefix: str = "") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A result dataclass -> (scalars for JSON, arrays with more than a few values for NPZ)."""
+    scalars: dict[str, Any] = {}
+    arrays: dict[str, np.ndarray] = {}
+    items = (
+        {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+        if dataclasses.is_dataclass(result)
+        else dict(result)
+    )
+    for key, value in items.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        if isinstance(value, np.ndarray) and value.size > 16:
+            arrays[name] = value
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            sub_scalars, sub_arrays = split_result(value, f"{name}.")
+            scalars[key] = {k[len(name) + 1 :]: v for k, v in sub_scalars.items()}
+            arrays.update(sub_arrays)
+        else:
+            scalars[key] = to_plain(value)
+    return scalars, arrays
+
+
+def _json_ready(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as strings so the files stay standard JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_ready(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Job:
+    source: Source
+    round: int
+    name: str
+    options: Any
+
+    @property
+    def out_dir(self) -> Path:
+        return self.source.analysis_dir / f"round-{self.round:04d}"
+
+
+def pass_options(name: str, values: dict[str, Any]) -> Any:
+    return PASSES.get(name).make_options(values)
+
+
+def _settings_record(settings: AnalysisSettings, options: Any) -> dict:
+    return {"analysis": settings.record(), "pass": to_plain(options) if options is not None else {}}
+
+
+def already_done(job: Job, settings: AnalysisSettings, digest: str) -> bool:
+    path = job.out_dir / f"{job.name}.json"
+    if not path.is_file():
+        return False
+    try:
+        recorded = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return False
+    return (
+        recorded.get("schema_version") == SCHEMA_VERSION
+        and recorded.get("settings") == _settings_record(settings, job.options)
+        and recorded.get("checkpoint_sha256") == digest
+    )
+
+
+def write_output(job: Job, settings: AnalysisSettings, digest: str, output: PassOutput, seconds: float) -> None:
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "pass": job.name,
+        "run": job.source.name,
+        "round": job.round,
+        "checkpoint": str(job.source.checkpoints[job.round]),
+        "checkpoint_sha256": digest,
+        "settings": _settings_record(settings, job.options),
+        "seconds": seconds,
+        "summary": output.summary,
+        "result": output.scalars,
+        "arrays": sorted(output.arrays),
+    }
+    if output.arrays:
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **output.arrays)
+        atomic_write(job.out_dir / f"{job.name}.npz", lambda f: f.write(buffer.getvalue()))
+    # The JSON is written last: its presence marks the pass as complete.
+    write_text(job.out_dir / f"{job.name}.json", json.dumps(_json_ready(record), indent=1) + "\n")
+
+
+def read_output(out_dir: Path, name: str) -> dict | None:
+    path = out_dir / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+@dataclass
+class AnalysisReport:
+    rows: list[dict] = field(default_factory=list)  # one per (run, round): summaries of every pass
+    computed: int = 0
+    skipped: int = 0
+
+
+def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any]) -> list[Job]:
+    """Every (run, round, pass) to do, with all input checked before any work starts."""
+    for name in passes:
+        PASSES.get(name)
+    sources, single_round = find_sources(Path(path))
+    jobs = []
+    for source in sources:
+        chosen = [single_round] if single_round is not None else select_rounds(source, rounds)
+        for r in chosen:
+            jobs += [Job(source, r, name, options[name]) for name in passes]
+    return jobs
+
+
+def run_analysis(
+    path: Path,
+    *,
+    rounds: str = "last",
+    passes: list[str],
+    settings: AnalysisSettings,
+    options: dict[str, Any],
+    force: bool = False,
+    progress: bool = True,
+) -> AnalysisReport:
+    from tqdm.auto import tqdm
+
+    jobs = plan(path, rounds, passes, options)
+    report = AnalysisReport()
+    contexts: dict[tuple[int, int], CheckpointContext] = {}
+    summaries: dict[tuple[str, int], dict] = {}
+    bar = tqdm(total=len(jobs), desc="analyze", unit="pass", disable=not progress, dynamic_ncols=True)
+    try:
+        for job in jobs:
+            key = (id(job.source), job.round)
+            bar.set_postfix_str(f"{job.source.name} r{job.round} {job.name}")
+            if key not in contexts:
+                contexts.clear()  # one checkpoint's tensors at a time
+                contexts[key] = CheckpointContext(job.source, job.round, settings)
+            ctx = contexts[key]
+            row = summaries.setdefault((job.source.name, job.round), {"run": job.source.name, "round": job.round})
+            if not force and already_done(job, settings, ctx.digest):
+                report.skipped += 1
+                row.update(read_output(job.out_dir, job.name).get("summary", {}))
+            else:
+                started = time.perf_counter()
+                output = PASSES.get(job.name).factory(ctx, job.options)
+                write_output(job, settings, ctx.digest, output, time.perf_counter() - started)
+                report.computed += 1
+                row.update(output.summary)
+            bar.update(1)
+    finally:
+        bar.close()
+    report.rows = list(summaries.values())
+    return report
+
+
+def format_summary(report: AnalysisReport) -> str:
+    """A plain-text table: one line per (run, round), one column per summary value."""
+    if not report.rows:
+        return "nothing analysed"
+    columns = ["run", "round"] + sorted({k for row in report.rows for k in row} - {"run", "round"})
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return "-" if value is None else str(value)
+
+    table = [columns] + [[cell(row.get(c)) for c in columns] for row in report.rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the passes
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    clients: int = 0  # per-client F_i for all clients (0) or a seeded sample of this many
+
+
+@PASSES.register("loss", options=LossOptions, summary="F(x), accuracy and ||grad F(x)|| on the analysis data; F_i")
+def loss_pass(ctx: CheckpointContext, opts: LossOptions) -> PassOutput:
+    loss, grad = ctx.objective.loss_and_grad(ctx.w)
+    accuracy = ctx.objective.accuracy(ctx.w)
+    clients = ctx.sample_clients(opts.clients)
+    client_losses = np.array([ctx.client_objective(i).loss(ctx.w).item() for i in clients])
+    scalars = {
+        "loss": loss.item(),
+        "accuracy": accuracy,
+        "grad_norm": grad.norm().item(),
+        "samples": len(ctx.global_data),
+        "clients": clients,
+        "client_loss": client_losses.tolist(),
+        "client_loss_mean": float(client_losses.mean()),
+    }
+    return PassOutput(scalars, summary={"loss": scalars["loss"], "acc": accuracy})
