@@ -84,7 +84,7 @@ def test_a_loose_folder_of_checkpoints_uses_their_recipe(run_copy, tmp_path):
 
 
 def test_rounds_selection(run_copy):
-    sources, _ = find_sources(run_copy)
+    _sources, _ = find_sources(run_copy)
     settings = AnalysisSettings(device="cpu")
     report = run_analysis(run_copy, rounds="all", passes=["loss"], settings=settings,
                           options={"loss": pass_options("loss", {})}, progress=False)

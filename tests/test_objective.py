@@ -49,7 +49,7 @@ def test_bn_modes_leave_the_model_untouched():
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert [p.requires_grad for p in module.parameters()] == flags
     assert all(p.grad is None for p in module.parameters())
-    assert len(set(round(v, 10) for v in losses.values())) == 3  # the three modes differ on a BN model
+    assert len({round(v, 10) for v in losses.values()}) == 3  # the three modes differ on a BN model
 
 
 def test_recompute_uses_the_analysis_data_statistics():

@@ -1,0 +1,64 @@
+"""FedLESAM (Fan et al. ICML 2024): a locally estimated global perturbation, one backward pass per step.
+
+client: u = x^{tau_i} - x^t (the global model the client received at its previous participation minus the
+        current one); where the client has no history, u = x^{t-1} - x^t; at t = 0, u = 0 (no perturbation);
+        e = rho * u / ||u|| (one global L2 norm over all tensors; fixed for the round);
+        d = g(y_k + e) (the only forward/backward of the step);  y_{k+1} = y_k - eta * (d + wd * y_k).
+server: FedAvg.
+
+State: each client keeps the global model it last received, x^{tau_i} (client state ``x_seen``); the server
+keeps its previous global model x^{t-1} (server state ``x_prev``, broadcast for the clients without history;
+at round 0 it is x^0, so u = 0 there). train_loss is the mean minibatch loss at the evaluated points y_k + e
+(no extra forward pass at y_k); that single forward also moves BatchNorm statistics, as in the reference code.
+Reference rho: 0.05 (the official FedLESAM run command; the code's argparse default is 0.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from landscape.errors import LandscapeError
+from landscape.train import perturb
+from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
+
+
+@dataclass(frozen=True)
+class FedLESAMOptions:
+    rho: float = 0.05  # perturbation radius along the estimated global ascent direction
+
+    def __post_init__(self) -> None:
+        if self.rho < 0:
+            raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
+
+
+@ALGORITHMS.register(
+    "fedlesam", options=FedLESAMOptions,
+    summary="FedLESAM (Fan et al. 2024): SAM along a locally estimated global perturbation, 1 backward/step",
+)
+class FedLESAM(Algorithm):
+    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
+        return {"x_prev": x.clone()}  # x^{t-1}; equal to x^0 at round 0, so u = 0 there
+
+    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
+        return {"x": x, "x_prev": server_state["x_prev"]}
+
+    def client_update(
+        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+    ) -> ClientResult:
+        x = message["x"]
+        seen = client_state.get("x_seen", message["x_prev"])  # x^{tau_i}, or x^{t-1} without history
+        e = perturb.sam_perturbation(seen - x, self.options.rho)  # e = rho u / ||u||, u = x^{tau_i} - x^t
+
+        def direction(y: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
+            return problem.loss_and_grad(y + e, batch)  # d = g(y_k + e): one forward/backward per step
+
+        y, loss = local_sgd(problem, x, direction)  # y_{k+1} = y_k - eta * (d + wd * y_k)
+        return ClientResult(problem.client, y, upload={"delta": y - x}, state={"x_seen": x}, train_loss=loss)
+
+    def aggregate(
+        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        x_new, _ = super().aggregate(x, server_state, results, round, lr)  # FedAvg server
+        return x_new, {"x_prev": x}  # x^t becomes the next round's x^{t-1}
