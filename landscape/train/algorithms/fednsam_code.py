@@ -1,0 +1,82 @@
+"""FedNSAM as the public reference code runs it (Liu et al. 2026; variant "official-code" of ALGORITHMS.md).
+
+client: starts at the look-ahead x~ = x^t + lam * m^{t-1};  local-gradient SAM from there (y_0 = x~):
+    e = rho * g(y_k) / ||g(y_k)||;  d = g(y_k + e) (same batch);  y_{k+1} = y_k - eta * (d + wd * y_k);
+    Delta_i = y_{i,K} - x~  (relative to the look-ahead start, not to x^t).
+server, option ``server``:
+  "momentum" (default, the paper's momentum; what the reference code's momentum update computes):
+      m^t = lam * m^{t-1} + Delta_bar^t;   x^{t+1} = x^t + eta_g * m^t.
+      At eta_g = 1 this is x^{t+1} = x~ + Delta_bar = mean_S(y_{i,K}): the new model is the clients' average.
+  "latest-revision" (a DEFECT, reproduced only for side-by-side study): the latest public revision loops over
+      the keys of the averaged update and writes m[k] = lam * v + Delta_bar[k] with v = Delta_bar[k], so
+      m^t = (1 + lam) * Delta_bar^t (the previous momentum is dropped) for t >= 1, while round 0 keeps the
+      code's initialisation of its empty momentum, m^0 = Delta_bar^0;  x^{t+1} = x^t + eta_g * m^t as above.
+      The server steps from x^t, not from x~, with an over-scaled update and no momentum memory.
+eta_g (train.server_lr) scales the step x^t -> x^{t+1} (the public code has no server lr: eta_g = 1 there).
+Reference: lam (``gamma`` in the code) 0.85, rho 0.05 (the code's value), weight decay 1e-3, clip at 10,
+lr 0.1 cosine, K = 50, batch 50. Downlink (x^t, m^{t-1}), uplink Delta_i only.
+With lam = 0 either server is FedSAM, bit for bit (tests/test_algorithms_global.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from landscape.errors import LandscapeError
+from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms.fedsam import sam_direction
+
+SERVERS = ("momentum", "latest-revision")
+
+
+@dataclass(frozen=True)
+class FedNSAMCodeOptions:
+    lam: float = 0.85  # global momentum coefficient (the code's gamma)
+    rho: float = 0.05  # SAM radius (the code's value)
+    server: str = "momentum"  # "momentum" (paper) or "latest-revision" (defect: m = (1 + lam) Delta_bar)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lam < 1:
+            raise LandscapeError(f"algorithm.lam must be in [0, 1) (got {self.lam})")
+        if self.rho < 0:
+            raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
+        if self.server not in SERVERS:
+            choices = ", ".join(SERVERS)
+            raise LandscapeError(f"algorithm.server must be one of {choices} (got {self.server!r})")
+
+
+@ALGORITHMS.register(
+    "fednsam-code", options=FedNSAMCodeOptions,
+    summary="FedNSAM as the public code runs it: local SAM from the look-ahead x + lam m, server momentum",
+)
+class FedNSAMCode(Algorithm):
+    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
+        return {"m": torch.zeros_like(x)}  # m^{-1} = 0
+
+    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
+        return {"x": x, "m": server_state["m"]}
+
+    def client_update(
+        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+    ) -> ClientResult:
+        start = message["x"] + self.options.lam * message["m"]  # x~ = x^t + lam m^{t-1}
+        y, loss = local_sgd(problem, start, sam_direction(problem, self.options.rho))  # local SAM from x~
+        # Delta_i = y_{i,K} - x~
+        return ClientResult(problem.client, y, upload={"delta": y - start}, train_loss=loss)
+
+    def aggregate(
+        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        lam = self.options.lam
+        start = x + lam * server_state["m"]  # x~, the point every client started from this round
+        delta_bar = torch.stack([r.model for r in results]).mean(dim=0) - start  # mean_S(y_{i,K}) - x~
+        if self.options.server == "momentum":
+            m = lam * server_state["m"] + delta_bar  # m^t = lam m^{t-1} + Delta_bar^t
+        elif round == 0:
+            m = delta_bar  # latest revision, first round: its empty momentum becomes Delta_bar^0
+        else:
+            m = (1 + lam) * delta_bar  # latest revision (defect): m^t = (1 + lam) Delta_bar^t, no m^{t-1}
+        return x + self.server_lr * m, {"m": m}  # x^{t+1} = x^t + eta_g m^t

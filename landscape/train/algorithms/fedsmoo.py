@@ -1,0 +1,100 @@
+"""FedSMOO (Sun et al. ICML 2023, "Dynamic Regularized Sharpness Aware Minimization in Federated Learning").
+
+state: client dual mu_i and dynamic regulariser h_i (zeros until client i is first sampled); the global
+perturbation correction s (server, zeros at t = 0). Per local step, on one batch:
+    g = g(y_k);   g' = g - (mu_i + s);   e = rho * g' / ||g'||;   mu_i += e - s;
+    d = g(y_k + e) + lam * (y_k - x^t + h_i) + wd * y_k;          y_{k+1} = y_k - eta * d.
+server: h_i += Delta_i (sampled i);   s = rho * mean_S(mu_i) / ||mean_S(mu_i)||;
+        x^{t+1} = mean_S(y_{i,K}) + mean_{all N}(h_i).
+Reference rho 0.1, lam 0.1.
+
+Where the state lives: the sheet keeps mu_i and h_i "on the server for every client"; here they are client
+state (the loop stores it per client between rounds and checkpoints it): the same thing in a simulation.
+- h_i += Delta_i uses only the client's own Delta_i, so the client returns its updated h_i; the server keeps
+  the running sum H = sum over all N clients of h_i (H += Delta_i for each sampled i; never-sampled clients
+  have h_i = 0), so mean_{all N}(h_i) = H / N without holding N vectors.
+- The server needs the sampled clients' updated mu_i for s, so mu_i is uploaded with Delta_i: FedSMOO's uplink
+  is 2x FedAvg's (what the sheet's server-side mu_i costs in a real deployment). s is broadcast with x^t.
+eta_g (train.server_lr, absent from the sheet) scales the average step:
+    x^{t+1} = x^t + eta_g * Delta_bar + H / N,   which is the sheet's rule at the default eta_g = 1.
+Against FL-Simulator's fedsmoo the signs agree (its SGD weight decay wd + lam and its lam * <y, h_i - x^t>
+term give the same d; it adds 1e-7 to ||.|| where the zero vector stays zero here). One difference: there,
+clipping acts on g(y + e) + lam * (h_i - x^t) and lam * y is added after it; here the optional clip acts on
+the whole g(y + e) + lam * (y - x^t + h_i), like every descent gradient in this package (clip default off).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from landscape.errors import LandscapeError
+from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem
+from landscape.train.perturb import normalized, sam_perturbation
+
+
+@dataclass(frozen=True)
+class FedSMOOOptions:
+    rho: float = 0.1  # SAM radius (and of the global correction s)
+    lam: float = 0.1  # weight of the dynamic regulariser lam * (y - x^t + h_i)
+
+    def __post_init__(self) -> None:
+        if self.rho < 0:
+            raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
+        if self.lam < 0:
+            raise LandscapeError(f"algorithm.lam must be >= 0 (got {self.lam})")
+
+
+@ALGORITHMS.register(
+    "fedsmoo", options=FedSMOOOptions,
+    summary="FedSMOO (Sun et al. 2023): SAM with dual-corrected perturbation and a dynamic regulariser",
+)
+class FedSMOO(Algorithm):
+    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
+        # s: global perturbation correction; h_sum: sum over all N clients of h_i.
+        return {"s": torch.zeros_like(x), "h_sum": torch.zeros_like(x)}
+
+    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
+        return {"x": x, "s": server_state["s"]}
+
+    def client_update(
+        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+    ) -> ClientResult:
+        x, s = message["x"], message["s"]
+        rho, lam = self.options.rho, self.options.lam
+        mu = client_state["mu"] if "mu" in client_state else torch.zeros_like(x)
+        h = client_state["h"] if "h" in client_state else torch.zeros_like(x)
+        anchor = h - x  # lam (y - x^t + h_i) = lam (y + anchor): x^t and h_i are fixed during the round
+        y = x.clone()
+        total = torch.zeros((), dtype=torch.float64, device=x.device)
+        steps = 0
+        for batch in problem.batches():
+            loss, g = problem.loss_and_grad(y, batch)  # g = g(y_k)
+            e = sam_perturbation(g - (mu + s), rho)  # g' = g - (mu_i + s);  e = rho g' / ||g'||
+            mu = mu + e - s  # mu_i += e - s
+            _, g_pert = problem.loss_and_grad(y + e, batch, update_stats=False)  # g(y_k + e), same batch
+            d = g_pert + lam * (y + anchor)  # d = g(y_k + e) + lam (y_k - x^t + h_i)   (+ wd y_k in descent)
+            y = y - problem.lr * problem.descent(d, y)  # y_{k+1} = y_k - eta (d + wd y_k)
+            total += loss.double()
+            steps += 1
+        delta = y - x  # Delta_i
+        return ClientResult(
+            problem.client, y,
+            upload={"delta": delta, "mu": mu},  # mu_i goes up for s: 2x uplink
+            state={"mu": mu, "h": h + delta},  # h_i += Delta_i
+            train_loss=total / max(steps, 1),
+        )
+
+    def aggregate(
+        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        deltas = torch.stack([r.upload["delta"] for r in results])
+        h_sum = server_state["h_sum"] + deltas.sum(dim=0)  # h_i += Delta_i (sampled i), kept as sum_N h_i
+        s = self.options.rho * normalized(torch.stack([r.upload["mu"] for r in results]).mean(dim=0))
+        # s = rho mean_S(mu_i) / ||mean_S(mu_i)||
+        delta_bar = torch.stack([r.model for r in results]).mean(dim=0) - x  # mean_S(y_{i,K}) - x^t
+        # x^{t+1} = mean_S(y_{i,K}) + mean_{all N}(h_i)  (at eta_g = 1)
+        x_new = x + self.server_lr * delta_bar + h_sum / self.num_clients
+        return x_new, {"s": s, "h_sum": h_sum}
