@@ -258,3 +258,113 @@ def loss_pass(ctx: CheckpointContext, opts: LossOptions) -> PassOutput:
         "client_loss_mean": float(client_losses.mean()),
     }
     return PassOutput(scalars, summary={"loss": scalars["loss"], "acc": accuracy})
+
+
+def _client_objectives(ctx: CheckpointContext, count: int) -> dict[int, Any]:
+    return {i: ctx.client_objective(i) for i in ctx.sample_clients(count)}
+
+
+def _training_batch_size(ctx: CheckpointContext, value: int) -> int:
+    """0 means the run's own local batch size (METRICS.md: the training batch size)."""
+    return value if value > 0 else int(ctx.source.recipe["train"]["batch_size"])
+
+
+@dataclass(frozen=True)
+class SharpnessOptions:
+    rhos: tuple[float, ...] = (0.01, 0.05, 0.1)  # radii of the global S_rho profile
+    steps: int = 5  # projected normalised ascent steps (1 = the SAM estimate)
+    adaptive: bool = True  # also the ASAM-ball profile (|x| + eta, weights only, as FedASAM trains)
+    eta: float = 0.01
+    local_rho: float = 0.05  # radius of the per-client S_rho on F_i
+    clients: int = 0  # all clients (0) or a seeded sample
+
+
+@PASSES.register("sharpness", options=SharpnessOptions,
+                 summary="rho-ball sharpness S_rho (and adaptive) of F; per-client S_rho of F_i and the gap")
+def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput:
+    from landscape.analyze.sharpness import asam_weight_mask, local_sharpness, sharpness_profile
+
+    seed = ctx.settings.seed
+    profile = sharpness_profile(ctx.objective, ctx.w, list(opts.rhos), steps=opts.steps, seed=seed)
+    scalars, arrays = split_result(profile, "global.")
+    out = {"global": scalars}
+    if opts.adaptive:
+        adaptive = sharpness_profile(ctx.objective, ctx.w, list(opts.rhos), steps=opts.steps, adaptive=True,
+                                     eta=opts.eta, weight_mask=asam_weight_mask(ctx.flat), seed=seed)
+        out["adaptive"], more = split_result(adaptive, "adaptive.")
+        arrays.update(more)
+    local = local_sharpness(_client_objectives(ctx, opts.clients), ctx.objective, ctx.w, opts.local_rho,
+                            steps=opts.steps, seed=seed)
+    out["local"], more = split_result(local, "local.")
+    arrays.update(more)
+    summary = {f"S_rho({rho:g})": float(s) for rho, s in zip(profile.rhos, profile.sharpness)}
+    summary["local_gap"] = float(local.gap)
+    return PassOutput(out, arrays, summary)
+
+
+@PASSES.register("flatness", summary="flatness distance Delta_D from the round's kept client models")
+def flatness_pass(ctx: CheckpointContext, opts: None) -> PassOutput:
+    from landscape.analyze.flatness import flatness_distance
+
+    # Delta_D^t = mean_i ||y_{i,K}^t - x^t||^2 against the training global model (not the SWA average).
+    result = flatness_distance(ctx.global_w, ctx.kept_clients())
+    scalars, arrays = split_result(result)
+    return PassOutput(scalars, arrays, {"Delta_D": float(result.distance)})
+
+
+@dataclass(frozen=True)
+class IncompatibilityOptions:
+    rho: float = 0.05  # perturbation radius
+    batches: int = 8  # Monte-Carlo minibatches per client (--batches)
+    batch_size: int = 0  # 0: the run's training batch size
+    clients: int = 0  # all clients (0) or a seeded sample
+    loss_level: bool = True  # also the loss-level gap (N * (M + 1) extra passes over F)
+
+
+@PASSES.register("incompatibility", options=IncompatibilityOptions,
+                 summary="flatness incompatibility Delta_FI, its heterogeneity / minibatch split, friendly rate")
+def incompatibility_pass(ctx: CheckpointContext, opts: IncompatibilityOptions) -> PassOutput:
+    from landscape.analyze.flatness import flatness_incompatibility
+
+    result = flatness_incompatibility(
+        ctx.objective, _client_objectives(ctx, opts.clients), ctx.w, opts.rho,
+        batch_size=_training_batch_size(ctx, opts.batch_size), batches=opts.batches, seed=ctx.settings.seed,
+        loss_level=opts.loss_level,
+    )
+    scalars, arrays = split_result(result)
+    summary = {"Delta_FI": float(result.incompatibility), "heterogeneity_share": float(result.heterogeneity_share)}
+    return PassOutput(scalars, arrays, summary)
+
+
+@dataclass(frozen=True)
+class AlignmentOptions:
+    clients: int = 0  # all clients (0) or a seeded sample for the gradient cosines
+    batches: int = 8  # minibatches per client for the within-client cosine
+    batch_size: int = 0  # 0: the run's training batch size
+
+
+@PASSES.register("alignment", options=AlignmentOptions,
+                 summary="cosines of client gradients (client x client, x global), minibatch and update cosines")
+def alignment_pass(ctx: CheckpointContext, opts: AlignmentOptions) -> PassOutput:
+    from landscape.analyze.alignment import gradient_alignment, minibatch_alignment, update_alignment
+
+    objectives = _client_objectives(ctx, opts.clients)
+    gradients = gradient_alignment(ctx.objective, objectives, ctx.w)
+    minibatch = minibatch_alignment(objectives, ctx.w, batch_size=_training_batch_size(ctx, opts.batch_size),
+                                    batches=opts.batches, seed=ctx.settings.seed)
+    out: dict[str, Any] = {}
+    out["gradients"], arrays = split_result(gradients, "gradients.")
+    out["minibatch"], more = split_result(minibatch, "minibatch.")
+    arrays.update(more)
+    # Update cosines need this round's kept client models and the model they started from (round t - 1).
+    start = ctx.previous_global()
+    kept = ctx.source.clients_checkpoint(ctx.round).is_file()
+    if kept and start is not None:
+        out["updates"], more = split_result(update_alignment(start, ctx.kept_clients(), ctx.global_w), "updates.")
+        arrays.update(more)
+    else:
+        out["updates"] = {"available": False, "reason": "needs --keep-clients and a checkpoint of round "
+                          f"{ctx.round - 1} (train with --checkpoint-every 1 around this round)"}
+    summary = {"mean_grad_cos": float(gradients.mean_off_diagonal),
+               "mean_minibatch_cos": float(minibatch.mean_cosine)}
+    return PassOutput(out, arrays, summary)

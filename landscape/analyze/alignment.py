@@ -1,0 +1,190 @@
+"""Alignment of client gradients and client updates (METRICS.md "Alignment").
+
+- ``gradient_alignment``: C_ij = cos(gradF_i, gradF_j) over the given clients (the caller picks a seeded
+  sample where there are many: the N full gradients are held at once, N x dim values) and
+  c_i = cos(gradF_i, gradF).
+- ``minibatch_alignment``: within one client, the mean cosine between the gradients of distinct minibatch
+  draws (the friendly-adversary view), per client and overall, with Monte-Carlo standard errors. The draws
+  and the standard errors are those of ``flatness_incompatibility`` (same seed, same minibatches).
+- ``update_alignment``: from the saved client models y_i of round t, Delta_i = y_i - x^{t-1}, where x^{t-1}
+  is the model the clients STARTED from: checkpoint ``round-(t-1).pt``, not ``round-t.pt`` (that one holds
+  x^t, after aggregation). cos(Delta_i, Delta_j), cos(Delta_i, Delta_bar) with Delta_bar = mean_i Delta_i,
+  and, when x^t is given, cos(Delta_i, x^t - x^{t-1}) (the server's actual step; equal to Delta_bar's
+  direction for FedAvg, different under server momentum or corrections).
+
+Cosines are computed in float64; cos(v, .) of a zero vector v is 0 (its diagonal entry too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from landscape.analyze.flatness import (
+    check_client_vectors,
+    check_minibatch_settings,
+    client_minibatches,
+    pair_mean_se,
+)
+from landscape.errors import LandscapeError
+
+
+def _unit_rows(vectors: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows scaled to unit norm (zero rows stay zero), and the norms; float64."""
+    v = vectors.double()
+    norms = v.norm(dim=1)
+    return v / torch.where(norms > 0, norms, torch.ones_like(norms))[:, None], norms
+
+
+def cosine_matrix(vectors: Tensor) -> np.ndarray:
+    """[N, N] cosines between the rows of ``vectors`` [N, dim]: symmetric, in [-1, 1], diagonal 1 (0 for a
+    zero row)."""
+    units, norms = _unit_rows(vectors)
+    c = units @ units.T
+    c = ((c + c.T) / 2).clamp(-1.0, 1.0)
+    c.diagonal().copy_((norms > 0).double())
+    return c.cpu().numpy()
+
+
+def cosines_to(vectors: Tensor, target: Tensor) -> np.ndarray:
+    """[N] cos(row_i, target), in [-1, 1]."""
+    units, _ = _unit_rows(vectors)
+    t, _ = _unit_rows(target.reshape(1, -1))
+    return (units @ t[0]).clamp(-1.0, 1.0).cpu().numpy()
+
+
+def _mean_off_diagonal(c: np.ndarray) -> float:
+    n = c.shape[0]
+    return float(c[~np.eye(n, dtype=bool)].mean()) if n > 1 else float("nan")
+
+
+@dataclass(frozen=True)
+class GradientAlignmentResult:
+    clients: list[int]  # ascending; arrays are indexed like this list
+    cosine_matrix: np.ndarray  # [N, N] C_ij = cos(gradF_i, gradF_j)
+    global_cosine: np.ndarray  # [N] c_i = cos(gradF_i, gradF)
+    mean_off_diagonal: float  # mean_{i != j} C_ij (NaN for one client)
+    mean_global_cosine: float  # mean_i c_i
+    client_gradient_norm: np.ndarray  # ||gradF_i||
+    global_gradient_norm: float  # ||gradF||
+
+
+def gradient_alignment(
+    global_objective: Any, client_objectives: Mapping[int, Any], w: Tensor
+) -> GradientAlignmentResult:
+    """C_ij = cos(gradF_i, gradF_j) and c_i = cos(gradF_i, gradF) at w (full-batch gradients)."""
+    if not client_objectives:
+        raise LandscapeError("gradient alignment needs at least one client objective")
+    w = w.detach()
+    clients = sorted(client_objectives)
+    _, grad = global_objective.loss_and_grad(w)
+    grads = torch.stack([client_objectives[c].loss_and_grad(w)[1] for c in clients])
+    c = cosine_matrix(grads)
+    to_global = cosines_to(grads, grad)
+    return GradientAlignmentResult(
+        clients=[int(k) for k in clients],
+        cosine_matrix=c,
+        global_cosine=to_global,
+        mean_off_diagonal=_mean_off_diagonal(c),
+        mean_global_cosine=float(to_global.mean()),
+        client_gradient_norm=grads.double().norm(dim=1).cpu().numpy(),
+        global_gradient_norm=float(grad.double().norm()),
+    )
+
+
+@dataclass(frozen=True)
+class MinibatchAlignmentResult:
+    batch_size: int
+    batches: int
+    seed: int
+    clients: list[int]
+    mean_cosine: float  # mean over clients of the mean cosine over pairs of distinct draws
+    mean_cosine_se: float  # Monte-Carlo SE (flatness.py docstring: first-order U-statistic, clients fixed)
+    client_mean_cosine: np.ndarray  # [N]
+    client_mean_cosine_se: np.ndarray  # [N]
+    cosine_matrices: np.ndarray  # [N, M, M] cos(g_i^B, g_i^B') over the draws
+
+
+def minibatch_alignment(
+    client_objectives: Mapping[int, Any], w: Tensor, *, batch_size: int, batches: int, seed: int = 0
+) -> MinibatchAlignmentResult:
+    """Within-client minibatch gradient cosine: mean over pairs of distinct draws B != B' of cos(g_i^B, g_i^B')."""
+    check_minibatch_settings(batch_size, batches)
+    if not client_objectives:
+        raise LandscapeError("minibatch alignment needs at least one client objective")
+    w = w.detach()
+    clients = sorted(client_objectives)
+    matrices = []
+    for c in clients:
+        obj = client_objectives[c]
+        minibatches = client_minibatches(obj, batch_size, batches, seed, c)
+        grads = torch.stack([obj.batch_loss_and_grad(w, b)[1] for b in minibatches])
+        matrices.append(cosine_matrix(grads))
+    stacked = np.stack(matrices)
+    means, ses, mean, se = pair_mean_se(stacked)
+    return MinibatchAlignmentResult(
+        batch_size=int(batch_size),
+        batches=int(batches),
+        seed=int(seed),
+        clients=[int(k) for k in clients],
+        mean_cosine=mean,
+        mean_cosine_se=se,
+        client_mean_cosine=means,
+        client_mean_cosine_se=ses,
+        cosine_matrices=stacked,
+    )
+
+
+@dataclass(frozen=True)
+class UpdateAlignmentResult:
+    clients: list[int]
+    cosine_matrix: np.ndarray  # [N, N] cos(Delta_i, Delta_j), Delta_i = y_i - x^{t-1}
+    mean_cosine: np.ndarray  # [N] cos(Delta_i, Delta_bar), Delta_bar = mean_i Delta_i
+    mean_off_diagonal: float  # mean_{i != j} cos(Delta_i, Delta_j) (NaN for one client)
+    mean_cosine_to_mean: float  # mean_i cos(Delta_i, Delta_bar)
+    update_norm: np.ndarray  # [N] ||Delta_i||
+    mean_update_norm: float  # ||Delta_bar||
+    server_cosine: np.ndarray  # [N] cos(Delta_i, x^t - x^{t-1}); NaN when x^t is not given
+    server_update_norm: float  # ||x^t - x^{t-1}||; NaN when x^t is not given
+
+
+def update_alignment(
+    start_w: Tensor, client_ws: Mapping[int, Tensor], new_global_w: Tensor | None = None
+) -> UpdateAlignmentResult:
+    """Alignment of the client updates Delta_i = y_i - ``start_w`` of one round.
+
+    ``start_w`` must be x^{t-1}, the model the round's clients started from (checkpoint round t-1), and
+    ``client_ws`` their final models y_i (``round-t.clients.pt``); ``new_global_w`` optionally x^t.
+    """
+    clients = check_client_vectors(start_w, client_ws, "update alignment")
+    x = start_w.detach().double()
+    deltas = torch.stack([client_ws[c].detach().to(x.device).double() - x for c in clients])
+    delta_bar = deltas.mean(dim=0)
+    c = cosine_matrix(deltas)
+    to_mean = cosines_to(deltas, delta_bar)
+    n = len(clients)
+    if new_global_w is None:
+        server, server_norm = np.full(n, np.nan), float("nan")
+    else:
+        if new_global_w.shape != start_w.shape:
+            raise LandscapeError(
+                f"the new global model has {new_global_w.numel()} parameters, the start model {start_w.numel()}"
+            )
+        step = new_global_w.detach().to(x.device).double() - x
+        server, server_norm = cosines_to(deltas, step), float(step.norm())
+    return UpdateAlignmentResult(
+        clients=[int(k) for k in clients],
+        cosine_matrix=c,
+        mean_cosine=to_mean,
+        mean_off_diagonal=_mean_off_diagonal(c),
+        mean_cosine_to_mean=float(to_mean.mean()),
+        update_norm=deltas.norm(dim=1).cpu().numpy(),
+        mean_update_norm=float(delta_bar.norm()),
+        server_cosine=server,
+        server_update_norm=server_norm,
+    )

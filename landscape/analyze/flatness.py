@@ -1,0 +1,347 @@
+"""Flatness distance and flatness incompatibility (METRICS.md "Flatness distance", "Flatness incompatibility").
+
+Flatness distance: Delta_D = (1/|S|) sum_{i in S} ||y_i - x||^2 over saved client models y_i of a round and the
+new global model x (parameters only), also divided by ||x||^2; the trainer logs the same number online.
+
+Flatness incompatibility at x with radius rho (all perturbations have norm rho, or 0 for a zero gradient):
+
+    e*    = rho gradF / ||gradF||            global SAM perturbation (F over the global analysis data)
+    e_i   = rho gradF_i / ||gradF_i||         client i's full-local perturbation
+    e_i^B = rho g_i^B / ||g_i^B||             client i's perturbation from one training minibatch B
+
+    Delta_FI = mean_i E_B ||e_i^B - e*||^2 = heterogeneity + batch + 2 * cross,
+      heterogeneity = mean_i ||e_i - e*||^2,  batch = mean_i E_B ||e_i^B - e_i||^2,
+      cross = mean_i E_B <e_i^B - e_i, e_i - e*>           (the split holds exactly on the sample)
+
+    E_B ||g_i^B - gradF||^2 = ||delta_i||^2 + E_B ||zeta_i^B||^2 + 2 E_B <zeta_i^B, delta_i>,
+      delta_i = gradF_i - gradF (heterogeneity),  zeta_i^B = g_i^B - gradF_i (minibatch noise)
+
+    loss level:  F(x + e*) - mean_i E_B F(x + e_i^B)
+    friendly-adversary rate: over ordered pairs (B, B') of distinct draws of one client,
+      the fraction with f_i^{B'}(x + e_i^B) < f_i^{B'}(x).
+
+Minibatches: for each client, ``batches`` independent draws of ``batch_size`` samples of its data, each draw
+without replacement (the whole data, shuffled, when ``batch_size`` >= the client's size), from a generator
+seeded by (seed, client) (``client_minibatch_indices``), so one client's draws do not depend on which other
+clients are analysed, and the alignment pass draws the same minibatches with the same seed.
+
+Standard errors are Monte-Carlo errors given the clients (the clients are fixed, the minibatches random).
+For a client, the mean of one value per draw has SE s_i / sqrt(M) (s_i the sample std over its M draws,
+ddof = 1); a mean over ordered pairs of distinct draws (a U-statistic) has the first-order (Hoeffding) SE
+sqrt(Var_b(r_b + c_b) / M), r_b and c_b the mean over the pairs with b first and with b second. Over clients,
+SE = sqrt(sum_i SE_i^2) / N. Terms that involve no minibatch (heterogeneity, e* ...) are exact: no SE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from landscape.errors import LandscapeError
+from landscape.flat import FlatModel
+from landscape.train import perturb
+from landscape.train.loop import derived_seed
+
+_STREAM_ANALYSIS_BATCHES = 101  # keeps the analysis minibatch streams apart from training's streams
+
+
+# ----------------------------------------------------------------------------------------------------------
+# flatness distance
+
+
+@dataclass(frozen=True)
+class FlatnessDistanceResult:
+    clients: list[int]  # ascending; client_distance is indexed like this list
+    distance: float  # Delta_D = mean_i ||y_i - x||^2
+    distance_normalized: float  # Delta_D / ||x||^2
+    global_norm_sq: float  # ||x||^2
+    client_distance: np.ndarray  # ||y_i - x||^2
+
+
+def client_models(flat: FlatModel, clients_checkpoint: Mapping[str, Any]) -> dict[int, Tensor]:
+    """Client id -> flat parameter vector, from a loaded ``round-XXXX.clients.pt`` ({"clients": {id: state}})."""
+    if "clients" not in clients_checkpoint:
+        raise LandscapeError("not a clients checkpoint: it holds no 'clients' entry (train with --keep-clients)")
+    return {int(c): flat.from_state_dict(state)[0] for c, state in clients_checkpoint["clients"].items()}
+
+
+def check_client_vectors(reference: Tensor, vectors: Mapping[int, Tensor], what: str) -> list[int]:
+    if not vectors:
+        raise LandscapeError(f"{what} needs at least one client model")
+    for c, v in vectors.items():
+        if v.shape != reference.shape:
+            raise LandscapeError(
+                f"client {c}'s model has {v.numel()} parameters, the reference model {reference.numel()}"
+            )
+    return sorted(vectors)
+
+
+def flatness_distance(global_w: Tensor, client_ws: Mapping[int, Tensor]) -> FlatnessDistanceResult:
+    """Delta_D = (1/|S|) sum_i ||y_i - x||^2 (float64), x = ``global_w`` the aggregated model of the round."""
+    clients = check_client_vectors(global_w, client_ws, "flatness distance")
+    x = global_w.detach().double()
+    dist = torch.stack([((client_ws[c].detach().to(x.device).double() - x) ** 2).sum() for c in clients])
+    norm_sq = (x**2).sum()
+    mean = dist.mean()
+    return FlatnessDistanceResult(
+        clients=[int(c) for c in clients],
+        distance=float(mean),
+        distance_normalized=float(mean / norm_sq),
+        global_norm_sq=float(norm_sq),
+        client_distance=dist.cpu().numpy(),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# minibatches and standard errors (shared with alignment)
+
+
+def client_minibatch_indices(size: int, batch_size: int, batches: int, seed: int, client: int) -> list[Tensor]:
+    """``batches`` index draws of min(batch_size, size) distinct samples out of ``size``, seeded by (seed, client)."""
+    generator = torch.Generator().manual_seed(derived_seed(int(seed), _STREAM_ANALYSIS_BATCHES, int(client)))
+    take = min(int(batch_size), int(size))
+    return [torch.randperm(int(size), generator=generator)[:take] for _ in range(batches)]
+
+
+def client_minibatches(objective: Any, batch_size: int, batches: int, seed: int, client: int) -> list[tuple]:
+    """The (x, y) minibatches of ``client_minibatch_indices`` from an Objective's data."""
+    data = objective.data
+    index = client_minibatch_indices(len(data), batch_size, batches, seed, client)
+    return [(data.x[i.to(data.x.device)], data.y[i.to(data.y.device)]) for i in index]
+
+
+def check_minibatch_settings(batch_size: int, batches: int) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise LandscapeError(f"batch_size must be an integer >= 1 (got {batch_size!r})")
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 2:
+        raise LandscapeError(f"batches must be an integer >= 2: pairs of minibatches are compared (got {batches!r})")
+
+
+def draw_mean_se(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """[N, M] values per (client, draw) -> per-client means and SEs, overall mean and SE (module docstring)."""
+    n, m = samples.shape
+    means = samples.mean(axis=1)
+    ses = samples.std(axis=1, ddof=1) / np.sqrt(m)
+    return means, ses, float(means.mean()), float(np.sqrt((ses**2).sum()) / n)
+
+
+def pair_mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """[N, M, M] values h(b, b') per client (diagonal ignored) -> per-client means over b != b' and SEs
+    (first-order U-statistic), overall mean and SE."""
+    n, m, _ = values.shape
+    off = ~np.eye(m, dtype=bool)
+    means = np.array([v[off].mean() for v in values])
+    rows = np.array([(v * off).sum(axis=1) / (m - 1) for v in values])  # r_b: pairs with b first
+    cols = np.array([(v * off).sum(axis=0) / (m - 1) for v in values])  # c_b: pairs with b second
+    ses = (rows + cols).std(axis=1, ddof=1) / np.sqrt(m)
+    return means, ses, float(means.mean()), float(np.sqrt((ses**2).sum()) / n)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# flatness incompatibility
+
+
+@dataclass(frozen=True)
+class IncompatibilityResult:
+    """Everything of METRICS.md "Flatness incompatibility"; client_* arrays are indexed like ``clients``,
+    *_samples arrays are [client, draw]; *_se are Monte-Carlo standard errors (module docstring)."""
+
+    rho: float
+    batch_size: int
+    batches: int
+    seed: int
+    clients: list[int]
+    client_sizes: np.ndarray
+    global_loss: float  # F(x)
+    global_gradient_norm: float  # ||gradF||
+    # perturbation level
+    incompatibility: float  # Delta_FI = mean_i E_B ||e_i^B - e*||^2, in [0, 4 rho^2]
+    incompatibility_se: float
+    heterogeneity: float  # mean_i ||e_i - e*||^2 (exact)
+    batch_part: float  # mean_i E_B ||e_i^B - e_i||^2 (friendly-adversary part)
+    batch_part_se: float
+    cross: float  # mean_i E_B <e_i^B - e_i, e_i - e*>; Delta_FI = heterogeneity + batch_part + 2 cross
+    cross_se: float
+    client_incompatibility: np.ndarray
+    client_heterogeneity: np.ndarray
+    client_batch_part: np.ndarray
+    client_cross: np.ndarray
+    incompatibility_samples: np.ndarray  # [N, M] ||e_i^B - e*||^2
+    # gradient level
+    gradient_total: float  # mean_i E_B ||g_i^B - gradF||^2
+    gradient_total_se: float
+    gradient_heterogeneity: float  # mean_i ||delta_i||^2 (exact)
+    gradient_noise: float  # mean_i E_B ||zeta_i^B||^2
+    gradient_noise_se: float
+    gradient_cross: float  # mean_i E_B <zeta_i^B, delta_i>; total = heterogeneity + noise + 2 cross
+    gradient_cross_se: float
+    heterogeneity_share: float  # gradient_heterogeneity / (gradient_heterogeneity + gradient_noise)
+    noise_share: float  # gradient_noise / (gradient_heterogeneity + gradient_noise)
+    client_gradient_total: np.ndarray
+    client_gradient_heterogeneity: np.ndarray
+    client_gradient_noise: np.ndarray
+    client_gradient_cross: np.ndarray
+    client_gradient_norm: np.ndarray  # ||gradF_i||
+    client_minibatch_gradient_norm: np.ndarray  # mean over draws of ||g_i^B||
+    # loss level (NaN when loss_level=False)
+    perturbed_global_loss: float  # F(x + e*)
+    local_perturbed_loss: float  # mean_i E_B F(x + e_i^B)
+    local_perturbed_loss_se: float
+    loss_gap: float  # F(x + e*) - mean_i E_B F(x + e_i^B)
+    loss_gap_se: float
+    full_local_perturbed_loss: float  # mean_i F(x + e_i) (exact)
+    full_local_loss_gap: float  # F(x + e*) - mean_i F(x + e_i) (exact)
+    client_perturbed_loss: np.ndarray  # E_B F(x + e_i^B)
+    client_full_perturbed_loss: np.ndarray  # F(x + e_i)
+    perturbed_loss_samples: np.ndarray  # [N, M] F(x + e_i^B)
+    # friendly adversary
+    friendly_rate: float  # fraction of ordered pairs (B, B'), B != B', with f^{B'}(x + e^B) < f^{B'}(x)
+    friendly_rate_se: float
+    client_friendly_rate: np.ndarray
+    client_friendly_rate_se: np.ndarray
+    friendly_pairs: int  # pairs compared in all: N * M * (M - 1)
+
+
+def _dot(a: Tensor, b: Tensor) -> Tensor:
+    return torch.dot(a.reshape(-1), b.reshape(-1))
+
+
+def flatness_incompatibility(
+    global_objective: Any,
+    client_objectives: Mapping[int, Any],
+    w: Tensor,
+    rho: float,
+    *,
+    batch_size: int,
+    batches: int,
+    seed: int = 0,
+    loss_level: bool = True,
+) -> IncompatibilityResult:
+    """Delta_FI and its decompositions at x (module docstring). ``batch_size`` is the training batch size;
+    ``batches`` the Monte-Carlo minibatches per client (>= 2). ``loss_level=False`` skips the N * (M + 1)
+    full passes of F that the loss-level figures cost (they are then NaN)."""
+    if not rho > 0:
+        raise LandscapeError(f"rho must be > 0 (got {rho})")
+    check_minibatch_settings(batch_size, batches)
+    if not client_objectives:
+        raise LandscapeError("flatness incompatibility needs at least one client objective")
+    w = w.detach()
+    clients = sorted(client_objectives)
+    f0, grad = global_objective.loss_and_grad(w)
+    e_star = rho * perturb.normalized(grad)
+    nan = torch.full((), float("nan"), dtype=torch.float64, device=w.device)
+    f_star = global_objective.loss(w + e_star).double() if loss_level else nan
+
+    per_client: list[dict[str, Tensor]] = []
+    for c in clients:
+        obj = client_objectives[c]
+        _, grad_i = obj.loss_and_grad(w)
+        e_i = rho * perturb.normalized(grad_i)
+        delta = grad_i - grad
+        minibatches = client_minibatches(obj, batch_size, batches, seed, c)
+        with torch.no_grad():
+            base = torch.stack([obj.batch_loss(w, b).double() for b in minibatches])  # f_i^{B'}(x)
+        rows: dict[str, list[Tensor]] = {k: [] for k in ("fi", "batch", "cross", "gtotal", "gnoise", "gcross",
+                                                          "gnorm", "ploss", "friendly")}
+        for b, batch in enumerate(minibatches):
+            _, g = obj.batch_loss_and_grad(w, batch)
+            e_b = rho * perturb.normalized(g)
+            zeta = g - grad_i
+            rows["fi"].append(((e_b - e_star) ** 2).sum())
+            rows["batch"].append(((e_b - e_i) ** 2).sum())
+            rows["cross"].append(_dot(e_b - e_i, e_i - e_star))
+            rows["gtotal"].append(((g - grad) ** 2).sum())
+            rows["gnoise"].append((zeta**2).sum())
+            rows["gcross"].append(_dot(zeta, delta))
+            rows["gnorm"].append(g.norm())
+            rows["ploss"].append(global_objective.loss(w + e_b).double() if loss_level else nan)
+            with torch.no_grad():
+                moved = torch.stack([obj.batch_loss(w + e_b, other).double() for other in minibatches])
+            rows["friendly"].append(moved < base)  # entry b (B' = B) is masked out later
+        full_ploss = global_objective.loss(w + e_i).double() if loss_level else nan
+        record = {k: torch.stack([v.double() for v in vals]) for k, vals in rows.items()}
+        record.update(
+            het=((e_i - e_star) ** 2).sum().double(),
+            ghet=(delta**2).sum().double(),
+            gradnorm=grad_i.norm().double(),
+            full_ploss=full_ploss,
+        )
+        per_client.append({k: v.cpu() for k, v in record.items()})  # one host transfer per client
+
+    def samples(key: str) -> np.ndarray:
+        return torch.stack([r[key] for r in per_client]).numpy()
+
+    def exact(key: str) -> np.ndarray:
+        return np.array([float(r[key]) for r in per_client])
+
+    fi_i, _, fi, fi_se = draw_mean_se(samples("fi"))
+    batch_i, _, batch_mean, batch_se = draw_mean_se(samples("batch"))
+    cross_i, _, cross, cross_se = draw_mean_se(samples("cross"))
+    gtot_i, _, gtot, gtot_se = draw_mean_se(samples("gtotal"))
+    gnoise_i, _, gnoise, gnoise_se = draw_mean_se(samples("gnoise"))
+    gcross_i, _, gcross, gcross_se = draw_mean_se(samples("gcross"))
+    gnorm_i = samples("gnorm").mean(axis=1)
+    ploss_samples = samples("ploss")
+    ploss_i, _, ploss, ploss_se = draw_mean_se(ploss_samples)
+    rate_i, rate_se_i, rate, rate_se = pair_mean_se(samples("friendly"))
+    het_i, ghet_i, full_i = exact("het"), exact("ghet"), exact("full_ploss")
+    het, ghet = float(het_i.mean()), float(ghet_i.mean())
+    f_star = float(f_star)
+    parts = ghet + gnoise
+    return IncompatibilityResult(
+        rho=float(rho),
+        batch_size=int(batch_size),
+        batches=int(batches),
+        seed=int(seed),
+        clients=[int(c) for c in clients],
+        client_sizes=np.array([len(client_objectives[c].data) for c in clients]),
+        global_loss=float(f0),
+        global_gradient_norm=float(grad.norm()),
+        incompatibility=fi,
+        incompatibility_se=fi_se,
+        heterogeneity=het,
+        batch_part=batch_mean,
+        batch_part_se=batch_se,
+        cross=cross,
+        cross_se=cross_se,
+        client_incompatibility=fi_i,
+        client_heterogeneity=het_i,
+        client_batch_part=batch_i,
+        client_cross=cross_i,
+        incompatibility_samples=samples("fi"),
+        gradient_total=gtot,
+        gradient_total_se=gtot_se,
+        gradient_heterogeneity=ghet,
+        gradient_noise=gnoise,
+        gradient_noise_se=gnoise_se,
+        gradient_cross=gcross,
+        gradient_cross_se=gcross_se,
+        heterogeneity_share=ghet / parts if parts > 0 else float("nan"),
+        noise_share=gnoise / parts if parts > 0 else float("nan"),
+        client_gradient_total=gtot_i,
+        client_gradient_heterogeneity=ghet_i,
+        client_gradient_noise=gnoise_i,
+        client_gradient_cross=gcross_i,
+        client_gradient_norm=exact("gradnorm"),
+        client_minibatch_gradient_norm=gnorm_i,
+        perturbed_global_loss=f_star,
+        local_perturbed_loss=ploss,
+        local_perturbed_loss_se=ploss_se,
+        loss_gap=f_star - ploss,
+        loss_gap_se=ploss_se,
+        full_local_perturbed_loss=float(full_i.mean()),
+        full_local_loss_gap=f_star - float(full_i.mean()),
+        client_perturbed_loss=ploss_i,
+        client_full_perturbed_loss=full_i,
+        perturbed_loss_samples=ploss_samples,
+        friendly_rate=rate,
+        friendly_rate_se=rate_se,
+        client_friendly_rate=rate_i,
+        client_friendly_rate_se=rate_se_i,
+        friendly_pairs=len(clients) * batches * (batches - 1),
+    )

@@ -1,0 +1,165 @@
+"""Gradient, minibatch and update alignment against direct cosine computations."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_recipe
+
+from landscape.analyze.alignment import (
+    cosine_matrix,
+    gradient_alignment,
+    minibatch_alignment,
+    update_alignment,
+)
+from landscape.analyze.flatness import client_minibatch_indices, client_models
+from landscape.analyze.objective import AnalysisData, Objective
+from landscape.data.datasets import load_dataset
+from landscape.data.partitions import make_partition
+from landscape.errors import LandscapeError
+from landscape.flat import FlatModel
+from landscape.models import build_model
+from landscape.runs import RunDir, load_checkpoint
+from landscape.train import loop
+
+
+@pytest.fixture(scope="module")
+def digits():
+    bundle = load_dataset("digits", root="data", download=False, augment=False, num_clients=4, seed=0, options={})
+    parts = make_partition("dirichlet", bundle.train.y.numpy(), num_clients=4, num_classes=10, seed=0,
+                           options={"alpha": 0.3})
+    torch.manual_seed(0)
+    flat = FlatModel(build_model("mlp", (1, 8, 8), 10, {"hidden": [16]}).double())
+    data = AnalysisData(bundle.train.x.double(), bundle.train.y, 256)
+    glob = Objective(flat, {}, data)
+    w = flat.vector()
+    for _ in range(30):
+        w = w - 0.5 * glob.loss_and_grad(w)[1]
+    clients = {k: glob.with_data(data.subset(torch.as_tensor(ix))) for k, ix in enumerate(parts)}
+    return flat, glob, clients, w
+
+
+def _grad(flat, x, y, w):
+    w = w.detach().clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(F.cross_entropy(flat.logits(w, x, {}), y), w)
+    return g
+
+
+def _cos(a, b):
+    return float(F.cosine_similarity(a, b, dim=0))
+
+
+def _check_cosine_matrix(c, n):
+    assert c.shape == (n, n)
+    np.testing.assert_array_equal(c, c.T)
+    np.testing.assert_array_equal(np.diag(c), np.ones(n))
+    assert (np.abs(c) <= 1).all()
+
+
+def test_gradient_alignment_matches_direct_cosines(digits):
+    flat, glob, clients, w = digits
+    r = gradient_alignment(glob, clients, w)
+    _check_cosine_matrix(r.cosine_matrix, 4)
+    grads = [_grad(flat, clients[c].data.x, clients[c].data.y, w) for c in r.clients]
+    grad = _grad(flat, glob.data.x, glob.data.y, w)
+    for i in range(4):
+        assert r.global_cosine[i] == pytest.approx(_cos(grads[i], grad), abs=1e-12)
+        assert r.client_gradient_norm[i] == pytest.approx(float(grads[i].norm()), rel=1e-12)
+        for j in range(4):
+            assert r.cosine_matrix[i, j] == pytest.approx(_cos(grads[i], grads[j]), abs=1e-12)
+    off = [_cos(grads[i], grads[j]) for i in range(4) for j in range(4) if i != j]
+    assert r.mean_off_diagonal == pytest.approx(np.mean(off), abs=1e-12)
+    assert r.mean_global_cosine == pytest.approx(np.mean(r.global_cosine), abs=1e-15)
+    assert r.mean_off_diagonal < 0.9  # non-IID clients disagree
+
+
+def test_gradient_alignment_two_clients_and_identical_clients(digits):
+    flat, glob, clients, w = digits
+    two = gradient_alignment(glob, {3: clients[3], 1: clients[1]}, w)
+    assert two.clients == [1, 3]
+    g1 = _grad(flat, clients[1].data.x, clients[1].data.y, w)
+    g3 = _grad(flat, clients[3].data.x, clients[3].data.y, w)
+    assert two.cosine_matrix[0, 1] == pytest.approx(_cos(g1, g3), abs=1e-12)
+    assert two.mean_off_diagonal == two.cosine_matrix[0, 1]
+    shared = glob.with_data(clients[0].data)
+    same = gradient_alignment(shared, {k: shared.with_data(clients[0].data) for k in range(3)}, w)
+    np.testing.assert_allclose(same.cosine_matrix, np.ones((3, 3)), atol=1e-14)
+    np.testing.assert_allclose(same.global_cosine, np.ones(3), atol=1e-14)
+
+
+def test_minibatch_alignment_matches_direct_cosines(digits):
+    flat, _, clients, w = digits
+    r = minibatch_alignment(clients, w, batch_size=16, batches=5, seed=2)
+    assert r.cosine_matrices.shape == (4, 5, 5)
+    for k, c in enumerate(r.clients):
+        _check_cosine_matrix(r.cosine_matrices[k], 5)
+        data = clients[c].data
+        grads = [_grad(flat, data.x[i], data.y[i], w) for i in client_minibatch_indices(len(data), 16, 5, 2, c)]
+        pairs = [_cos(grads[a], grads[b]) for a in range(5) for b in range(5) if a != b]
+        assert r.client_mean_cosine[k] == pytest.approx(np.mean(pairs), abs=1e-12)
+        assert r.client_mean_cosine_se[k] > 0
+    assert r.mean_cosine == pytest.approx(r.client_mean_cosine.mean(), abs=1e-15)
+    assert r.mean_cosine_se == pytest.approx(np.sqrt((r.client_mean_cosine_se**2).sum()) / 4, rel=1e-12)
+    again = minibatch_alignment(clients, w, batch_size=16, batches=5, seed=2)
+    np.testing.assert_array_equal(again.cosine_matrices, r.cosine_matrices)
+
+
+def test_minibatch_alignment_of_whole_data_draws_is_one(digits):
+    _, _, clients, w = digits
+    r = minibatch_alignment({0: clients[0]}, w, batch_size=10_000, batches=3, seed=0)
+    np.testing.assert_allclose(r.cosine_matrices[0], np.ones((3, 3)), atol=1e-12)
+    assert r.mean_cosine == pytest.approx(1.0, abs=1e-12)
+
+
+def test_update_alignment_direct_and_identical():
+    x = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)
+    ys = {0: x + torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), 5: x + torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)}
+    r = update_alignment(x, ys)
+    _check_cosine_matrix(r.cosine_matrix, 2)
+    assert r.cosine_matrix[0, 1] == pytest.approx(1 / np.sqrt(2), abs=1e-15)
+    bar = torch.tensor([1.0, 0.5, 0.0], dtype=torch.float64)
+    assert r.mean_cosine[0] == pytest.approx(1 / float(bar.norm()), abs=1e-15)
+    assert r.mean_update_norm == pytest.approx(float(bar.norm()), abs=1e-15)
+    np.testing.assert_allclose(r.update_norm, [1.0, np.sqrt(2)])
+    assert np.isnan(r.server_cosine).all() and np.isnan(r.server_update_norm)
+    same = update_alignment(x, {k: x + 0.3 for k in range(3)})
+    np.testing.assert_allclose(same.cosine_matrix, np.ones((3, 3)), atol=1e-15)
+    np.testing.assert_allclose(same.mean_cosine, np.ones(3), atol=1e-15)
+    with pytest.raises(LandscapeError, match="at least one client model"):
+        update_alignment(x, {})
+    with pytest.raises(LandscapeError, match="the new global model has 2 parameters"):
+        update_alignment(x, ys, torch.zeros(2))
+
+
+def test_update_alignment_from_a_saved_round(tmp_path):
+    recipe = tiny_recipe(train__keep_clients=True, train__dtype="float64", train__rounds=3,
+                         train__participation=0.75)
+    loop.start_run(recipe, tmp_path / "run", progress=False)
+    run = RunDir(tmp_path / "run")
+    flat = FlatModel(loop.build_module(recipe, loop.prepare_data(recipe).bundle).double())
+    start = flat.from_state_dict(load_checkpoint(run.checkpoint(2))["model"])[0]  # x^2: where round 3 began
+    new = flat.from_state_dict(load_checkpoint(run.checkpoint(3))["model"])[0]  # x^3, after aggregation
+    ys = client_models(flat, load_checkpoint(run.clients_checkpoint(3)))
+    r = update_alignment(start, ys, new)
+    assert len(r.clients) == 3
+    _check_cosine_matrix(r.cosine_matrix, 3)
+    deltas = [ys[c] - start for c in r.clients]
+    for i in range(3):
+        for j in range(3):
+            assert r.cosine_matrix[i, j] == pytest.approx(_cos(deltas[i], deltas[j]), abs=1e-12)
+    # FedAvg with server_lr 1: x^3 - x^2 = Delta_bar, so the server step is the mean client update.
+    np.testing.assert_allclose(r.server_cosine, r.mean_cosine, atol=1e-12)
+    assert r.server_update_norm == pytest.approx(r.mean_update_norm, rel=1e-12)
+
+
+def test_zero_vectors_have_zero_cosines():
+    c = cosine_matrix(torch.tensor([[1.0, 0.0], [0.0, 0.0], [2.0, 2.0]], dtype=torch.float64))
+    np.testing.assert_allclose(c, [[1.0, 0.0, 1 / np.sqrt(2)], [0.0, 0.0, 0.0], [1 / np.sqrt(2), 0.0, 1.0]])
+
+
+def test_bad_settings_are_named(digits):
+    _, glob, clients, w = digits
+    with pytest.raises(LandscapeError, match="at least one client objective"):
+        gradient_alignment(glob, {}, w)
+    with pytest.raises(LandscapeError, match="batches must be an integer >= 2"):
+        minibatch_alignment(clients, w, batch_size=16, batches=1)

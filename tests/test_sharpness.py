@@ -1,0 +1,239 @@
+"""rho-ball sharpness: exact values on quadratics, the SAM / ASAM first step, the adaptive ball, local vs global."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.sharpness import (
+    asam_weight_mask,
+    local_sharpness,
+    rho_sharpness,
+    sharpness_profile,
+)
+from landscape.data.datasets import load_dataset
+from landscape.data.partitions import make_partition
+from landscape.errors import LandscapeError
+from landscape.flat import FlatModel
+from landscape.models import build_model
+
+
+class Quadratic:
+    """F(w) = 0.5 w^T A w + b^T w, exactly: the Objective methods the sharpness functions use."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        self.a, self.b = a, b
+
+    def loss(self, w):
+        return (0.5 * w @ self.a @ w + self.b @ w).double()
+
+    def loss_and_grad(self, w):
+        return self.loss(w), self.a @ w + self.b
+
+
+def _spd(eigenvalues, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(len(eigenvalues), len(eigenvalues), generator=g, dtype=torch.float64))
+    return q @ torch.diag(torch.tensor(eigenvalues, dtype=torch.float64)) @ q.T
+
+
+def _trust_region_max(a, g, rho):
+    """max_{||e|| <= rho} 0.5 e^T A e + g^T e, independently: e = (mu I - A)^{-1} g with ||e|| = rho, mu > lambda_max
+    (bisection on the secular equation; A positive definite, so the maximum lies on the sphere)."""
+    lam, v = torch.linalg.eigh(a)
+    c = v.T @ g
+
+    def norm(mu):
+        return float(torch.sqrt(((c / (mu - lam)) ** 2).sum()))
+
+    lo, hi = float(lam[-1]) + 1e-14, float(lam[-1]) + float(g.norm()) / rho + 1.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if norm(mid) > rho else (lo, mid)
+    e = v @ (c / (0.5 * (lo + hi) - lam))
+    return float(0.5 * e @ a @ e + g @ e)
+
+
+def test_quadratic_at_the_minimum_gives_rho_squared_lambda_max_over_two():
+    a = _spd([4.0, 2.0, 1.0, 0.5, 0.25, 0.1])
+    b = torch.linspace(-1, 1, 6, dtype=torch.float64)
+    quad = Quadratic(a, b)
+    w_min = -torch.linalg.solve(a, b)
+    for rho in (0.01, 0.1, 1.0):
+        exact = rho**2 * 4.0 / 2
+        r = rho_sharpness(quad, w_min, rho, steps=20)
+        assert r.sharpness == pytest.approx(exact, rel=1e-2)
+        assert r.sharpness <= exact * (1 + 1e-9)  # a lower bound of the true maximum
+        assert r.perturbation_norm == pytest.approx(rho, rel=1e-12)
+        assert r.gradient_evaluations == 20
+
+
+def test_zero_gradient_takes_the_seeded_direction_and_still_converges():
+    a = _spd([3.0, 1.0, 0.5])
+    quad = Quadratic(a, torch.zeros(3, dtype=torch.float64))
+    w = torch.zeros(3, dtype=torch.float64)  # the exact minimum: grad F = 0 exactly
+    r1 = rho_sharpness(quad, w, 0.2, steps=1, seed=3)
+    assert r1.gradient_norm == 0.0 and r1.perturbation_norm == pytest.approx(0.2, rel=1e-12)
+    assert r1.sharpness > 0
+    r = rho_sharpness(quad, w, 0.2, steps=30, seed=3)
+    assert r.sharpness == pytest.approx(0.2**2 * 3.0 / 2, rel=1e-3)
+    assert rho_sharpness(quad, w, 0.2, steps=1, seed=3) == r1  # deterministic given the seed
+    assert rho_sharpness(quad, w, 0.2, steps=1, seed=4).sharpness != r1.sharpness
+
+
+def test_quadratic_away_from_the_minimum_matches_the_trust_region_solution():
+    a = _spd([5.0, 2.0, 1.0, 0.3], seed=1)
+    b = torch.tensor([0.3, -0.2, 0.5, 0.1], dtype=torch.float64)
+    quad = Quadratic(a, b)
+    w = torch.tensor([0.2, 0.1, -0.4, 0.3], dtype=torch.float64)
+    g = a @ w + b
+    for rho in (0.05, 0.3, 1.0):
+        exact = _trust_region_max(a, g, rho)
+        r = rho_sharpness(quad, w, rho, steps=40)
+        assert r.sharpness == pytest.approx(exact, rel=1e-3)
+        assert r.sharpness <= exact * (1 + 1e-9)
+
+
+def test_quadratic_profile_is_non_negative_and_non_decreasing():
+    a = _spd([2.0, 1.0, 0.5, 0.1], seed=2)
+    quad = Quadratic(a, torch.tensor([0.1, 0.0, -0.3, 0.2], dtype=torch.float64))
+    w = torch.tensor([0.5, -0.5, 0.2, 0.0], dtype=torch.float64)
+    p = sharpness_profile(quad, w, [0.0125, 0.025, 0.05, 0.1, 0.2, 0.4], steps=20)
+    assert (p.sharpness > 0).all()
+    assert (np.diff(p.sharpness) > 0).all()
+    assert p.ascent_values.shape == (6, 20)
+    assert p.gradient_evaluations == 1 + 6 * 19
+
+
+def test_estimate_keeps_the_best_iterate_and_never_drops_below_the_centre():
+    # Concave quadratic: every move away from the maximum at w lowers F, so S_rho = 0 with e* = 0.
+    quad = Quadratic(-_spd([1.0, 2.0]), torch.zeros(2, dtype=torch.float64))
+    r = rho_sharpness(quad, torch.zeros(2, dtype=torch.float64), 0.5, steps=3)
+    assert (r.ascent_values < 0).all()
+    assert r.sharpness == 0.0 and r.best_step == 0 and r.perturbation_norm == 0.0
+    assert r.perturbed_loss == r.loss
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a real model: an MLP on digits (float64), a few clients
+
+
+@pytest.fixture(scope="module")
+def digits():
+    bundle = load_dataset("digits", root="data", download=False, augment=False, num_clients=3, seed=0, options={})
+    parts = make_partition("dirichlet", bundle.train.y.numpy(), num_clients=3, num_classes=10, seed=0,
+                           options={"alpha": 0.5})
+    torch.manual_seed(0)
+    flat = FlatModel(build_model("mlp", (1, 8, 8), 10, {"hidden": [16]}).double())
+    data = AnalysisData(bundle.train.x.double(), bundle.train.y, 256)
+    glob = Objective(flat, {}, data)
+    w = flat.vector()
+    for _ in range(30):  # a few full-batch GD steps: away from the initialisation
+        w = w - 0.5 * glob.loss_and_grad(w)[1]
+    clients = {k: glob.with_data(data.subset(torch.as_tensor(ix))) for k, ix in enumerate(parts)}
+    return flat, glob, clients, w
+
+
+def _direct_loss_and_grad(flat, data, w):
+    w = w.detach().clone().requires_grad_(True)
+    loss = F.cross_entropy(flat.logits(w, data.x, {}), data.y)
+    (g,) = torch.autograd.grad(loss, w)
+    return loss.detach().double(), g
+
+
+def test_one_step_is_the_sam_formula(digits):
+    flat, glob, _, w = digits
+    rho = 0.05
+    f0, g = _direct_loss_and_grad(flat, glob.data, w)
+    e = rho * g / g.norm()
+    expected = F.cross_entropy(flat.logits(w + e, glob.data.x, {}), glob.data.y).double() - f0
+    r = rho_sharpness(glob, w, rho, steps=1)
+    assert r.ascent_values[0] == pytest.approx(float(expected), rel=1e-10)
+    assert r.sharpness == pytest.approx(float(expected), rel=1e-10) and r.best_step == 1
+    assert r.loss == pytest.approx(float(f0), rel=1e-12)
+    assert r.perturbation_norm == pytest.approx(rho, rel=1e-12)
+
+
+def test_real_model_sharpness_is_positive_and_rises_with_rho(digits):
+    _, glob, _, w = digits
+    p = sharpness_profile(glob, w, [0.01, 0.05, 0.2, 0.5], steps=5)
+    assert (p.ascent_values[:, 0] > 0).all()  # the SAM step itself raises the loss at every radius
+    assert (p.sharpness > 0).all() and (np.diff(p.sharpness) > 0).all()
+    assert (p.best_step >= 1).all()
+    one = sharpness_profile(glob, w, [0.01, 0.05, 0.2, 0.5], steps=1)
+    assert (p.sharpness >= one.sharpness - 1e-15).all()  # more steps never lower the estimate
+    np.testing.assert_allclose(p.perturbation_norm, p.rhos, rtol=1e-10)
+
+
+def test_adaptive_step_is_asam_and_stays_in_the_scaled_ball(digits):
+    flat, glob, _, w = digits
+    rho, eta = 0.5, 0.01
+    t = w.abs() + eta
+    f0, g = _direct_loss_and_grad(flat, glob.data, w)
+    e = rho * t * t * g / (t * g).norm()  # ASAM (Kwon et al. 2021): e = rho T^2 g / ||T g||
+    expected = F.cross_entropy(flat.logits(w + e, glob.data.x, {}), glob.data.y).double() - f0
+    r = rho_sharpness(glob, w, rho, steps=1, adaptive=True, eta=eta)
+    assert r.sharpness == pytest.approx(float(expected), rel=1e-10)
+    assert r.perturbation_norm == pytest.approx(float(e.norm()), rel=1e-10)
+    assert r.adaptive_norm == pytest.approx(rho, rel=1e-12) and r.scaled_parameters == w.numel()
+    for steps in (1, 4):
+        r = rho_sharpness(glob, w, rho, steps=steps, adaptive=True, eta=eta)
+        assert r.adaptive_norm <= rho * (1 + 1e-12)
+        assert r.perturbation_norm <= rho * float(t.max()) * (1 + 1e-12)
+
+
+def test_adaptive_with_large_eta_is_plain_sharpness_on_a_scaled_ball(digits):
+    # T = |x| + eta ~ eta for eta >> |x|, so {||e / T|| <= rho / eta} ~ {||e|| <= rho}.
+    _, glob, _, w = digits
+    eta = 1e7
+    plain = rho_sharpness(glob, w, 0.1, steps=3)
+    scaled = rho_sharpness(glob, w, 0.1 / eta, steps=3, adaptive=True, eta=eta)
+    assert scaled.sharpness == pytest.approx(plain.sharpness, rel=1e-5)
+    assert scaled.perturbation_norm == pytest.approx(plain.perturbation_norm, rel=1e-5)
+
+
+def test_weight_mask_keeps_biases_unscaled(digits):
+    flat, glob, _, w = digits
+    mask = asam_weight_mask(flat)
+    weights = sum(n for name, n in zip(flat.names, flat.numels) if name.endswith("weight"))
+    assert int(mask.sum()) == weights < w.numel()
+    rho, eta = 0.3, 0.05
+    t = torch.where(mask.bool(), w.abs() + eta, torch.ones_like(w))
+    f0, g = _direct_loss_and_grad(flat, glob.data, w)
+    e = rho * t * t * g / (t * g).norm()
+    expected = F.cross_entropy(flat.logits(w + e, glob.data.x, {}), glob.data.y).double() - f0
+    r = rho_sharpness(glob, w, rho, steps=1, adaptive=True, eta=eta, weight_mask=mask)
+    assert r.sharpness == pytest.approx(float(expected), rel=1e-10) and r.scaled_parameters == weights
+
+
+def test_local_sharpness_per_client_and_gap(digits):
+    _, glob, clients, w = digits
+    res = local_sharpness(clients, glob, w, 0.05, steps=2)
+    assert res.clients == [0, 1, 2]
+    for k, c in enumerate(res.clients):
+        single = rho_sharpness(clients[c], w, 0.05, steps=2)
+        assert res.client_sharpness[k] == single.sharpness and res.client_loss[k] == single.loss
+    assert res.global_sharpness == rho_sharpness(glob, w, 0.05, steps=2).sharpness
+    assert res.gap == pytest.approx(res.client_sharpness.mean() - res.global_sharpness, abs=1e-15)
+    np.testing.assert_allclose(res.client_gap, res.client_sharpness - res.global_sharpness, atol=1e-15)
+    expected_se = res.client_sharpness.std(ddof=1) / np.sqrt(3)
+    assert res.mean_local_sharpness_se == pytest.approx(expected_se, rel=1e-12)
+    assert (res.client_sharpness > 0).all()
+
+
+def test_bad_settings_are_named():
+    quad = Quadratic(_spd([1.0, 2.0]), torch.zeros(2, dtype=torch.float64))
+    w = torch.zeros(2, dtype=torch.float64)
+    with pytest.raises(LandscapeError, match="rho must be > 0"):
+        rho_sharpness(quad, w, 0.0)
+    with pytest.raises(LandscapeError, match="steps must be an integer >= 1"):
+        rho_sharpness(quad, w, 0.1, steps=0)
+    with pytest.raises(LandscapeError, match="eta must be >= 0"):
+        rho_sharpness(quad, w, 0.1, adaptive=True, eta=-1.0)
+    with pytest.raises(LandscapeError, match="rhos is empty"):
+        sharpness_profile(quad, w, [])
+    with pytest.raises(LandscapeError, match="weight_mask has shape"):
+        rho_sharpness(quad, w, 0.1, adaptive=True, weight_mask=torch.ones(3))
+    with pytest.raises(LandscapeError, match="at least one client"):
+        local_sharpness({}, quad, w, 0.1)
