@@ -129,3 +129,53 @@ def test_unknown_pass_and_bad_set(run_copy):
                     "unknown option 'nope' for loss; allowed: clients")
     with pytest.raises(LandscapeError):
         find_sources(run_copy / "nothing-here")
+
+
+def test_every_pass_leaves_the_model_untouched(trained):
+    from landscape.analyze.context import CheckpointContext
+    from landscape.analyze.passes import PASSES
+
+    sources, _ = find_sources(trained)
+    ctx = CheckpointContext(sources[0], 4, AnalysisSettings(device="cpu"))
+    module = ctx.flat.module
+    module.train()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    w0 = ctx.w.clone()
+    fast = {"hessian": {"clients": 2, "trace_hvps": 6, "density_steps": 5, "density_runs": 1},
+            "sharpness": {"clients": 2, "steps": 2}, "incompatibility": {"clients": 2, "batches": 2},
+            "alignment": {"clients": 2, "batches": 2}, "loss": {"clients": 2}}
+    for name in ("loss", "hessian", "sharpness", "flatness", "incompatibility", "alignment"):
+        PASSES.get(name).factory(ctx, pass_options(name, fast.get(name, {})))
+        assert module.training, name
+        assert all(p.grad is None for p in module.parameters()), name
+        assert all(torch.equal(before[k], v) for k, v in module.state_dict().items()), name
+        assert torch.equal(ctx.w, w0), name
+
+
+def test_default_passes_write_their_files(run_copy):
+    result = analyze(run_copy, "--set", "hessian.trace_hvps=6", "--set", "hessian.density_steps=5",
+                     "--set", "sharpness.steps=2", "--set", "incompatibility.batches=2", "--set", "alignment.batches=2")
+    assert result.exit_code == 0, result.output
+    written = sorted(p.name for p in (run_copy / "analysis" / "round-0004").iterdir())
+    for name in ("alignment", "flatness", "hessian", "incompatibility", "loss", "sharpness"):
+        assert f"{name}.json" in written
+    assert "hessian.npz" in written
+    hessian = json.loads((run_copy / "analysis" / "round-0004" / "hessian.json").read_text())
+    assert len(hessian["result"]["top"]["values"]) == 5 and hessian["result"]["hvp_count"] > 0
+    assert hessian["summary"]["lambda_max"] == hessian["result"]["top"]["values"][0]
+    for column in ("lambda_max", "trace", "Delta_D", "Delta_FI", "mean_grad_cos", "acc"):
+        assert column in result.output
+
+
+def test_flatness_without_kept_clients_says_how_to_get_them(tmp_path):
+    loop.start_run(tiny_recipe(train__rounds=1), tmp_path / "plain", progress=False)
+    _one_line_error(analyze(tmp_path / "plain", "--passes", "flatness"),
+                    "plain has no client models for round 1; train with --keep-clients to save them at checkpoints")
+
+
+def test_pyhessian_backend_cross_check(run_copy):
+    result = analyze(run_copy, "--passes", "hessian", "--backend", "pyhessian", "--set", "hessian.clients=-1",
+                     "--set", "hessian.trace_hvps=6", "--set", "hessian.density_steps=5")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run_copy / "analysis" / "round-0004" / "hessian.json").read_text())["summary"]
+    assert summary["pyhessian_lambda_max"] == pytest.approx(summary["lambda_max"], rel=0.01)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from landscape.analyze.context import AnalysisSettings, CheckpointContext, Source, find_sources, select_rounds
+from landscape.errors import LandscapeError
 from landscape.registry import Registry
 from landscape.runs import atomic_write, write_text
 
@@ -367,4 +368,78 @@ def alignment_pass(ctx: CheckpointContext, opts: AlignmentOptions) -> PassOutput
                           f"{ctx.round - 1} (train with --checkpoint-every 1 around this round)"}
     summary = {"mean_grad_cos": float(gradients.mean_off_diagonal),
                "mean_minibatch_cos": float(minibatch.mean_cosine)}
+    return PassOutput(out, arrays, summary)
+
+
+# PyHessian's power iteration stops on a relative change of the Rayleigh quotient, which at 1e-3 leaves
+# errors near 1% on small eigengaps; the cross-check runs it tighter so that it can check ours.
+PYHESSIAN_TOL = 1e-5
+
+
+@dataclass(frozen=True)
+class HessianOptions:
+    top_k: int = 5  # Lanczos top-k eigenvalues of grad^2 F (lambda_1 / lambda_k reported)
+    tol: float = 1e-3  # relative residual ||Hv - lambda v|| <= tol * |lambda|
+    trace_hvps: int = 60  # Hutch++ budget; Hutchinson runs on the same number of probes
+    density_runs: int = 2  # SLQ: n_v runs x m steps
+    density_steps: int = 40
+    clients: int = 0  # per-client lambda_max(grad^2 F_i) for all clients (0), a seeded sample, or none (-1)
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1 or self.tol <= 0 or self.trace_hvps < 3 or self.density_runs < 1 or self.density_steps < 2:
+            raise LandscapeError("hessian options: top_k >= 1, tol > 0, trace_hvps >= 3, density_runs >= 1, "
+                                 "density_steps >= 2")
+
+
+@PASSES.register("hessian", options=HessianOptions,
+                 summary="Lanczos top-k eigenvalues, Hutchinson/Hutch++ trace, SLQ density, per-client lambda_max")
+def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
+    from landscape.analyze.operator import HessianOperator
+    from landscape.analyze.spectrum import (
+        client_lambda_max,
+        hutchinson_trace,
+        hutchpp_trace,
+        lanczos_topk,
+        slq_density,
+    )
+
+    seed, backend = ctx.settings.seed, ctx.settings.hvp
+    op = HessianOperator(ctx.objective, ctx.w, backend=backend)
+    op.check_determinism(seed)  # before trusting the operator: dropout / train-mode BN / augmentation
+    top = lanczos_topk(op, opts.top_k, tol=opts.tol, seed=seed)
+    hutchpp = hutchpp_trace(op, hvps=opts.trace_hvps, seed=seed)
+    hutchinson = hutchinson_trace(op, samples=opts.trace_hvps, seed=seed)
+    density = slq_density(op, runs=opts.density_runs, steps=opts.density_steps, seed=seed)
+    out: dict[str, Any] = {
+        "dim": op.dim,
+        "top": top.summary(),
+        "lambda_ratio": top.top_ratio,
+        "trace_hutchpp": hutchpp.summary(),
+        "trace_hutchinson": hutchinson.summary(),
+        "density": {k: v for k, v in density.summary().items() if k not in ("nodes", "weights", "grid", "density")},
+        "hvp_count": op.hvp_count,
+    }
+    arrays = {"density_grid": density.grid, "density": density.density, "slq_nodes": density.nodes,
+              "slq_weights": density.weights}
+    summary = {"lambda_max": float(top.values[0]), "lambda_ratio": float(top.top_ratio),
+               "trace": float(hutchpp.estimate)}
+    if opts.clients >= 0:
+        objectives = _client_objectives(ctx, opts.clients)
+        local = client_lambda_max(objectives, ctx.w, tol=opts.tol, seed=seed, backend=backend)
+        values = np.array([float(local[i].values[0]) for i in sorted(local)])
+        out["clients"] = {"clients": sorted(local), "lambda_max": values.tolist(),
+                          "hvp_count": sum(r.hvp_count for r in local.values()),
+                          "mean_lambda_max": float(values.mean())}
+        summary["client_lambda_max_mean"] = float(values.mean())
+    if ctx.settings.backend == "pyhessian":
+        # Cross-check with the PyHessian package on the same data (its defects are worked around there).
+        from landscape.analyze.pyhessian_backend import pyhessian_lambda_max_and_trace
+
+        if ctx.settings.bn_mode != "eval" and ctx.objective.has_batchnorm:
+            raise LandscapeError("--backend pyhessian forces eval mode; use --bn-mode eval with it")
+        ref = pyhessian_lambda_max_and_trace(ctx.flat.module, ctx.global_data, ctx.w, buffers=ctx.buffers,
+                                             top_n=1, trace_iters=opts.trace_hvps, tol=PYHESSIAN_TOL,
+                                             device=ctx.device, seed=seed)
+        out["pyhessian"], _ = split_result(ref)
+        summary["pyhessian_lambda_max"] = float(ref.lambda_max)
     return PassOutput(out, arrays, summary)
