@@ -100,6 +100,10 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
 
     overrides: list[tuple[str, Any]] = []
     axes: dict[str, list] = {}
+    given = [(flag, flags[flag.lstrip("-").replace("-", "_")]) for flag, _, _ in _RECIPE_FLAGS]
+    for flag, text in given + [("--set", a) for a in assignments]:
+        if text is not None and any(ord(c) < 32 or ord(c) == 127 for c in text):  # e.g. a newline pasted in
+            raise LandscapeError(f"{flag} must not hold control characters (got {text!r})")
     for flag, key, _ in _RECIPE_FLAGS:
         text = flags[flag.lstrip("-").replace("-", "_")]
         if text is None:
@@ -146,7 +150,12 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
     plan = [(recipe, parent / recipes.sweep_run_name(recipe, swept)) for recipe, swept in runs]
     names = [p.name for _, p in plan]
     if len(set(names)) != len(names):
-        raise LandscapeError("two runs of this sweep get the same name; give them different values or a name")
+        first = next(i for i, name in enumerate(names) if names.index(name) != i)
+        a, b = runs[names.index(names[first])][1], runs[first][1]
+        differ = ", ".join(f"{k} = {a[k]!r} and {b[k]!r}" for k in a if a[k] != b.get(k)) or ", ".join(
+            f"{k} = {v!r}" for k, v in a.items())
+        raise LandscapeError(f"two runs of this sweep get the same name '{names[first]}' ({differ}); give them "
+                             "different values or a name")
     statuses = [loop.sweep_status(recipe, path, overwrite) for recipe, path in plan]
     if dry_run:
         for (_, path), status in zip(plan, statuses):

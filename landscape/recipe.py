@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -256,8 +257,9 @@ def resolve(raw: dict) -> dict:
     out: dict[str, Any] = {}
     for key, default in TOP_LEVEL.items():
         out[key] = _coerce(key, default, raw[key]) if key in raw else default
-    if out["seed"] < 0:
-        raise LandscapeError(f"seed must be >= 0 (got {out['seed']})")
+    check_name(out["name"])
+    if not 0 <= out["seed"] < 2**32:  # data set splits and partitions take 32-bit seeds
+        raise LandscapeError(f"seed must be in 0..{2**32 - 1} (got {out['seed']})")
     for section in SECTIONS:
         given = raw.get(section, {})
         if not isinstance(given, dict):
@@ -323,7 +325,7 @@ def _toml_value(v: Any) -> str:
             return "inf" if v > 0 else "-inf"
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v)
+        return json.dumps(v, ensure_ascii=False)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
@@ -337,6 +339,18 @@ def to_toml(recipe: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# A run name becomes one folder under --out: a plain name, never a path.
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+MAX_NAME = 200  # a folder name may hold 255 bytes on common file systems
+
+
+def check_name(name: str) -> None:
+    """The recipe's ``name``: empty (a systematic name is used) or a plain folder name."""
+    if name and (not _PLAIN_NAME.match(name) or name in (".", "..") or len(name) > MAX_NAME):
+        raise LandscapeError(f"name must be a plain folder name (letters, digits, '.', '_', '-'; no '/'; at most "
+                             f"{MAX_NAME} characters), got {name!r}")
+
+
 _NAMED_KEYS = ("dataset.name", "algorithm.name", "partition.name", "partition.alpha", "partition.classes_per_client",
                "model.name", "partition.clients", "seed")
 
@@ -348,8 +362,17 @@ def sweep_run_name(recipe: dict, swept: dict[str, Any]) -> str:
     parts.append(run_name(recipe))
     for key, value in swept.items():
         if key not in _NAMED_KEYS:
-            parts.append(f"{key.split('.')[-1]}{value:g}" if isinstance(value, float) else f"{key.split('.')[-1]}{value}")
-    return "-".join(parts)
+            part = f"{key.split('.')[-1]}{value:g}" if isinstance(value, float) else f"{key.split('.')[-1]}{value}"
+            if any(c in "/\\" or not c.isprintable() for c in part):
+                # The run's folder must stay one folder under --out: no path separators, no control characters.
+                raise LandscapeError(f"sweep value {value!r} of '{key}' cannot be part of a run folder name (it "
+                                     "holds '/', '\\' or a control character)")
+            parts.append(part)
+    name = "-".join(parts)
+    if len(name.encode()) > 255:
+        raise LandscapeError(f"the run name of sweep point {swept} is longer than 255 bytes; shorten the "
+                             "recipe's name")
+    return name
 
 
 def run_name(recipe: dict) -> str:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,12 @@ from landscape.flat import FlatModel
 from landscape.models import build_model
 from landscape.runs import (
     CHECKPOINT_FORMAT,
+    LOCK_NAME,
+    CheckpointError,
     RunDir,
+    RunLock,
     load_checkpoint,
+    os_reason,
     partition_record,
     save_checkpoint,
     write_text,
@@ -221,33 +226,61 @@ class Trainer:
             payload["swa_count"] = state.swa_count
         return payload
 
+    def check_model_state(self, state: dict, path: Path) -> None:
+        """Every tensor of the recipe's model, with its shape, or a one-line error naming the first that is
+        not (a checkpoint of another model, or of another width)."""
+        name = self.recipe["model"]["name"]
+        own = dict(self.flat.state_dict(self.flat.vector(), self.flat.buffers()))
+        if not isinstance(state, dict):
+            raise LandscapeError(f"{path} does not match the recipe's model '{name}': no model tensors")
+        for key, ref in own.items():
+            got = state.get(key)
+            if not isinstance(got, Tensor):
+                raise LandscapeError(f"{path} does not match the recipe's model '{name}': it has no tensor '{key}'")
+            if tuple(got.shape) != tuple(ref.shape):
+                raise LandscapeError(f"{path} does not match the recipe's model '{name}': '{key}' has shape "
+                                     f"{list(got.shape)} there, {list(ref.shape)} in this model")
+        extra = sorted(set(state) - set(own))
+        if extra:
+            raise LandscapeError(f"{path} does not match the recipe's model '{name}': it has tensors this model "
+                                 f"lacks ('{extra[0]}'{' ...' if len(extra) > 1 else ''})")
+
     def state_from_checkpoint(self, ckpt: dict, path: Path) -> TrainerState:
+        """The training state in a checkpoint, after checking that it belongs to this recipe and model."""
+        if isinstance(ckpt.get("recipe"), str):
+            difference = recipe_difference(ckpt["recipe"], self.recipe)
+            if difference:
+                raise LandscapeError(f"{path} was written by another recipe ({difference}); it cannot "
+                                     "continue this run")
+        self.check_model_state(ckpt["model"], path)
+        if "swa_model" in ckpt:
+            self.check_model_state(ckpt["swa_model"], path)
         try:
             x, buffers = self.flat.from_state_dict(ckpt["model"])
-        except (KeyError, RuntimeError) as e:
-            raise LandscapeError(f"{path} does not match the recipe's model: {e}") from None
-        if x.numel() != self.flat.dim:
-            raise LandscapeError(f"{path} does not match the recipe's model ({x.numel()} vs {self.flat.dim} parameters)")
-
-        swa_model = self.flat.from_state_dict(ckpt["swa_model"])[0] if "swa_model" in ckpt else None
-        return TrainerState(
-            int(ckpt["round"]),
-            x,
-            buffers,
-            {k: v.to(self.device) for k, v in ckpt["server_state"].items()},
-            {int(i): s for i, s in ckpt["client_states"].items()},
-            swa_model,
-            int(ckpt.get("swa_count", 0)),
-        )
+            swa_model = self.flat.from_state_dict(ckpt["swa_model"])[0] if "swa_model" in ckpt else None
+            return TrainerState(
+                int(ckpt["round"]),
+                x,
+                buffers,
+                {k: v.to(self.device) for k, v in ckpt["server_state"].items()},
+                {int(i): s for i, s in ckpt["client_states"].items()},
+                swa_model,
+                int(ckpt.get("swa_count", 0)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+            what = f"no '{e.args[0]}'" if isinstance(e, KeyError) and e.args else str(e).strip().splitlines()[0]
+            raise LandscapeError(f"{path} is not a complete training checkpoint ({what})") from None
 
     def save(self, state: TrainerState, results: list[ClientResult] | None) -> None:
-        save_checkpoint(self.run_dir.checkpoint(state.round), self.checkpoint_payload(state))
+        # The clients' file first: round-XXXX.pt, written last, marks the round as saved (a kill between the
+        # two leaves a clients file that the resumed run rewrites with the same bits).
         if self.train_cfg["keep_clients"] and results:
             kept = {str(r.client): self.flat.state_dict(r.model, state.buffers) for r in results}
             save_checkpoint(
                 self.run_dir.clients_checkpoint(state.round),
                 {"format": CHECKPOINT_FORMAT, "round": state.round, "model": {}, "clients": kept},
             )
+        save_checkpoint(self.run_dir.checkpoint(state.round), self.checkpoint_payload(state))
 
     # -- one client -------------------------------------------------------------------------------------
     def _batch_indices(self, client: int, generator: torch.Generator) -> list[Tensor]:
@@ -346,6 +379,22 @@ class Trainer:
     def evaluate(self, state: TrainerState) -> tuple[float, float]:
         return self.flat.evaluate(state.model, state.buffers, self.test_x, self.test_y)
 
+    def stop_diverged(self, state: TrainerState, row: dict, problems: list[str]) -> None:
+        """Record the divergence in metrics.jsonl and stop: the diverged state is never checkpointed."""
+        algorithm = self.recipe["algorithm"]["name"]
+        rounds = self.run_dir.rounds()
+        last = self.run_dir.checkpoint(rounds[-1]).relative_to(self.run_dir.path) if rounds else None
+        self.run_dir.append_event(
+            "diverged", state.round, algorithm=algorithm, lr=row["lr"], train_loss=row["train_loss"],
+            update_norm=row["update_norm"], problems=problems, last_checkpoint=str(last) if last else None,
+        )
+        kept = f"the last good checkpoint {last} is kept" if last else "no checkpoint was written"
+        raise LandscapeError(
+            f"training diverged in round {state.round} ({algorithm}, lr {row['lr']:g}): {', '.join(problems)}; "
+            f"stopped without saving that state, {kept}, the event is in metrics.jsonl (a smaller train.lr or "
+            "train.clip_norm may help)"
+        )
+
     def train(self, state: TrainerState, progress: bool = True) -> TrainerState:
         """Run rounds from ``state.round`` to the recipe's rounds, logging and checkpointing."""
         from tqdm.auto import tqdm
@@ -358,11 +407,9 @@ class Trainer:
         try:
             while state.round < total:
                 state, results, row = self.run_round(state)
-                if not all(math.isfinite(row[k]) for k in ("train_loss", "update_norm")):
-                    raise LandscapeError(
-                        f"training diverged in round {state.round} ({self.recipe['algorithm']['name']}): "
-                        f"train_loss={row['train_loss']}; the last good checkpoint is kept"
-                    )
+                problems = divergence(state, row)
+                if problems:
+                    self.stop_diverged(state, row, problems)
                 self.run_dir.append_metrics(row)
                 if state.round % self.train_cfg["checkpoint_every"] == 0 or state.round == total:
                     self.save(state, results)
@@ -374,6 +421,20 @@ class Trainer:
         finally:
             bar.close()
         return state
+
+
+def divergence(state: TrainerState, row: dict) -> list[str]:
+    """What is not finite after a round: the loss, the update, the parameters (BatchNorm statistics and the
+    SWA average included). Empty when the round is sound."""
+    problems = [f"{key}={row[key]}" for key in ("train_loss", "update_norm") if not math.isfinite(row[key])]
+    tensors = {"parameters": state.x, "SWA average": state.swa_model}
+    tensors.update({f"buffer {k}": v for k, v in state.buffers.items() if v.is_floating_point()})
+    for what, tensor in tensors.items():
+        if tensor is not None:
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                problems.append(f"{bad} non-finite {what}" if what == "parameters" else f"non-finite {what}")
+    return problems
 
 
 def average_buffers(client_buffers: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -390,29 +451,82 @@ def average_buffers(client_buffers: list[dict[str, Tensor]]) -> dict[str, Tensor
 
 
 def start_run(recipe: dict, out: Path, *, overwrite: bool = False, progress: bool = True) -> TrainerState:
-    """Validate everything, then create the run directory and train. Nothing is written on bad input."""
+    """Validate everything, then create the run directory and train. Nothing is written on bad input.
+
+    The run directory is locked (``RunLock``) while the run trains: a second process is refused."""
     run_dir = RunDir(out)
     check_out_dir(run_dir, overwrite)
+    check_recipe_writable(recipe)
     setup = prepare_data(recipe)
     trainer = Trainer(recipe, run_dir, setup)
-    if overwrite and run_dir.path.exists():
-        shutil.rmtree(run_dir.path)
-    run_dir.path.mkdir(parents=True, exist_ok=True)
-    write_text(run_dir.recipe, trainer.recipe_text)
+    try:
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LandscapeError(f"cannot create {run_dir.path}: {os_reason(e)}") from None
+    with RunLock(run_dir):
+        check_out_dir(run_dir, overwrite)  # again, locked: another process may have filled it meanwhile
+        if overwrite:
+            _clear_run_dir(run_dir)
+        run_dir.remove_stale_temp_files()
+        write_run_files(trainer)
+        return trainer.train(trainer.initial_state(), progress=progress)
+
+
+def check_recipe_writable(recipe: dict) -> None:
+    """recipe.toml must read back as the same recipe (resume and analysis read it): else a one-line error
+    naming the first value that does not survive the trip (e.g. a character TOML cannot escape)."""
+    def survives(value: object) -> bool:
+        try:
+            return recipes.tomllib.loads(recipes.to_toml({"v": value}))["v"] == value
+        except (recipes.tomllib.TOMLDecodeError, TypeError, ValueError):
+            return False
+
+    try:
+        if recipes.resolve(recipes.tomllib.loads(recipes.to_toml(recipe))) == recipe:
+            return
+    except (recipes.tomllib.TOMLDecodeError, LandscapeError, TypeError, ValueError):
+        pass
+    for key, value in recipe.items():
+        for sub, v in (value.items() if isinstance(value, dict) else [("", value)]):
+            if not survives(v):
+                where = f"{key}.{sub}" if sub else key
+                raise LandscapeError(f"{where} = {v!r} cannot be written to recipe.toml and read back the same")
+    raise LandscapeError("this recipe cannot be written to recipe.toml and read back the same")
+
+
+def write_run_files(trainer: Trainer, recipe_too: bool = True) -> None:
+    """recipe.toml (which makes the folder a run directory: a process killed after it can be resumed), then
+    partition.json (which a resume writes again when it is missing)."""
+    recipe, setup, run_dir = trainer.recipe, trainer.setup, trainer.run_dir
+    if recipe_too:
+        write_text(run_dir.recipe, trainer.recipe_text)
     record = partition_record(
         setup.client_indices,
         setup.histogram,
         {"name": recipe["partition"]["name"], **recipes.entry_options(recipe, "partition"), "seed": recipe["seed"]},
     )
     write_text(run_dir.partition, json.dumps(record) + "\n")
-    return trainer.train(trainer.initial_state(), progress=progress)
+
+
+def _clear_run_dir(run_dir: RunDir) -> None:
+    """Empty a run directory that --overwrite replaces (keeping our own lock file)."""
+    for entry in run_dir.path.iterdir():
+        if entry.name == LOCK_NAME:
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError as e:
+            raise LandscapeError(f"cannot replace {run_dir.path}: {entry}: {os_reason(e)}") from None
 
 
 def check_out_dir(run_dir: RunDir, overwrite: bool) -> None:
     path = run_dir.path
     if path.exists() and not path.is_dir():
         raise LandscapeError(f"{path} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()):
+    if path.is_dir() and not run_dir.is_empty():
         if not overwrite:
             raise LandscapeError(f"{path} already exists and is not empty; pass --resume {path} to continue it "
                                  "or --overwrite to replace it")
@@ -423,7 +537,7 @@ def check_out_dir(run_dir: RunDir, overwrite: bool) -> None:
 def sweep_status(recipe: dict, path: Path, overwrite: bool) -> str:
     """What a sweep does with one run directory: 'new' (train), 'done' (skip), 'resume' or 'replace'."""
     run_dir = RunDir(path)
-    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+    if not path.exists() or (path.is_dir() and run_dir.is_empty()):
         return "new"
     check_out_dir(run_dir, overwrite=True)  # exists: must be a run directory, whatever the flags
     recorded = run_dir.recipe.read_text()
@@ -435,22 +549,101 @@ def sweep_status(recipe: dict, path: Path, overwrite: bool) -> str:
     return "done" if rounds and rounds[-1] >= recipe["train"]["rounds"] else "resume"
 
 
-def last_good_checkpoint(run_dir: RunDir) -> tuple[int, dict]:
-    """The newest checkpoint that loads; a damaged newer one is reported and skipped."""
-    rounds = run_dir.rounds()
-    if not rounds:
-        raise LandscapeError(f"{run_dir.path} has no checkpoints to resume from")
-    errors = []
-    for r in reversed(rounds):
+# Recipe keys that may differ between a checkpoint and the run it continues: they change where and how
+# often things are written, or how long the run is (--rounds), never the numbers of a round.
+RESUME_FREE_KEYS = frozenset({"name", "train.rounds", "train.device", "train.checkpoint_every", "train.eval_every",
+                              "train.keep_clients", "dataset.root", "dataset.download"})
+
+
+def recipe_difference(recorded: str, recipe: dict) -> str | None:
+    """The first recipe key in which a checkpoint's recorded recipe differs from ``recipe`` (ignoring
+    RESUME_FREE_KEYS), as 'model.width is 32 there, 8 in recipe.toml'; None when they agree."""
+
+    def flat(table: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in table.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    try:
+        theirs = flat(recipes.tomllib.loads(recorded))
+    except (recipes.tomllib.TOMLDecodeError, TypeError):
+        return "its recorded recipe is unreadable"
+    ours = flat(recipes.tomllib.loads(recipes.to_toml(recipe)))
+    missing = object()
+    for key in list(ours) + [k for k in theirs if k not in ours]:
+        if key in RESUME_FREE_KEYS:
+            continue
+        a, b = theirs.get(key, missing), ours.get(key, missing)
+        if a != b:
+            there = "not set" if a is missing else json.dumps(a)
+            here = "not set" if b is missing else json.dumps(b)
+            return f"{key} is {there} there, {here} in recipe.toml"
+    return None
+
+
+@dataclass
+class ResumePoint:
+    """Where a run continues: the newest checkpoint that loads (None: from the initial model), and the
+    damaged newer ones that resuming sets aside."""
+
+    round: int
+    checkpoint: dict | None
+    path: Path | None
+    damaged: list[CheckpointError] = field(default_factory=list)
+
+
+def find_resume_point(run_dir: RunDir) -> ResumePoint:
+    """The newest loadable checkpoint; newer damaged ones (truncated, corrupted) are listed, not touched.
+
+    A checkpoint that would run code, or that is not a landscape checkpoint, stops the search with a
+    one-line error: it is not damage from a crash, and the user should look at it."""
+    damaged: list[CheckpointError] = []
+    for r in reversed(run_dir.rounds()):
+        path = run_dir.checkpoint(r)
         try:
-            return r, load_checkpoint(run_dir.checkpoint(r))
-        except LandscapeError as e:
-            errors.append(str(e))
-    raise LandscapeError(f"no loadable checkpoint in {run_dir.path}: {errors[0]}")
+            return ResumePoint(r, load_checkpoint(path), path, damaged)
+        except CheckpointError as e:
+            if e.kind == "missing":
+                continue
+            if e.kind != "damaged":
+                raise LandscapeError(f"cannot resume {run_dir.path}: {_rel(run_dir, path)}: {e.reason}; move it "
+                                     "away to resume from an earlier checkpoint") from None
+            damaged.append(e)
+    return ResumePoint(0, None, None, damaged)
 
 
-def resume_run(path: Path, rounds: int | None = None, progress: bool = True) -> TrainerState:
-    """Continue a run from its last checkpoint, to the recipe's rounds or to ``rounds``."""
+def last_good_checkpoint(run_dir: RunDir) -> tuple[int, dict]:
+    """The newest checkpoint that loads (damaged newer ones are skipped, see ``find_resume_point``)."""
+    point = find_resume_point(run_dir)
+    if point.checkpoint is None:
+        detail = f": {point.damaged[0]}" if point.damaged else ""
+        raise LandscapeError(f"no loadable checkpoint in {run_dir.path}{detail}")
+    return point.round, point.checkpoint
+
+
+def _rel(run_dir: RunDir, path: Path) -> str:
+    try:
+        return str(path.relative_to(run_dir.path))
+    except ValueError:
+        return str(path)
+
+
+def print_warning(message: str) -> None:
+    """The default ``warn`` of resume_run: one line on stderr."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
+               warn: Callable[[str], None] | None = None) -> TrainerState:
+    """Continue a run from its last good checkpoint, to the recipe's rounds or to ``rounds``.
+
+    Everything is checked before the directory changes (recipe, checkpoint, model shapes, ``rounds``). Then,
+    with the run locked: a damaged newest checkpoint is renamed ``round-XXXX.pt.damaged`` (never deleted)
+    and ``warn`` (default: a line on stderr) says which checkpoint the run resumes from; temporary files of
+    a killed process are removed; metrics rows after the resumed round are dropped (they are recomputed).
+    """
+    warn = warn or print_warning
     run_dir = RunDir(path)
     if not run_dir.path.is_dir() or not run_dir.is_run():
         raise LandscapeError(f"{path} is not a run directory (no recipe.toml); nothing to resume")
@@ -458,12 +651,27 @@ def resume_run(path: Path, rounds: int | None = None, progress: bool = True) -> 
     if rounds is not None:
         recipe["train"]["rounds"] = rounds
         recipe = recipes.resolve(recipe)
-    last, ckpt = last_good_checkpoint(run_dir)
-    if rounds is not None and rounds < last:
-        raise LandscapeError(f"--rounds {rounds} is below the last checkpoint's round {last}")
-    trainer = Trainer(recipe, run_dir)
-    state = trainer.state_from_checkpoint(ckpt, run_dir.checkpoint(last))
-    run_dir.truncate_metrics(last)
-    if rounds is not None:
-        write_text(run_dir.recipe, trainer.recipe_text)
-    return trainer.train(state, progress=progress)
+    with RunLock(run_dir):
+        point = find_resume_point(run_dir)
+        if rounds is not None and rounds < point.round:
+            raise LandscapeError(f"--rounds {rounds} is below the last checkpoint's round {point.round}")
+        trainer = Trainer(recipe, run_dir)
+        if point.checkpoint is not None:
+            state = trainer.state_from_checkpoint(point.checkpoint, point.path)
+            target = f"resuming from {point.path.name}"
+        else:
+            state = trainer.initial_state()
+            target = "starting again from the initial model (round 0)"
+        # Every check has passed: from here on the directory changes.
+        for error in point.damaged:
+            moved = run_dir.set_aside(error.path)
+            warn(f"{_rel(run_dir, error.path)} is damaged ({error.reason}); moved to {moved.name}; {target}")
+        if point.checkpoint is None and not point.damaged:
+            warn(f"{run_dir.path} has no checkpoint yet (its first process stopped early); {target}")
+        run_dir.remove_stale_temp_files()
+        if not run_dir.partition.is_file():
+            write_run_files(trainer, recipe_too=False)
+        run_dir.truncate_metrics(state.round)
+        if rounds is not None:
+            write_text(run_dir.recipe, trainer.recipe_text)
+        return trainer.train(state, progress=progress)
