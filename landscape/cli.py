@@ -183,7 +183,8 @@ def _report(out: Path, rounds: int) -> None:
 @cli.command("analyze")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--rounds", default="last", show_default=True, help="last, all, or a comma list of rounds")
-@click.option("--passes", default=None, help="comma list of passes [default: all of them; see `landscape list`]")
+@click.option("--passes", default=None,
+              help="comma list of passes [default: all but surface; see `landscape list`]")
 @click.option("--analysis-samples", type=int, default=0, show_default=True,
               help="a fixed seeded subset of N samples of the split (0: all)")
 @click.option("--split", type=click.Choice(["train", "test"]), default="train", show_default=True,
@@ -199,25 +200,44 @@ def _report(out: Path, rounds: int) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of subsets, probes and minibatches")
 @click.option("--set", "assignments", multiple=True, metavar="PASS.KEY=VALUE",
               help="a pass option, e.g. --set hessian.top_k=10 or --set sharpness.rhos=[0.05,0.1]")
+@click.option("--directions", type=click.Choice(["random", "pca", "clients", "interpolate"]), default=None,
+              help="surface pass: filter-normalised random plane, PCA of the trajectory, the plane of two kept "
+                   "clients, or a 1D line to a target [surface.directions]")
+@click.option("--grid", default=None, help="surface pass: points per axis, 41 or 41x25 (odd) [surface.grid]")
+@click.option("--span", default=None, help="surface pass: coordinate range, e.g. -1:1, or auto [surface.span]")
+@click.option("--data", "surface_data", default=None,
+              help="surface pass: global, test or client:<i> (local vs global landscape) [surface.data]")
 @click.option("--force", is_flag=True, help="recompute passes already computed with the same settings")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def analyze_command(path: Path, rounds: str, passes: str | None, analysis_samples: int, split: str, bn_mode: str,
                     device: str, backend: str, hvp: str, dtype: str, seed: int, assignments: tuple[str, ...],
+                    directions: str | None, grid: str | None, span: str | None, surface_data: str | None,
                     force: bool, quiet: bool) -> None:
-    """Analyse checkpoints: Hessian spectrum, sharpness, flatness distance, incompatibility, alignment.
+    """Analyse checkpoints: Hessian spectrum, sharpness, flatness distance, incompatibility, alignment,
+    loss surfaces.
 
     PATH is a run directory, a folder of runs, a run's checkpoints/ folder, a folder of checkpoints, or one
     checkpoint file. Results go to analysis/round-XXXX/<pass>.json (+ .npz) with the settings that produced
     them; passes already computed with the same settings are skipped. A summary table is printed at the end.
+    By default every pass but `surface` runs; --directions/--grid/--span/--data alone run the surface pass.
     """
     from landscape.analyze.context import AnalysisSettings
-    from landscape.analyze.passes import PASSES, format_summary, pass_options, run_analysis
+    from landscape.analyze.passes import default_passes, format_summary, pass_options, run_analysis
     from landscape.recipe import parse_assignment
 
     if analysis_samples < 0:
         raise LandscapeError(f"--analysis-samples must be >= 0 (got {analysis_samples})")
-    names = [p.strip() for p in passes.split(",") if p.strip()] if passes else PASSES.names()
+    surface_flags = {"directions": directions, "grid": grid, "span": span, "data": surface_data}
+    surface_flags = {k: v for k, v in surface_flags.items() if v is not None}
+    if passes:
+        names = [p.strip() for p in passes.split(",") if p.strip()]
+    else:
+        names = ["surface"] if surface_flags else default_passes()
     values: dict[str, dict] = {name: {} for name in names}
+    if surface_flags:
+        if "surface" not in values:
+            raise LandscapeError("--directions, --grid, --span and --data set the surface pass; add it: --passes surface")
+        values["surface"].update(surface_flags)
     for text in assignments:
         key, value = parse_assignment(text)
         pass_name, _, option = key.partition(".")

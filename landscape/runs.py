@@ -57,6 +57,15 @@ def os_reason(error: OSError) -> str:
     return str(error) or type(error).__name__
 
 
+def _file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _file_mode()
+
+
 def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
     """Write through ``write(file)`` into a temporary file beside ``path``, then rename it over ``path``.
 
@@ -71,6 +80,7 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
     except OSError as e:
         raise LandscapeError(f"cannot write {path}: {os_reason(e)}") from None
     try:
+        os.chmod(tmp, _FILE_MODE)  # mkstemp creates 0600; results are ordinary files (0666 less the umask)
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()

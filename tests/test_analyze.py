@@ -179,3 +179,19 @@ def test_pyhessian_backend_cross_check(run_copy):
     assert result.exit_code == 0, result.output
     summary = json.loads((run_copy / "analysis" / "round-0004" / "hessian.json").read_text())["summary"]
     assert summary["pyhessian_lambda_max"] == pytest.approx(summary["lambda_max"], rel=0.01)
+
+
+def test_surface_flags_run_the_surface_pass_only(run_copy):
+    result = analyze(run_copy, "--directions", "random", "--grid", "5x3", "--span", "-0.5:0.5")
+    assert result.exit_code == 0, result.output
+    written = sorted(p.name for p in (run_copy / "analysis" / "round-0004").iterdir())
+    assert written == ["surface.json", "surface.npz"]
+    record = json.loads((run_copy / "analysis" / "round-0004" / "surface.json").read_text())
+    assert record["settings"]["pass"]["grid"] == "5x3" and record["settings"]["pass"]["span"] == "-0.5:0.5"
+    _one_line_error(analyze(run_copy, "--passes", "loss", "--grid", "5"),
+                    "--directions, --grid, --span and --data set the surface pass; add it: --passes surface")
+
+
+def test_written_files_are_readable_by_others(run_copy):
+    analyze(run_copy, "--passes", "loss")
+    assert (run_copy / "analysis" / "round-0004" / "loss.json").stat().st_mode & 0o044 == 0o044

@@ -443,3 +443,15 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
         out["pyhessian"], _ = split_result(ref)
         summary["pyhessian_lambda_max"] = float(ref.lambda_max)
     return PassOutput(out, arrays, summary)
+
+
+# Passes that run only when asked for by name (expensive): not part of the default `landscape analyze`.
+OPT_IN = {"surface"}
+
+
+def default_passes() -> list[str]:
+    return [name for name in PASSES.names() if name not in OPT_IN]
+
+
+# The surface pass lives in its own module; importing it registers "surface" in PASSES.
+from landscape.analyze import surface as _surface  # noqa: F401

@@ -1,0 +1,704 @@
+"""Curves and summaries from run directories (matplotlib, Agg canvas; PNG, or PDF / SVG by the file name).
+
+Input is files only, per run directory: ``recipe.toml``, ``metrics.jsonl`` (rows with an ``event`` key, such
+as divergence events, are skipped) and every ``analysis/round-XXXX/<pass>.json`` with its ``<pass>.npz``
+(opened on first use). A pass value is named by its dotted path in the pass's ``result`` (``"global.rhos"``,
+``"gradients.cosine_matrix"``): it is read from the NPZ when the JSON's ``arrays`` list names it (the passes
+move arrays of more than 16 values there), else from the JSON, with ``"nan"`` / ``"inf"`` strings restored.
+
+Renderers (each ``plot_*`` saves and returns the path; its ``*_figure`` twin returns the matplotlib Figure):
+``plot_accuracy`` (test accuracy over the evaluation rounds), ``plot_metric_over_rounds`` (any metrics.jsonl
+key), ``plot_flatness_and_sharpness`` (FedNSAM Fig. 2: online flatness distance Delta_D, and global
+sharpness S_rho(x^t) and lambda_1(x^t) at the analysed rounds), ``plot_hessian_summary`` (FedSAM-paper
+Hessian figure: lambda_max and lambda_1 / lambda_k bars, SLQ spectral densities), ``plot_incompatibility``
+(Delta_FI and its split with standard errors) and ``plot_alignment_heatmaps`` (client x client gradient
+cosines on one colour scale [-1, 1]). A run that lacks the analysis a figure needs raises a LandscapeError
+that names the run and the ``landscape analyze`` command to run. Every run keeps one colour in every figure.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from landscape.errors import LandscapeError
+from landscape.recipe import read_toml
+from landscape.runs import RunDir, atomic_write
+
+STATIC_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
+DPI = 150
+COSINE_CMAP = "RdBu_r"  # diverging: -1 blue, 0 white, +1 red
+
+ALGORITHM_NAMES = {
+    "fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fedsam": "FedSAM", "fedasam": "FedASAM",
+    "mofedsam": "MoFedSAM", "fedgamma": "FedGAMMA", "fedsmoo": "FedSMOO", "fedlesam": "FedLESAM",
+    "fednsam": "FedNSAM", "fednsam-code": "FedNSAM (code)", "fedvssam": "FedVSSAM", "fedacg": "FedACG",
+    "dynsam": "DynSAM",
+}
+
+# y-axis labels (with units) of the metrics.jsonl keys
+METRIC_LABELS = {
+    "train_loss": "train loss (cross-entropy, nats)",
+    "test_loss": "test loss (cross-entropy, nats)",
+    "test_acc": "test accuracy (fraction)",
+    "flatness_distance": r"flatness distance $\Delta_D$ ($\|y_i - x\|^2$, mean over clients)",
+    "flatness_distance_normalized": r"$\Delta_D / \|x\|^2$",
+    "update_norm": r"server update norm $\|x^{t+1} - x^t\|$",
+    "uplink_floats": "uplink floats per round",
+    "seconds": "seconds per round (s)",
+    "lr": "learning rate",
+}
+
+_ROUND_DIR = re.compile(r"^round-(\d{4,})$")
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "Infinity": math.inf, "-Infinity": -math.inf,
+               "NaN": math.nan}
+_LABEL_IGNORES = {"name", "train.device", "dataset.root", "dataset.download"}
+_MISSING = object()
+
+
+# -- reading ----------------------------------------------------------------------------------------------
+
+
+def _restore(value: Any) -> Any:
+    """JSON values as the pass produced them: "nan" / "inf" strings back to floats (passes._json_ready)."""
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    if isinstance(value, list):
+        return [_restore(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _restore(v) for k, v in value.items()}
+    return value
+
+
+@dataclass
+class PassRecord:
+    """One ``analysis/round-XXXX/<pass>.json`` and, opened on first use, its ``<pass>.npz``."""
+
+    path: Path
+    record: dict
+    _arrays: dict[str, np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return str(self.record.get("pass", self.path.stem))
+
+    @property
+    def round(self) -> int:
+        if "round" in self.record:
+            return int(self.record["round"])
+        match = _ROUND_DIR.match(self.path.parent.name)
+        if match is None:
+            raise LandscapeError(f"{self.path}: no round in the record and not in a round-XXXX folder")
+        return int(match.group(1))
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return _restore(self.record.get("summary", {}))
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return self.record.get("result", {})
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        if self._arrays is None:
+            npz = self.path.with_suffix(".npz")
+            if not self.record.get("arrays"):
+                self._arrays = {}
+            elif not npz.is_file():
+                raise LandscapeError(f"{self.path} lists arrays but {npz.name} is missing beside it")
+            else:
+                try:
+                    with np.load(npz, allow_pickle=False) as f:
+                        self._arrays = {k: f[k] for k in f.files}
+                except (OSError, ValueError) as e:
+                    raise LandscapeError(f"cannot read {npz}: {e}") from None
+        return self._arrays
+
+    def value(self, key: str, default: Any = _MISSING) -> Any:
+        """The result value at a dotted path: from the NPZ when it holds it, else from the JSON."""
+        if key in self.record.get("arrays", ()):
+            arrays = self.arrays()
+            if key in arrays:
+                return arrays[key]
+        node: Any = self.result
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                if default is _MISSING:
+                    raise LandscapeError(f"{self.path}: the {self.name} result has no '{key}' (written by an "
+                                         "older or different version of the pass; rerun it with --force)")
+                return default
+            node = node[part]
+        return _restore(node)
+
+    def array(self, key: str) -> np.ndarray:
+        return np.asarray(self.value(key), dtype=float)
+
+
+@dataclass
+class RunData:
+    """Everything a figure reads from one run directory."""
+
+    path: Path
+    recipe: dict
+    metrics: list[dict]  # metrics.jsonl rows without event rows
+    analyses: dict[int, dict[str, PassRecord]]  # round -> pass name -> record
+    label: str = ""
+    index: int = 0  # position in the loaded list: the run's colour
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def color(self) -> str:
+        return f"C{self.index % 10}"
+
+    def has_metric(self, key: str) -> bool:
+        return any(row.get(key) is not None for row in self.metrics)
+
+    def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(rounds, values) of the metrics.jsonl rows that carry ``key`` (e.g. test_acc: eval rounds only)."""
+        rows = [(row["round"], row[key]) for row in self.metrics if row.get(key) is not None and "round" in row]
+        if not rows:
+            return np.zeros(0, dtype=int), np.zeros(0)
+        rounds, values = zip(*rows)
+        return np.asarray(rounds, dtype=int), np.asarray(values, dtype=float)
+
+    def analysed_rounds(self, pass_name: str) -> list[int]:
+        return sorted(r for r, passes in self.analyses.items() if pass_name in passes)
+
+    def pass_records(self, pass_name: str) -> list[PassRecord]:
+        """The pass's records at every analysed round, ascending; an error naming the command when none."""
+        rounds = self.analysed_rounds(pass_name)
+        if not rounds:
+            raise LandscapeError(missing_message(self, [pass_name]))
+        return [self.analyses[r][pass_name] for r in rounds]
+
+    def pass_record(self, pass_name: str, round: int | None = None) -> PassRecord:
+        """The pass's record at ``round`` (default: the latest analysed round)."""
+        rounds = self.analysed_rounds(pass_name)
+        if not rounds:
+            raise LandscapeError(missing_message(self, [pass_name]))
+        if round is None:
+            return self.analyses[rounds[-1]][pass_name]
+        if round not in rounds:
+            raise LandscapeError(
+                f"run {self.name} has no {pass_name} analysis at round {round} (analysed rounds: "
+                f"{', '.join(map(str, rounds))}); run `landscape analyze {self.path} --rounds {round} "
+                f"--passes {pass_name}`")
+        return self.analyses[round][pass_name]
+
+
+def missing_message(run: RunData, passes: Sequence[str]) -> str:
+    names = ", ".join(passes)
+    return (f"run {run.name} has no {names} analysis; run `landscape analyze {run.path} --passes "
+            f"{','.join(passes)}`")
+
+
+def require_passes(runs: Sequence[RunData], passes: Sequence[str]) -> None:
+    """One error listing every run that lacks one of ``passes`` (with the command for each)."""
+    problems = []
+    for run in runs:
+        missing = [p for p in passes if not run.analysed_rounds(p)]
+        if missing:
+            problems.append(missing_message(run, missing))
+    if problems:
+        raise LandscapeError("; ".join(problems))
+
+
+def require_metric(runs: Sequence[RunData], key: str, hint: str = "") -> None:
+    missing = [run for run in runs if not run.has_metric(key)]
+    if missing:
+        names = ", ".join(run.name for run in missing)
+        known = sorted({k for row in missing[0].metrics for k in row})
+        raise LandscapeError(f"run {names} has no '{key}' in metrics.jsonl" + (f" ({hint})" if hint else "")
+                             + (f"; keys there: {', '.join(known)}" if known else "; the file has no rows"))
+
+
+def _read_analyses(path: Path) -> dict[int, dict[str, PassRecord]]:
+    analyses: dict[int, dict[str, PassRecord]] = {}
+    folder = path / "analysis"
+    if not folder.is_dir():
+        return analyses
+    for round_dir in sorted(folder.iterdir()):
+        match = _ROUND_DIR.match(round_dir.name)
+        if not match or not round_dir.is_dir():
+            continue
+        for json_path in sorted(round_dir.glob("*.json")):
+            try:
+                record = json.loads(json_path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise LandscapeError(f"{json_path}: not a readable analysis record ({e})") from None
+            if not isinstance(record, dict):
+                continue
+            rec = PassRecord(json_path, record)
+            analyses.setdefault(int(match.group(1)), {})[rec.name] = rec
+    return analyses
+
+
+def _run_dirs(path: Path) -> list[Path]:
+    """A run directory, or a folder whose sub-folders are run directories."""
+    if not path.exists():
+        raise LandscapeError(f"{path} does not exist")
+    if RunDir(path).is_run():
+        return [path]
+    subs = sorted(p for p in path.iterdir() if p.is_dir() and RunDir(p).is_run()) if path.is_dir() else []
+    if not subs:
+        raise LandscapeError(f"{path} is not a run directory (no recipe.toml) and holds none")
+    return subs
+
+
+def _load_run(path: Path) -> RunData:
+    run_dir = RunDir(path)
+    metrics = [row for row in run_dir.read_metrics() if "event" not in row]
+    return RunData(path, read_toml(run_dir.recipe), metrics, _read_analyses(path))
+
+
+def _flatten(recipe: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in recipe.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def run_label(recipe: dict) -> str:
+    """'FedSAM alpha=0.1': the algorithm's name and the partition's heterogeneity."""
+    algorithm = str(recipe.get("algorithm", {}).get("name", "?"))
+    label = ALGORITHM_NAMES.get(algorithm, algorithm)
+    partition = recipe.get("partition", {})
+    kind = partition.get("name")
+    if kind == "dirichlet" and "alpha" in partition:
+        label += f" alpha={_fmt(partition['alpha'])}"
+    elif kind == "pathological" and "classes_per_client" in partition:
+        label += f" {partition['classes_per_client']} classes/client"
+    elif kind:
+        label += f" {kind}"
+    return label
+
+
+def run_labels(recipes: Sequence[dict], names: Sequence[str]) -> list[str]:
+    """Labels per run, unique: runs sharing a label get the recipe keys they differ in (e.g. seed=1), and
+    the directory name when even those are the same."""
+    base = [run_label(r) for r in recipes]
+    labels = list(base)
+    for label in set(base):
+        group = [i for i, b in enumerate(base) if b == label]
+        if len(group) < 2:
+            continue
+        flats = [_flatten(recipes[i]) for i in group]
+        keys = sorted(set().union(*flats) - _LABEL_IGNORES)
+        differing = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+        tails = Counter(k.rsplit(".", 1)[-1] for k in differing)
+        short = {k: k.rsplit(".", 1)[-1] if tails[k.rsplit(".", 1)[-1]] == 1 else k for k in differing}
+        for i, flat in zip(group, flats):
+            extra = ", ".join(f"{short[k]}={_fmt(flat.get(k))}" for k in differing)
+            labels[i] = f"{label} {extra}" if extra else label
+    counts = Counter(labels)
+    return [f"{label} ({name})" if counts[label] > 1 else label for label, name in zip(labels, names)]
+
+
+def load_runs(paths: str | Path | Sequence[str | Path]) -> list[RunData]:
+    """Read run directories (or folders of them): recipe, metrics rows, analysis records; unique labels."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    dirs: list[Path] = []
+    for p in paths:
+        dirs += [d for d in _run_dirs(Path(p)) if d not in dirs]
+    if not dirs:
+        raise LandscapeError("no run directories given")
+    runs = [_load_run(d) for d in dirs]
+    for i, (run, label) in enumerate(zip(runs, run_labels([r.recipe for r in runs], [r.name for r in runs]))):
+        run.label, run.index = label, i
+    return runs
+
+
+RunsLike = Sequence["RunData | str | Path"] | str | Path
+
+
+def as_runs(runs: RunsLike) -> list[RunData]:
+    """RunData as given, or loaded from paths."""
+    if isinstance(runs, (str, Path)):
+        return load_runs(runs)
+    runs = list(runs)
+    if runs and all(isinstance(r, RunData) for r in runs):
+        return runs
+    return load_runs([r.path if isinstance(r, RunData) else r for r in runs])
+
+
+# -- writing ----------------------------------------------------------------------------------------------
+
+
+def save_figure(fig: Figure, out: str | Path) -> Path:
+    """Write a Figure as PNG / PDF / SVG (by the name's suffix), atomically; return the path."""
+    out = Path(out)
+    fmt = STATIC_FORMATS.get(out.suffix.lower())
+    if fmt is None:
+        raise LandscapeError(f"cannot write {out}: figure files end in {', '.join(STATIC_FORMATS)}")
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=fmt, dpi=DPI)
+    atomic_write(out, lambda f: f.write(buffer.getvalue()))
+    return out
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _round_axis(ax: Any) -> None:
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+
+
+def _marker(points: int) -> str | None:
+    return "o" if points <= 40 else None
+
+
+# -- curves from metrics.jsonl ----------------------------------------------------------------------------
+
+
+def accuracy_figure(runs: RunsLike) -> Figure:
+    runs = as_runs(runs)
+    require_metric(runs, "test_acc", "it is logged on evaluation rounds; train with --eval-every N")
+    fig = _new_figure(6.4, 4.2)
+    ax = fig.add_subplot()
+    for run in runs:
+        rounds, acc = run.series("test_acc")
+        ax.plot(rounds, 100 * acc, marker=_marker(len(rounds)), ms=3, color=run.color, label=run.label)
+    _round_axis(ax)
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Test accuracy of the global model")
+    ax.legend()
+    return fig
+
+
+def plot_accuracy(runs: RunsLike, out: str | Path) -> Path:
+    """Test accuracy (%) over the evaluation rounds, one line per run."""
+    return save_figure(accuracy_figure(runs), out)
+
+
+def metric_figure(runs: RunsLike, key: str, ylabel: str | None = None, *, log: bool = False) -> Figure:
+    runs = as_runs(runs)
+    require_metric(runs, key)
+    fig = _new_figure(6.4, 4.2)
+    ax = fig.add_subplot()
+    for run in runs:
+        rounds, values = run.series(key)
+        ax.plot(rounds, values, marker=_marker(len(rounds)), ms=3, color=run.color, label=run.label)
+    _round_axis(ax)
+    label = ylabel or METRIC_LABELS.get(key, key)
+    ax.set_ylabel(label)
+    if log:
+        ax.set_yscale("log")
+    title = label.split(" (")[0]
+    ax.set_title(f"{title[:1].upper()}{title[1:]} over rounds")
+    ax.legend()
+    return fig
+
+
+def plot_metric_over_rounds(runs: RunsLike, key: str, out: str | Path, ylabel: str | None = None, *,
+                            log: bool = False) -> Path:
+    """Any metrics.jsonl key over rounds (flatness_distance, train_loss, update_norm, ...), one line per run."""
+    return save_figure(metric_figure(runs, key, ylabel, log=log), out)
+
+
+# -- FedNSAM Fig. 2: flatness distance and global sharpness ------------------------------------------------
+
+
+def sharpness_rhos(runs: Sequence[RunData]) -> list[float]:
+    """The radii every analysed round of every run has S_rho for."""
+    common: set[float] | None = None
+    for run in runs:
+        for rec in run.pass_records("sharpness"):
+            rhos = {round(float(r), 12) for r in np.atleast_1d(rec.array("global.rhos"))}
+            common = rhos if common is None else common & rhos
+    return sorted(common or ())
+
+
+def choose_rho(runs: Sequence[RunData], rho: float | None) -> float:
+    """``rho`` when given (checked), else 0.05 when every run has it, else the middle common radius."""
+    common = sharpness_rhos(runs)
+    if rho is not None:
+        if not any(math.isclose(rho, r, rel_tol=1e-9) for r in common):
+            raise LandscapeError(f"S_rho was not computed at rho={rho:g} for every analysed round (radii "
+                                 f"everywhere: {', '.join(f'{r:g}' for r in common) or 'none'}); rerun "
+                                 f"`landscape analyze RUN --passes sharpness --set sharpness.rhos=[{rho:g}]`")
+        return rho
+    if not common:
+        raise LandscapeError("the runs' sharpness analyses share no radius rho; rerun them with the same "
+                             "--set sharpness.rhos=[...]")
+    return 0.05 if any(math.isclose(0.05, r) for r in common) else common[len(common) // 2]
+
+
+def global_sharpness_series(run: RunData, rho: float) -> tuple[np.ndarray, np.ndarray]:
+    """(rounds, S_rho(x^t)) over the rounds analysed by the sharpness pass."""
+    rounds, values = [], []
+    for rec in run.pass_records("sharpness"):
+        rhos = np.atleast_1d(rec.array("global.rhos"))
+        hit = np.flatnonzero(np.isclose(rhos, rho, rtol=1e-9, atol=0))
+        rounds.append(rec.round)
+        values.append(float(np.atleast_1d(rec.array("global.sharpness"))[hit[0]]))
+    return np.asarray(rounds, dtype=int), np.asarray(values)
+
+
+def lambda_max_series(run: RunData) -> tuple[np.ndarray, np.ndarray]:
+    """(rounds, lambda_1(x^t)) over the rounds analysed by the hessian pass."""
+    recs = run.pass_records("hessian")
+    return (np.asarray([rec.round for rec in recs], dtype=int),
+            np.asarray([float(np.atleast_1d(rec.array("top.values"))[0]) for rec in recs]))
+
+
+def flatness_and_sharpness_figure(runs: RunsLike, *, rho: float | None = None) -> Figure:
+    runs = as_runs(runs)
+    require_metric(runs, "flatness_distance")
+    require_passes(runs, ["sharpness", "hessian"])
+    rho = choose_rho(runs, rho)
+    fig = _new_figure(14, 4.4)
+    ax_d, ax_s, ax_l = fig.subplots(1, 3)
+    for run in runs:
+        rounds, distance = run.series("flatness_distance")
+        ax_d.plot(rounds, distance, marker=_marker(len(rounds)), ms=3, color=run.color, label=run.label)
+        rounds, sharp = global_sharpness_series(run, rho)
+        ax_s.plot(rounds, sharp, marker="o", color=run.color)
+        rounds, lam = lambda_max_series(run)
+        ax_l.plot(rounds, lam, marker="s", color=run.color)
+    ax_d.set_title(r"(a) flatness distance $\Delta_D$ (online, every round)")
+    ax_d.set_ylabel(r"$\Delta_D$ = mean$_i \|y_{i,K}^t - x^{t+1}\|^2$")
+    ax_s.set_title(rf"(b) global sharpness $S_\rho(x^t)$, $\rho$ = {rho:g}")
+    ax_s.set_ylabel(r"$S_\rho$ = max$_{\|e\| \leq \rho}\, F(x+e) - F(x)$ (nats)")
+    ax_l.set_title(r"(c) top Hessian eigenvalue $\lambda_1(x^t)$")
+    ax_l.set_ylabel(r"$\lambda_1(\nabla^2 F)$")
+    for ax in (ax_d, ax_s, ax_l):
+        _round_axis(ax)
+    fig.legend(*ax_d.get_legend_handles_labels(), loc="outside lower center", ncols=min(len(runs), 4))
+    return fig
+
+
+def plot_flatness_and_sharpness(runs: RunsLike, out: str | Path, *, rho: float | None = None) -> Path:
+    """FedNSAM Fig. 2: (a) Delta_D over rounds from metrics.jsonl; (b) S_rho(x^t) (sharpness pass) and (c)
+    lambda_1(x^t) (hessian pass) at each analysed round."""
+    return save_figure(flatness_and_sharpness_figure(runs, rho=rho), out)
+
+
+# -- the Hessian figure --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HessianSummary:
+    run: RunData
+    round: int
+    values: np.ndarray  # Lanczos top-k eigenvalues, descending
+    ratio: float  # lambda_1 / lambda_k
+    trace: float  # Hutch++
+    client_lambda_max: np.ndarray  # empty when the pass skipped the clients
+    grid: np.ndarray
+    density: np.ndarray
+
+
+def hessian_summaries(runs: RunsLike, round: int | None = None) -> list[HessianSummary]:
+    runs = as_runs(runs)
+    require_passes(runs, ["hessian"])
+    out = []
+    for run in runs:
+        rec = run.pass_record("hessian", round)
+        out.append(HessianSummary(
+            run, rec.round, np.atleast_1d(rec.array("top.values")), float(rec.value("lambda_ratio")),
+            float(rec.value("trace_hutchpp.estimate", math.nan)),
+            np.atleast_1d(np.asarray(rec.value("clients.lambda_max", []), dtype=float)),
+            np.atleast_1d(rec.array("density_grid")), np.atleast_1d(rec.array("density"))))
+    return out
+
+
+def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
+    summaries = hessian_summaries(runs, round)
+    fig = _new_figure(15, 4.8)
+    ax_max, ax_ratio, ax_density = fig.subplots(1, 3, width_ratios=[1, 1, 1.6])
+    x = np.arange(len(summaries))
+    ticks = [f"{s.run.label}\nround {s.round}" for s in summaries]
+    colors = [s.run.color for s in summaries]
+    bars = ax_max.bar(x, [s.values[0] for s in summaries], color=colors, alpha=0.85)
+    ax_max.bar_label(bars, fmt="%.3g", padding=2)
+    shown_clients = False
+    for i, s in enumerate(summaries):
+        if s.client_lambda_max.size:
+            jitter = np.linspace(-0.25, 0.25, s.client_lambda_max.size) if s.client_lambda_max.size > 1 else 0.0
+            ax_max.scatter(i + jitter, s.client_lambda_max, s=12, color="black", zorder=3,
+                           label=r"clients' $\lambda_{max}(\nabla^2 F_i)$" if not shown_clients else None)
+            shown_clients = True
+    if shown_clients:
+        ax_max.legend(loc="upper left", fontsize="small")
+    ax_max.set_title(r"(a) $\lambda_{max}(\nabla^2 F)$ (bars) and local $\lambda_{max}$")
+    ax_max.set_ylabel(r"$\lambda_{max}$")
+    ks = sorted({s.values.size for s in summaries})
+    k_text = str(ks[0]) if len(ks) == 1 else "k"
+    bars = ax_ratio.bar(x, [s.ratio for s in summaries], color=colors, alpha=0.85)
+    ax_ratio.bar_label(bars, fmt="%.3g", padding=2)
+    ax_ratio.set_title(rf"(b) $\lambda_1 / \lambda_{{{k_text}}}$ (lower: flatter)")
+    ax_ratio.set_ylabel(rf"$\lambda_1 / \lambda_{{{k_text}}}$")
+    for ax in (ax_max, ax_ratio):
+        tilt = len(summaries) > 3
+        ax.set_xticks(x, ticks, rotation=20 if tilt else 0, ha="right" if tilt else "center", fontsize="small")
+        ax.margins(y=0.15)
+        ax.grid(axis="y", alpha=0.3)
+    peak = max((float(np.nanmax(s.density)) for s in summaries if s.density.size), default=1.0)
+    floor = peak * 1e-7 if peak > 0 else 1e-12
+    for s in summaries:
+        ax_density.semilogy(s.grid, np.maximum(s.density, floor), color=s.run.color,
+                            label=f"{s.run.label} (round {s.round})")
+    ax_density.set_ylim(bottom=floor)
+    ax_density.set_title("(c) Hessian spectral density (SLQ)")
+    ax_density.set_xlabel(r"eigenvalue $\lambda$")
+    ax_density.set_ylabel("density (log scale)")
+    ax_density.grid(alpha=0.3)
+    ax_density.legend(fontsize="small")
+    return fig
+
+
+def plot_hessian_summary(runs: RunsLike, out: str | Path, *, round: int | None = None) -> Path:
+    """lambda_max (with the clients' local lambda_max) and lambda_1 / lambda_k per run, and the spectral
+    densities on a log scale, from each run's hessian pass (latest analysed round unless ``round``)."""
+    return save_figure(hessian_figure(runs, round=round), out)
+
+
+# -- flatness incompatibility --------------------------------------------------------------------------------
+
+# (result key, its standard-error key or None, scale, legend label, style)
+_INCOMPATIBILITY_PARTS = [
+    ("incompatibility", "incompatibility_se", 1.0, r"$\Delta_{FI}$ = mean$_i$ E$_B\|e_i^B - e^*\|^2$",
+     {"color": "black", "marker": "o", "lw": 2}),
+    ("heterogeneity", None, 1.0, r"heterogeneity mean$_i\|e_i - e^*\|^2$", {"color": "C0", "marker": "s"}),
+    ("batch_part", "batch_part_se", 1.0, r"batch part mean$_i$ E$_B\|e_i^B - e_i\|^2$",
+     {"color": "C1", "marker": "^"}),
+    ("cross", "cross_se", 2.0, "2 × cross term", {"color": "C2", "marker": "v", "ls": "--"}),
+]
+
+
+def incompatibility_series(run: RunData) -> dict[str, np.ndarray]:
+    """rounds, rho and each part of Delta_FI (and its standard error) over the analysed rounds."""
+    recs = run.pass_records("incompatibility")
+    out = {"rounds": np.asarray([r.round for r in recs], dtype=int),
+           "rho": np.asarray([float(r.value("rho")) for r in recs])}
+    for key, se_key, scale, _, _ in _INCOMPATIBILITY_PARTS:
+        out[key] = scale * np.asarray([float(r.value(key)) for r in recs])
+        if se_key:
+            out[se_key] = scale * np.asarray([float(r.value(se_key)) for r in recs])
+    return out
+
+
+def incompatibility_figure(runs: RunsLike) -> Figure:
+    runs = as_runs(runs)
+    require_passes(runs, ["incompatibility"])
+    cols = min(len(runs), 3)
+    rows = math.ceil(len(runs) / cols)
+    fig = _new_figure(4.8 * cols + 0.5, 3.8 * rows + 0.8)
+    axes = np.atleast_1d(fig.subplots(rows, cols, sharey=True, squeeze=False)).ravel()
+    for ax, run in zip(axes, runs):
+        data = incompatibility_series(run)
+        for key, se_key, _, label, style in _INCOMPATIBILITY_PARTS:
+            ax.errorbar(data["rounds"], data[key], yerr=data[se_key] if se_key else None, capsize=3, ms=5,
+                        label=label, **style)
+        ax.axhline(0.0, color="grey", lw=0.8)
+        rhos = sorted(set(data["rho"].tolist()))
+        rho_text = ", ".join(f"{r:g}" for r in rhos)
+        ax.set_title(rf"{run.label} ($\rho$ = {rho_text}, $\Delta_{{FI}} \leq 4\rho^2$)", fontsize="medium")
+        _round_axis(ax)
+    for ax in axes[len(runs):]:
+        ax.set_visible(False)
+    for ax in axes[::cols]:
+        ax.set_ylabel(r"squared perturbation distance $\|\cdot\|^2$")
+    fig.suptitle(r"Flatness incompatibility $\Delta_{FI}$ = heterogeneity + batch part + 2 × cross "
+                 "(error bars: Monte-Carlo standard error)")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize="small")
+    return fig
+
+
+def plot_incompatibility(runs: RunsLike, out: str | Path) -> Path:
+    """Delta_FI over the analysed rounds per run (one panel each, shared y), with its heterogeneity, batch
+    part and 2 x cross term, error bars from the passes' standard errors."""
+    return save_figure(incompatibility_figure(runs), out)
+
+
+# -- gradient alignment ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CosineMatrix:
+    run: RunData
+    round: int
+    clients: list[int]
+    matrix: np.ndarray  # [N, N] cos(grad F_i, grad F_j)
+    mean_off_diagonal: float
+
+
+def alignment_matrices(runs: RunsLike, round: int | None = None) -> list[CosineMatrix]:
+    runs = as_runs(runs)
+    require_passes(runs, ["alignment"])
+    out = []
+    for run in runs:
+        rec = run.pass_record("alignment", round)
+        matrix = np.atleast_2d(rec.array("gradients.cosine_matrix"))
+        clients = [int(c) for c in rec.value("gradients.clients", list(range(len(matrix))))]
+        out.append(CosineMatrix(run, rec.round, clients, matrix,
+                                float(rec.value("gradients.mean_off_diagonal", math.nan))))
+    return out
+
+
+def _client_ticks(ax: Any, clients: list[int]) -> None:
+    step = max(1, math.ceil(len(clients) / 20))
+    positions = list(range(0, len(clients), step))
+    ax.set_xticks(positions, [str(clients[p]) for p in positions], fontsize="small")
+    ax.set_yticks(positions, [str(clients[p]) for p in positions], fontsize="small")
+
+
+def alignment_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
+    """Heatmaps of C_ij = cos(grad F_i, grad F_j), all on the one colour scale [-1, 1] with one colour bar."""
+    matrices = alignment_matrices(runs, round)
+    cols = min(len(matrices), 4)
+    rows = math.ceil(len(matrices) / cols)
+    fig = _new_figure(3.9 * cols + 1.2, 3.9 * rows + 0.6)
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    norm = Normalize(vmin=-1.0, vmax=1.0)
+    image = None
+    for ax, m in zip(axes, matrices):
+        image = ax.imshow(m.matrix, cmap=COSINE_CMAP, norm=norm, interpolation="nearest")
+        _client_ticks(ax, m.clients)
+        if len(m.clients) <= 8:
+            for (i, j), v in np.ndenumerate(m.matrix):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize="x-small",
+                        color="white" if abs(v) > 0.6 else "black")
+        ax.set_xlabel("client j")
+        ax.set_ylabel("client i")
+        ax.set_title(f"{m.run.label}, round {m.round}\nmean off-diagonal = {m.mean_off_diagonal:.3f}",
+                     fontsize="medium")
+    for ax in axes[len(matrices):]:
+        ax.set_visible(False)
+    fig.colorbar(image, ax=list(axes[: len(matrices)]), label=r"$\cos(\nabla F_i, \nabla F_j)$", shrink=0.85)
+    fig.suptitle("Client gradient alignment")
+    return fig
+
+
+def plot_alignment_heatmaps(runs: RunsLike, out: str | Path, *, round: int | None = None) -> Path:
+    """Client x client gradient cosines side by side on one diverging colour scale [-1, 1], one colour bar,
+    client ids on the axes (alignment pass, latest analysed round unless ``round``)."""
+    return save_figure(alignment_figure(runs, round=round), out)

@@ -1,0 +1,538 @@
+"""One self-contained HTML report over run directories: opens with no network.
+
+The page carries plotly.js once, inline in ``<head>``; every plot is a ``<div class="plot" id="plot-NAME"
+data-name="NAME">`` followed by a plain ``Plotly.newPlot`` call on its JSON, so a browser test can wait for
+``.plot .main-svg``. Nothing on the page points outside it: no ``src`` / ``href`` to another address.
+
+Contents: a comparison table across runs (final and best test accuracy, the latest analysis values:
+lambda_max, trace, S_rho, Delta_D, Delta_FI, mean gradient cosine, ...); interactive curves over rounds
+(test accuracy, train loss, flatness distance); the global sharpness S_rho(x^t) and lambda_1(x^t) at the
+analysed rounds; Hessian spectral densities; flatness incompatibility with its split; client x client
+gradient-cosine heatmaps; loss surfaces where ``analysis/round-XXXX/surface*.npz`` exist (2D ones drawn by
+``landscape.figures.surfaces.surface_figure``, 1D ones as lines); and per run its recipe and a table of the
+analysis summaries at every analysed round. Inputs are files only, read through ``curves.load_runs``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.colors import to_hex
+
+from landscape.errors import LandscapeError
+from landscape.figures.curves import (
+    METRIC_LABELS,
+    PassRecord,
+    RunData,
+    RunsLike,
+    alignment_matrices,
+    as_runs,
+    choose_rho,
+    global_sharpness_series,
+    hessian_summaries,
+    incompatibility_series,
+    lambda_max_series,
+)
+from landscape.runs import write_text
+
+PLOTLY_CONFIG = {"responsive": True, "displaylogo": False}
+PLOT_HEIGHT = 430
+CURVE_KEYS = [("accuracy", "test_acc"), ("train_loss", "train_loss"), ("flatness_distance", "flatness_distance")]
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 0 auto;
+       max-width: 1400px; padding: 1em 2em; color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: 0.2em; margin-top: 1.6em; }
+nav a { margin-right: 1em; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f4f4f4; } td.text, th.text { text-align: left; }
+table.recipe td, table.recipe th { text-align: left; } table.recipe th.section { background: #e8eef7; }
+.swatch { display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.4em; vertical-align: -0.1em; }
+figure { margin: 0.8em 0; } figcaption { color: #555; font-size: 0.9em; max-width: 70em; }
+.plot { width: 100%; } .note { color: #8a5a00; } pre { background: #f7f7f7; padding: 0.6em; overflow-x: auto; }
+"""
+
+
+# -- page assembly --------------------------------------------------------------------------------------------
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "plot"
+
+
+def _script_json(value: Any) -> str:
+    """JSON safe inside <script>: no '<' can end the element or open a comment."""
+    return value.replace("<", "\\u003c") if isinstance(value, str) else json.dumps(value).replace("<", "\\u003c")
+
+
+@dataclass
+class Page:
+    """The plots of a page: unique names, each rendered by a plain Plotly.newPlot call."""
+
+    names: list[str] = field(default_factory=list)
+
+    def plot(self, name: str, fig: Any, caption: str = "") -> str:
+        import plotly.io as pio
+
+        slug = base = _slug(name)
+        k = 2
+        while slug in self.names:
+            slug, k = f"{base}-{k}", k + 1
+        self.names.append(slug)
+        spec = _script_json(pio.to_json(fig, validate=False))
+        div_id = f"plot-{slug}"
+        caption_html = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
+        return (f'<figure>\n<div class="plot" id="{div_id}" data-name="{slug}"></div>\n'
+                f'<script type="text/javascript">(function () {{ var spec = {spec}; '
+                f'Plotly.newPlot("{div_id}", spec.data, spec.layout, {_script_json(PLOTLY_CONFIG)}); }})();'
+                f"</script>\n{caption_html}</figure>")
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{html.escape(text)}</p>'
+
+
+def _num(value: Any, se: Any = None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return str(int(value))
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return html.escape(str(value))
+    text = f"{v:.4g}"
+    if se is not None and math.isfinite(float(se)):
+        text += f" &plusmn; {float(se):.2g}"
+    return text
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], css_class: str = "", text_cols: int = 1) -> str:
+    """Cells are already HTML; the first ``text_cols`` columns are left-aligned."""
+    def cls(i: int) -> str:
+        return ' class="text"' if i < text_cols else ""
+
+    head = "".join(f"<th{cls(i)}>{h}</th>" for i, h in enumerate(header))
+    body = "".join("<tr>" + "".join(f"<td{cls(i)}>{c}</td>" for i, c in enumerate(row)) + "</tr>\n" for row in rows)
+    css = f' class="{css_class}"' if css_class else ""
+    return f"<table{css}>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}</tbody>\n</table>"
+
+
+def _run_name_cell(run: RunData) -> str:
+    return (f'<span class="swatch" style="background:{to_hex(run.color)}"></span>'
+            f"{html.escape(run.label)}")
+
+
+# -- analysis quantities (per pass record) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quantity:
+    header: str  # HTML
+    pass_name: str
+    read: Callable[[PassRecord], tuple[Any, Any]]  # (value, standard error or None)
+
+
+def _get(key: str, se_key: str | None = None) -> Callable[[PassRecord], tuple[Any, Any]]:
+    def read(rec: PassRecord) -> tuple[Any, Any]:
+        return rec.value(key, None), (rec.value(se_key, None) if se_key else None)
+
+    return read
+
+
+def _first_eigenvalue(rec: PassRecord) -> tuple[Any, Any]:
+    values = np.atleast_1d(rec.array("top.values"))
+    return (float(values[0]) if values.size else None), None
+
+
+def _sharpness_at(rho: float) -> Callable[[PassRecord], tuple[Any, Any]]:
+    def read(rec: PassRecord) -> tuple[Any, Any]:
+        rhos = np.atleast_1d(rec.array("global.rhos"))
+        hit = np.flatnonzero(np.isclose(rhos, rho, rtol=1e-9, atol=0))
+        return (float(np.atleast_1d(rec.array("global.sharpness"))[hit[0]]) if hit.size else None), None
+
+    return read
+
+
+def _quantities(rhos: Sequence[float]) -> list[Quantity]:
+    sharp = [Quantity(f"S<sub>&rho;</sub> (&rho;={r:g})", "sharpness", _sharpness_at(r)) for r in rhos]
+    return [
+        Quantity("&lambda;<sub>max</sub>", "hessian", _first_eigenvalue),
+        Quantity("&lambda;<sub>1</sub>/&lambda;<sub>k</sub>", "hessian", _get("lambda_ratio")),
+        Quantity("trace (Hutch++)", "hessian", _get("trace_hutchpp.estimate", "trace_hutchpp.stderr")),
+        Quantity("mean client &lambda;<sub>max</sub>", "hessian", _get("clients.mean_lambda_max")),
+        *sharp,
+        Quantity("local &minus; global S<sub>&rho;</sub>", "sharpness", _get("local.gap")),
+        Quantity("&Delta;<sub>D</sub> (pass)", "flatness", _get("distance")),
+        Quantity("&Delta;<sub>FI</sub>", "incompatibility", _get("incompatibility", "incompatibility_se")),
+        Quantity("heterogeneity share", "incompatibility", _get("heterogeneity_share")),
+        Quantity("friendly rate", "incompatibility", _get("friendly_rate", "friendly_rate_se")),
+        Quantity("mean gradient cos", "alignment", _get("gradients.mean_off_diagonal")),
+        Quantity("minibatch cos", "alignment", _get("minibatch.mean_cosine", "minibatch.mean_cosine_se")),
+        Quantity("F(x) (analysis data)", "loss", _get("loss")),
+        Quantity("accuracy (analysis data, %)", "loss", lambda rec: (100 * float(rec.value("accuracy")), None)),
+    ]
+
+
+def _all_rhos(runs: Sequence[RunData]) -> list[float]:
+    found: set[float] = set()
+    for run in runs:
+        for rec in (run.analyses[r]["sharpness"] for r in run.analysed_rounds("sharpness")):
+            found |= {round(float(v), 12) for v in np.atleast_1d(rec.array("global.rhos"))}
+    return sorted(found)
+
+
+def _metric_at(run: RunData, key: str, round: int) -> Any:
+    for row in run.metrics:
+        if row.get("round") == round and row.get(key) is not None:
+            return row[key]
+    return None
+
+
+# -- tables ---------------------------------------------------------------------------------------------------
+
+
+def comparison_table(runs: Sequence[RunData], rho: float | None) -> str:
+    """One row per run: training outcome and the latest value of each analysis quantity."""
+    quantities = [q for q in _quantities([rho] if rho is not None else [])
+                  if any(run.analysed_rounds(q.pass_name) for run in runs)]
+    header = ["run", "directory", "rounds", "final test acc (%)", "best test acc (%)", "final train loss",
+              "&Delta;<sub>D</sub> (online, last round)", "latest analysed round"] + [q.header for q in quantities]
+    rows = []
+    for run in runs:
+        _, acc = run.series("test_acc")
+        _, loss = run.series("train_loss")
+        _, distance = run.series("flatness_distance")
+        analysed = sorted(run.analyses)
+        latest = analysed[-1] if analysed else None
+        row = [_run_name_cell(run), html.escape(run.name),
+               _num(max((r["round"] for r in run.metrics if "round" in r), default=None)),
+               _num(100 * acc[-1]) if acc.size else "-", _num(100 * np.nanmax(acc)) if acc.size else "-",
+               _num(loss[-1]) if loss.size else "-", _num(distance[-1]) if distance.size else "-", _num(latest)]
+        for q in quantities:
+            done = run.analysed_rounds(q.pass_name)
+            if not done:
+                row.append("-")
+                continue
+            value, se = q.read(run.analyses[done[-1]][q.pass_name])
+            cell = _num(value, se)
+            row.append(cell if done[-1] == latest else f"{cell} (round {done[-1]})")
+        rows.append(row)
+    return _table(header, rows, "comparison", text_cols=2)
+
+
+def analysis_table(run: RunData, rhos: Sequence[float]) -> str:
+    """One row per analysed round of the run: test accuracy there and every analysis quantity it has."""
+    quantities = [q for q in _quantities(rhos) if run.analysed_rounds(q.pass_name)]
+    header = ["round", "test acc (%)"] + [q.header for q in quantities]
+    rows = []
+    for r in sorted(run.analyses):
+        acc = _metric_at(run, "test_acc", r)
+        row = [str(r), _num(100 * acc) if acc is not None else "-"]
+        for q in quantities:
+            rec = run.analyses[r].get(q.pass_name)
+            row.append(_num(*q.read(rec)) if rec is not None else "-")
+        rows.append(row)
+    return _table(header, rows, "analysis")
+
+
+def recipe_table(recipe: dict) -> str:
+    rows = [f'<tr><th class="text">{html.escape(k)}</th><td class="text">{html.escape(repr(v))}</td></tr>'
+            for k, v in recipe.items() if not isinstance(v, dict)]
+    for section, values in recipe.items():
+        if isinstance(values, dict):
+            rows.append(f'<tr><th class="section" colspan="2">[{html.escape(section)}]</th></tr>')
+            rows += [f'<tr><th class="text">{html.escape(k)}</th><td class="text">{html.escape(_toml_text(v))}</td>'
+                     "</tr>" for k, v in values.items()]
+    return '<table class="recipe">\n' + "\n".join(rows) + "\n</table>"
+
+
+def _toml_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value)
+
+
+# -- plotly figures -------------------------------------------------------------------------------------------
+
+
+def _layout(fig: Any, title: str, *, rounds: bool = True, **more: Any) -> Any:
+    """Shared look; ``rounds``: the x axes count rounds (whole-number ticks when there are few)."""
+    layout = {"title": {"text": title}, "height": PLOT_HEIGHT, "template": "plotly_white",
+              "margin": {"l": 60, "r": 20, "t": 60, "b": 50}, "legend": {"orientation": "h", "y": -0.2}}
+    fig.update_layout({**layout, **more})
+    if rounds:
+        xs = [float(v) for trace in fig.data for v in np.atleast_1d(trace.x if trace.x is not None else [])]
+        span = (max(xs) - min(xs)) if xs else 0.0
+        fig.update_xaxes(tickformat="d", **({"dtick": 1} if span <= 10 else {}))
+    return fig
+
+
+def curve_figure(runs: Sequence[RunData], key: str) -> Any:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    scale = 100.0 if key == "test_acc" else 1.0
+    for run in runs:
+        rounds, values = run.series(key)
+        fig.add_trace(go.Scatter(x=rounds, y=scale * values, mode="lines+markers", name=run.label,
+                                 line={"color": to_hex(run.color)}, marker={"size": 4}))
+    ylabel = "test accuracy (%)" if key == "test_acc" else _plain(METRIC_LABELS.get(key, key))
+    name = ylabel.split(" (")[0]
+    return _layout(fig, f"{name[:1].upper()}{name[1:]} over rounds", xaxis_title="round", yaxis_title=ylabel)
+
+
+def _plain(label: str) -> str:
+    """A METRIC_LABELS entry without matplotlib mathtext (plotly would hand '$' to MathJax, not loaded here)."""
+    for tex, text in ((r"$\Delta_D$", "Δ<sub>D</sub>"), (r"$\|y_i - x\|^2$", "‖y<sub>i</sub> − x‖²"),
+                      (r"$\Delta_D / \|x\|^2$", "Δ<sub>D</sub> / ‖x‖²"),
+                      (r"$\|x^{t+1} - x^t\|$", "‖x<sup>t+1</sup> − x<sup>t</sup>‖")):
+        label = label.replace(tex, text)
+    return label.replace("$", "")
+
+
+def sharpness_figure(runs: Sequence[RunData], rho: float | None) -> Any:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    with_s = [run for run in runs if run.analysed_rounds("sharpness")] if rho is not None else []
+    with_l = [run for run in runs if run.analysed_rounds("hessian")]
+    titles = (f"S<sub>ρ</sub>(x<sup>t</sup>), ρ = {rho:g}" if rho is not None
+              else "S<sub>ρ</sub>(x<sup>t</sup>): the runs share no ρ", "λ<sub>1</sub>(x<sup>t</sup>)")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.1)
+    for col, group, series, symbol in ((1, with_s, lambda run: global_sharpness_series(run, rho), "circle"),
+                                       (2, with_l, lambda_max_series, "square")):
+        for run in group:
+            rounds, values = series(run)
+            fig.add_trace(go.Scatter(x=rounds, y=values, mode="lines+markers", name=run.label, legendgroup=run.label,
+                                     showlegend=run not in with_s or col == 1, line={"color": to_hex(run.color)},
+                                     marker={"symbol": symbol, "size": 7}), row=1, col=col)
+    fig.update_xaxes(title_text="round")
+    fig.update_yaxes(title_text="S<sub>ρ</sub>: F(x + e*) − F(x), ‖e*‖ ≤ ρ", row=1, col=1)
+    fig.update_yaxes(title_text="λ<sub>1</sub>(∇²F)", row=1, col=2)
+    return _layout(fig, "Global sharpness at the analysed rounds")
+
+
+def density_figure(runs: Sequence[RunData]) -> Any:
+    import plotly.graph_objects as go
+
+    summaries = hessian_summaries([run for run in runs if run.analysed_rounds("hessian")])
+    peak = max((float(np.nanmax(s.density)) for s in summaries if s.density.size), default=1.0)
+    floor = peak * 1e-7 if peak > 0 else 1e-12
+    fig = go.Figure()
+    for s in summaries:
+        fig.add_trace(go.Scatter(x=s.grid, y=np.maximum(s.density, floor), mode="lines",
+                                 name=f"{s.run.label} (round {s.round})", line={"color": to_hex(s.run.color)}))
+    return _layout(fig, "Hessian spectral density (SLQ), latest analysed round", rounds=False,
+                   xaxis_title="eigenvalue λ",
+                   yaxis={"type": "log", "exponentformat": "power", "title": {"text": "density (log scale)"}})
+
+
+_FI_PARTS = [("incompatibility", "incompatibility_se", "Δ<sub>FI</sub>", "black", "solid"),
+             ("heterogeneity", None, "heterogeneity", "#1f77b4", "solid"),
+             ("batch_part", "batch_part_se", "batch part", "#ff7f0e", "solid"),
+             ("cross", "cross_se", "2 × cross", "#2ca02c", "dash")]
+
+
+def incompatibility_figure(runs: Sequence[RunData]) -> Any:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    group = [run for run in runs if run.analysed_rounds("incompatibility")]
+    fig = make_subplots(rows=1, cols=len(group), shared_yaxes=True, subplot_titles=[run.label for run in group],
+                        horizontal_spacing=0.04)
+    for col, run in enumerate(group, start=1):
+        data = incompatibility_series(run)
+        for key, se_key, name, color, dash in _FI_PARTS:
+            error = {"type": "data", "array": data[se_key], "visible": True} if se_key else None
+            fig.add_trace(go.Scatter(x=data["rounds"], y=data[key], error_y=error, mode="lines+markers", name=name,
+                                     legendgroup=name, showlegend=col == 1, line={"color": color, "dash": dash}),
+                          row=1, col=col)
+    fig.update_xaxes(title_text="round")
+    fig.update_yaxes(title_text="squared perturbation distance", row=1, col=1)
+    return _layout(fig, "Flatness incompatibility Δ<sub>FI</sub> = heterogeneity + batch part + 2 × cross "
+                        "(error bars: Monte-Carlo SE)")
+
+
+def cosine_figure(runs: Sequence[RunData]) -> Any:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    matrices = alignment_matrices([run for run in runs if run.analysed_rounds("alignment")])
+    titles = [f"{m.run.label}, round {m.round}<br>mean off-diagonal {m.mean_off_diagonal:.3f}" for m in matrices]
+    fig = make_subplots(rows=1, cols=len(matrices), subplot_titles=titles, horizontal_spacing=0.06)
+    for col, m in enumerate(matrices, start=1):
+        ids = [str(c) for c in m.clients]
+        fig.add_trace(go.Heatmap(z=m.matrix, x=ids, y=ids, coloraxis="coloraxis",
+                                 hovertemplate="client i=%{y}, j=%{x}: cos=%{z:.3f}<extra></extra>"), row=1, col=col)
+        fig.update_xaxes(type="category", title_text="client j", tickangle=0, tickfont={"size": 9}, row=1, col=col)
+        fig.update_yaxes(type="category", autorange="reversed", title_text="client i" if col == 1 else None,
+                         scaleanchor="x" if col == 1 else f"x{col}", row=1, col=col)
+    fig.update_layout(coloraxis={"colorscale": "RdBu_r", "cmin": -1.0, "cmax": 1.0,
+                                 "colorbar": {"title": {"text": "cos(∇F<sub>i</sub>, ∇F<sub>j</sub>)"}}})
+    fig.update_yaxes(tickfont={"size": 9})
+    return _layout(fig, "Client gradient alignment (one colour scale, −1 to 1)", rounds=False,
+                   height=PLOT_HEIGHT + 80, margin={"l": 60, "r": 20, "t": 100, "b": 50})
+
+
+# -- surfaces ---------------------------------------------------------------------------------------------------
+
+
+def surface_renderer() -> Callable[..., Any] | None:
+    """``landscape.figures.surfaces.surface_figure`` when that module provides it."""
+    try:
+        from landscape.figures import surfaces
+    except ImportError:
+        return None
+    renderer = getattr(surfaces, "surface_figure", None)
+    return renderer if callable(renderer) else None
+
+
+def surface_files(run: RunData) -> list[tuple[int, Path]]:
+    """(round, path) of every ``analysis/round-XXXX/surface*.npz`` of the run."""
+    found = []
+    for path in (run.path / "analysis").glob("round-*/surface*.npz"):
+        match = re.fullmatch(r"round-(\d{4,})", path.parent.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def _line_surface_figure(path: Path, title: str) -> Any:
+    import plotly.graph_objects as go
+
+    with np.load(path, allow_pickle=False) as f:
+        x, loss = np.asarray(f["x_coords"], float), np.asarray(f["loss"], float)
+    fig = go.Figure(go.Scatter(x=x, y=loss, mode="lines+markers", name="loss", marker={"size": 4}))
+    return _layout(fig, title, rounds=False, xaxis_title="step along the direction", yaxis_title="loss")
+
+
+def surfaces_section(runs: Sequence[RunData], page: Page) -> str:
+    files = [(run, r, p) for run in runs for r, p in surface_files(run)]
+    if not files:
+        return ""
+    renderer = surface_renderer()
+    parts = ['<section id="surfaces"><h2>Loss surfaces</h2>']
+    for run, r, path in files:
+        title = f"{run.label}, round {r} ({path.name})"
+        name = f"surface-{run.name}-round-{r}-{path.stem}"
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                is_2d = "y_coords" in f.files
+            if is_2d and renderer is None:
+                parts.append(_note(f"{path}: no surface renderer available (landscape.figures.surfaces."
+                                   "surface_figure); the surface is left out"))
+                continue
+            fig = renderer([path], [title]) if is_2d else _line_surface_figure(path, title)
+        except (LandscapeError, OSError, ValueError, KeyError) as e:
+            parts.append(_note(f"{path}: cannot draw this surface ({e})"))
+            continue
+        parts.append(f"<h3>{html.escape(title)}</h3>")
+        parts.append(page.plot(name, fig, f"from {path}"))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+# -- the page ---------------------------------------------------------------------------------------------------
+
+
+def build_report(run_dirs: RunsLike, *, title: str = "landscape report") -> str:
+    """The report's HTML text (see ``write_report``)."""
+    import plotly.offline
+
+    runs = as_runs(run_dirs)
+    page = Page()
+    rhos = _all_rhos(runs)
+    sharp_runs = [run for run in runs if run.analysed_rounds("sharpness")]
+    try:
+        rho = choose_rho(sharp_runs, None) if sharp_runs else None
+    except LandscapeError:
+        rho = None
+    body: list[str] = [f"<h1>{html.escape(title)}</h1>",
+                       "<p>Runs: " + ", ".join(html.escape(str(run.path)) for run in runs) + "</p>"]
+    nav = [("comparison", "Comparison"), ("curves", "Curves")]
+
+    body.append('<section id="comparison"><h2>Comparison across runs</h2>')
+    body.append(comparison_table(runs, rho))
+    body.append("<p>Analysis values are each pass's latest analysed round; &plusmn; is the Monte-Carlo "
+                "standard error where the pass reports one.</p></section>")
+
+    body.append('<section id="curves"><h2>Curves over rounds</h2>')
+    for name, key in CURVE_KEYS:
+        group = [run for run in runs if run.has_metric(key)]
+        if group:
+            caption = {"test_acc": "test accuracy on the evaluation rounds (metrics.jsonl)",
+                       "train_loss": "mean local training loss of the round's clients (metrics.jsonl)",
+                       "flatness_distance": "flatness distance Δ_D = mean_i ‖y_i − x^(t+1)‖², logged online"}[key]
+            body.append(page.plot(name, curve_figure(group, key), caption))
+        else:
+            body.append(_note(f"no run has '{key}' in metrics.jsonl"))
+    body.append("</section>")
+
+    if any(run.analysed_rounds("sharpness") or run.analysed_rounds("hessian") for run in runs):
+        nav.append(("sharpness", "Global sharpness"))
+        body.append('<section id="sharpness"><h2>Global sharpness over rounds</h2>')
+        body.append(page.plot("global_sharpness", sharpness_figure(runs, rho),
+                              "S_ρ(x^t) from the sharpness pass and λ_1(x^t) from the hessian pass, per analysed "
+                              "checkpoint (FedNSAM Fig. 2b)"))
+        body.append("</section>")
+    if any(run.analysed_rounds("hessian") for run in runs):
+        nav.append(("spectra", "Spectra"))
+        body.append('<section id="spectra"><h2>Hessian spectra</h2>')
+        body.append(page.plot("spectral_density", density_figure(runs),
+                              "Gaussian-smoothed stochastic Lanczos quadrature density of ∇²F (log scale)"))
+        body.append("</section>")
+    if any(run.analysed_rounds("incompatibility") for run in runs):
+        nav.append(("incompatibility", "Incompatibility"))
+        body.append('<section id="incompatibility"><h2>Flatness incompatibility</h2>')
+        body.append(page.plot("incompatibility", incompatibility_figure(runs)))
+        body.append("</section>")
+    if any(run.analysed_rounds("alignment") for run in runs):
+        nav.append(("alignment", "Alignment"))
+        body.append('<section id="alignment"><h2>Gradient alignment</h2>')
+        body.append(page.plot("gradient_cosine", cosine_figure(runs),
+                              "C_ij = cos(∇F_i, ∇F_j) at each run's latest analysed round"))
+        body.append("</section>")
+    surfaces = surfaces_section(runs, page)
+    if surfaces:
+        nav.append(("surfaces", "Surfaces"))
+        body.append(surfaces)
+
+    nav.append(("runs", "Runs"))
+    body.append('<section id="runs"><h2>Runs</h2>')
+    for run in runs:
+        body.append(f'<h3 id="run-{_slug(run.name)}">{_run_name_cell(run)} '
+                    f"<small>({html.escape(str(run.path))})</small></h3>")
+        if run.analyses:
+            body.append("<h4>Analysis summaries</h4>")
+            body.append(analysis_table(run, rhos))
+        else:
+            body.append(_note(f"no analysis yet; run `landscape analyze {run.path}`"))
+        body.append("<h4>Recipe</h4>")
+        body.append(recipe_table(run.recipe))
+    body.append("</section>")
+
+    links = " ".join(f'<a href="#{anchor}">{text}</a>' for anchor, text in nav)
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>", f"<style>{_CSS}</style>",
+        f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>', "</head>", "<body>",
+        f"<nav>{links}</nav>", *body, "</body>", "</html>", ""])
+
+
+def write_report(run_dirs: RunsLike, out_html: str | Path, *, title: str = "landscape report") -> Path:
+    """Write one self-contained HTML page over the runs (plotly.js inline once; no external addresses)."""
+    out = Path(out_html)
+    write_text(out, build_report(run_dirs, title=title))
+    return out

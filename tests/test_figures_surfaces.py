@@ -1,0 +1,167 @@
+"""Surface figures: files written, [ix, iy] -> picture orientation, one colour scale, self-contained HTML."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from landscape.errors import LandscapeError
+from landscape.figures.surfaces import (
+    SurfaceData,
+    image_arrays,
+    load_surface,
+    plot_contour,
+    plot_curve_1d,
+    plot_panels,
+    plot_surface_3d,
+    surface_figure,
+    surface_html,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def write_surface(folder, values, x_coords, y_coords=None, result=None, run="run", extra=None):
+    """Files as the surface pass writes them: surface.npz (arrays) + surface.json (record with 'result')."""
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {"loss": values, "accuracy": np.clip(1 - values / (np.nanmax(values) + 1), 0, 1),
+              "x_coords": x_coords, **(extra or {})}
+    if y_coords is not None:
+        arrays["y_coords"] = y_coords
+    np.savez_compressed(folder / "surface.npz", **arrays)
+    record = {"pass": "surface", "run": run, "round": 10,
+              "result": {"directions": "random", "quantity": "training loss (global F)", **(result or {})}}
+    (folder / "surface.json").write_text(json.dumps(record))
+    return folder / "surface.npz"
+
+
+def grid(nx=7, ny=5, span=1.0):
+    xs = span * (np.arange(nx) - nx // 2) / (nx // 2)
+    ys = span * (np.arange(ny) - ny // 2) / (ny // 2)
+    return xs, ys
+
+
+@pytest.fixture
+def bowl(tmp_path):
+    xs, ys = grid()
+    values = 1.0 + xs[:, None] ** 2 + 0.5 * ys[None, :] ** 2
+    return write_surface(tmp_path / "bowl", values, xs, ys)
+
+
+def test_a_surface_that_grows_along_d1_grows_along_the_horizontal_axis(tmp_path):
+    xs, ys = grid(9, 5)
+    values = np.repeat((2.0 + xs)[:, None], len(ys), axis=1)  # loss = 2 + x-coordinate only, [ix, iy]
+    path = write_surface(tmp_path / "x", values, xs, ys)
+    x_grid, y_grid, z = image_arrays(load_surface(path))
+    assert z.shape == (5, 9) and x_grid.shape == (5, 9)
+    np.testing.assert_array_equal(x_grid[0], xs)
+    np.testing.assert_array_equal(y_grid[:, 0], ys)
+    assert np.all(np.diff(z, axis=1) > 0) and np.all(np.diff(z, axis=0) == 0)
+    panel = plot_contour(path, tmp_path / "x.png", levels=6)
+    np.testing.assert_array_equal(panel.Z, values.T)
+    # matplotlib's own contour lines: each level of loss = 2 + x is the vertical line x = level - 2
+    drawn = 0
+    for level, segments in zip(panel.levels, panel.segments):
+        for segment in (s for s in segments if len(s)):
+            np.testing.assert_allclose(segment[:, 0], level - 2.0, atol=1e-9)
+            assert np.ptp(segment[:, 1]) > 0
+            drawn += 1
+    assert drawn >= 4
+    figure = surface_figure([path])
+    np.testing.assert_array_equal(np.asarray(figure.data[0].z), values.T)
+    np.testing.assert_array_equal(np.asarray(figure.data[0].x), xs)
+
+
+def test_static_renderers_write_png_and_pdf(tmp_path, bowl):
+    for out in (plot_contour(bowl, tmp_path / "c.png") and tmp_path / "c.png",
+                plot_surface_3d(bowl, tmp_path / "s.png") and tmp_path / "s.png"):
+        data = out.read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and len(data) > 5000
+    plot_contour(bowl, tmp_path / "c.pdf", filled=False, log_levels=True)
+    assert (tmp_path / "c.pdf").read_bytes().startswith(b"%PDF")
+    with pytest.raises(LandscapeError, match="must end in .png, .pdf or .svg"):
+        plot_contour(bowl, tmp_path / "c.jpg")
+
+
+def test_log_levels_are_geometric(tmp_path, bowl):
+    panel = plot_contour(bowl, tmp_path / "log.png", log_levels=True, levels=5)
+    ratios = panel.levels[1:] / panel.levels[:-1]
+    np.testing.assert_allclose(ratios, ratios[0])
+    assert panel.vmin == pytest.approx(1.0) and panel.vmax == pytest.approx(2.5)
+
+
+def test_panels_share_one_colour_scale(tmp_path):
+    xs, ys = grid()
+    flat = write_surface(tmp_path / "a", 1.0 + 0.1 * xs[:, None] ** 2 + 0 * ys[None, :], xs, ys, run="fedsam")
+    sharp = write_surface(tmp_path / "b", 1.0 + 4.0 * xs[:, None] ** 2 + ys[None, :] ** 2, xs, ys,
+                          run="fednsam")
+    for kind in ("contour", "3d"):
+        panels = plot_panels([flat, sharp], ["FedSAM", "FedNSAM"], tmp_path / f"panels-{kind}.png", kind=kind)
+        assert len(panels) == 2
+        assert panels[0].vmin == panels[1].vmin == pytest.approx(1.0)
+        assert panels[0].vmax == panels[1].vmax == pytest.approx(6.0)
+        np.testing.assert_array_equal(panels[0].levels, panels[1].levels)
+        assert (tmp_path / f"panels-{kind}.png").read_bytes().startswith(PNG_SIGNATURE)
+    with pytest.raises(LandscapeError, match="1 titles for 2 surfaces"):
+        plot_panels([flat, sharp], ["one"], tmp_path / "bad.png")
+
+
+def test_html_is_self_contained(tmp_path, bowl):
+    out = surface_html([bowl, bowl], tmp_path / "s.html", ["left", "right"])
+    html = out.read_text()
+    assert len(html) > 1_000_000  # plotly.js itself is inline
+    assert "Plotly.newPlot" in html and "plotly.js" in html
+    assert not re.search(r"<script[^>]*\ssrc\s*=", html)  # no external scripts: opens with no network
+    figure = surface_figure([bowl, bowl], ["left", "right"])
+    surfaces = [t for t in figure.data if t.type == "surface"]
+    assert len(surfaces) == 2 and figure.layout.coloraxis.cmin == pytest.approx(1.0)
+    assert figure.layout.coloraxis.cmax == pytest.approx(2.5)
+
+
+def test_overlays_and_labels(tmp_path):
+    xs, ys = grid()
+    values = 1.0 + xs[:, None] ** 2 + ys[None, :] ** 2
+    trajectory = np.array([[-0.8, 0.5], [-0.4, 0.2], [0.0, 0.0]])
+    pca = write_surface(tmp_path / "pca", values, xs, ys,
+                        {"directions": "pca", "explained_variance": [0.71, 0.2]},
+                        extra={"trajectory": trajectory, "trajectory_rounds": np.array([0, 5, 10])})
+    assert load_surface(pca).axis_labels() == ("PC1 (71.0% var.)", "PC2 (20.0% var.)")
+    plot_contour(pca, tmp_path / "pca.png")
+    clients = write_surface(tmp_path / "cl", values, xs, ys, {"directions": "clients", "clients": [3, 7]},
+                            extra={"client_ids": np.array([3, 5, 7]),
+                                   "client_coords": np.array([[0.5, 0.0], [0.1, -0.3], [0.2, 0.4]])})
+    assert load_surface(clients).axis_labels() == ("client 3 direction", "client 7 direction (Gram-Schmidt)")
+    plot_contour(clients, tmp_path / "clients.png", overlay="clients")
+    plain = write_surface(tmp_path / "plain", values, xs, ys)
+    assert load_surface(plain).axis_labels()[0] == "d1 (filter-normalised random)"
+    assert load_surface(plain).quantity_label("accuracy") == "training accuracy (global F)"
+    with pytest.raises(LandscapeError, match="overlay 'trajectory' needs a PCA surface"):
+        plot_contour(plain, tmp_path / "p.png", overlay="trajectory")
+
+
+def test_interpolation_curves(tmp_path):
+    alphas = np.array([-0.5, 0.0, 0.5, 1.0, 1.5])
+    line = write_surface(tmp_path / "line", 1.0 + (alphas - 0.3) ** 2, alphas,
+                         result={"directions": "interpolate", "target": "client:3"})
+    assert load_surface(line).axis_labels()[0] == "alpha (x -> client:3)"
+    other = SurfaceData.from_arrays(alphas, 1.2 + alphas**2, run="fedavg")
+    curves = plot_curve_1d([line, other], tmp_path / "curve.png", labels=["ours", "theirs"])
+    np.testing.assert_array_equal(curves[1], 1.2 + alphas**2)
+    assert (tmp_path / "curve.png").read_bytes().startswith(PNG_SIGNATURE)
+    xs, ys = grid()
+    with pytest.raises(LandscapeError, match="plot_curve_1d draws 1D surfaces"):
+        plot_curve_1d([write_surface(tmp_path / "2d", np.ones((7, 5)), xs, ys)], tmp_path / "x.png")
+    with pytest.raises(LandscapeError, match="this surface is a 1D line; draw it with plot_curve_1d"):
+        plot_contour(line, tmp_path / "x.png")
+
+
+def test_bad_files_are_explained(tmp_path):
+    with pytest.raises(LandscapeError, match="surface file not found"):
+        load_surface(tmp_path / "missing.npz")
+    np.savez(tmp_path / "other.npz", a=np.zeros(3))
+    with pytest.raises(LandscapeError, match="is not a surface file"):
+        load_surface(tmp_path / "other.npz")
+    np.savez(tmp_path / "swapped.npz", loss=np.zeros((5, 7)), x_coords=np.zeros(7), y_coords=np.zeros(5))
+    with pytest.raises(LandscapeError, match=r"shape \(5, 7\), but the coordinates give \(7, 5\)"):
+        load_surface(tmp_path / "swapped.npz")

@@ -1,0 +1,216 @@
+"""The self-contained HTML report (landscape.figures.report): one plotly.js copy, every plot, no addresses."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import plotly.offline
+import pytest
+import torch
+from conftest import tiny_recipe
+
+from landscape.analyze.context import AnalysisSettings
+from landscape.analyze.passes import pass_options, run_analysis
+from landscape.figures import report
+from landscape.train import loop
+
+FAST = {"hessian": {"top_k": 2, "tol": 0.01, "clients": 2, "trace_hvps": 6, "density_steps": 4, "density_runs": 1},
+        "sharpness": {"clients": 2, "steps": 2}, "incompatibility": {"clients": 2, "batches": 2},
+        "alignment": {"clients": 2, "batches": 2}, "loss": {}}
+ANALYSIS_PLOTS = {"global_sharpness", "spectral_density", "incompatibility", "gradient_cosine"}
+CURVE_PLOTS = {"accuracy", "train_loss", "flatness_distance"}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A tiny FedAvg run analysed at rounds 2 and 3 by every pass the report shows."""
+    path = tmp_path_factory.mktemp("report") / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: one thread is several times faster on a busy machine
+    try:
+        loop.start_run(tiny_recipe(train__keep_clients=True, train__rounds=3, model__name="mlp", model__hidden=[16]),
+                       path, progress=False)
+        options = {name: pass_options(name, values) for name, values in FAST.items()}
+        options["flatness"] = None
+        run_analysis(path, rounds="2,3", passes=[*FAST, "flatness"], options=options,
+                     settings=AnalysisSettings(device="cpu", analysis_samples=100), progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return path
+
+
+@pytest.fixture(scope="module")
+def page(run, tmp_path_factory) -> str:
+    out = report.write_report([run], tmp_path_factory.mktemp("html") / "report.html")
+    return out.read_text()
+
+
+class Tags(HTMLParser):
+    """Every start tag with its attributes; the text of each <script>."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.scripts: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag == "script":
+            self._in_script = True
+            self.scripts.append("")
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = False
+
+    def handle_data(self, data):
+        if self._in_script:
+            self.scripts[-1] += data
+
+
+def parse(text: str) -> Tags:
+    tags = Tags()
+    tags.feed(text)
+    return tags
+
+
+def plot_divs(text: str) -> dict[str, str]:
+    """data-name -> id of every plot div."""
+    return {a["data-name"]: a["id"] for tag, a in parse(text).tags if tag == "div" and "plot" in a.get("class", "")}
+
+
+def plot_spec(text: str, name: str) -> dict:
+    match = re.search(rf'Plotly\.newPlot\("plot-{name}", spec\.data', text)
+    assert match, name
+    start = text.rindex("var spec = ", 0, match.start()) + len("var spec = ")
+    return json.loads(text[start:match.start()].rstrip().rstrip(";"))
+
+
+def decode(values) -> np.ndarray:
+    """A plotly JSON array: a plain list, or a typed array {"dtype", "bdata"} (base64)."""
+    if isinstance(values, dict):
+        flat = np.frombuffer(base64.b64decode(values["bdata"]), dtype=np.dtype(values["dtype"]))
+        return flat.reshape([int(n) for n in values["shape"].split(",")]) if "shape" in values else flat
+    return np.asarray(values)
+
+
+def test_plotly_js_is_inline_exactly_once(page):
+    library = plotly.offline.get_plotlyjs()
+    assert page.count(library) == 1
+    assert page.count(library[:200]) == 1
+    assert page.index(library) < page.index('class="plot"')  # loaded before the first newPlot call
+
+
+def test_every_expected_plot_has_a_div_and_a_newplot_call(page):
+    divs = plot_divs(page)
+    assert set(divs) == CURVE_PLOTS | ANALYSIS_PLOTS
+    for name, div_id in divs.items():
+        assert div_id == f"plot-{name}"
+        assert page.count(f'Plotly.newPlot("{div_id}"') == 1
+    ids = [a["id"] for _, a in parse(page).tags if "id" in a]
+    assert len(ids) == len(set(ids))
+
+
+def test_nothing_points_outside_the_page(page):
+    tags = parse(page).tags
+    addresses = [a[k] for _, a in tags for k in ("src", "href", "data", "action") if a.get(k)]
+    assert addresses and all(v.startswith("#") for v in addresses), addresses
+    assert not [t for t, a in tags if t in ("link", "iframe", "img", "object", "embed")]
+    assert all("src" not in a for t, a in tags if t == "script")
+    for tag, attrs in tags:
+        for key, value in attrs.items():
+            assert "http://" not in (value or "") and "https://" not in (value or ""), (tag, key, value)
+
+
+def test_the_recipe_and_the_analysis_numbers_are_shown(page, run):
+    assert '<table class="recipe">' in page
+    assert "[algorithm]" in page and "[train]" in page
+    assert re.search(r"<th class=\"text\">local_steps</th><td class=\"text\">2</td>", page)
+    assert re.search(r"<th class=\"text\">name</th><td class=\"text\">&quot;fedavg&quot;</td>", page)
+    hessian = json.loads((run / "analysis/round-0003/hessian.json").read_text())
+    assert f"<td>{hessian['summary']['lambda_max']:.4g}</td>" in page
+    alignment = json.loads((run / "analysis/round-0003/alignment.json").read_text())
+    assert f"<td>{alignment['summary']['mean_grad_cos']:.4g}</td>" in page
+    incompatibility = json.loads((run / "analysis/round-0003/incompatibility.json").read_text())
+    assert f"<td>{incompatibility['summary']['Delta_FI']:.4g} &plusmn;" in page
+    last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert f"<td>{100 * last['test_acc']:.4g}</td>" in page
+    assert 'class="comparison"' in page and 'class="analysis"' in page
+
+
+def test_plot_data_are_the_files_numbers(page, run):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (trace,) = plot_spec(page, "accuracy")["data"]
+    np.testing.assert_array_equal(decode(trace["x"]), [r["round"] for r in rows])
+    np.testing.assert_allclose(decode(trace["y"]), [100 * r["test_acc"] for r in rows])
+    heatmap = plot_spec(page, "gradient_cosine")
+    cosines = json.loads((run / "analysis/round-0003/alignment.json").read_text())["result"]["gradients"]
+    np.testing.assert_allclose(decode(heatmap["data"][0]["z"]), cosines["cosine_matrix"])
+    assert heatmap["layout"]["coloraxis"]["cmin"] == -1 and heatmap["layout"]["coloraxis"]["cmax"] == 1
+    sharp = plot_spec(page, "global_sharpness")["data"]
+    np.testing.assert_array_equal(decode(sharp[0]["x"]), [2, 3])
+
+
+def test_no_mathjax_markup(page):
+    """plotly hands '$...$' to MathJax, which the page does not (and must not) load."""
+    for tag_script in parse(page).scripts:
+        if "Plotly.newPlot" in tag_script and len(tag_script) < 1_000_000:
+            assert "$" not in tag_script
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_plot_scripts_run(page, tmp_path):
+    """Each page script runs against a stand-in Plotly and calls newPlot on an existing div."""
+    scripts = [s for s in parse(page).scripts if "Plotly.newPlot" in s and len(s) < 1_000_000]
+    harness = ("const calls = []; globalThis.Plotly = {newPlot: (id, data, layout, config) => "
+               "calls.push({id, traces: data.length, layout: typeof layout})};\n" + "\n".join(scripts)
+               + "\nconsole.log(JSON.stringify(calls));\n")
+    (tmp_path / "harness.js").write_text(harness)
+    done = subprocess.run(["node", str(tmp_path / "harness.js")], check=False, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    calls = json.loads(done.stdout)
+    assert {c["id"] for c in calls} == set(plot_divs(page).values())
+    assert all(c["traces"] > 0 and c["layout"] == "object" for c in calls)
+
+
+def test_surfaces_are_embedded_when_their_files_exist(run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    folder = copy / "analysis" / "round-0003"
+    x, y = np.linspace(-1, 1, 5), np.linspace(-1, 1, 4)
+    np.savez(folder / "surface.npz", x_coords=x, y_coords=y, loss=np.add.outer(x**2, 2 * y**2) + 1.0)
+    np.savez(folder / "surface-interpolate.npz", x_coords=x, loss=x**2 + 1.0)
+    text = report.write_report(copy, tmp_path / "report.html").read_text()
+    divs = plot_divs(text)
+    assert "surface-run-round-3-surface-interpolate" in divs  # 1D: drawn here as a line
+    line = plot_spec(text, "surface-run-round-3-surface-interpolate")["data"][0]
+    np.testing.assert_allclose(decode(line["y"]), x**2 + 1.0)
+    if report.surface_renderer() is not None:
+        assert "surface-run-round-3-surface" in divs
+        assert plot_spec(text, "surface-run-round-3-surface")["data"][0]["type"] == "surface"
+    else:
+        assert "no surface renderer available" in text
+    assert text.count(plotly.offline.get_plotlyjs()[:200]) == 1
+    assert '<a href="#surfaces">' in text
+
+
+def test_a_run_without_analysis_still_reports(run, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("recipe.toml", "metrics.jsonl"):
+        shutil.copy(run / name, bare / name)
+    text = report.write_report([run, bare], tmp_path / "report.html").read_text()
+    assert set(plot_divs(text)) == CURVE_PLOTS | ANALYSIS_PLOTS
+    assert f"no analysis yet; run `landscape analyze {bare}`" in text
+    assert "FedAvg alpha=0.5 (run)" in text and "FedAvg alpha=0.5 (bare)" in text
+    only_bare = report.write_report(bare, tmp_path / "bare.html").read_text()
+    assert set(plot_divs(only_bare)) == CURVE_PLOTS
