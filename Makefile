@@ -1,4 +1,5 @@
-# make demo: install into .venv (created when missing) and train FedAvg on the bundled digits data.
+# make demo: install into .venv (created when missing), then `landscape demo`: FedAvg, FedSAM and FedNSAM on the
+#            bundled digits data, analysed, with comparison figures and an HTML report under runs/demo.
 # make test: install into .venv and run the test suite.
 VENV   ?= .venv
 PYTHON ?= python3
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/landscape train train/digits-fedavg.toml --out runs/demo --overwrite
+	$(VENV)/bin/landscape demo --out runs/demo
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -253,6 +253,85 @@ def analyze_command(path: Path, rounds: str, passes: str | None, analysis_sample
     click.echo(f"{report.computed} computed, {report.skipped} already done (same settings)")
 
 
+@cli.command("report")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"),
+              show_default=True, help="the HTML file to write")
+@click.option("--title", default="landscape report", show_default=True)
+def report_command(runs: tuple[Path, ...], out: Path, title: str) -> None:
+    """One self-contained HTML page (opens with no network) over RUNS (run directories or folders of runs):
+    each run's recipe, curves, spectra, surfaces and tables of the analysis, and a comparison table."""
+    from landscape.figures.report import write_report
+
+    for path in runs:
+        if not path.is_dir():
+            raise LandscapeError(f"{path} is not a directory (give run directories or folders of runs)")
+    click.echo(f"report: {write_report(list(runs), out, title=title)}")
+
+
+# The demo: the recipe of train/digits-fedavg.toml, for three algorithms, with client models kept.
+_DEMO_OVERRIDES: list[tuple[str, Any]] = [
+    ("dataset.name", "digits"), ("partition.name", "dirichlet"), ("partition.clients", 20), ("partition.alpha", 0.1),
+    ("model.name", "cnn"), ("train.rounds", 30), ("train.participation", 0.25), ("train.local_epochs", 5),
+    ("train.batch_size", 32), ("train.lr", 0.1), ("train.checkpoint_every", 10), ("train.keep_clients", True),
+    ("train.device", "cpu"),
+]
+_DEMO_ALGORITHMS = ["fedavg", "fedsam", "fednsam"]
+_DEMO_SURFACE = {"directions": "random", "grid": "21", "span": "-1:1"}
+_DEMO_PASS_OPTIONS: dict[str, dict] = {}  # pass options other than the defaults (the tests make them cheap)
+
+
+@cli.command("demo")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/demo"),
+              show_default=True, help="folder of the demo's runs, figures and report")
+@click.option("--quiet", is_flag=True, help="no progress bars")
+def demo_command(out: Path, quiet: bool) -> None:
+    """FedAvg, FedSAM and FedNSAM on digits (Dirichlet 0.1, 20 clients), analysed (every pass and a loss
+    surface), the FedSAM-vs-FedNSAM comparison figures and the HTML report. Finished steps are reused."""
+    from landscape import recipe as recipes
+    from landscape.analyze.context import AnalysisSettings
+    from landscape.analyze.passes import (
+        AnalysisReport,
+        default_passes,
+        format_summary,
+        pass_options,
+        run_analysis,
+    )
+    from landscape.figures import curves, surfaces
+    from landscape.figures.report import write_report
+    from landscape.train import loop
+
+    runs = recipes.build_sweep(None, _DEMO_OVERRIDES, {"algorithm.name": _DEMO_ALGORITHMS})
+    paths = [out / recipes.sweep_run_name(recipe, swept) for recipe, swept in runs]
+    for (recipe, _), path in zip(runs, paths):
+        status = loop.sweep_status(recipe, path, overwrite=False)
+        click.echo(f"train {path}: {status}", err=True)
+        if status == "new":
+            loop.start_run(recipe, path, progress=not quiet)
+        elif status == "resume":
+            loop.resume_run(path, progress=not quiet)
+    names = [*default_passes(), "surface"]
+    options = {name: pass_options(name, _DEMO_PASS_OPTIONS.get(name, {})) for name in names}
+    options["surface"] = pass_options("surface", _DEMO_SURFACE)
+    settings = AnalysisSettings(device="cpu")
+    rows = []
+    for path in paths:
+        rows += run_analysis(path, passes=names, settings=settings, options=options, progress=not quiet).rows
+    figures = out / "figures"
+    last = f"round-{runs[0][0]['train']['rounds']:04d}"
+    surfaces.plot_panels([p / "analysis" / last / "surface.npz" for p in paths], _DEMO_ALGORITHMS,
+                         figures / "surfaces.png")
+    curves.plot_accuracy(paths, figures / "accuracy.png")
+    curves.plot_flatness_and_sharpness(paths, figures / "flatness-sharpness.png")
+    curves.plot_hessian_summary(paths, figures / "hessian.png")
+    curves.plot_alignment_heatmaps(paths, figures / "alignment.png")
+    report = write_report(paths, out / "report.html", title="landscape demo: FedAvg, FedSAM, FedNSAM on digits")
+    click.echo(format_summary(AnalysisReport(rows=rows)))
+    click.echo(f"runs:    {', '.join(map(str, paths))}")
+    click.echo(f"figures: {figures}/ (surfaces, accuracy, flatness-sharpness, hessian, alignment .png)")
+    click.echo(f"report:  {report}")
+
+
 @cli.command("list")
 def list_command() -> None:
     """List everything a recipe can name (algorithms, data sets, models, partitions) and the analysis passes."""

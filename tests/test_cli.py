@@ -21,8 +21,8 @@ def test_help_lists_only_built_commands():
     result = invoke("--help")
     assert result.exit_code == 0
     commands = result.output.split("Commands:")[1].split()
-    assert {"analyze", "list", "train"} <= set(commands)
-    for unbuilt in ("figures", "compare", "report", "demo"):
+    assert {"analyze", "demo", "list", "report", "train"} <= set(commands)
+    for unbuilt in ("figures", "compare"):
         assert unbuilt not in commands
 
 
@@ -199,3 +199,30 @@ def test_real_subprocess(tmp_path):
     assert bad.returncode == 1
     assert bad.stderr.strip() == "error: partition.alpha must be > 0 (got 0.0)"
     assert "Traceback" not in bad.stderr and not (tmp_path / "x").exists()
+
+
+def test_demo_and_report(tmp_path, monkeypatch):
+    import landscape.cli as cli_module
+
+    tiny = [(k, v) for k, v in cli_module._DEMO_OVERRIDES if k not in ("partition.clients", "train.rounds")]
+    monkeypatch.setattr(cli_module, "_DEMO_OVERRIDES", [*tiny, ("partition.clients", 4), ("train.rounds", 2),
+                                                         ("train.local_steps", 2), ("train.checkpoint_every", 1)])
+    monkeypatch.setattr(cli_module, "_DEMO_SURFACE", {"directions": "random", "grid": "3", "span": "-1:1"})
+    monkeypatch.setattr(cli_module, "_DEMO_PASS_OPTIONS", {
+        "hessian": {"clients": 2, "trace_hvps": 6, "density_steps": 5, "density_runs": 1, "top_k": 2},
+        "sharpness": {"clients": 2, "steps": 1, "adaptive": False}, "incompatibility": {"clients": 2, "batches": 2},
+        "alignment": {"clients": 2, "batches": 2}, "loss": {"clients": 2}})
+    result = invoke("demo", "--out", tmp_path / "demo", "--quiet")
+    assert result.exit_code == 0, result.output
+    for name in ("surfaces", "accuracy", "flatness-sharpness", "hessian", "alignment"):
+        assert (tmp_path / "demo" / "figures" / f"{name}.png").stat().st_size > 1000
+    html = (tmp_path / "demo" / "report.html").read_text()
+    assert html.count("Plotly.newPlot") >= 3 and "digits-fednsam" in html
+    assert f"report:  {tmp_path / 'demo' / 'report.html'}" in result.output
+    again = invoke("demo", "--out", tmp_path / "demo", "--quiet")  # finished steps are reused
+    assert again.exit_code == 0 and again.output.count(": done") == 3
+    report = invoke("report", tmp_path / "demo" / "digits-fedsam-dir0.1-cnn-c4-s0", "-o", tmp_path / "r.html")
+    assert report.exit_code == 0 and (tmp_path / "r.html").stat().st_size > 100_000
+    missing = invoke("report", tmp_path / "nope", "-o", tmp_path / "x.html")
+    assert missing.exit_code != 0 and missing.output.strip() == f"error: {tmp_path / 'nope'} is not a directory " \
+        "(give run directories or folders of runs)"
