@@ -229,7 +229,7 @@ def test_bad_inputs(root, runs, tmp_path):
         curves.load_runs(tmp_path / "nowhere")
     with pytest.raises(LandscapeError, match="not a run directory"):
         curves.load_runs(tmp_path)
-    with pytest.raises(LandscapeError, match=r"\.png, \.pdf, \.svg"):
+    with pytest.raises(LandscapeError, match=r"must end in \.png, \.pdf or \.svg"):
         curves.plot_accuracy(runs, tmp_path / "accuracy.jpg")
     with pytest.raises(LandscapeError, match="no alignment analysis at round 1 .*analysed rounds: 2, 3"):
         curves.plot_alignment_heatmaps(runs, tmp_path / "x.png", round=1)

@@ -18,7 +18,6 @@ that names the run and the ``landscape analyze`` command to run. Every run keeps
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
@@ -29,17 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from landscape.errors import LandscapeError
+from landscape.figures.surfaces import save_figure
 from landscape.recipe import read_toml
-from landscape.runs import RunDir, atomic_write
+from landscape.runs import RunDir
 
-STATIC_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
-DPI = 150
 COSINE_CMAP = "RdBu_r"  # diverging: -1 blue, 0 white, +1 red
 
 ALGORITHM_NAMES = {
@@ -346,19 +343,6 @@ def as_runs(runs: RunsLike) -> list[RunData]:
 
 
 # -- writing ----------------------------------------------------------------------------------------------
-
-
-def save_figure(fig: Figure, out: str | Path) -> Path:
-    """Write a Figure as PNG / PDF / SVG (by the name's suffix), atomically; return the path."""
-    out = Path(out)
-    fmt = STATIC_FORMATS.get(out.suffix.lower())
-    if fmt is None:
-        raise LandscapeError(f"cannot write {out}: figure files end in {', '.join(STATIC_FORMATS)}")
-    FigureCanvasAgg(fig)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format=fmt, dpi=DPI)
-    atomic_write(out, lambda f: f.write(buffer.getvalue()))
-    return out
 
 
 def _new_figure(width: float, height: float) -> Figure:

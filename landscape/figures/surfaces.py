@@ -197,7 +197,8 @@ def _colorbar(fig: Figure, mappable: Any, ax: Any, label: str, shrink: float = 1
     bar.ax.yaxis.set_minor_formatter(NullFormatter())  # log scales: no 2x10^0-style minor labels
 
 
-def _save(fig: Figure, out: str | Path) -> Path:
+def save_figure(fig: Figure, out: str | Path) -> Path:
+    """Write a Figure as PNG / PDF / SVG (by the name's suffix), atomically; return the path."""
     out = Path(out)
     fmt = STATIC_FORMATS.get(out.suffix.lower())
     if fmt is None:
@@ -294,7 +295,7 @@ def plot_contour(source: str | Path | SurfaceData, out: str | Path, *, quantity:
     panel, mappable = _contour_panel(ax, surface, quantity, level_values, norm, filled, lines, overlay)
     _colorbar(fig, mappable, ax, surface.quantity_label(quantity))
     ax.set_title(surface.title() if title is None else title)
-    _save(fig, out)
+    save_figure(fig, out)
     return panel
 
 
@@ -329,7 +330,7 @@ def plot_panels(sources: Sequence[str | Path | SurfaceData], titles: Sequence[st
         axes.append(ax)
     _colorbar(fig, mappable, axes, surfaces[0].quantity_label(quantity), shrink=0.85,
               pad=0.08 if kind == "3d" else 0.05)  # room for the z label
-    _save(fig, out)
+    save_figure(fig, out)
     return panels
 
 
@@ -361,7 +362,7 @@ def plot_surface_3d(source: str | Path | SurfaceData, out: str | Path, *, quanti
     panel, mappable = _surface_panel(ax, surface, quantity, norm, log_levels)
     ax.set_title(surface.title() if title is None else title)
     _colorbar(fig, mappable, ax, surface.quantity_label(quantity), shrink=0.7, pad=0.12)
-    _save(fig, out)
+    save_figure(fig, out)
     return panel
 
 
@@ -400,7 +401,7 @@ def plot_curve_1d(sources: Sequence[str | Path | SurfaceData], out: str | Path, 
         more, more_names = twin.get_legend_handles_labels()
         handles, names = handles + more, names + more_names
     fig.legend(handles, names, loc="outside lower center", ncols=min(4, len(handles)), fontsize=8)
-    _save(fig, out)
+    save_figure(fig, out)
     return curves
 
 
