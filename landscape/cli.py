@@ -93,7 +93,7 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
     --alpha 0.6,0.1 --seed 0,1) or a [sweep] table in the recipe makes one run per combination, named
     systematically under --out (default runs/); finished runs are skipped and unfinished ones resumed.
     Each run directory gets the fully resolved recipe, partition.json, metrics.jsonl (one line per round)
-    and checkpoints/round-XXXX.pt.
+    and checkpoints/round-NNNN.pt.
     """
     from landscape import recipe as recipes
     from landscape.train import loop
@@ -217,7 +217,7 @@ def analyze_command(path: Path, rounds: str, passes: str | None, analysis_sample
     loss surfaces.
 
     PATH is a run directory, a folder of runs, a run's checkpoints/ folder, a folder of checkpoints, or one
-    checkpoint file. Results go to analysis/round-XXXX/<pass>.json (+ .npz) with the settings that produced
+    checkpoint file. Results go to analysis/round-NNNN/<pass>.json (+ .npz) with the settings that produced
     them; passes already computed with the same settings are skipped. A summary table is printed at the end.
     By default every pass but `surface` runs; --directions/--grid/--span/--data alone run the surface pass.
     """

@@ -92,7 +92,7 @@ def find_sources(path: Path) -> tuple[list[Source], int | None]:
     if path.is_file():
         match = _ROUND_FILE.match(path.name)
         if not match:
-            raise LandscapeError(f"{path} is not a checkpoint file (round-XXXX.pt)")
+            raise LandscapeError(f"{path} is not a checkpoint file (round-NNNN.pt)")
         if RunDir(path.parent.parent).is_run() and path.parent.name == "checkpoints":
             return [_source_from_run(path.parent.parent)], int(match.group(1))
         return [_source_from_checkpoints(path.parent, [path])], int(match.group(1))

@@ -64,7 +64,7 @@ class FlatnessDistanceResult:
 
 
 def client_models(flat: FlatModel, clients_checkpoint: Mapping[str, Any]) -> dict[int, Tensor]:
-    """Client id -> flat parameter vector, from a loaded ``round-XXXX.clients.pt`` ({"clients": {id: state}})."""
+    """Client id -> flat parameter vector, from a loaded ``round-NNNN.clients.pt`` ({"clients": {id: state}})."""
     if "clients" not in clients_checkpoint:
         raise LandscapeError("not a clients checkpoint: it holds no 'clients' entry (train with --keep-clients)")
     return {int(c): flat.from_state_dict(state)[0] for c, state in clients_checkpoint["clients"].items()}

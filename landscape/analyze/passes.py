@@ -1,7 +1,7 @@
 """Analysis passes: one function each, registered by name; ``run_analysis`` runs them over checkpoints.
 
 A pass reads one checkpoint (``CheckpointContext``) and its options (a dataclass of the pass's settings),
-and returns a ``PassOutput``: scalars (written to ``analysis/round-XXXX/<pass>.json`` with the schema version,
+and returns a ``PassOutput``: scalars (written to ``analysis/round-NNNN/<pass>.json`` with the schema version,
 the settings that produced them, the checkpoint's SHA-256 and the seconds taken) and arrays (``<pass>.npz``).
 A pass whose JSON already records the same settings and checkpoint is skipped unless ``force``.
 """

@@ -1,7 +1,7 @@
 """Curves and summaries from run directories (matplotlib, Agg canvas; PNG, or PDF / SVG by the file name).
 
 Input is files only, per run directory: ``recipe.toml``, ``metrics.jsonl`` (rows with an ``event`` key, such
-as divergence events, are skipped) and every ``analysis/round-XXXX/<pass>.json`` with its ``<pass>.npz``
+as divergence events, are skipped) and every ``analysis/round-NNNN/<pass>.json`` with its ``<pass>.npz``
 (opened on first use). A pass value is named by its dotted path in the pass's ``result`` (``"global.rhos"``,
 ``"gradients.cosine_matrix"``): it is read from the NPZ when the JSON's ``arrays`` list names it (the passes
 move arrays of more than 16 values there), else from the JSON, with ``"nan"`` / ``"inf"`` strings restored.
@@ -82,7 +82,7 @@ def _restore(value: Any) -> Any:
 
 @dataclass
 class PassRecord:
-    """One ``analysis/round-XXXX/<pass>.json`` and, opened on first use, its ``<pass>.npz``."""
+    """One ``analysis/round-NNNN/<pass>.json`` and, opened on first use, its ``<pass>.npz``."""
 
     path: Path
     record: dict
@@ -98,7 +98,7 @@ class PassRecord:
             return int(self.record["round"])
         match = _ROUND_DIR.match(self.path.parent.name)
         if match is None:
-            raise LandscapeError(f"{self.path}: no round in the record and not in a round-XXXX folder")
+            raise LandscapeError(f"{self.path}: no round in the record and not in a round-NNNN folder")
         return int(match.group(1))
 
     @property

@@ -8,7 +8,7 @@ Contents: a comparison table across runs (final and best test accuracy, the late
 lambda_max, trace, S_rho, Delta_D, Delta_FI, mean gradient cosine, ...); interactive curves over rounds
 (test accuracy, train loss, flatness distance); the global sharpness S_rho(x^t) and lambda_1(x^t) at the
 analysed rounds; Hessian spectral densities; flatness incompatibility with its split; client x client
-gradient-cosine heatmaps; loss surfaces where ``analysis/round-XXXX/surface*.npz`` exist (2D ones drawn by
+gradient-cosine heatmaps; loss surfaces where ``analysis/round-NNNN/surface*.npz`` exist (2D ones drawn by
 ``landscape.figures.surfaces.surface_figure``, 1D ones as lines); and per run its recipe and a table of the
 analysis summaries at every analysed round. Inputs are files only, read through ``curves.load_runs``.
 """
@@ -400,7 +400,7 @@ def surface_renderer() -> Callable[..., Any] | None:
 
 
 def surface_files(run: RunData) -> list[tuple[int, Path]]:
-    """(round, path) of every ``analysis/round-XXXX/surface*.npz`` of the run."""
+    """(round, path) of every ``analysis/round-NNNN/surface*.npz`` of the run."""
     found = []
     for path in (run.path / "analysis").glob("round-*/surface*.npz"):
         match = re.fullmatch(r"round-(\d{4,})", path.parent.name)

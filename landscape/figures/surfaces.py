@@ -1,6 +1,6 @@
 """Loss-surface figures from the files of the ``surface`` analysis pass (NPZ arrays + JSON metadata).
 
-Input: ``analysis/round-XXXX/surface.npz`` (``loss``, ``accuracy``, ``x_coords``, ``y_coords`` and, by
+Input: ``analysis/round-NNNN/surface.npz`` (``loss``, ``accuracy``, ``x_coords``, ``y_coords`` and, by
 directions, ``trajectory`` / ``trajectory_rounds`` or ``client_ids`` / ``client_coords``) and, when it sits
 beside it, ``surface.json`` (the pass's record: directions, explained variance, clients, data, run, round).
 A bare NPZ with ``loss`` and ``x_coords`` (and ``y_coords``) is enough; labels then fall back to d1 / d2.

@@ -272,7 +272,7 @@ class Trainer:
             raise LandscapeError(f"{path} is not a complete training checkpoint ({what})") from None
 
     def save(self, state: TrainerState, results: list[ClientResult] | None) -> None:
-        # The clients' file first: round-XXXX.pt, written last, marks the round as saved (a kill between the
+        # The clients' file first: round-NNNN.pt, written last, marks the round as saved (a kill between the
         # two leaves a clients file that the resumed run rewrites with the same bits).
         if self.train_cfg["keep_clients"] and results:
             kept = {str(r.client): self.flat.state_dict(r.model, state.buffers) for r in results}
@@ -639,7 +639,7 @@ def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
     """Continue a run from its last good checkpoint, to the recipe's rounds or to ``rounds``.
 
     Everything is checked before the directory changes (recipe, checkpoint, model shapes, ``rounds``). Then,
-    with the run locked: a damaged newest checkpoint is renamed ``round-XXXX.pt.damaged`` (never deleted)
+    with the run locked: a damaged newest checkpoint is renamed ``round-NNNN.pt.damaged`` (never deleted)
     and ``warn`` (default: a line on stderr) says which checkpoint the run resumes from; temporary files of
     a killed process are removed; metrics rows after the resumed round are dropped (they are recomputed).
     """
