@@ -6,12 +6,19 @@ model; the reductions of the sheet are run side by side; resumed runs equal unin
 
 import pytest
 import torch
-from algorithm_checks import assert_close, client_batches, grad, linear_trainer, loss_and_grad, run_rounds
+from algorithm_checks import (
+    assert_close,
+    assert_same_state,
+    client_batches,
+    grad,
+    linear_trainer,
+    loss_and_grad,
+    run_rounds,
+    whole_and_resumed,
+)
 from conftest import tiny_recipe
 
 from landscape.errors import LandscapeError
-from landscape.runs import RunDir, load_checkpoint
-from landscape.train import loop
 from landscape.train.loop import build_algorithm
 
 LR, WD = 0.3, 0.01  # the clients' constant lr (linear_trainer's default) and the weight decay used here
@@ -284,17 +291,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, name, options):
         return tiny_recipe(algorithm__name=name, train__rounds=rounds, train__checkpoint_every=2,
                            train__weight_decay=0.01, model__name="mlp", **extra)
 
-    loop.start_run(recipe(4), tmp_path / "full", progress=False)
-    loop.start_run(recipe(2), tmp_path / "resumed", progress=False)
-    loop.resume_run(tmp_path / "resumed", rounds=4, progress=False)
-    full = load_checkpoint(RunDir(tmp_path / "full").checkpoint(4))
-    resumed = load_checkpoint(RunDir(tmp_path / "resumed").checkpoint(4))
-    assert full["model"].keys() == resumed["model"].keys()
-    assert all(torch.equal(full["model"][k], resumed["model"][k]) for k in full["model"])
-    assert full["server_state"].keys() == resumed["server_state"].keys() and full["server_state"]
-    assert all(torch.equal(full["server_state"][k], resumed["server_state"][k]) for k in full["server_state"])
-    assert full["client_states"].keys() == resumed["client_states"].keys()
-    for i, state in full["client_states"].items():
-        assert state.keys() == resumed["client_states"][i].keys()
-        assert all(torch.equal(state[k], resumed["client_states"][i][k]) for k in state)
+    full, resumed = whole_and_resumed(tmp_path, recipe)
+    assert full["server_state"]
+    assert_same_state(full, resumed)
     assert bool(full["client_states"]) == (name == "fedsmoo")  # only FedSMOO keeps per-client state

@@ -9,17 +9,17 @@ from algorithm_checks import (
     CLASSES,
     FEATURES,
     assert_close,
+    assert_same_state,
     client_batches,
     grad,
     linear_trainer,
     loss_and_grad,
     run_rounds,
+    whole_and_resumed,
 )
 from conftest import tiny_recipe
 
 from landscape.errors import LandscapeError
-from landscape.runs import RunDir, load_checkpoint
-from landscape.train import loop
 from landscape.train.loop import build_algorithm
 
 # ----------------------------------------------------------------------------------------------------------
@@ -269,16 +269,6 @@ def test_resume_is_bit_identical(tmp_path, name, options):
                            model__hidden=[],
                            **{f"algorithm__{k}": v for k, v in options.items()})
 
-    loop.start_run(recipe(4), tmp_path / "whole", progress=False)
-    loop.start_run(recipe(2), tmp_path / "cut", progress=False)
-    loop.resume_run(tmp_path / "cut", rounds=4, progress=False)
-    a = load_checkpoint(RunDir(tmp_path / "whole").checkpoint(4))
-    b = load_checkpoint(RunDir(tmp_path / "cut").checkpoint(4))
-    for key in ("model", "server_state"):
-        assert a[key].keys() == b[key].keys()
-        assert all(torch.equal(a[key][k], b[key][k]) for k in a[key])
-    assert a["client_states"].keys() == b["client_states"].keys()
+    a, b = whole_and_resumed(tmp_path, recipe)
+    assert_same_state(a, b)
     assert bool(a["client_states"]) == (name != "mofedsam")  # mofedsam keeps server state only
-    for client, state in a["client_states"].items():
-        assert state.keys() == b["client_states"][client].keys()
-        assert all(torch.equal(v, b["client_states"][client][k]) for k, v in state.items())

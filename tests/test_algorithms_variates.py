@@ -6,16 +6,17 @@ import torch
 from algorithm_checks import (
     DIM,
     assert_close,
+    assert_same_state,
     client_batches,
     grad,
     linear_trainer,
     loss_and_grad,
     run_rounds,
+    whole_and_resumed,
 )
 from conftest import tiny_recipe
 
 from landscape.errors import LandscapeError
-from landscape.runs import RunDir, load_checkpoint
 from landscape.train import loop
 from landscape.train.loop import build_algorithm
 
@@ -244,18 +245,8 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, name, options):
         return tiny_recipe(algorithm__name=name, train__rounds=rounds, train__checkpoint_every=2,
                            train__weight_decay=0.01, model__name="mlp", **extra)
 
-    loop.start_run(recipe(4), tmp_path / "full", progress=False)
-    loop.start_run(recipe(2), tmp_path / "resumed", progress=False)
-    loop.resume_run(tmp_path / "resumed", rounds=4, progress=False)
-    full = load_checkpoint(RunDir(tmp_path / "full").checkpoint(4))
-    resumed = load_checkpoint(RunDir(tmp_path / "resumed").checkpoint(4))
-    assert full["model"].keys() == resumed["model"].keys()
-    assert all(torch.equal(full["model"][k], resumed["model"][k]) for k in full["model"])
-    assert full["server_state"].keys() == resumed["server_state"].keys() and full["server_state"]
-    assert all(torch.equal(full["server_state"][k], resumed["server_state"][k]) for k in full["server_state"])
-    assert full["client_states"].keys() == resumed["client_states"].keys()
-    for i, state in full["client_states"].items():
-        assert state.keys() == resumed["client_states"][i].keys()
-        assert all(torch.equal(state[k], resumed["client_states"][i][k]) for k in state)
+    full, resumed = whole_and_resumed(tmp_path, recipe)
+    assert full["server_state"]
+    assert_same_state(full, resumed)
     if name != "fedacg":
         assert full["client_states"]  # c_i of the clients that took part
