@@ -26,7 +26,8 @@ import torch
 from torch import Tensor
 
 from landscape.errors import LandscapeError
-from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms import ALGORITHMS, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms.fednsam import FedNSAM
 from landscape.train.algorithms.fedsam import sam_direction
 
 SERVERS = ("momentum", "latest-revision")
@@ -52,12 +53,8 @@ class FedNSAMCodeOptions:
     "fednsam-code", options=FedNSAMCodeOptions,
     summary="FedNSAM as the public code runs it: local SAM from the look-ahead x + lam m, server momentum",
 )
-class FedNSAMCode(Algorithm):
-    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
-        return {"m": torch.zeros_like(x)}  # m^{-1} = 0
-
-    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
-        return {"x": x, "m": server_state["m"]}
+class FedNSAMCode(FedNSAM):
+    """FedNSAM's server state and broadcast (m, sent with x); the public code's client and server rules."""
 
     def client_update(
         self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
