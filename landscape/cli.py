@@ -351,7 +351,10 @@ def list_command() -> None:
 
 
 def main() -> None:
-    cli(prog_name="landscape")
+    from landscape import parallel
+
+    with parallel.session():  # under torchrun: join the ranks' process group; a plain process: nothing
+        cli(prog_name="landscape")
 
 
 if __name__ == "__main__":  # python -m landscape.cli

@@ -23,6 +23,14 @@ class FlatModel:
         self.numels = [p.numel() for _, p in named]
         self.buffer_names = [n for n, _ in module.named_buffers()]
         self.dim = sum(self.numels)
+        self._forward = self._call_module
+
+    def compile(self) -> None:
+        """Run the forward passes through ``torch.compile`` (the training model: ``train.compile = true``)."""
+        self._forward = torch.compile(self._call_module)
+
+    def _call_module(self, tensors: dict[str, Tensor], x: Tensor) -> Tensor:
+        return functional_call(self.module, tensors, (x,))
 
     # -- conversions ------------------------------------------------------------------------------------
     def vector(self) -> Tensor:
@@ -62,7 +70,7 @@ class FlatModel:
 
     # -- evaluation -------------------------------------------------------------------------------------
     def logits(self, w: Tensor, x: Tensor, buffers: dict[str, Tensor]) -> Tensor:
-        return functional_call(self.module, {**self.params(w), **buffers}, (x,))
+        return self._forward({**self.params(w), **buffers}, x)
 
     def loss_and_grad(
         self, w: Tensor, x: Tensor, y: Tensor, buffers: dict[str, Tensor]

@@ -67,6 +67,7 @@ class AlgorithmSettings:
 
 LR_SCHEDULES = ("constant", "exponential", "cosine")
 DTYPES = ("float32", "float64")
+PRECISIONS = ("float32", "bf16")  # bf16: autocast of the local forward/backward passes (training only)
 
 
 @dataclass
@@ -94,6 +95,10 @@ class TrainSettings:
     swa_lr: float = field(default=0.001, metadata=_check(_positive, "must be > 0"))
     device: str = "auto"
     dtype: str = field(default="float32", metadata=_check(lambda v: v in DTYPES, f"must be one of {', '.join(DTYPES)}"))
+    compile: bool = False  # torch.compile the training model's forward pass (analysis never compiles)
+    precision: str = field(
+        default="float32", metadata=_check(lambda v: v in PRECISIONS, f"must be one of {', '.join(PRECISIONS)}")
+    )
 
 
 TOP_LEVEL = {"name": "", "seed": 0}
@@ -265,6 +270,10 @@ def resolve(raw: dict) -> dict:
         if not isinstance(given, dict):
             raise LandscapeError(f"recipe key '{section}' must be a table ([{section}])")
         out[section] = _resolve_section(section, given, regs.get(section))
+    train = out["train"]
+    if train["precision"] == "bf16" and train["dtype"] != "float32":
+        raise LandscapeError(f"train.precision = \"bf16\" autocasts a float32 model; it cannot be combined with "
+                             f"train.dtype = \"{train['dtype']}\" (use float32, or precision = \"float32\")")
     return out
 
 

@@ -186,7 +186,7 @@ class CheckpointContext:
         if 0 < n < len(y):
             pick = np.sort(np.random.default_rng(self.settings.seed).choice(len(y), size=n, replace=False))
             x, y = x[torch.as_tensor(pick)], y[torch.as_tensor(pick)]
-        return AnalysisData(x, y, self.settings.batch_size).to(self.device, self.dtype)
+        return AnalysisData(x, y, self.settings.batch_size).place(self.device, self.dtype)
 
     @cached_property
     def objective(self) -> Objective:
@@ -200,7 +200,7 @@ class CheckpointContext:
     def client_data(self, client: int) -> AnalysisData:
         bundle = self.source.setup.bundle
         index = torch.as_tensor(self.source.setup.client_indices[client])
-        return AnalysisData(bundle.train.x[index], bundle.train.y[index], self.settings.batch_size).to(
+        return AnalysisData(bundle.train.x[index], bundle.train.y[index], self.settings.batch_size).place(
             self.device, self.dtype
         )
 

@@ -112,7 +112,7 @@ def client_minibatches(objective: Any, batch_size: int, batches: int, seed: int,
     """The (x, y) minibatches of ``client_minibatch_indices`` from an Objective's data."""
     data = objective.data
     index = client_minibatch_indices(len(data), batch_size, batches, seed, client)
-    return [(data.x[i.to(data.x.device)], data.y[i.to(data.y.device)]) for i in index]
+    return [data.take(i) for i in index]
 
 
 def check_minibatch_settings(batch_size: int, batches: int) -> None:

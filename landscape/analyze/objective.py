@@ -27,27 +27,78 @@ from landscape.flat import FlatModel
 BN_MODES = ("eval", "train-batch-stats", "recompute")
 
 
+# Analysis sets up to this size live on the GPU; larger ones stay in pinned host memory and stream to it one
+# batch at a time (``AnalysisData.place``), so an HVP over them holds one batch on the device.
+RESIDENT_BYTES = 2 << 30
+
+
 @dataclass(frozen=True)
 class AnalysisData:
-    """A fixed data set in fixed batches (order and batch boundaries never change, so F is deterministic)."""
+    """A fixed data set in fixed batches (order and batch boundaries never change, so F is deterministic).
+
+    ``device`` / ``dtype``: where and in which dtype batches are delivered when ``x`` and ``y`` live
+    elsewhere (a large set kept in host memory and streamed); None: batches are slices of ``x`` and ``y``.
+    """
 
     x: Tensor
     y: Tensor
     batch_size: int = 512
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
+    @property
+    def streamed(self) -> bool:
+        return self.device is not None
+
+    def batch_ranges(self) -> list[tuple[int, int]]:
+        """[start, stop) of every batch, in order (the last one shorter)."""
+        return [(start, min(start + self.batch_size, len(self))) for start in range(0, len(self), self.batch_size)]
+
+    def batch(self, start: int, stop: int) -> tuple[Tensor, Tensor]:
+        return self._deliver(self.x[start:stop], self.y[start:stop])
+
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
-        for start in range(0, len(self), self.batch_size):
-            yield self.x[start : start + self.batch_size], self.y[start : start + self.batch_size]
+        for start, stop in self.batch_ranges():
+            yield self.batch(start, stop)
+
+    def take(self, index: Tensor) -> tuple[Tensor, Tensor]:
+        """The samples at ``index``, in that order, as one batch on the delivery device."""
+        index = index.to(self.x.device)
+        return self._deliver(self.x[index], self.y[index])
+
+    def _deliver(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        if self.device is None:
+            return x, y
+        return x.to(self.device, self.dtype, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def subset(self, indices: Tensor) -> AnalysisData:
         index = torch.as_tensor(indices, dtype=torch.long, device=self.x.device)
-        return AnalysisData(self.x[index], self.y[index], self.batch_size)
+        return AnalysisData(self.x[index], self.y[index], self.batch_size, self.device, self.dtype)
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> AnalysisData:
+        """All of it moved to ``device`` (resident)."""
         return AnalysisData(self.x.to(device, dtype), self.y.to(device), self.batch_size)
+
+    def stream_to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> AnalysisData:
+        """Kept in host memory (pinned, for asynchronous copies, when ``device`` is a GPU); batches are
+        copied to ``device`` as they are used."""
+        device = torch.device(device)
+        x, y = self.x.cpu(), self.y.cpu()
+        if device.type == "cuda":
+            x, y = x.pin_memory(), y.pin_memory()
+        return AnalysisData(x, y, self.batch_size, device, dtype)
+
+    def place(self, device: torch.device | str, dtype: torch.dtype | None = None,
+              resident_bytes: int = RESIDENT_BYTES) -> AnalysisData:
+        """Resident on ``device`` when it is the CPU or the set is at most ``resident_bytes``; else streamed."""
+        device = torch.device(device)
+        size = self.x.numel() * (dtype or self.x.dtype).itemsize + self.y.numel() * self.y.element_size()
+        if device.type == "cpu" or size <= resident_bytes:
+            return self.to(device, dtype)
+        return self.stream_to(device, dtype)
 
 
 class Objective:
@@ -130,11 +181,11 @@ class Objective:
 
     def accuracy(self, w: Tensor) -> float:
         buffers = self._buffers_for(w)
-        correct = 0
+        correct = torch.zeros((), dtype=torch.long, device=w.device)
         with torch.no_grad(), self._mode():
             for xb, yb in self.data.batches():
-                correct += int((self.flat.logits(w, xb, buffers).argmax(1) == yb).sum())
-        return correct / len(self.data)
+                correct += (self.flat.logits(w, xb, buffers).argmax(1) == yb).sum()
+        return int(correct) / len(self.data)  # one host sync, after the last batch
 
     def with_data(self, data: AnalysisData) -> Objective:
         """The same model and BN mode over other data (e.g. one client's F_i)."""

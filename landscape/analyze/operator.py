@@ -3,7 +3,8 @@
 ``HessianOperator(objective, w)`` is grad^2 F(w) for the objective's data set, applied without ever forming
 the matrix (curvlinops / hessian-eigenthings style): ``op @ v``, ``op.matmat(V)``, ``op.dim``,
 ``op.hvp_count``. One product streams over the objective's fixed batches, holding one batch's graph at a
-time, and sums (n_b / n) * H_b v, so batches are weighted by their size exactly as F weights them.
+time, and sums (n_b / n) * H_b v, so batches are weighted by their size exactly as F weights them. Under
+torchrun the batches are split across the ranks and the sum is all-reduced (``matmat``).
 
 Two ways to compute H_b v, equal up to rounding:
 
@@ -27,6 +28,7 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor, nn
 
+from landscape import parallel
 from landscape.analyze.objective import Objective
 from landscape.errors import LandscapeError
 
@@ -146,17 +148,25 @@ class HessianOperator(LinearOperator):
         return self.objective.batch_loss(w, batch, self._buffers)
 
     def matmat(self, vectors: Tensor) -> Tensor:
-        """H @ V for V of shape [dim, k]; counts k products."""
+        """H @ V for V of shape [dim, k]; counts k products.
+
+        Under torchrun every rank takes its block of the batches (``parallel.shard``) and the partial sums
+        are all-reduced: each batch keeps its single-process weight n_b / n (n: the whole data set), so the
+        sum is the single-process one up to the order of the additions. Every rank must call this together.
+        """
         vectors = self._as_columns(vectors)
         out = torch.zeros_like(vectors)
         if vectors.shape[1] == 0:
             return out
-        for batch in self.objective.data.batches():
-            weight = len(batch[1]) / self._n  # batches weighted by size, as in F
+        data = self.objective.data
+        for start, stop in parallel.shard(data.batch_ranges()):
+            batch = data.batch(start, stop)
+            weight = (stop - start) / self._n  # batches weighted by size, as in F
             if self.backend == "double-backward":
                 out += weight * self._batch_hvps_double_backward(batch, vectors)
             else:
                 out += weight * self._batch_hvps_forward_over_reverse(batch, vectors)
+        parallel.all_reduce_sum(out)
         self.hvp_count += vectors.shape[1]
         return out
 

@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from landscape.analyze.context import AnalysisSettings, CheckpointContext, Source, find_sources, select_rounds
+from landscape import parallel
+from landscape.analyze.context import (
+    AnalysisSettings,
+    CheckpointContext,
+    Source,
+    file_digest,
+    find_sources,
+    select_rounds,
+)
 from landscape.errors import LandscapeError
 from landscape.registry import Registry
 from landscape.runs import atomic_write, write_text
@@ -174,6 +182,76 @@ def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any]) ->
     return jobs
 
 
+# Passes whose work is split inside the pass (surface: grid cells across ranks, partial grids saved by rank 0):
+# under torchrun all ranks run them together, never one rank alone.
+COLLECTIVE_PASSES = frozenset({"surface"})
+
+
+def split_work(jobs: list[Job], todo: list[int], ranks: int) -> tuple[list[list[int]], list[int]]:
+    """Who runs which of ``jobs[i] for i in todo`` under ``ranks`` ranks: (per-rank queues, run alone; jobs
+    run by all ranks together), both in plan order.
+
+    A checkpoint's jobs stay on one rank (its model and data are loaded once). Whole rounds of checkpoints,
+    one per rank, go to the queues; the checkpoints left over (fewer than the ranks) and every job of a
+    COLLECTIVE pass run on all ranks together, their HVPs and surface cells split across the ranks. One
+    rank: every job in one queue, in plan order.
+    """
+    if ranks == 1:
+        return [list(todo)], []
+    groups: dict[tuple[int, int], list[int]] = {}
+    together = [i for i in todo if jobs[i].name in COLLECTIVE_PASSES]
+    for i in todo:
+        if jobs[i].name not in COLLECTIVE_PASSES:
+            groups.setdefault((id(jobs[i].source), jobs[i].round), []).append(i)
+    keys = list(groups)
+    whole = len(keys) - len(keys) % ranks
+    queues: list[list[int]] = [[] for _ in range(ranks)]
+    for n, key in enumerate(keys[:whole]):
+        queues[n % ranks] += groups[key]
+    together = sorted(together + [i for key in keys[whole:] for i in groups[key]])
+    return queues, together
+
+
+def _recorded_summaries(jobs: list[Job], settings: AnalysisSettings, force: bool) -> list[dict | None]:
+    """The summary of each job already computed with the same settings on the same checkpoint; None for the
+    jobs to run (all of them with ``force``). A checkpoint is hashed only when a result of it exists."""
+    digests: dict[Path, str] = {}
+    out: list[dict | None] = []
+    for job in jobs:
+        summary = None
+        if not force and (job.out_dir / f"{job.name}.json").is_file():
+            path = job.source.checkpoints[job.round]
+            if path not in digests:
+                digests[path] = file_digest(path)
+            if already_done(job, settings, digests[path]):
+                summary = read_output(job.out_dir, job.name).get("summary", {})
+        out.append(summary)
+    return out
+
+
+class _Contexts:
+    """One checkpoint's context at a time (its tensors are freed when the next checkpoint comes)."""
+
+    def __init__(self, settings: AnalysisSettings) -> None:
+        self.settings = settings
+        self.key: tuple[int, int] | None = None
+        self.ctx: CheckpointContext | None = None
+
+    def get(self, job: Job) -> CheckpointContext:
+        key = (id(job.source), job.round)
+        if key != self.key:
+            self.ctx = None  # free the previous checkpoint's tensors before loading the next
+            self.ctx, self.key = CheckpointContext(job.source, job.round, self.settings), key
+        return self.ctx
+
+
+def _run_job(job: Job, contexts: _Contexts) -> tuple[PassOutput, str, float]:
+    ctx = contexts.get(job)
+    started = time.perf_counter()
+    output = PASSES.get(job.name).factory(ctx, job.options)
+    return output, ctx.digest, time.perf_counter() - started
+
+
 def run_analysis(
     path: Path,
     *,
@@ -184,35 +262,69 @@ def run_analysis(
     force: bool = False,
     progress: bool = True,
 ) -> AnalysisReport:
+    """Run ``passes`` on the chosen checkpoints of the runs under ``path``; each result is written as soon as
+    it is computed, and results already computed with the same settings are skipped (unless ``force``).
+
+    Under torchrun (every rank calls this with the same arguments) rank 0 decides what is done and writes
+    every file; the work is split as ``split_work`` says: first each rank analyses its own checkpoints
+    alone (``parallel.solo``: no collectives, so ranks working on different checkpoints never wait on each
+    other), the results going to rank 0 after each step; then the rest runs on all ranks together, with
+    Hessian-vector products and surface cells split across them. Splitting checkpoints and, at the same
+    time, the work inside a pass would deadlock: a rank would wait in an all-reduce for ranks busy with
+    other checkpoints. Every rank returns the same report.
+    """
     from tqdm.auto import tqdm
 
     jobs = plan(path, rounds, passes, options)
+    main = parallel.is_main()
+    recorded = parallel.on_main(lambda: _recorded_summaries(jobs, settings, force))
     report = AnalysisReport()
-    contexts: dict[tuple[int, int], CheckpointContext] = {}
-    summaries: dict[tuple[str, int], dict] = {}
-    bar = tqdm(total=len(jobs), desc="analyze", unit="pass", disable=not progress, dynamic_ncols=True)
+    summaries = {i: summary for i, summary in enumerate(recorded) if summary is not None}
+    report.skipped = len(summaries)
+    queues, together = split_work(jobs, [i for i, s in enumerate(recorded) if s is None], parallel.world_size())
+    contexts = _Contexts(settings)
+    bar = tqdm(total=len(jobs), initial=report.skipped, desc="analyze", unit="pass",
+               disable=not (progress and main), dynamic_ncols=True)
+
+    def finish(i: int, output: PassOutput, digest: str, seconds: float) -> None:
+        if main:
+            write_output(jobs[i], settings, digest, output, seconds)
+        summaries[i] = output.summary
+        report.computed += 1
+        bar.update(1)
+
     try:
-        for job in jobs:
-            key = (id(job.source), job.round)
-            bar.set_postfix_str(f"{job.source.name} r{job.round} {job.name}")
-            if key not in contexts:
-                contexts.clear()  # one checkpoint's tensors at a time
-                contexts[key] = CheckpointContext(job.source, job.round, settings)
-            ctx = contexts[key]
-            row = summaries.setdefault((job.source.name, job.round), {"run": job.source.name, "round": job.round})
-            if not force and already_done(job, settings, ctx.digest):
-                report.skipped += 1
-                row.update(read_output(job.out_dir, job.name).get("summary", {}))
-            else:
-                started = time.perf_counter()
-                output = PASSES.get(job.name).factory(ctx, job.options)
-                write_output(job, settings, ctx.digest, output, time.perf_counter() - started)
-                report.computed += 1
-                row.update(output.summary)
-            bar.update(1)
+        own = queues[parallel.rank()]
+        for step in range(max(len(q) for q in queues)):
+            outcome = None
+            if step < len(own):
+                i = own[step]
+                bar.set_postfix_str(f"{jobs[i].source.name} r{jobs[i].round} {jobs[i].name}")
+                if parallel.world_size() == 1:
+                    outcome = (i, *_run_job(jobs[i], contexts), None)
+                else:
+                    try:
+                        with parallel.solo():
+                            outcome = (i, *_run_job(jobs[i], contexts), None)
+                    except LandscapeError as e:  # every rank stops with it, after the step's other results
+                        outcome = (i, None, "", 0.0, str(e))
+            outcomes = [o for o in parallel.all_gather_objects(outcome) if o is not None]
+            for i, output, digest, seconds, error in outcomes:
+                if error is None:
+                    finish(i, output, digest, seconds)
+            errors = [error for *_, error in outcomes if error is not None]
+            if errors:
+                raise LandscapeError(errors[0])
+        for i in together:
+            bar.set_postfix_str(f"{jobs[i].source.name} r{jobs[i].round} {jobs[i].name}")
+            finish(i, *_run_job(jobs[i], contexts))
     finally:
         bar.close()
-    report.rows = list(summaries.values())
+    rows: dict[tuple[str, int], dict] = {}
+    for i, job in enumerate(jobs):
+        row = rows.setdefault((job.source.name, job.round), {"run": job.source.name, "round": job.round})
+        row.update(summaries.get(i, {}))
+    report.rows = list(rows.values())
     return report
 
 

@@ -253,10 +253,12 @@ def _lanczos(
     while len(alphas) < steps:
         q = basis.matrix[:, -1]
         z = op.matvec(q)
-        scale = max(scale, _norm(z))
-        alphas.append(_dot(q, z))
+        z_norm, alpha = torch.linalg.vector_norm(z).double(), torch.dot(q, z).double()
         z = basis.orthogonalise(z)  # removes alpha q + beta q_prev and every rounding-error component
-        beta = _norm(z)
+        # ||H q||, alpha and beta reach the host together: one device sync per step
+        z_norm, alpha, beta = torch.stack([z_norm, alpha, torch.linalg.vector_norm(z).double()]).tolist()
+        scale = max(scale, z_norm)
+        alphas.append(alpha)
         if stop is not None and stop(alphas, betas, beta):
             break
         if len(alphas) == steps or basis.size == op.dim:

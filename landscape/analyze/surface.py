@@ -27,7 +27,8 @@ The centre cell (all coefficients exactly 0) is F(w) itself: it is evaluated by 
 ``objective.accuracy(w)`` on the unmodified w, so it equals the checkpoint's F bitwise (a vmapped batch uses
 other kernels, which agree with the unbatched ones to float rounding, about 1e-7 relative in float32).
 Because the chunks are fixed, a chunk recomputed after an interruption holds the same cells as before and
-gives bitwise the same values.
+gives bitwise the same values. Under torchrun the ranks take the chunks in turn and gather each step's
+values, so a chunk (and its values) is the same whatever the number of ranks.
 
 Resumability. ``on_checkpoint(grid)`` is called after every ``save_every`` computed cells (at chunk ends);
 the surface pass saves the partial grid there (``save_partial``: NPZ written atomically, NaN for the rest,
@@ -54,6 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import vmap
 
+from landscape import parallel
 from landscape.analyze import directions as dirs
 from landscape.analyze.context import CheckpointContext
 from landscape.analyze.objective import AnalysisData, Objective
@@ -246,6 +248,9 @@ def evaluate_surface(
     ``loss(w)`` and ``accuracy(w)``. ``on_checkpoint(grid)`` is called after every ``save_every`` computed
     cells (at the end of a chunk) with the grid so far (its arrays are live: save them, do not keep them);
     an exception from it stops the evaluation. ``vectorize=False`` forces one cell at a time.
+
+    Under torchrun every rank calls this with the same arguments: the ranks split the chunks of cells and
+    all return the whole grid; ``on_checkpoint`` and the progress bar run on rank 0 only.
     """
     from tqdm.auto import tqdm
 
@@ -284,44 +289,54 @@ def evaluate_surface(
                 buffer.add_(d, alpha=c)
         return buffer
 
-    def store(cell: tuple[int, ...], value: tuple[float, float]) -> None:
-        grid.loss[cell], grid.accuracy[cell] = value
-
-    bar = tqdm(total=len(pending), desc="surface", unit="cell", leave=False, dynamic_ncols=True,
-               disable=None if progress is None else not progress)
-    try:
-        for start in range(0, len(cells), cells_per_batch):
-            chunk = [c for c in cells[start : start + cells_per_batch] if missing[c]]
-            if not chunk:
-                continue
-            rest = []
-            for cell in chunk:
-                coeffs = coefficients(cell)
-                if all(c == 0.0 for c in coeffs):  # the checkpoint itself: F(w) as the objective gives it
-                    store(cell, (float(objective.loss(w)), float(objective.accuracy(w))))
-                else:
-                    rest.append((cell, coeffs))
-            if batched and rest:
-                c = torch.tensor([coeffs for _, coeffs in rest], dtype=w.dtype, device=w.device)
-                weights = w.expand(len(rest), -1).clone()
-                for k, d in enumerate(directions):
-                    weights.addcmul_(c[:, k : k + 1], d.unsqueeze(0))
-                losses, accs = _cells_vmapped(objective, weights)
-                for (cell, _), lo, ac in zip(rest, losses, accs):
-                    store(cell, (float(lo), float(ac)))
-            elif isinstance(objective, Objective):
-                for cell, coeffs in rest:
-                    store(cell, _cell_one_pass(objective, point(coeffs)))
+    def compute(chunk: list[tuple[int, ...]]) -> list[tuple[tuple[int, ...], float, float]]:
+        """(cell, F, accuracy) of every cell of one chunk."""
+        values, rest = [], []
+        for cell in chunk:
+            coeffs = coefficients(cell)
+            if all(c == 0.0 for c in coeffs):  # the checkpoint itself: F(w) as the objective gives it
+                values.append((cell, float(objective.loss(w)), float(objective.accuracy(w))))
             else:
-                for cell, coeffs in rest:
-                    w_cell = point(coeffs)
-                    store(cell, (float(objective.loss(w_cell)), float(objective.accuracy(w_cell))))
-            evaluated += len(chunk)
-            since_save += len(chunk)
-            bar.update(len(chunk))
+                rest.append((cell, coeffs))
+        if batched and rest:
+            c = torch.tensor([coeffs for _, coeffs in rest], dtype=w.dtype, device=w.device)
+            weights = w.expand(len(rest), -1).clone()
+            for k, d in enumerate(directions):
+                weights.addcmul_(c[:, k : k + 1], d.unsqueeze(0))
+            losses, accs = _cells_vmapped(objective, weights)
+            values += [(cell, float(lo), float(ac)) for (cell, _), lo, ac in zip(rest, losses, accs)]
+        elif isinstance(objective, Objective):
+            values += [(cell, *_cell_one_pass(objective, point(coeffs))) for cell, coeffs in rest]
+        else:
+            for cell, coeffs in rest:
+                w_cell = point(coeffs)
+                values.append((cell, float(objective.loss(w_cell)), float(objective.accuracy(w_cell))))
+        return values
+
+    # Fixed chunks of the C-ordered cells, keeping only missing cells. Under torchrun the ranks take the
+    # chunks in turn (a step: one chunk each) and gather the step's values, so every rank holds the whole
+    # grid and a chunk holds the same cells, with the same values, whatever the number of ranks.
+    chunks = [chunk for start in range(0, len(cells), cells_per_batch)
+              if (chunk := [c for c in cells[start : start + cells_per_batch] if missing[c]])]
+    ranks, me = parallel.world_size(), parallel.rank()
+    main = parallel.is_main()
+    bar = tqdm(total=len(pending), desc="surface", unit="cell", leave=False, dynamic_ncols=True,
+               disable=(None if progress is None else not progress) if main else True)
+    try:
+        for step in range(0, len(chunks), ranks):
+            group = chunks[step : step + ranks]
+            mine = compute(group[me]) if me < len(group) else []
+            for values in parallel.all_gather_objects(mine):
+                for cell, lo, ac in values:
+                    grid.loss[cell], grid.accuracy[cell] = lo, ac
+            done = sum(len(chunk) for chunk in group)
+            evaluated += done
+            since_save += done
+            bar.update(done)
             if on_checkpoint is not None and since_save >= save_every and evaluated < len(pending):
                 since_save = 0
-                on_checkpoint(grid)
+                if main:
+                    on_checkpoint(grid)
     finally:
         bar.close()
     return SurfaceGrid(grid.x_coords, grid.y_coords, grid.loss, grid.accuracy, evaluated)
@@ -455,7 +470,7 @@ def _objective(ctx: CheckpointContext, data: str) -> tuple[Objective, str]:
         return ctx.objective, f"{split} loss (global F)"
     if which == "test":
         test = ctx.source.setup.bundle.test
-        data_set = AnalysisData(test.x, test.y, ctx.settings.batch_size).to(ctx.device, ctx.dtype)
+        data_set = AnalysisData(test.x, test.y, ctx.settings.batch_size).place(ctx.device, ctx.dtype)
         return ctx.objective.with_data(data_set), "test loss (global F on the test set)"
     if not 0 <= which < ctx.num_clients:
         raise LandscapeError(f"client {which} does not exist (the run has {ctx.num_clients} clients)")
@@ -588,7 +603,7 @@ def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
            "options": {k: v for k, v in opts.__dict__.items() if k != "save_every"},
            "d1_sha256": tensor_digest(plane.d1), "d2_sha256": None if one_d else tensor_digest(plane.d2)}
     partial_path = ctx.source.analysis_dir / f"round-{ctx.round:04d}" / "surface.partial.npz"
-    partial = load_partial(partial_path, key, x_coords, y_coords)
+    partial = parallel.on_main(lambda: load_partial(partial_path, key, x_coords, y_coords))  # rank 0 reads it
     grid = evaluate_surface(
         objective, ctx.w, plane.d1, plane.d2, x_coords, y_coords,
         loss=None if partial is None else partial.loss,
@@ -596,7 +611,8 @@ def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
         cells_per_batch=opts.cells_per_batch, save_every=opts.save_every,
         on_checkpoint=lambda g: save_partial(partial_path, g, key), progress=None,
     )
-    partial_path.unlink(missing_ok=True)
+    if parallel.is_main():
+        partial_path.unlink(missing_ok=True)
 
     centre = tuple(int(np.flatnonzero(axis == 0.0)[0]) for axis in
                    ([x_coords] if one_d else [x_coords, y_coords]))

@@ -7,6 +7,7 @@ checkpoint, or a round's clients split across processes, gives the same numbers 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from landscape import parallel
 from landscape import recipe as recipes
 from landscape.data.datasets import DatasetBundle, load_dataset
 from landscape.data.partitions import class_histogram, make_partition
@@ -88,8 +90,10 @@ def swa_cycle_ends(train: dict, round: int) -> bool:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch device of a recipe's or a flag's device name. Under torchrun, ``cuda`` (and ``auto`` on a
+    machine with GPUs) is this rank's GPU, cuda:LOCAL_RANK."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -98,6 +102,8 @@ def resolve_device(name: str) -> torch.device:
         raise LandscapeError(f"device '{name}' asked for, but no CUDA device is available here")
     if device.type not in ("cpu", "cuda"):
         raise LandscapeError(f"unsupported device '{name}'; use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda" and device.index is None and parallel.launched():
+        device = torch.device("cuda", parallel.local_rank())
     return device
 
 
@@ -115,15 +121,17 @@ class DataSetup:
 def prepare_data(recipe: dict) -> DataSetup:
     """Load the data set and partition it exactly as the recipe says (no files written)."""
     ds, part = recipe["dataset"], recipe["partition"]
-    bundle = load_dataset(
-        ds["name"],
-        root=ds["root"],
-        download=ds["download"],
-        augment=ds["augment"],
-        num_clients=part["clients"],
-        seed=recipe["seed"],
-        options=recipes.entry_options(recipe, "dataset"),
-    )
+    # A download goes to one shared folder: rank 0 fetches, the other ranks then read what it fetched.
+    with parallel.main_first() if ds["download"] else contextlib.nullcontext():
+        bundle = load_dataset(
+            ds["name"],
+            root=ds["root"],
+            download=ds["download"],
+            augment=ds["augment"],
+            num_clients=part["clients"],
+            seed=recipe["seed"],
+            options=recipes.entry_options(recipe, "dataset"),
+        )
     labels = bundle.train.y.numpy()
     indices = make_partition(
         part["name"],
@@ -191,6 +199,11 @@ class Trainer:
         self.dtype = torch.float64 if self.train_cfg["dtype"] == "float64" else torch.float32
         module = build_module(recipe, self.setup.bundle).to(self.device, self.dtype)
         self.flat = FlatModel(module)
+        if self.train_cfg["compile"]:
+            self.flat.compile()  # the training model only: analysis builds its own, never compiled
+        # Mixed precision: bfloat16 autocast around the local forward/backward passes only (evaluation,
+        # aggregation and every analysis stay in the recipe's dtype).
+        self.autocast_dtype = torch.bfloat16 if self.train_cfg["precision"] == "bf16" else None
         self.algorithm = build_algorithm(recipe, ParamLayout(tuple(self.flat.names), tuple(map(tuple, self.flat.shapes))))
         bundle = self.setup.bundle
         # Small data sets live on the device for the whole run.
@@ -283,6 +296,12 @@ class Trainer:
         save_checkpoint(self.run_dir.checkpoint(state.round), self.checkpoint_payload(state))
 
     # -- one client -------------------------------------------------------------------------------------
+    def mixed_precision(self) -> contextlib.AbstractContextManager:
+        """bfloat16 autocast when ``train.precision = "bf16"`` (local forward/backward only), else nothing."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
     def _batch_indices(self, client: int, generator: torch.Generator) -> list[Tensor]:
         """Minibatch index tensors of one client's round: shuffled epochs, last batch of an epoch shorter."""
         idx = self.client_idx[client]
@@ -300,11 +319,12 @@ class Trainer:
     def local_problem(self, client: int, round: int, lr: float, buffers: dict[str, Tensor]) -> LocalProblem:
         generator = torch.Generator().manual_seed(derived_seed(self.recipe["seed"], _STREAM_CLIENT, round, client))
         batch_idx = self._batch_indices(client, generator)
+        # The round's minibatch indices reach the device in one copy, not one per step.
+        batch_idx = list(torch.cat(batch_idx).to(self.device).split([len(b) for b in batch_idx]))
         augment = self.setup.bundle.augmentation
 
         def stream() -> Iterator[tuple[Tensor, Tensor]]:
             for b in batch_idx:
-                b = b.to(self.device)
                 xb = self.train_x[b]
                 if augment is not None:
                     xb = augment(xb, generator)
@@ -312,7 +332,8 @@ class Trainer:
 
         def oracle(w: Tensor, batch: tuple[Tensor, Tensor], update_stats: bool) -> tuple[Tensor, Tensor]:
             stats = buffers if update_stats else {k: v.clone() for k, v in buffers.items()}
-            return self.flat.loss_and_grad(w, batch[0], batch[1], stats)
+            with self.mixed_precision():
+                return self.flat.loss_and_grad(w, batch[0], batch[1], stats)
 
         return LocalProblem(
             client=client,
@@ -327,31 +348,39 @@ class Trainer:
 
     # -- one round --------------------------------------------------------------------------------------
     def run_round(self, state: TrainerState) -> tuple[TrainerState, list[ClientResult], dict]:
+        """One round. Under torchrun each rank trains its block of the round's clients (a client's work is
+        seeded by (seed, round, client), so it does not depend on the rank), the results are gathered in
+        client order, and every rank runs the same server step on them: all ranks keep the whole server and
+        client state. Rank 0's aggregate is then broadcast, so the ranks can never drift apart."""
         t = state.round
         started = time.perf_counter()
         lr = learning_rate(self.train_cfg, t)
         clients = sample_clients(self.recipe["seed"], t, self.num_clients, self.per_round)
         message = self.algorithm.broadcast(state.x, state.server_state, t)
-        results: list[ClientResult] = []
-        client_buffers: list[dict[str, Tensor]] = []
+        local: list[ClientResult] = []
+        local_buffers: list[dict[str, Tensor]] = []
         self.flat.module.train()
-        client_states = dict(state.client_states)
-        for i in clients:
+        for i in parallel.shard(clients):  # every client in a single process
             buffers = {k: v.clone() for k, v in state.buffers.items()}  # BN statistics move during local work
             problem = self.local_problem(i, t, lr, buffers)
             own_state = {k: v.to(self.device) for k, v in state.client_states.get(i, {}).items()}
             result = self.algorithm.client_update(message, own_state, problem)
             result.num_steps = problem.num_steps
-            results.append(result)
-            client_buffers.append(buffers)
+            local.append(result)
+            local_buffers.append(buffers)
+        results, client_buffers = gather_client_work(local, local_buffers, self.device)
+        client_states = dict(state.client_states)
+        for result in results:
             if result.state:
-                client_states[i] = {k: v.to("cpu") for k, v in result.state.items()}
+                client_states[result.client] = {k: v.to("cpu") for k, v in result.state.items()}
         x_new, server_state = self.algorithm.aggregate(state.x, state.server_state, results, t, lr)
         new_buffers = average_buffers(client_buffers) if client_buffers and state.buffers else state.buffers
         swa_model, swa_count = state.swa_model, state.swa_count
         if swa_cycle_ends(self.train_cfg, t):  # x_swa = (n * x_swa + x^{t+1}) / (n + 1)
             swa_model = x_new.clone() if swa_model is None else (swa_count * swa_model + x_new) / (swa_count + 1)
             swa_count += 1
+        server_tensors = [x_new, *server_state.values(), *new_buffers.values()]
+        parallel.broadcast_tensors(server_tensors + ([swa_model] if swa_model is not None else []))
         new_state = TrainerState(t + 1, x_new, new_buffers, server_state, client_states, swa_model, swa_count)
 
         # Flatness distance (METRICS.md): Delta_D = mean_S ||y_{i,K} - x^{t+1}||^2, and normalised.
@@ -371,7 +400,8 @@ class Trainer:
         }
         if self.train_cfg["swa"]:
             row["swa_models"] = swa_count
-        if (t + 1) % self.train_cfg["eval_every"] == 0 or t + 1 == self.train_cfg["rounds"]:
+        evaluate = (t + 1) % self.train_cfg["eval_every"] == 0 or t + 1 == self.train_cfg["rounds"]
+        if evaluate and parallel.is_main():  # only rank 0 logs
             row["test_loss"], row["test_acc"] = self.evaluate(new_state)
         row["seconds"] = time.perf_counter() - started
         return new_state, results, row
@@ -382,13 +412,17 @@ class Trainer:
     def stop_diverged(self, state: TrainerState, row: dict, problems: list[str]) -> None:
         """Record the divergence in metrics.jsonl and stop: the diverged state is never checkpointed."""
         algorithm = self.recipe["algorithm"]["name"]
-        rounds = self.run_dir.rounds()
-        last = self.run_dir.checkpoint(rounds[-1]).relative_to(self.run_dir.path) if rounds else None
-        self.run_dir.append_event(
-            "diverged", state.round, algorithm=algorithm, lr=row["lr"], train_loss=row["train_loss"],
-            update_norm=row["update_norm"], problems=problems, last_checkpoint=str(last) if last else None,
-        )
-        kept = f"the last good checkpoint {last} is kept" if last else "no checkpoint was written"
+
+        def record() -> str:
+            rounds = self.run_dir.rounds()
+            last = self.run_dir.checkpoint(rounds[-1]).relative_to(self.run_dir.path) if rounds else None
+            self.run_dir.append_event(
+                "diverged", state.round, algorithm=algorithm, lr=row["lr"], train_loss=row["train_loss"],
+                update_norm=row["update_norm"], problems=problems, last_checkpoint=str(last) if last else None,
+            )
+            return f"the last good checkpoint {last} is kept" if last else "no checkpoint was written"
+
+        kept = parallel.on_main(record)
         raise LandscapeError(
             f"training diverged in round {state.round} ({algorithm}, lr {row['lr']:g}): {', '.join(problems)}; "
             f"stopped without saving that state, {kept}, the event is in metrics.jsonl (a smaller train.lr or "
@@ -396,23 +430,26 @@ class Trainer:
         )
 
     def train(self, state: TrainerState, progress: bool = True) -> TrainerState:
-        """Run rounds from ``state.round`` to the recipe's rounds, logging and checkpointing."""
+        """Run rounds from ``state.round`` to the recipe's rounds, logging and checkpointing (rank 0 only:
+        the other ranks of a torchrun job compute their clients and keep the same state)."""
         from tqdm.auto import tqdm
 
+        main = parallel.is_main()
         total = self.train_cfg["rounds"]
-        if state.round == 0 and not self.run_dir.checkpoint(0).exists():
+        if main and state.round == 0 and not self.run_dir.checkpoint(0).exists():
             self.save(state, None)  # round 0: the initial model (trajectory start, resumable from scratch)
-        bar = tqdm(total=total, initial=state.round, desc=self.run_dir.path.name, unit="round", disable=not progress,
-                   dynamic_ncols=True, leave=True)
+        bar = tqdm(total=total, initial=state.round, desc=self.run_dir.path.name, unit="round",
+                   disable=not (progress and main), dynamic_ncols=True, leave=True)
         try:
             while state.round < total:
                 state, results, row = self.run_round(state)
                 problems = divergence(state, row)
                 if problems:
                     self.stop_diverged(state, row, problems)
-                self.run_dir.append_metrics(row)
-                if state.round % self.train_cfg["checkpoint_every"] == 0 or state.round == total:
-                    self.save(state, results)
+                if main:
+                    self.run_dir.append_metrics(row)
+                    if state.round % self.train_cfg["checkpoint_every"] == 0 or state.round == total:
+                        self.save(state, results)
                 postfix = {"loss": f"{row['train_loss']:.3f}"}
                 if "test_acc" in row:
                     postfix["acc"] = f"{row['test_acc']:.3f}"
@@ -420,6 +457,7 @@ class Trainer:
                 bar.update(1)
         finally:
             bar.close()
+        parallel.barrier()  # the other ranks return once rank 0 has written the last files
         return state
 
 
@@ -435,6 +473,36 @@ def divergence(state: TrainerState, row: dict) -> list[str]:
             if bad:
                 problems.append(f"{bad} non-finite {what}" if what == "parameters" else f"non-finite {what}")
     return problems
+
+
+def gather_client_work(
+    results: list[ClientResult], buffers: list[dict[str, Tensor]], device: torch.device
+) -> tuple[list[ClientResult], list[dict[str, Tensor]]]:
+    """Every rank's client results and BatchNorm statistics, on every rank, in the order of the ranks'
+    blocks (``parallel.shard``): the round's client order. Tensors travel bit for bit; in a single process
+    the lists come back as they are."""
+    if parallel.world_size() == 1:
+        return results, buffers
+    described, tensors = [], []
+    for r, b in zip(results, buffers):
+        loss_is_tensor = isinstance(r.train_loss, Tensor)
+        described.append({"client": r.client, "num_steps": r.num_steps, "upload": list(r.upload),
+                          "state": list(r.state), "buffers": list(b),
+                          "train_loss": None if loss_is_tensor else float(r.train_loss)})
+        tensors += [r.model, *r.upload.values(), *r.state.values(), *b.values()]
+        if loss_is_tensor:
+            tensors.append(r.train_loss)
+    all_results, all_buffers = [], []
+    for meta, received in zip(parallel.all_gather_objects(described), parallel.all_gather_tensors(tensors, device)):
+        stream = iter(received)
+        for m in meta:
+            model = next(stream)
+            upload = {k: next(stream) for k in m["upload"]}
+            state = {k: next(stream) for k in m["state"]}
+            all_buffers.append({k: next(stream) for k in m["buffers"]})
+            loss = next(stream) if m["train_loss"] is None else m["train_loss"]
+            all_results.append(ClientResult(m["client"], model, upload, state, loss, m["num_steps"]))
+    return all_results, all_buffers
 
 
 def average_buffers(client_buffers: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -453,22 +521,28 @@ def average_buffers(client_buffers: list[dict[str, Tensor]]) -> dict[str, Tensor
 def start_run(recipe: dict, out: Path, *, overwrite: bool = False, progress: bool = True) -> TrainerState:
     """Validate everything, then create the run directory and train. Nothing is written on bad input.
 
-    The run directory is locked (``RunLock``) while the run trains: a second process is refused."""
+    The run directory is locked (``RunLock``) while the run trains: a second process is refused. Under
+    torchrun rank 0 alone checks, locks and writes the directory; every rank trains."""
     run_dir = RunDir(out)
-    check_out_dir(run_dir, overwrite)
+    parallel.on_main(lambda: check_out_dir(run_dir, overwrite))
     check_recipe_writable(recipe)
     setup = prepare_data(recipe)
     trainer = Trainer(recipe, run_dir, setup)
-    try:
-        run_dir.path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise LandscapeError(f"cannot create {run_dir.path}: {os_reason(e)}") from None
-    with RunLock(run_dir):
-        check_out_dir(run_dir, overwrite)  # again, locked: another process may have filled it meanwhile
-        if overwrite:
-            _clear_run_dir(run_dir)
-        run_dir.remove_stale_temp_files()
-        write_run_files(trainer)
+    with contextlib.ExitStack() as held:
+
+        def open_run_dir() -> None:
+            try:
+                run_dir.path.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise LandscapeError(f"cannot create {run_dir.path}: {os_reason(e)}") from None
+            held.enter_context(RunLock(run_dir))
+            check_out_dir(run_dir, overwrite)  # again, locked: another process may have filled it meanwhile
+            if overwrite:
+                _clear_run_dir(run_dir)
+            run_dir.remove_stale_temp_files()
+            write_run_files(trainer)
+
+        parallel.on_main(open_run_dir)
         return trainer.train(trainer.initial_state(), progress=progress)
 
 
@@ -535,7 +609,12 @@ def check_out_dir(run_dir: RunDir, overwrite: bool) -> None:
 
 
 def sweep_status(recipe: dict, path: Path, overwrite: bool) -> str:
-    """What a sweep does with one run directory: 'new' (train), 'done' (skip), 'resume' or 'replace'."""
+    """What a sweep does with one run directory: 'new' (train), 'done' (skip), 'resume' or 'replace'.
+    Decided by rank 0 under torchrun (the other ranks could see a directory rank 0 is creating)."""
+    return parallel.on_main(lambda: _sweep_status(recipe, path, overwrite))
+
+
+def _sweep_status(recipe: dict, path: Path, overwrite: bool) -> str:
     run_dir = RunDir(path)
     if not path.exists() or (path.is_dir() and run_dir.is_empty()):
         return "new"
@@ -550,9 +629,10 @@ def sweep_status(recipe: dict, path: Path, overwrite: bool) -> str:
 
 
 # Recipe keys that may differ between a checkpoint and the run it continues: they change where and how
-# often things are written, or how long the run is (--rounds), never the numbers of a round.
-RESUME_FREE_KEYS = frozenset({"name", "train.rounds", "train.device", "train.checkpoint_every", "train.eval_every",
-                              "train.keep_clients", "dataset.root", "dataset.download"})
+# often things are written, how long the run is (--rounds), or where and how the same round is computed
+# (device, compile), never the rule of a round.
+RESUME_FREE_KEYS = frozenset({"name", "train.rounds", "train.device", "train.compile", "train.checkpoint_every",
+                              "train.eval_every", "train.keep_clients", "dataset.root", "dataset.download"})
 
 
 def recipe_difference(recorded: str, recipe: dict) -> str | None:
@@ -642,19 +722,32 @@ def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
     with the run locked: a damaged newest checkpoint is renamed ``round-NNNN.pt.damaged`` (never deleted)
     and ``warn`` (default: a line on stderr) says which checkpoint the run resumes from; temporary files of
     a killed process are removed; metrics rows after the resumed round are dropped (they are recomputed).
+    Under torchrun rank 0 alone locks, chooses the checkpoint and changes the directory; the other ranks
+    load the checkpoint it chose (the run directory must be on a file system every machine sees).
     """
     warn = warn or print_warning
     run_dir = RunDir(path)
-    if not run_dir.path.is_dir() or not run_dir.is_run():
-        raise LandscapeError(f"{path} is not a run directory (no recipe.toml); nothing to resume")
-    recipe = recipes.resolve(recipes.read_toml(run_dir.recipe))
-    if rounds is not None:
-        recipe["train"]["rounds"] = rounds
-        recipe = recipes.resolve(recipe)
-    with RunLock(run_dir):
-        point = find_resume_point(run_dir)
-        if rounds is not None and rounds < point.round:
-            raise LandscapeError(f"--rounds {rounds} is below the last checkpoint's round {point.round}")
+    with contextlib.ExitStack() as held:
+        found: dict[str, ResumePoint] = {}
+
+        def locate() -> tuple[dict, Path | None]:
+            if not run_dir.path.is_dir() or not run_dir.is_run():
+                raise LandscapeError(f"{path} is not a run directory (no recipe.toml); nothing to resume")
+            recipe = recipes.resolve(recipes.read_toml(run_dir.recipe))
+            if rounds is not None:
+                recipe["train"]["rounds"] = rounds
+                recipe = recipes.resolve(recipe)
+            held.enter_context(RunLock(run_dir))
+            point = found["point"] = find_resume_point(run_dir)
+            if rounds is not None and rounds < point.round:
+                raise LandscapeError(f"--rounds {rounds} is below the last checkpoint's round {point.round}")
+            return recipe, point.path
+
+        recipe, checkpoint_path = parallel.on_main(locate)
+        point = found.get("point")
+        if point is None:  # a rank other than 0: the checkpoint rank 0 chose
+            checkpoint = load_checkpoint(checkpoint_path) if checkpoint_path is not None else None
+            point = ResumePoint(0 if checkpoint is None else int(checkpoint["round"]), checkpoint, checkpoint_path)
         trainer = Trainer(recipe, run_dir)
         if point.checkpoint is not None:
             state = trainer.state_from_checkpoint(point.checkpoint, point.path)
@@ -662,16 +755,20 @@ def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
         else:
             state = trainer.initial_state()
             target = "starting again from the initial model (round 0)"
-        # Every check has passed: from here on the directory changes.
-        for error in point.damaged:
-            moved = run_dir.set_aside(error.path)
-            warn(f"{_rel(run_dir, error.path)} is damaged ({error.reason}); moved to {moved.name}; {target}")
-        if point.checkpoint is None and not point.damaged:
-            warn(f"{run_dir.path} has no checkpoint yet (its first process stopped early); {target}")
-        run_dir.remove_stale_temp_files()
-        if not run_dir.partition.is_file():
-            write_run_files(trainer, recipe_too=False)
-        run_dir.truncate_metrics(state.round)
-        if rounds is not None:
-            write_text(run_dir.recipe, trainer.recipe_text)
+
+        def prepare() -> None:
+            # Every check has passed: from here on the directory changes.
+            for error in point.damaged:
+                moved = run_dir.set_aside(error.path)
+                warn(f"{_rel(run_dir, error.path)} is damaged ({error.reason}); moved to {moved.name}; {target}")
+            if point.checkpoint is None and not point.damaged:
+                warn(f"{run_dir.path} has no checkpoint yet (its first process stopped early); {target}")
+            run_dir.remove_stale_temp_files()
+            if not run_dir.partition.is_file():
+                write_run_files(trainer, recipe_too=False)
+            run_dir.truncate_metrics(state.round)
+            if rounds is not None:
+                write_text(run_dir.recipe, trainer.recipe_text)
+
+        parallel.on_main(prepare)
         return trainer.train(state, progress=progress)
