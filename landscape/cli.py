@@ -269,6 +269,131 @@ def report_command(runs: tuple[Path, ...], out: Path, title: str) -> None:
     click.echo(f"report: {write_report(list(runs), out, title=title)}")
 
 
+def _ensure_run(recipe: dict, path: Path, quiet: bool) -> None:
+    """Train a run directory this command owns, make-like: reuse it when done, resume it when unfinished,
+    retrain it when its recipe changed."""
+    from landscape.train import loop
+
+    status = loop.owned_run_status(recipe, path)
+    click.echo(f"train {path}: {status}", err=True)
+    if status in ("new", "replace"):
+        loop.start_run(recipe, path, overwrite=status == "replace", progress=not quiet)
+    elif status == "resume":
+        loop.resume_run(path, rounds=recipe["train"]["rounds"], progress=not quiet)
+
+
+@cli.command("figures")
+@click.argument("recipe_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="folder of the figure's runs (runs/<id>) and files [default: runs/figures/<name>, "
+                   "runs/figures/<name>-paper at paper scale]")
+@click.option("--scale", type=click.Choice(["digits", "paper"]), default=None,
+              help="digits: minutes on a laptop CPU; paper: the papers' setting [default: the recipe's scale]")
+@click.option("--runs", "run_paths", multiple=True, type=click.Path(path_type=Path),
+              help="draw these existing runs (run directories or folders of runs) instead of the recipe's; "
+                   "analyses they lack are computed. Repeatable")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (training and analysis)")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="a training recipe key for every run (--set train.rounds=10), an analysis setting "
+                   "(--set analyze.analysis_samples=500) or a pass option (--set hessian.top_k=10)")
+@click.option("--dry-run", is_flag=True, help="print what would be trained, analysed and drawn, then exit")
+@click.option("--quiet", is_flag=True, help="no progress bars")
+def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_paths: tuple[Path, ...],
+                    device: str, assignments: tuple[str, ...], dry_run: bool, quiet: bool) -> None:
+    """Draw a paper figure from a figure recipe (figures/*.toml): train the runs it needs and analyse them
+    where that is missing (finished runs and analyses are reused; a run whose recipe changed is retrained),
+    then write <file>.png and <file>.pdf (+ <file>.html, interactive 3D, for surfaces) under --out."""
+    from landscape import recipe as recipes
+    from landscape.analyze.context import AnalysisSettings
+    from landscape.analyze.passes import PASSES, pass_options, run_analysis
+    from landscape.figures import book
+    from landscape.figures.curves import load_runs
+
+    fig = book.load_figure_recipe(recipe_file, scale)
+    for text in assignments:
+        fig.assign(*recipes.parse_assignment(text), PASSES.names())
+    if run_paths and fig.forced:
+        raise LandscapeError("--set of training keys needs the recipe's runs; with --runs nothing is trained")
+    out = out if out is not None else Path("runs/figures") / (fig.name + ("-paper" if fig.scale == "paper" else ""))
+    try:
+        settings = AnalysisSettings(device=device, **fig.settings)
+    except TypeError as e:
+        raise LandscapeError(f"{recipe_file}: bad analysis settings ({e})") from None
+    _check_settings(settings, recipe_file)
+    passes = list(fig.pass_rounds)
+    options = {name: pass_options(name, fig.pass_options.get(name, {})) for name in passes}
+    unknown = sorted(set(fig.pass_options) - set(passes))
+    if unknown:
+        raise LandscapeError(f"{recipe_file}: options for pass(es) {', '.join(unknown)} that no plot reads")
+
+    if run_paths:  # the given runs, every plot over all of them
+        runs = load_runs(list(run_paths))
+        paths = [run.path for run in runs]
+        plots = [(plot, runs) for plot in fig.plots]
+    else:
+        device_key = [("train.device", device)] if device != "auto" else []
+        plan = [(spec, recipes.build(fig.train_recipe, fig.overrides(spec) + device_key), out / "runs" / spec.id)
+                for spec in fig.runs]
+        paths = [path for _, _, path in plan]
+        if dry_run:
+            from landscape.train import loop
+
+            click.echo(f"figure {fig.name} ({fig.scale} scale): {fig.title}")
+            for spec, recipe, path in plan:
+                click.echo(f"  run {spec.id:<22} {loop.owned_run_status(recipe, path):<8} {path}  "
+                           f"[{recipes.run_name(recipe)}, {recipe['train']['rounds']} rounds]")
+            for name in passes:
+                click.echo(f"  analyze {name} at rounds {fig.pass_rounds[name]}")
+            for plot in fig.plots:
+                click.echo(f"  plot {plot.kind:<18} {out / plot.file}.png|pdf  runs {', '.join(plot.runs)}")
+            return
+        for _, recipe, path in plan:
+            _ensure_run(recipe, path, quiet)
+    for path in paths:
+        for name in passes:
+            run_analysis(path, rounds=fig.pass_rounds[name], passes=[name], settings=settings,
+                         options={name: options[name]}, progress=not quiet)
+    if not run_paths:
+        loaded = dict(zip([spec.id for spec in fig.runs], load_runs(paths)))
+        plots = [(plot, book.figure_runs(fig, plot, loaded)) for plot in fig.plots]
+    written = []
+    for plot, plot_runs in plots:
+        written += book.render(plot, plot_runs, out)
+    click.echo(f"figure {fig.name}: " + ", ".join(str(p) for p in written))
+
+
+def _check_settings(settings: Any, where: Path) -> None:
+    choices = {"split": ("train", "test"), "bn_mode": ("eval", "train-batch-stats", "recompute"),
+               "hvp": ("double-backward", "forward-over-reverse"), "dtype": ("float32", "float64")}
+    for key, allowed in choices.items():
+        if getattr(settings, key) not in allowed:
+            raise LandscapeError(f"{where}: analyze.{key} must be one of {', '.join(allowed)} "
+                                 f"(got {getattr(settings, key)!r})")
+    if settings.analysis_samples < 0 or settings.batch_size < 1:
+        raise LandscapeError(f"{where}: analyze.analysis_samples must be >= 0 and analyze.batch_size >= 1")
+
+
+@cli.command("compare")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/compare"),
+              show_default=True, help="folder for compare.csv and the surface figures")
+@click.option("--rho", type=float, default=None, help="the radius of the S_rho column [default: 0.05 when computed]")
+@click.option("--quantity", type=click.Choice(["loss", "accuracy"]), default="loss", show_default=True,
+              help="what the surface panels show")
+def compare_command(runs: tuple[Path, ...], out: Path, rho: float | None, quantity: str) -> None:
+    """RUNS side by side (run directories or folders of runs): a table of test accuracy, lambda_max, trace,
+    S_rho, Delta_D, Delta_FI and mean gradient cosine at each run's latest analysed round (printed and
+    written to compare.csv), and the runs' loss surfaces on one colour scale (surfaces.png|pdf contours,
+    surfaces-3d.png|pdf, surfaces.html). Reads files only; what a run lacks is named with its command."""
+    from landscape.figures.compare import compare, text_table
+
+    result = compare(list(runs), out, rho=rho, quantity=quantity)
+    click.echo(text_table(result.header, result.rows))
+    for line in result.missing:
+        click.echo(f"note: {line}", err=True)
+    click.echo("wrote " + ", ".join(str(p) for p in result.written))
+
+
 # The demo: the recipe of train/digits-fedavg.toml, for three algorithms, with client models kept.
 _DEMO_OVERRIDES: list[tuple[str, Any]] = [
     ("dataset.name", "digits"), ("partition.name", "dirichlet"), ("partition.clients", 20), ("partition.alpha", 0.1),
@@ -297,19 +422,14 @@ def demo_command(out: Path, quiet: bool) -> None:
         pass_options,
         run_analysis,
     )
-    from landscape.figures import curves, surfaces
+    from landscape.figures import curves
+    from landscape.figures.compare import compare, text_table
     from landscape.figures.report import write_report
-    from landscape.train import loop
 
     runs = recipes.build_sweep(None, _DEMO_OVERRIDES, {"algorithm.name": _DEMO_ALGORITHMS})
     paths = [out / recipes.sweep_run_name(recipe, swept) for recipe, swept in runs]
     for (recipe, _), path in zip(runs, paths):
-        status = loop.sweep_status(recipe, path, overwrite=False)
-        click.echo(f"train {path}: {status}", err=True)
-        if status == "new":
-            loop.start_run(recipe, path, progress=not quiet)
-        elif status == "resume":
-            loop.resume_run(path, progress=not quiet)
+        _ensure_run(recipe, path, quiet)
     names = [*default_passes(), "surface"]
     options = {name: pass_options(name, _DEMO_PASS_OPTIONS.get(name, {})) for name in names}
     options["surface"] = pass_options("surface", _DEMO_SURFACE)
@@ -318,17 +438,19 @@ def demo_command(out: Path, quiet: bool) -> None:
     for path in paths:
         rows += run_analysis(path, passes=names, settings=settings, options=options, progress=not quiet).rows
     figures = out / "figures"
-    last = f"round-{runs[0][0]['train']['rounds']:04d}"
-    surfaces.plot_panels([p / "analysis" / last / "surface.npz" for p in paths], _DEMO_ALGORITHMS,
-                         figures / "surfaces.png")
+    comparison = compare(paths, figures)  # the FedAvg / FedSAM / FedNSAM surfaces on one scale, and the table
     curves.plot_accuracy(paths, figures / "accuracy.png")
     curves.plot_flatness_and_sharpness(paths, figures / "flatness-sharpness.png")
     curves.plot_hessian_summary(paths, figures / "hessian.png")
     curves.plot_alignment_heatmaps(paths, figures / "alignment.png")
     report = write_report(paths, out / "report.html", title="landscape demo: FedAvg, FedSAM, FedNSAM on digits")
     click.echo(format_summary(AnalysisReport(rows=rows)))
+    click.echo("")
+    click.echo(text_table(comparison.header, comparison.rows))
+    click.echo("")
     click.echo(f"runs:    {', '.join(map(str, paths))}")
-    click.echo(f"figures: {figures}/ (surfaces, accuracy, flatness-sharpness, hessian, alignment .png)")
+    click.echo(f"figures: {figures}/ (surfaces, surfaces-3d, accuracy, flatness-sharpness, hessian, alignment .png; "
+               "surfaces.html; compare.csv)")
     click.echo(f"report:  {report}")
 
 

@@ -58,6 +58,7 @@ th { background: #f4f4f4; } td.text, th.text { text-align: left; }
 table.recipe td, table.recipe th { text-align: left; } table.recipe th.section { background: #e8eef7; }
 .swatch { display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.4em; vertical-align: -0.1em; }
 figure { margin: 0.8em 0; } figcaption { color: #555; font-size: 0.9em; max-width: 70em; }
+.scroll { overflow-x: auto; max-width: 100%; }
 .plot { width: 100%; } .note { color: #8a5a00; } pre { background: #f7f7f7; padding: 0.6em; overflow-x: auto; }
 """
 
@@ -124,7 +125,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], css_class: str 
     head = "".join(f"<th{cls(i)}>{h}</th>" for i, h in enumerate(header))
     body = "".join("<tr>" + "".join(f"<td{cls(i)}>{c}</td>" for i, c in enumerate(row)) + "</tr>\n" for row in rows)
     css = f' class="{css_class}"' if css_class else ""
-    return f"<table{css}>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}</tbody>\n</table>"
+    return (f'<div class="scroll"><table{css}>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}</tbody>\n'
+            "</table></div>")  # a wide table scrolls inside the page, not the page sideways
 
 
 def _run_name_cell(run: RunData) -> str:
@@ -140,6 +142,7 @@ class Quantity:
     header: str  # HTML
     pass_name: str
     read: Callable[[PassRecord], tuple[Any, Any]]  # (value, standard error or None)
+    text: str  # the header in plain text (terminal tables, CSV)
 
 
 def _get(key: str, se_key: str | None = None) -> Callable[[PassRecord], tuple[Any, Any]]:
@@ -163,27 +166,33 @@ def _sharpness_at(rho: float) -> Callable[[PassRecord], tuple[Any, Any]]:
     return read
 
 
-def _quantities(rhos: Sequence[float]) -> list[Quantity]:
-    sharp = [Quantity(f"S<sub>&rho;</sub> (&rho;={r:g})", "sharpness", _sharpness_at(r)) for r in rhos]
+def quantities(rhos: Sequence[float]) -> list[Quantity]:
+    """Every analysis quantity the tables show, with S_rho at each of ``rhos``."""
+    sharp = [Quantity(f"S<sub>&rho;</sub> (&rho;={r:g})", "sharpness", _sharpness_at(r), f"S_rho({r:g})")
+             for r in rhos]
     return [
-        Quantity("&lambda;<sub>max</sub>", "hessian", _first_eigenvalue),
-        Quantity("&lambda;<sub>1</sub>/&lambda;<sub>k</sub>", "hessian", _get("lambda_ratio")),
-        Quantity("trace (Hutch++)", "hessian", _get("trace_hutchpp.estimate", "trace_hutchpp.stderr")),
-        Quantity("mean client &lambda;<sub>max</sub>", "hessian", _get("clients.mean_lambda_max")),
+        Quantity("&lambda;<sub>max</sub>", "hessian", _first_eigenvalue, "lambda_max"),
+        Quantity("&lambda;<sub>1</sub>/&lambda;<sub>k</sub>", "hessian", _get("lambda_ratio"), "lambda_1/lambda_k"),
+        Quantity("trace (Hutch++)", "hessian", _get("trace_hutchpp.estimate", "trace_hutchpp.stderr"), "trace"),
+        Quantity("mean client &lambda;<sub>max</sub>", "hessian", _get("clients.mean_lambda_max"),
+                 "client lambda_max"),
         *sharp,
-        Quantity("local &minus; global S<sub>&rho;</sub>", "sharpness", _get("local.gap")),
-        Quantity("&Delta;<sub>D</sub> (pass)", "flatness", _get("distance")),
-        Quantity("&Delta;<sub>FI</sub>", "incompatibility", _get("incompatibility", "incompatibility_se")),
-        Quantity("heterogeneity share", "incompatibility", _get("heterogeneity_share")),
-        Quantity("friendly rate", "incompatibility", _get("friendly_rate", "friendly_rate_se")),
-        Quantity("mean gradient cos", "alignment", _get("gradients.mean_off_diagonal")),
-        Quantity("minibatch cos", "alignment", _get("minibatch.mean_cosine", "minibatch.mean_cosine_se")),
-        Quantity("F(x) (analysis data)", "loss", _get("loss")),
-        Quantity("accuracy (analysis data, %)", "loss", lambda rec: (100 * float(rec.value("accuracy")), None)),
+        Quantity("local &minus; global S<sub>&rho;</sub>", "sharpness", _get("local.gap"), "local-global S_rho"),
+        Quantity("&Delta;<sub>D</sub> (pass)", "flatness", _get("distance"), "Delta_D"),
+        Quantity("&Delta;<sub>FI</sub>", "incompatibility", _get("incompatibility", "incompatibility_se"),
+                 "Delta_FI"),
+        Quantity("heterogeneity share", "incompatibility", _get("heterogeneity_share"), "heterogeneity share"),
+        Quantity("friendly rate", "incompatibility", _get("friendly_rate", "friendly_rate_se"), "friendly rate"),
+        Quantity("mean gradient cos", "alignment", _get("gradients.mean_off_diagonal"), "mean grad cos"),
+        Quantity("minibatch cos", "alignment", _get("minibatch.mean_cosine", "minibatch.mean_cosine_se"),
+                 "minibatch cos"),
+        Quantity("F(x) (analysis data)", "loss", _get("loss"), "F(x)"),
+        Quantity("accuracy (analysis data, %)", "loss", lambda rec: (100 * float(rec.value("accuracy")), None),
+                 "accuracy (analysis data, %)"),
     ]
 
 
-def _all_rhos(runs: Sequence[RunData]) -> list[float]:
+def all_rhos(runs: Sequence[RunData]) -> list[float]:
     found: set[float] = set()
     for run in runs:
         for rec in (run.analyses[r]["sharpness"] for r in run.analysed_rounds("sharpness")):
@@ -201,44 +210,71 @@ def _metric_at(run: RunData, key: str, round: int) -> Any:
 # -- tables ---------------------------------------------------------------------------------------------------
 
 
-def comparison_table(runs: Sequence[RunData], rho: float | None) -> str:
-    """One row per run: training outcome and the latest value of each analysis quantity."""
-    quantities = [q for q in _quantities([rho] if rho is not None else [])
-                  if any(run.analysed_rounds(q.pass_name) for run in runs)]
-    header = ["run", "directory", "rounds", "final test acc (%)", "best test acc (%)", "final train loss",
-              "&Delta;<sub>D</sub> (online, last round)", "latest analysed round"] + [q.header for q in quantities]
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One run's line of a comparison: training outcome, and per quantity (value, standard error, round) at
+    the latest round its pass analysed (None where the pass never ran)."""
+
+    run: RunData
+    rounds: int | None
+    final_acc: float | None
+    best_acc: float | None
+    final_loss: float | None
+    online_distance: float | None  # Delta_D logged by training at the last round
+    latest: int | None  # the latest analysed round
+    values: list[tuple[Any, Any, int] | None]
+
+
+def comparison_rows(runs: Sequence[RunData], shown: Sequence[Quantity]) -> list[ComparisonRow]:
     rows = []
     for run in runs:
         _, acc = run.series("test_acc")
         _, loss = run.series("train_loss")
         _, distance = run.series("flatness_distance")
         analysed = sorted(run.analyses)
-        latest = analysed[-1] if analysed else None
-        row = [_run_name_cell(run), html.escape(run.name),
-               _num(max((r["round"] for r in run.metrics if "round" in r), default=None)),
-               _num(100 * acc[-1]) if acc.size else "-", _num(100 * np.nanmax(acc)) if acc.size else "-",
-               _num(loss[-1]) if loss.size else "-", _num(distance[-1]) if distance.size else "-", _num(latest)]
-        for q in quantities:
+        values: list[tuple[Any, Any, int] | None] = []
+        for q in shown:
             done = run.analysed_rounds(q.pass_name)
-            if not done:
-                row.append("-")
+            values.append((*q.read(run.analyses[done[-1]][q.pass_name]), done[-1]) if done else None)
+        rows.append(ComparisonRow(
+            run, max((r["round"] for r in run.metrics if "round" in r), default=None),
+            float(acc[-1]) if acc.size else None, float(np.nanmax(acc)) if acc.size else None,
+            float(loss[-1]) if loss.size else None, float(distance[-1]) if distance.size else None,
+            analysed[-1] if analysed else None, values))
+    return rows
+
+
+def comparison_table(runs: Sequence[RunData], rho: float | None) -> str:
+    """One row per run: training outcome and the latest value of each analysis quantity."""
+    shown = [q for q in quantities([rho] if rho is not None else [])
+             if any(run.analysed_rounds(q.pass_name) for run in runs)]
+    header = ["run", "directory", "rounds", "final test acc (%)", "best test acc (%)", "final train loss",
+              "&Delta;<sub>D</sub> (online, last round)", "latest analysed round"] + [q.header for q in shown]
+    rows = []
+    for row in comparison_rows(runs, shown):
+        cells = [_run_name_cell(row.run), html.escape(row.run.name), _num(row.rounds),
+                 _num(100 * row.final_acc) if row.final_acc is not None else "-",
+                 _num(100 * row.best_acc) if row.best_acc is not None else "-",
+                 _num(row.final_loss), _num(row.online_distance), _num(row.latest)]
+        for value in row.values:
+            if value is None:
+                cells.append("-")
                 continue
-            value, se = q.read(run.analyses[done[-1]][q.pass_name])
-            cell = _num(value, se)
-            row.append(cell if done[-1] == latest else f"{cell} (round {done[-1]})")
-        rows.append(row)
+            cell = _num(value[0], value[1])
+            cells.append(cell if value[2] == row.latest else f"{cell} (round {value[2]})")
+        rows.append(cells)
     return _table(header, rows, "comparison", text_cols=2)
 
 
 def analysis_table(run: RunData, rhos: Sequence[float]) -> str:
     """One row per analysed round of the run: test accuracy there and every analysis quantity it has."""
-    quantities = [q for q in _quantities(rhos) if run.analysed_rounds(q.pass_name)]
-    header = ["round", "test acc (%)"] + [q.header for q in quantities]
+    shown = [q for q in quantities(rhos) if run.analysed_rounds(q.pass_name)]
+    header = ["round", "test acc (%)"] + [q.header for q in shown]
     rows = []
     for r in sorted(run.analyses):
         acc = _metric_at(run, "test_acc", r)
         row = [str(r), _num(100 * acc) if acc is not None else "-"]
-        for q in quantities:
+        for q in shown:
             rec = run.analyses[r].get(q.pass_name)
             row.append(_num(*q.read(rec)) if rec is not None else "-")
         rows.append(row)
@@ -409,12 +445,27 @@ def surface_files(run: RunData) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _line_surface_figure(path: Path, title: str) -> Any:
+def _surface_kind(path: Path) -> str:
+    """'random plane', 'PCA plane', 'client plane' or 'line to <target>' from the record beside the NPZ."""
+    try:
+        meta = json.loads(path.with_suffix(".json").read_text()).get("result", {})
+    except (OSError, ValueError, AttributeError):
+        return path.name
+    kind = meta.get("directions") if isinstance(meta, dict) else None
+    names = {"random": "filter-normalised random plane", "pca": "PCA plane of the trajectory",
+             "clients": "plane of two client models"}
+    if kind == "interpolate":
+        return f"line to {meta.get('target', 'the target')}"
+    return names.get(kind, path.name)
+
+
+def _line_surface_figure(path: Path, title: str, color: str) -> Any:
     import plotly.graph_objects as go
 
     with np.load(path, allow_pickle=False) as f:
         x, loss = np.asarray(f["x_coords"], float), np.asarray(f["loss"], float)
-    fig = go.Figure(go.Scatter(x=x, y=loss, mode="lines+markers", name="loss", marker={"size": 4}))
+    fig = go.Figure(go.Scatter(x=x, y=loss, mode="lines+markers", name="loss", marker={"size": 4},
+                               line={"color": color}))
     return _layout(fig, title, rounds=False, xaxis_title="step along the direction", yaxis_title="loss")
 
 
@@ -425,7 +476,7 @@ def surfaces_section(runs: Sequence[RunData], page: Page) -> str:
     renderer = surface_renderer()
     parts = ['<section id="surfaces"><h2>Loss surfaces</h2>']
     for run, r, path in files:
-        title = f"{run.label}, round {r} ({path.name})"
+        title = f"{run.label}, round {r}, {_surface_kind(path)}"
         name = f"surface-{run.name}-round-{r}-{path.stem}"
         try:
             with np.load(path, allow_pickle=False) as f:
@@ -434,7 +485,7 @@ def surfaces_section(runs: Sequence[RunData], page: Page) -> str:
                 parts.append(_note(f"{path}: no surface renderer available (landscape.figures.surfaces."
                                    "surface_figure); the surface is left out"))
                 continue
-            fig = renderer([path], [title]) if is_2d else _line_surface_figure(path, title)
+            fig = renderer([path], [title]) if is_2d else _line_surface_figure(path, title, to_hex(run.color))
         except (LandscapeError, OSError, ValueError, KeyError) as e:
             parts.append(_note(f"{path}: cannot draw this surface ({e})"))
             continue
@@ -453,7 +504,7 @@ def build_report(run_dirs: RunsLike, *, title: str = "landscape report") -> str:
 
     runs = as_runs(run_dirs)
     page = Page()
-    rhos = _all_rhos(runs)
+    rhos = all_rhos(runs)
     sharp_runs = [run for run in runs if run.analysed_rounds("sharpness")]
     try:
         rho = choose_rho(sharp_runs, None) if sharp_runs else None

@@ -32,7 +32,7 @@ from matplotlib import patheffects
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
-from matplotlib.ticker import FormatStrFormatter, NullFormatter
+from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter
 
 from landscape.errors import LandscapeError
 from landscape.runs import atomic_write, write_text
@@ -304,6 +304,17 @@ def plot_panels(sources: Sequence[str | Path | SurfaceData], titles: Sequence[st
                 lines: bool = True, overlay: str | None = "auto", levels: int = 30) -> list[PanelData]:
     """Several surfaces side by side on ONE colour scale (same limits and levels, one colour bar), e.g. the
     FedSAM vs FedNSAM picture. ``kind``: "contour" or "3d" (3D panels also share the z limits)."""
+    fig, panels = panels_figure(sources, titles, kind=kind, quantity=quantity, log_levels=log_levels,
+                                filled=filled, lines=lines, overlay=overlay, levels=levels)
+    save_figure(fig, out)
+    return panels
+
+
+def panels_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[str] | None = None, *,
+                  kind: str = "contour", quantity: str = "loss", log_levels: bool = False, filled: bool = True,
+                  lines: bool = True, overlay: str | None = "auto", levels: int = 30
+                  ) -> tuple[Figure, list[PanelData]]:
+    """The Figure of ``plot_panels`` and what each panel drew."""
     if kind not in ("contour", "3d"):
         raise LandscapeError(f"panel kind must be contour or 3d, got '{kind}'")
     surfaces = [_as_surface(s) for s in sources]
@@ -313,7 +324,10 @@ def plot_panels(sources: Sequence[str | Path | SurfaceData], titles: Sequence[st
     if len(titles) != len(surfaces):
         raise LandscapeError(f"{len(titles)} titles for {len(surfaces)} surfaces")
     level_values, norm = _color_scale([s.values(quantity) for s in surfaces], log_levels, levels)
-    fig = Figure(figsize=(4.6 * len(surfaces) + 1.2, 4.4), layout="constrained")
+    width = 5.6 if kind == "3d" else 4.6  # 3D panels: room for the z label beside each box
+    fig = Figure(figsize=(width * len(surfaces) + 1.2, 4.6 if kind == "3d" else 4.4), layout="constrained")
+    if kind == "3d":
+        fig.get_layout_engine().set(w_pad=0.25, wspace=0.08)
     panels, axes, mappable = [], [], None
     for k, (surface, title) in enumerate(zip(surfaces, titles)):
         if kind == "contour":
@@ -330,8 +344,7 @@ def plot_panels(sources: Sequence[str | Path | SurfaceData], titles: Sequence[st
         axes.append(ax)
     _colorbar(fig, mappable, axes, surfaces[0].quantity_label(quantity), shrink=0.85,
               pad=0.08 if kind == "3d" else 0.05)  # room for the z label
-    save_figure(fig, out)
-    return panels
+    return fig, panels
 
 
 def _surface_panel(ax: Any, surface: SurfaceData, quantity: str, norm: Normalize,
@@ -347,6 +360,8 @@ def _surface_panel(ax: Any, surface: SurfaceData, quantity: str, norm: Normalize
     ax.set_xlabel(xlabel, fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
     ax.set_zlabel(quantity, fontsize=8, labelpad=8)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(5))
     if log_levels:
         ax.set_zscale("log")
     return PanelData(x_grid, y_grid, z, np.array([]), float(norm.vmin), float(norm.vmax)), mappable
@@ -435,8 +450,9 @@ def surface_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence
                                    "zaxis": {"range": [norm.vmin, norm.vmax]}}})
     fig.update_layout(coloraxis={"colorscale": CMAP.capitalize(), "cmin": norm.vmin, "cmax": norm.vmax,
                                  "colorbar": {"title": {"text": surfaces[0].quantity_label(quantity)}}},
-                      height=560, width=max(620, 520 * len(surfaces)),
-                      margin={"l": 10, "r": 10, "t": 50, "b": 10})
+                      height=600, width=max(680, 540 * len(surfaces)),
+                      legend={"orientation": "h", "x": 0.0, "y": -0.02, "yanchor": "top"},
+                      margin={"l": 10, "r": 10, "t": 60, "b": 60})
     return fig
 
 

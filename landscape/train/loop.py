@@ -628,6 +628,30 @@ def _sweep_status(recipe: dict, path: Path, overwrite: bool) -> str:
     return "done" if rounds and rounds[-1] >= recipe["train"]["rounds"] else "resume"
 
 
+def owned_run_status(recipe: dict, path: Path) -> str:
+    """What a command that owns a run directory (``landscape figures``, ``landscape demo``) does with it: 'new'
+    (train), 'done' (reuse), 'resume' (same recipe, unfinished) or 'replace' (its recorded recipe differs in
+    a key other than where it ran: retrain). Like ``make``: the recipe is the input, the run its product."""
+    run_dir = RunDir(path)
+    if not path.exists() or (path.is_dir() and run_dir.is_empty()):
+        return "new"
+    check_out_dir(run_dir, overwrite=True)  # exists: must be a run directory
+    try:  # resolved again: a key added to the recipes since then reads as its default
+        recorded = recipes.to_toml(recipes.resolve(recipes.read_toml(run_dir.recipe)))
+    except LandscapeError:
+        return "replace"
+    # More rounds continue the run when no schedule depends on the number of rounds (the numbers of round t
+    # are then those of a fresh run); otherwise a run of other length is another run.
+    extendable = recipe["train"]["lr_schedule"] != "cosine" and not recipe["train"]["swa"]
+    ignore = PLACE_KEYS | {"train.rounds"} if extendable else PLACE_KEYS
+    if recipe_difference(recorded, recipe, ignore=ignore) is not None:
+        return "replace"
+    rounds = run_dir.rounds()
+    if rounds and rounds[-1] > recipe["train"]["rounds"]:  # longer than asked: not this recipe's product
+        return "replace"
+    return "done" if rounds and rounds[-1] >= recipe["train"]["rounds"] else "resume"
+
+
 # Recipe keys that may differ between a checkpoint and the run it continues: they change where and how
 # often things are written, how long the run is (--rounds), or where and how the same round is computed
 # (device, compile), never the rule of a round.
@@ -635,9 +659,13 @@ RESUME_FREE_KEYS = frozenset({"name", "train.rounds", "train.device", "train.com
                               "train.eval_every", "train.keep_clients", "dataset.root", "dataset.download"})
 
 
-def recipe_difference(recorded: str, recipe: dict) -> str | None:
-    """The first recipe key in which a checkpoint's recorded recipe differs from ``recipe`` (ignoring
-    RESUME_FREE_KEYS), as 'model.width is 32 there, 8 in recipe.toml'; None when they agree."""
+# Recipe keys that change where a run reads its data and computes, never its numbers or its files.
+PLACE_KEYS = frozenset({"name", "train.device", "dataset.root", "dataset.download"})
+
+
+def recipe_difference(recorded: str, recipe: dict, ignore: frozenset[str] = RESUME_FREE_KEYS) -> str | None:
+    """The first recipe key in which a checkpoint's recorded recipe differs from ``recipe`` (ignoring the keys
+    in ``ignore``), as 'model.width is 32 there, 8 in recipe.toml'; None when they agree."""
 
     def flat(table: dict, prefix: str = "") -> dict:
         out = {}
@@ -652,7 +680,7 @@ def recipe_difference(recorded: str, recipe: dict) -> str | None:
     ours = flat(recipes.tomllib.loads(recipes.to_toml(recipe)))
     missing = object()
     for key in list(ours) + [k for k in theirs if k not in ours]:
-        if key in RESUME_FREE_KEYS:
+        if key in ignore:
             continue
         a, b = theirs.get(key, missing), ours.get(key, missing)
         if a != b:

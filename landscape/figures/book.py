@@ -1,0 +1,340 @@
+"""Figure recipes (``figures/*.toml``): the runs a paper figure needs, their analyses, and how it is drawn.
+
+A figure recipe names its runs as changes to one training recipe, the analysis passes (with options and the
+rounds to analyse) and one or more plots. Everything that depends on the scale sits in a ``[digits]`` table
+(the default: minutes on a laptop CPU) and a ``[paper]`` table (the papers' setting, GPU scale); the
+recipe's ``scale`` key, or ``landscape figures --scale``, picks one, and that table is merged over the rest::
+
+    name = "fednsam-fig1-surfaces"
+    title = "Loss surfaces of FedSAM and FedNSAM"
+    scale = "digits"                      # or "paper"
+
+    [train]                               # what every run shares, at both scales
+    set = { "train.keep_clients" = true }
+
+    [[runs]]                              # one run per entry: an id (its folder), a label, its own keys
+    id = "fedsam-alpha0.6"
+    label = "FedSAM, alpha = 0.6"
+    set = { "algorithm.name" = "fedsam", "partition.alpha" = 0.6 }
+    digits = { "train.server_lr" = 1.0 }  # (optional) keys of this run at one scale only
+
+    [analyze]                             # analysis settings (those of `landscape analyze`)
+    analysis_samples = 0
+    [analyze.surface]                     # a pass's options, and the rounds it analyses (last, all, 10,20)
+    grid = "21"
+
+    [[plots]]                             # what is drawn: a kind, the file name, the runs (default: all)
+    kind = "surfaces-3d"
+
+    [digits.train]                        # the digits-scale training recipe ...
+    recipe = "../train/digits-fedavg.toml"
+    [paper.train]                         # ... and the paper's (paths are relative to this file)
+    recipe = "../train/cifar100-fednsam.toml"
+
+Each plot kind names the passes it reads (and at which rounds by default); ``landscape figures`` (in
+``landscape.cli``) trains and analyses what is missing and calls ``render``. This module reads only TOML and
+run directories, as every figure module does.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from landscape.errors import LandscapeError
+from landscape.figures import curves, surfaces
+from landscape.figures.curves import RunData
+from landscape.recipe import read_toml
+from landscape.runs import write_text
+
+SCALES = ("digits", "paper")
+ANALYSIS_SETTINGS = {"split": str, "analysis_samples": int, "bn_mode": str, "hvp": str, "dtype": str, "seed": int,
+                     "batch_size": int}
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_TOP_KEYS = {"name", "title", "scale", "train", "runs", "analyze", "plots", *SCALES}
+
+
+@dataclass(frozen=True)
+class PlotKind:
+    """A renderer: the passes it reads, each with the rounds it needs by default ("last" or "all")."""
+
+    summary: str
+    passes: dict[str, str]
+    draw: Callable[[list[RunData], dict[str, Any]], Figure]
+    interactive: Callable[[list[RunData], dict[str, Any]], Any] | None = None  # a plotly figure (3D)
+    options: tuple[str, ...] = ()  # plot keys besides kind, file, runs, title
+
+
+def _surface_sources(runs: Sequence[RunData]) -> list[Path]:
+    """Each run's surface at its latest analysed round."""
+    curves.require_passes(runs, ["surface"])
+    return [run.pass_record("surface").path.with_suffix(".npz") for run in runs]
+
+
+def _panels(kind: str) -> Callable[[list[RunData], dict[str, Any]], Figure]:
+    def draw(runs: list[RunData], plot: dict[str, Any]) -> Figure:
+        fig, _ = surfaces.panels_figure(_surface_sources(runs), [run.label for run in runs], kind=kind,
+                                        quantity=plot.get("quantity", "loss"), log_levels=plot.get("log", False))
+        return fig
+
+    return draw
+
+
+def _surfaces_html(runs: list[RunData], plot: dict[str, Any]) -> Any:
+    return surfaces.surface_figure(_surface_sources(runs), [run.label for run in runs],
+                                   quantity=plot.get("quantity", "loss"))
+
+
+PLOT_KINDS: dict[str, PlotKind] = {
+    "surfaces": PlotKind("contour maps side by side on one colour scale (+ interactive 3D HTML)",
+                         {"surface": "last"}, _panels("contour"), _surfaces_html, ("quantity", "log")),
+    "surfaces-3d": PlotKind("3D surfaces side by side on one colour and z scale (+ interactive 3D HTML)",
+                            {"surface": "last"}, _panels("3d"), _surfaces_html, ("quantity", "log")),
+    "flatness-sharpness": PlotKind(
+        "flatness distance Delta_D, global sharpness S_rho and lambda_1 over rounds (FedNSAM Fig. 2)",
+        {"sharpness": "all", "hessian": "all"},
+        lambda runs, plot: curves.flatness_and_sharpness_figure(runs, rho=plot.get("rho")), options=("rho",)),
+    "hessian": PlotKind("lambda_max, lambda_1/lambda_k and the spectral density per run (FedSAM paper)",
+                        {"hessian": "last"}, lambda runs, plot: curves.hessian_figure(runs)),
+    "incompatibility": PlotKind("flatness incompatibility Delta_FI and its split over rounds (FedVSSAM)",
+                                {"incompatibility": "all"}, lambda runs, plot: curves.incompatibility_figure(runs)),
+    "alignment": PlotKind("client x client gradient cosine heatmaps on one scale",
+                          {"alignment": "last"}, lambda runs, plot: curves.alignment_figure(runs)),
+    "accuracy": PlotKind("test accuracy over rounds", {}, lambda runs, plot: curves.accuracy_figure(runs)),
+    "metric": PlotKind("any metrics.jsonl key over rounds", {},
+                       lambda runs, plot: curves.metric_figure(runs, plot["key"], log=plot.get("log", False)),
+                       options=("key", "log")),
+}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    id: str
+    label: str
+    set: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    kind: str
+    file: str
+    runs: tuple[str, ...]  # run ids, in drawing order
+    options: dict[str, Any]
+    title: str = ""
+
+
+@dataclass
+class FigureRecipe:
+    path: Path
+    name: str
+    title: str
+    scale: str
+    train_recipe: Path | None  # the training recipe every run starts from (None: the defaults)
+    train_set: dict[str, Any]
+    runs: list[RunSpec]
+    settings: dict[str, Any]  # analysis settings
+    pass_options: dict[str, dict[str, Any]]  # pass -> its options (from [analyze.<pass>])
+    pass_rounds: dict[str, str]  # pass -> rounds to analyse
+    plots: list[PlotSpec] = field(default_factory=list)
+    forced: dict[str, Any] = field(default_factory=dict)  # training keys from --set, over every run's own
+
+    def run(self, run_id: str) -> RunSpec:
+        return next(r for r in self.runs if r.id == run_id)
+
+    def overrides(self, run: RunSpec) -> list[tuple[str, Any]]:
+        """The recipe keys of one run: the shared ones, the run's own, then those given on the command line."""
+        return list(self.train_set.items()) + list(run.set.items()) + list(self.forced.items())
+
+    def assign(self, key: str, value: Any, pass_names: Sequence[str]) -> None:
+        """A command-line ``--set``: ``analyze.<setting>``, ``<pass>.<option>`` (``<pass>.rounds`` too) for a
+        pass this figure runs, or any training recipe key (applied to every run, over its own keys)."""
+        head, _, rest = key.partition(".")
+        if head == "analyze":
+            if rest not in ANALYSIS_SETTINGS:
+                raise LandscapeError(f"--set {key}: analysis settings are {', '.join(ANALYSIS_SETTINGS)}")
+            self.settings[rest] = value
+        elif head in pass_names:
+            if head not in self.pass_rounds:
+                raise LandscapeError(f"--set {key}: this figure runs no {head} pass (it runs "
+                                     f"{', '.join(self.pass_rounds) or 'none'})")
+            if not rest:
+                raise LandscapeError(f"--set {key}: give {head}.<option>=VALUE")
+            if rest == "rounds":
+                self.pass_rounds[head] = _rounds_text(value, f"--set {key}")
+            else:
+                self.pass_options.setdefault(head, {})[rest] = value
+        else:
+            self.forced[key] = value
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _table(raw: dict, key: str, where: str) -> dict:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise LandscapeError(f"{where}: '{key}' must be a table")
+    return value
+
+
+def _string(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise LandscapeError(f"{what} must be a non-empty string (got {value!r})")
+    return value
+
+
+def _rounds_text(value: Any, what: str) -> str:
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                 for v in value):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, str) and (value in ("last", "all") or re.fullmatch(r"\d+(,\d+)*", value)):
+        return value
+    raise LandscapeError(f"{what} must be last, all, a comma list of rounds or a list of rounds (got {value!r})")
+
+
+def load_figure_recipe(path: str | Path, scale: str | None = None) -> FigureRecipe:
+    """Read and check a figure recipe; ``scale`` (digits or paper) overrides the recipe's own."""
+    path = Path(path)
+    raw = read_toml(path)
+    where = str(path)
+    unknown = sorted(set(raw) - _TOP_KEYS)
+    if unknown:
+        raise LandscapeError(f"{where}: unknown key(s) {', '.join(unknown)}; a figure recipe has "
+                             f"{', '.join(sorted(_TOP_KEYS))}")
+    chosen = scale or raw.get("scale", "digits")
+    if chosen not in SCALES:
+        raise LandscapeError(f"{where}: scale must be one of {', '.join(SCALES)} (got {chosen!r})")
+    merged = _merge({k: v for k, v in raw.items() if k not in SCALES}, _table(raw, chosen, where))
+    name = _string(merged.get("name", path.stem), f"{where}: name")
+    if not _ID.match(name):
+        raise LandscapeError(f"{where}: name {name!r} must be letters, digits, '.', '_' or '-'")
+
+    train = _table(merged, "train", where)
+    extra = sorted(set(train) - {"recipe", "set"})
+    if extra:
+        raise LandscapeError(f"{where}: [train] takes recipe and set (got {', '.join(extra)})")
+    recipe_path = None
+    if "recipe" in train:
+        recipe_path = (path.parent / _string(train["recipe"], f"{where}: train.recipe")).resolve()
+        if not recipe_path.is_file():
+            raise LandscapeError(f"{where}: train.recipe {train['recipe']!r} not found ({recipe_path})")
+    train_set = _table(train, "set", f"{where}: [train]")
+
+    raw_runs = merged.get("runs")
+    if not isinstance(raw_runs, list) or not raw_runs or not all(isinstance(r, dict) for r in raw_runs):
+        raise LandscapeError(f"{where}: give the figure's runs as [[runs]] tables (id, label, set)")
+    runs = []
+    for k, entry in enumerate(raw_runs):
+        what = f"{where}: runs[{k}]"
+        extra = sorted(set(entry) - {"id", "label", "set", *SCALES})
+        if extra:
+            raise LandscapeError(f"{what} takes id, label, set, digits and paper (got {', '.join(extra)})")
+        run_id = _string(entry.get("id"), f"{what}.id")
+        if not _ID.match(run_id):
+            raise LandscapeError(f"{what}.id {run_id!r} must be letters, digits, '.', '_' or '-' (it is a folder)")
+        for other in SCALES:
+            _table(entry, other, what)
+        keys = {**_table(entry, "set", what), **_table(entry, chosen, what)}  # the run's keys at this scale
+        runs.append(RunSpec(run_id, str(entry.get("label", run_id)), keys))
+    ids = [r.id for r in runs]
+    if len(set(ids)) != len(ids):
+        raise LandscapeError(f"{where}: run ids must be unique (got {', '.join(ids)})")
+
+    raw_plots = merged.get("plots")
+    if not isinstance(raw_plots, list) or not raw_plots or not all(isinstance(p, dict) for p in raw_plots):
+        raise LandscapeError(f"{where}: give the figure's plots as [[plots]] tables (kind, file, runs)")
+    plots = []
+    for k, entry in enumerate(raw_plots):
+        what = f"{where}: plots[{k}]"
+        kind = entry.get("kind")
+        if kind not in PLOT_KINDS:
+            raise LandscapeError(f"{what}.kind must be one of {', '.join(PLOT_KINDS)} (got {kind!r})")
+        allowed = {"kind", "file", "runs", "title", *PLOT_KINDS[kind].options}
+        extra = sorted(set(entry) - allowed)
+        if extra:
+            raise LandscapeError(f"{what} ({kind}) takes {', '.join(sorted(allowed))} (got {', '.join(extra)})")
+        if kind == "metric" and not isinstance(entry.get("key"), str):
+            raise LandscapeError(f"{what}: a metric plot needs key = '<metrics.jsonl key>'")
+        file = _string(entry.get("file", name if k == 0 else f"{name}-{k + 1}"), f"{what}.file")
+        if not _ID.match(file):
+            raise LandscapeError(f"{what}.file {file!r} must be letters, digits, '.', '_' or '-' (no suffix)")
+        chosen_runs = entry.get("runs", ids)
+        if not isinstance(chosen_runs, list) or not chosen_runs:
+            raise LandscapeError(f"{what}.runs must be a non-empty list of run ids")
+        missing = [r for r in chosen_runs if r not in ids]
+        if missing:
+            raise LandscapeError(f"{what}.runs names unknown run(s) {', '.join(map(str, missing))} "
+                                 f"(runs: {', '.join(ids)})")
+        options = {key: entry[key] for key in PLOT_KINDS[kind].options if key in entry}
+        plots.append(PlotSpec(kind, file, tuple(chosen_runs), options, str(entry.get("title", ""))))
+    files = [p.file for p in plots]
+    if len(set(files)) != len(files):
+        raise LandscapeError(f"{where}: plot files must be unique (got {', '.join(files)})")
+
+    analyze = _table(merged, "analyze", where)
+    settings, pass_options = {}, {}
+    for key, value in analyze.items():
+        if isinstance(value, dict):
+            pass_options[key] = dict(value)
+        elif key in ANALYSIS_SETTINGS:
+            if not isinstance(value, ANALYSIS_SETTINGS[key]) or isinstance(value, bool):
+                raise LandscapeError(f"{where}: analyze.{key} must be a {ANALYSIS_SETTINGS[key].__name__}")
+            settings[key] = value
+        else:
+            raise LandscapeError(f"{where}: analyze.{key} is not an analysis setting "
+                                 f"({', '.join(ANALYSIS_SETTINGS)}) nor a [analyze.<pass>] table")
+    pass_rounds: dict[str, str] = {}
+    for plot in plots:
+        for pass_name, rounds in PLOT_KINDS[plot.kind].passes.items():
+            if pass_rounds.get(pass_name) != "all":
+                pass_rounds[pass_name] = rounds
+    for pass_name, values in pass_options.items():
+        if "rounds" in values:
+            pass_rounds[pass_name] = _rounds_text(values.pop("rounds"), f"{where}: analyze.{pass_name}.rounds")
+        elif pass_name not in pass_rounds:
+            pass_rounds[pass_name] = "last"
+    return FigureRecipe(path, name, str(merged.get("title", name)), chosen, recipe_path, dict(train_set), runs,
+                        settings, pass_options, pass_rounds, plots)
+
+
+def figure_runs(recipe: FigureRecipe, plot: PlotSpec, runs: dict[str, RunData]) -> list[RunData]:
+    """The plot's runs in its order, each labelled as the recipe says and coloured by its place in the
+    recipe (so a run keeps one colour across the plots of a figure)."""
+    out = []
+    for run_id in plot.runs:
+        run = runs[run_id]
+        run.label = recipe.run(run_id).label
+        run.index = [r.id for r in recipe.runs].index(run_id)
+        out.append(run)
+    return out
+
+
+def render(plot: PlotSpec, runs: list[RunData], out_dir: Path) -> list[Path]:
+    """Draw one plot: ``<file>.png`` and ``<file>.pdf`` (+ ``<file>.html`` for the surface kinds)."""
+    kind = PLOT_KINDS[plot.kind]
+    fig = kind.draw(runs, plot.options)
+    heading = plot.title
+    if heading:
+        fig.suptitle(heading, fontsize="large")
+    written = [surfaces.save_figure(fig, out_dir / f"{plot.file}{suffix}") for suffix in (".png", ".pdf")]
+    if kind.interactive is not None:
+        html = kind.interactive(runs, plot.options)
+        if heading:
+            html.update_layout(title={"text": heading})
+        out = out_dir / f"{plot.file}.html"
+        write_text(out, html.to_html(include_plotlyjs=True, full_html=True))
+        written.append(out)
+    return written

@@ -1,0 +1,267 @@
+"""Figure recipes (figures/*.toml), `landscape figures` and `landscape compare`."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from landscape import recipe as recipes
+from landscape.cli import cli
+from landscape.errors import LandscapeError
+from landscape.figures import book
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURE_RECIPES = sorted((ROOT / "figures").glob("*.toml"))
+
+# Every figure recipe, shrunk to seconds: the same runs, plots and passes on 4 clients and 2 rounds.
+TINY_TRAIN = ["train.rounds=2", "partition.clients=4", "train.local_steps=2", "train.checkpoint_every=1",
+              "train.batch_size=16", "analyze.analysis_samples=64"]
+TINY_PASSES = {
+    "surface": ["surface.grid=3"],
+    "hessian": ["hessian.top_k=2", "hessian.trace_hvps=6", "hessian.density_runs=1", "hessian.density_steps=5",
+                "hessian.clients=-1"],
+    "sharpness": ["sharpness.steps=1", "sharpness.clients=2"],
+    "incompatibility": ["incompatibility.clients=2", "incompatibility.batches=2"],
+    "alignment": ["alignment.batches=2"],
+}
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def tiny_sets(fig: book.FigureRecipe) -> list[str]:
+    args = []
+    for text in TINY_TRAIN + [s for name in fig.pass_rounds for s in TINY_PASSES[name]]:
+        args += ["--set", text]
+    return args
+
+
+def write(tmp_path: Path, text: str, name: str = "fig.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+BASE = """
+name = "tiny"
+[[runs]]
+id = "a"
+label = "FedAvg"
+set = { "algorithm.name" = "fedavg" }
+[[runs]]
+id = "b"
+label = "FedSAM"
+set = { "algorithm.name" = "fedsam" }
+digits = { "algorithm.fedsam.rho" = 0.02 }
+paper = { "algorithm.fedsam.rho" = 0.2 }
+[[plots]]
+kind = "accuracy"
+[digits.train]
+set = { "partition.clients" = 4, "train.rounds" = 2, "train.local_steps" = 2 }
+[paper.train]
+set = { "partition.clients" = 8, "train.rounds" = 3 }
+"""
+
+
+# -- the recipes of figures/ -----------------------------------------------------------------------------
+
+
+def test_the_six_paper_figures_are_there():
+    names = {p.stem for p in FIGURE_RECIPES}
+    assert names == {"fednsam-fig1-surfaces", "fednsam-fig2-flatness", "fedsam-hessian", "fedvssam-incompatibility",
+                     "alignment", "accuracy"}
+
+
+@pytest.mark.parametrize("path", FIGURE_RECIPES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("scale", ["digits", "paper"])
+def test_every_figure_recipe_builds_its_runs_at_both_scales(path, scale):
+    fig = book.load_figure_recipe(path, scale)
+    assert fig.scale == scale and fig.name == path.stem
+    built = [recipes.build(fig.train_recipe, fig.overrides(run)) for run in fig.runs]
+    datasets = {r["dataset"]["name"] for r in built}
+    assert len(datasets) == 1 and datasets <= ({"digits"} if scale == "digits" else {"cifar10", "cifar100"})
+    if scale == "paper":
+        assert all(r["model"]["name"] in ("resnet18", "lenet5") for r in built)
+    for run, recipe in zip(fig.runs, built):  # each run's own keys reach its recipe
+        assert recipe["algorithm"]["name"] == run.set["algorithm.name"]
+
+
+@pytest.mark.parametrize("path", FIGURE_RECIPES, ids=lambda p: p.stem)
+def test_every_figure_recipe_renders(path, tmp_path):
+    fig = book.load_figure_recipe(path)
+    result = invoke("figures", path, "--out", tmp_path, "--quiet", "--device", "cpu", *tiny_sets(fig))
+    assert result.exit_code == 0, result.output
+    for plot in fig.plots:
+        for suffix in (".png", ".pdf"):
+            assert (tmp_path / f"{plot.file}{suffix}").stat().st_size > 5000, plot.file
+        html = tmp_path / f"{plot.file}.html"
+        assert html.is_file() == (plot.kind in ("surfaces", "surfaces-3d"))
+        if html.is_file():
+            assert "Plotly.newPlot" in html.read_text() and "<script src=\"http" not in html.read_text()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(r.id for r in fig.runs)
+
+
+# -- make-like: reuse, resume, retrain -------------------------------------------------------------------
+
+
+def test_figures_trains_and_analyses_only_what_is_missing(tmp_path):
+    path = write(tmp_path, BASE.replace('kind = "accuracy"', 'kind = "surfaces"') + '[analyze.surface]\ngrid = "3"\n')
+    out = tmp_path / "out"
+    first = invoke("figures", path, "--out", out, "--quiet")
+    assert first.exit_code == 0, first.output
+    assert first.output.count(": new") == 2
+    surface = out / "runs" / "b" / "analysis" / "round-0002" / "surface.json"
+    stamp = surface.stat().st_mtime_ns
+    png = out / "tiny.png"
+    again = invoke("figures", path, "--out", out, "--quiet")
+    assert again.exit_code == 0 and again.output.count(": done") == 2
+    assert surface.stat().st_mtime_ns == stamp and png.is_file()  # analysis reused, figure drawn again
+    # a longer run continues from its checkpoint; another learning rate retrains only the runs it changes
+    longer = invoke("figures", path, "--out", out, "--quiet", "--set", "train.rounds=3")
+    assert longer.exit_code == 0 and longer.output.count(": resume") == 2
+    assert (out / "runs" / "a" / "checkpoints" / "round-0003.pt").is_file()
+    changed = path.read_text().replace('"algorithm.fedsam.rho" = 0.02', '"algorithm.fedsam.rho" = 0.03')
+    write(tmp_path, changed)
+    retrain = invoke("figures", path, "--out", out, "--quiet")
+    assert retrain.exit_code == 0, retrain.output
+    assert "train " + str(out / "runs" / "a") + ": replace" in retrain.output  # rounds 3 -> 2: not the recipe
+    assert "train " + str(out / "runs" / "b") + ": replace" in retrain.output
+
+
+def test_figures_runs_option_draws_existing_runs(tmp_path):
+    path = write(tmp_path, BASE)
+    assert invoke("figures", path, "--out", tmp_path / "out", "--quiet").exit_code == 0
+    result = invoke("figures", ROOT / "figures" / "accuracy.toml", "--runs", tmp_path / "out" / "runs",
+                    "--out", tmp_path / "mine", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "mine" / "accuracy.png").stat().st_size > 5000
+    assert not (tmp_path / "mine" / "runs").exists()  # nothing trained
+    bad = invoke("figures", ROOT / "figures" / "accuracy.toml", "--runs", tmp_path / "out" / "runs", "--set",
+                 "train.rounds=3")
+    assert bad.exit_code == 1 and "with --runs nothing is trained" in bad.output
+
+
+def test_dry_run_and_scale_switch(tmp_path):
+    path = write(tmp_path, BASE)
+    result = invoke("figures", path, "--dry-run", "--out", tmp_path / "out")
+    assert result.exit_code == 0 and "digits scale" in result.output and "2 rounds" in result.output
+    assert not (tmp_path / "out").exists()
+    paper = book.load_figure_recipe(path, "paper")
+    assert paper.train_set == {"partition.clients": 8, "train.rounds": 3}
+    assert paper.run("b").set == {"algorithm.name": "fedsam", "algorithm.fedsam.rho": 0.2}
+    assert book.load_figure_recipe(path).run("b").set["algorithm.fedsam.rho"] == 0.02
+    result = invoke("figures", path, "--dry-run", "--scale", "paper")
+    assert result.exit_code == 0 and "paper scale" in result.output and "runs/figures/tiny-paper" in result.output
+
+
+@pytest.mark.parametrize("change, message", [
+    (("", "colour = 1\n"), "unknown key(s) colour"),
+    (('kind = "accuracy"', 'kind = "pie"'), "kind must be one of surfaces"),
+    (('kind = "accuracy"', 'kind = "accuracy"\nruns = ["z"]'), "names unknown run(s) z"),
+    (('id = "b"', 'id = "a"'), "run ids must be unique"),
+    (('id = "b"', 'id = "../b"'), "must be letters, digits"),
+    (('kind = "accuracy"', 'kind = "metric"'), "a metric plot needs key"),
+    (('kind = "accuracy"', 'kind = "accuracy"\nrho = 0.1'), "(accuracy) takes"),
+    (("", 'scale = "huge"\n'), "scale must be one of digits, paper"),
+    (("", '[train]\nrecipe = "nope.toml"\n'), "train.recipe 'nope.toml' not found"),
+    (("", "[analyze]\nsplit = 3\n"), "analyze.split must be a str"),
+    (("", "[analyze]\nwhatever = 3\n"), "analyze.whatever is not an analysis setting"),
+])
+def test_bad_figure_recipes_are_named(tmp_path, change, message):
+    old, new = change
+    text = BASE.replace(old, new, 1) if old else new + BASE
+    result = invoke("figures", write(tmp_path, text), "--dry-run")
+    assert result.exit_code == 1
+    assert result.output.startswith("error: ") and message in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_figure_options_are_named(tmp_path):
+    path = write(tmp_path, BASE)
+    result = invoke("figures", path, "--set", "hessian.top_k=3", "--dry-run")
+    assert result.exit_code == 1 and "this figure runs no hessian pass" in result.output
+    result = invoke("figures", path, "--set", "analyze.colour=1", "--dry-run")
+    assert result.exit_code == 1 and "analysis settings are" in result.output
+    result = invoke("figures", tmp_path / "missing.toml")
+    assert result.exit_code == 1 and "recipe file not found" in result.output
+    with pytest.raises(LandscapeError, match="must be last, all"):
+        book.load_figure_recipe(write(tmp_path, BASE + "[analyze.loss]\nrounds = \"some\"\n"))
+
+
+# -- compare ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    """Two tiny runs with every pass the comparison reads, and surfaces."""
+    tmp = tmp_path_factory.mktemp("compare")
+    fig = tmp / "fig.toml"
+    fig.write_text(BASE + """
+[[plots]]
+kind = "surfaces"
+file = "s"
+[[plots]]
+kind = "hessian"
+file = "h"
+[[plots]]
+kind = "incompatibility"
+file = "i"
+[[plots]]
+kind = "alignment"
+file = "al"
+[[plots]]
+kind = "flatness-sharpness"
+file = "fs"
+[analyze.surface]
+grid = "5"
+""")
+    fig_recipe = book.load_figure_recipe(fig)
+    result = invoke("figures", fig, "--out", tmp / "out", "--quiet", *tiny_sets(fig_recipe))
+    assert result.exit_code == 0, result.output
+    return tmp / "out" / "runs"
+
+
+def test_compare_table_and_surfaces(analysed, tmp_path):
+    result = invoke("compare", analysed / "a", analysed / "b", "--out", tmp_path)
+    assert result.exit_code == 0, result.output
+    header = result.output.splitlines()[0].split()
+    for column in ("lambda_max", "trace", "S_rho(0.05)", "Delta_D", "Delta_FI", "acc"):
+        assert column in header
+    with open(tmp_path / "compare.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0][:4] == ["run", "directory", "rounds", "test acc (%)"]
+    by_name = {row[1]: dict(zip(rows[0], row)) for row in rows[1:]}
+    for name in ("a", "b"):
+        hessian = json.loads((analysed / name / "analysis" / "round-0002" / "hessian.json").read_text())
+        lam = np.atleast_1d(np.load(analysed / name / "analysis" / "round-0002" / "hessian.npz")["top.values"])[0] \
+            if "top.values" in hessian.get("arrays", []) else hessian["result"]["top"]["values"][0]
+        assert float(by_name[name]["lambda_max"]) == pytest.approx(lam, rel=1e-3)
+        metrics = [json.loads(line) for line in (analysed / name / "metrics.jsonl").read_text().splitlines()]
+        acc = [m["test_acc"] for m in metrics if "test_acc" in m][-1]
+        assert float(by_name[name]["test acc (%)"]) == pytest.approx(100 * acc, rel=1e-3)
+        alignment = json.loads((analysed / name / "analysis" / "round-0002" / "alignment.json").read_text())
+        assert float(by_name[name]["mean grad cos"]) == pytest.approx(
+            alignment["result"]["gradients"]["mean_off_diagonal"], rel=1e-3)
+    for stem in ("surfaces", "surfaces-3d"):
+        assert (tmp_path / f"{stem}.png").stat().st_size > 5000 and (tmp_path / f"{stem}.pdf").is_file()
+    assert "Plotly.newPlot" in (tmp_path / "surfaces.html").read_text()
+
+
+def test_compare_names_what_is_missing(analysed, tmp_path):
+    bare = tmp_path / "bare"
+    recipe = recipes.build(None, [("partition.clients", 4), ("train.rounds", 1), ("train.local_steps", 1)])
+    from landscape.train.loop import start_run
+
+    start_run(recipe, bare, progress=False)
+    result = CliRunner().invoke(cli, ["compare", str(analysed / "a"), str(bare), "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    assert f"run {bare.name} has no hessian" in result.output and "landscape analyze" in result.output
+    assert f"run {bare.name} has no surface analysis" in result.output
+    one = invoke("compare", analysed / "a")
+    assert one.exit_code == 1 and "at least two runs" in one.output
