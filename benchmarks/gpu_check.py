@@ -1,0 +1,165 @@
+"""GPU check: FedSAM rounds per second, seconds for lambda_1..5, seconds for a 51x51 surface, on one device.
+
+The paper-scale setting on synthetic tensors of CIFAR-10's shape (no download): 100 clients of 500 samples
+(3x32x32, 10 classes, random labels, an IID split), ResNet-18 with GroupNorm(2), FedSAM (rho 0.1), 10
+clients per round, E = 5 local epochs of batch 50 (K = 50 SAM steps, 100 forward/backward passes per client
+and round). Timed after one warm-up round, with the device synchronised:
+
+* training: ``--rounds`` rounds of ``Trainer.run_round`` (test evaluation every round, on 1,000 samples);
+* lambda_1..5: ``lanczos_topk`` (k = 5, tol 1e-3, verified residuals) of the Hessian of F over
+  ``--analysis-samples`` training samples (batches of 512, eval mode, float32: curvature never runs in
+  bfloat16 or through torch.compile);
+* the surface: ``evaluate_surface`` on a ``--grid`` x ``--grid`` filter-normalised random plane over
+  ``--surface-samples`` samples (vmap, 16 cells per pass).
+
+``--precision bf16`` and ``--compile`` set the recipe's ``train.precision`` and ``train.compile`` (training
+only). Under ``torchrun --standalone --nproc-per-node N`` the clients, the HVP batches and the surface cells
+are split over N GPUs. Prints a Markdown table naming the device and writes ``--out`` (JSON). Usage:
+
+    .venv/bin/python benchmarks/gpu_check.py [--device cuda] [--rounds 5] [--precision bf16] [--compile]
+    .venv/bin/python benchmarks/gpu_check.py --device cpu --clients 10 --samples-per-client 4 --local-epochs 1 \\
+        --rounds 1 --analysis-samples 32 --surface-samples 16 --grid 3 --test-samples 16   # a CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from landscape import parallel
+from landscape import recipe as recipes
+from landscape.analyze.directions import random_plane
+from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.operator import HessianOperator
+from landscape.analyze.spectrum import lanczos_topk
+from landscape.analyze.surface import evaluate_surface, make_axis
+from landscape.data.datasets import ArrayDataset, DatasetBundle
+from landscape.data.partitions import class_histogram
+from landscape.flat import FlatModel
+from landscape.runs import RunDir
+from landscape.train.loop import DataSetup, Trainer, build_module
+
+
+def synthetic_setup(clients: int, per_client: int, test: int, seed: int = 0) -> DataSetup:
+    """CIFAR-10-shaped standardised noise with random labels, split IID over the clients."""
+    generator = torch.Generator().manual_seed(seed)
+    n = clients * per_client
+    x = torch.randn(n + test, 3, 32, 32, generator=generator)
+    y = torch.randint(0, 10, (n + test,), generator=generator)
+    bundle = DatasetBundle("cifar10-shaped", ArrayDataset(x[:n], y[:n]), ArrayDataset(x[n:], y[n:]), 10,
+                           (3, 32, 32), None, None)
+    order = np.random.default_rng(seed).permutation(n)
+    indices = [np.sort(part) for part in np.array_split(order, clients)]
+    return DataSetup(bundle, indices, class_histogram(y[:n].numpy(), indices, 10))
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, fn):
+    synchronize(device)
+    parallel.barrier()
+    start = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    parallel.barrier()
+    return time.perf_counter() - start, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (after one warm-up round)")
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--participation", type=float, default=0.1)
+    parser.add_argument("--samples-per-client", type=int, default=500)
+    parser.add_argument("--local-epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument("--test-samples", type=int, default=1000)
+    parser.add_argument("--precision", choices=["float32", "bf16"], default="float32")
+    parser.add_argument("--compile", action="store_true", help="train.compile = true")
+    parser.add_argument("--analysis-samples", type=int, default=5000)
+    parser.add_argument("--surface-samples", type=int, default=2000)
+    parser.add_argument("--grid", type=int, default=51)
+    parser.add_argument("--top-k", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/landscape-bench/gpu-check.json"))
+    args = parser.parse_args()
+
+    with parallel.session():
+        setup = synthetic_setup(args.clients, args.samples_per_client, args.test_samples)
+        recipe = recipes.build(None, [
+            ("model.name", "resnet18"), ("algorithm.name", "fedsam"), ("partition.name", "iid"),
+            ("partition.clients", args.clients), ("train.participation", args.participation),
+            ("train.local_epochs", args.local_epochs), ("train.batch_size", args.batch_size),
+            ("train.rounds", args.rounds + 1), ("train.device", args.device),
+            ("train.precision", args.precision), ("train.compile", args.compile),
+        ])
+        with tempfile.TemporaryDirectory() as folder:  # rounds run through run_round, which writes no file
+            trainer = Trainer(recipe, RunDir(folder), setup)
+        device = trainer.device
+        warm = trainer.run_round(trainer.initial_state())[0]  # warm-up (kernels, compile)
+
+        def train_rounds():
+            state = warm
+            for _ in range(args.rounds):
+                state = trainer.run_round(state)[0]
+            return state
+
+        train_seconds, state = timed(device, train_rounds)
+        steps = len(trainer._batch_indices(0, torch.Generator().manual_seed(0)))
+
+        # Analysis: a fresh, uncompiled float32 model of the last round (curvature never autocasts or compiles).
+        flat = FlatModel(build_module(recipe, setup.bundle).to(device))
+        w = state.x.detach().float()
+        train_set = setup.bundle.train
+        hessian_data = AnalysisData(train_set.x[: args.analysis_samples], train_set.y[: args.analysis_samples])
+        objective = Objective(flat, {}, hessian_data.place(device))
+        op = HessianOperator(objective, w)
+        lanczos_seconds, top = timed(device, lambda: lanczos_topk(op, args.top_k, tol=1e-3, seed=0))
+        surface_data = AnalysisData(train_set.x[: args.surface_samples], train_set.y[: args.surface_samples])
+        surface_objective = Objective(flat, {}, surface_data.place(device))
+        plane = random_plane(flat, w, 0)
+        axis = make_axis(args.grid, -1.0, 1.0)
+        evaluate_surface(surface_objective, w, plane.d1, plane.d2, axis[:3], axis[:3])  # warm-up
+        surface_seconds, grid = timed(device, lambda: evaluate_surface(surface_objective, w, plane.d1, plane.d2,
+                                                                       axis, axis, cells_per_batch=16))
+
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
+        per_round = trainer.per_round
+        result = {
+            "device": name, "ranks": parallel.world_size(), "torch": torch.__version__,
+            "model": "resnet18 (GroupNorm 2)", "parameters": flat.dim, "precision": args.precision,
+            "compile": args.compile, "clients_per_round": per_round, "local_steps": steps,
+            "rounds_timed": args.rounds, "rounds_per_second": args.rounds / train_seconds,
+            "seconds_per_round": train_seconds / args.rounds,
+            "lanczos_seconds": lanczos_seconds, "lanczos_hvps": top.hvp_count, "eigenvalues": top.values.tolist(),
+            "converged": top.converged.tolist(), "analysis_samples": len(hessian_data),
+            "surface_seconds": surface_seconds, "surface_grid": [args.grid, args.grid],
+            "surface_samples": len(surface_data), "surface_finite": bool(np.isfinite(grid.loss).all()),
+        }
+        if parallel.is_main():
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
+            print(f"\n{name}, {parallel.world_size()} rank(s), torch {torch.__version__}, ResNet-18-GN "
+                  f"({flat.dim:,} parameters), precision {args.precision}, compile {args.compile}\n")
+            print("| job | setting | seconds | rate |")
+            print("|---|---|---|---|")
+            print(f"| FedSAM training | {per_round} clients/round, K = {steps} steps, batch {args.batch_size} | "
+                  f"{train_seconds / args.rounds:.2f} per round | {args.rounds / train_seconds:.3f} rounds/s |")
+            print(f"| lambda_1..{args.top_k} (Lanczos, tol 1e-3) | {len(hessian_data):,} samples | "
+                  f"{lanczos_seconds:.1f} | {top.hvp_count} HVPs |")
+            print(f"| {args.grid}x{args.grid} surface | {len(surface_data):,} samples | {surface_seconds:.1f} | "
+                  f"{surface_seconds / args.grid**2:.4f} s/cell |")
+
+
+if __name__ == "__main__":
+    main()
