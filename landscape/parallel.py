@@ -147,7 +147,11 @@ def session() -> Iterator[None]:
     if not launched():
         yield
         return
-    init()
+    try:
+        init()
+    except LandscapeError as e:  # before the command line's own error handling: the same one line
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
     try:
         with contextlib.ExitStack() as stack:
             if not is_main():

@@ -3,7 +3,8 @@
 A pass reads one checkpoint (``CheckpointContext``) and its options (a dataclass of the pass's settings),
 and returns a ``PassOutput``: scalars (written to ``analysis/round-NNNN/<pass>.json`` with the schema version,
 the settings that produced them, the checkpoint's SHA-256 and the seconds taken) and arrays (``<pass>.npz``).
-A pass whose JSON already records the same settings and checkpoint is skipped unless ``force``.
+A pass whose JSON already records the same settings and checkpoint is skipped unless ``force``. Under
+torchrun ``run_analysis`` splits the checkpoints, or the work inside a pass, across the ranks (``split_work``).
 """
 
 from __future__ import annotations
