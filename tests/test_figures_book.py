@@ -175,7 +175,10 @@ def test_dry_run_and_scale_switch(tmp_path):
 ])
 def test_bad_figure_recipes_are_named(tmp_path, change, message):
     old, new = change
-    text = BASE.replace(old, new, 1) if old else new + BASE
+    if old:
+        text = BASE.replace(old, new, 1)
+    else:  # a top-level key goes before the tables, a table after them
+        text = BASE + new if new.startswith("[") else new + BASE
     result = invoke("figures", write(tmp_path, text), "--dry-run")
     assert result.exit_code == 1
     assert result.output.startswith("error: ") and message in result.output, result.output
@@ -261,7 +264,8 @@ def test_compare_names_what_is_missing(analysed, tmp_path):
     start_run(recipe, bare, progress=False)
     result = CliRunner().invoke(cli, ["compare", str(analysed / "a"), str(bare), "--out", str(tmp_path / "c")])
     assert result.exit_code == 0, result.output
-    assert f"run {bare.name} has no hessian" in result.output and "landscape analyze" in result.output
+    assert f"run {bare.name} has no alignment, hessian, incompatibility, sharpness analysis" in result.output
+    assert f"landscape analyze {bare} --passes alignment,hessian,incompatibility,sharpness" in result.output
     assert f"run {bare.name} has no surface analysis" in result.output
     one = invoke("compare", analysed / "a")
     assert one.exit_code == 1 and "at least two runs" in one.output

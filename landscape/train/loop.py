@@ -631,7 +631,12 @@ def _sweep_status(recipe: dict, path: Path, overwrite: bool) -> str:
 def owned_run_status(recipe: dict, path: Path) -> str:
     """What a command that owns a run directory (``landscape figures``, ``landscape demo``) does with it: 'new'
     (train), 'done' (reuse), 'resume' (same recipe, unfinished) or 'replace' (its recorded recipe differs in
-    a key other than where it ran: retrain). Like ``make``: the recipe is the input, the run its product."""
+    a key other than where it ran: retrain). Like ``make``: the recipe is the input, the run its product.
+    Decided by rank 0 under torchrun, as ``sweep_status``."""
+    return parallel.on_main(lambda: _owned_run_status(recipe, path))
+
+
+def _owned_run_status(recipe: dict, path: Path) -> str:
     run_dir = RunDir(path)
     if not path.exists() or (path.is_dir() and run_dir.is_empty()):
         return "new"
