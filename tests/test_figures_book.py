@@ -269,3 +269,11 @@ def test_compare_names_what_is_missing(analysed, tmp_path):
     assert f"run {bare.name} has no surface analysis" in result.output
     one = invoke("compare", analysed / "a")
     assert one.exit_code == 1 and "at least two runs" in one.output
+
+
+def test_hessian_options_refuse_a_trace_budget_hutchpp_cannot_use():
+    from landscape.analyze.passes import pass_options
+
+    with pytest.raises(LandscapeError, match=r"trace_hvps >= 6 \(Hutch\+\+\)"):
+        pass_options("hessian", {"trace_hvps": 5})
+    assert pass_options("hessian", {"trace_hvps": 6}).trace_hvps == 6

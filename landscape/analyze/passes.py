@@ -499,8 +499,8 @@ class HessianOptions:
     clients: int = 0  # per-client lambda_max(grad^2 F_i) for all clients (0), a seeded sample, or none (-1)
 
     def __post_init__(self) -> None:
-        if self.top_k < 1 or self.tol <= 0 or self.trace_hvps < 3 or self.density_runs < 1 or self.density_steps < 2:
-            raise LandscapeError("hessian options: top_k >= 1, tol > 0, trace_hvps >= 3, density_runs >= 1, "
+        if self.top_k < 1 or self.tol <= 0 or self.trace_hvps < 6 or self.density_runs < 1 or self.density_steps < 2:
+            raise LandscapeError("hessian options: top_k >= 1, tol > 0, trace_hvps >= 6 (Hutch++), density_runs >= 1, "
                                  "density_steps >= 2")
 
 

@@ -519,7 +519,8 @@ def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
     fig = _new_figure(15, 4.8)
     ax_max, ax_ratio, ax_density = fig.subplots(1, 3, width_ratios=[1, 1, 1.6])
     x = np.arange(len(summaries))
-    ticks = [f"{s.run.label}\nround {s.round}" for s in summaries]
+    same_round = len({s.round for s in summaries}) == 1  # then the round goes in the title, once
+    ticks = [s.run.label if same_round else f"{s.run.label}\nround {s.round}" for s in summaries]
     colors = [s.run.color for s in summaries]
     bars = ax_max.bar(x, [s.values[0] for s in summaries], color=colors, alpha=0.85)
     ax_max.bar_label(bars, fmt="%.3g", padding=2)
@@ -532,7 +533,7 @@ def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
             shown_clients = True
     if shown_clients:
         ax_max.legend(loc="upper left", fontsize="small")
-    ax_max.set_title(r"(a) $\lambda_{max}(\nabla^2 F)$ (bars) and local $\lambda_{max}$")
+    ax_max.set_title(r"(a) $\lambda_{max}(\nabla^2 F)$" + (r" (bars) and local $\lambda_{max}$" if shown_clients else ""))
     ax_max.set_ylabel(r"$\lambda_{max}$")
     ks = sorted({s.values.size for s in summaries})
     k_text = str(ks[0]) if len(ks) == 1 else "k"
@@ -542,15 +543,18 @@ def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
     ax_ratio.set_ylabel(rf"$\lambda_1 / \lambda_{{{k_text}}}$")
     for ax in (ax_max, ax_ratio):
         tilt = len(summaries) > 3
-        ax.set_xticks(x, ticks, rotation=20 if tilt else 0, ha="right" if tilt else "center", fontsize="small")
+        ax.set_xticks(x, ticks, rotation=30 if tilt else 0, ha="right" if tilt else "center",
+                      rotation_mode="anchor", fontsize="small")
         ax.margins(y=0.15)
         ax.grid(axis="y", alpha=0.3)
     peak = max((float(np.nanmax(s.density)) for s in summaries if s.density.size), default=1.0)
     floor = peak * 1e-7 if peak > 0 else 1e-12
     for s in summaries:
         ax_density.semilogy(s.grid, np.maximum(s.density, floor), color=s.run.color,
-                            label=f"{s.run.label} (round {s.round})")
+                            label=s.run.label if same_round else f"{s.run.label} (round {s.round})")
     ax_density.set_ylim(bottom=floor)
+    if same_round:
+        fig.suptitle(f"Hessian of the global loss at round {summaries[0].round}")
     ax_density.set_title("(c) Hessian spectral density (SLQ)")
     ax_density.set_xlabel(r"eigenvalue $\lambda$")
     ax_density.set_ylabel("density (log scale)")

@@ -447,7 +447,9 @@ def surface_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence
         xlabel, ylabel = surface.axis_labels()
         scene = "scene" if k == 0 else f"scene{k + 1}"
         fig.update_layout({scene: {"xaxis_title": xlabel, "yaxis_title": ylabel, "zaxis_title": quantity,
-                                   "zaxis": {"range": [norm.vmin, norm.vmax]}}})
+                                   "zaxis": {"range": [norm.vmin, norm.vmax]},
+                                   # seen from further away than plotly's default: axis titles stay in view
+                                   "camera": {"eye": {"x": 1.75, "y": 1.75, "z": 1.05}}}})
     fig.update_layout(coloraxis={"colorscale": CMAP.capitalize(), "cmin": norm.vmin, "cmax": norm.vmax,
                                  "colorbar": {"title": {"text": surfaces[0].quantity_label(quantity)}}},
                       height=600, width=max(680, 540 * len(surfaces)),
