@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from landscape import __version__
+from landscape import __version__, parallel
 from landscape.errors import LandscapeError
 
 
@@ -162,7 +162,7 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
             click.echo(f"{status:<8} {path}")
         return
     for i, ((recipe, path), status) in enumerate(zip(plan, statuses), start=1):
-        click.echo(f"[{i}/{len(plan)}] {status}: {path}", err=True)
+        _status(f"[{i}/{len(plan)}] {status}: {path}")
         if status == "done":
             continue
         if status == "resume":
@@ -170,6 +170,12 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
         else:
             state = loop.start_run(recipe, path, overwrite=overwrite, progress=not quiet)
         _report(path, state.round)
+
+
+def _status(line: str) -> None:
+    """A progress line on stderr, once (rank 0 under torchrun)."""
+    if parallel.is_main():
+        click.echo(line, err=True)
 
 
 def _report(out: Path, rounds: int) -> None:
@@ -275,7 +281,7 @@ def _ensure_run(recipe: dict, path: Path, quiet: bool) -> None:
     from landscape.train import loop
 
     status = loop.owned_run_status(recipe, path)
-    click.echo(f"train {path}: {status}", err=True)
+    _status(f"train {path}: {status}")
     if status in ("new", "replace"):
         loop.start_run(recipe, path, overwrite=status == "replace", progress=not quiet)
     elif status == "resume":
@@ -353,12 +359,12 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
         for name in passes:
             run_analysis(path, rounds=fig.pass_rounds[name], passes=[name], settings=settings,
                          options={name: options[name]}, progress=not quiet)
-    if not run_paths:
-        loaded = dict(zip([spec.id for spec in fig.runs], load_runs(paths)))
-        plots = [(plot, book.figure_runs(fig, plot, loaded)) for plot in fig.plots]
-    written = []
-    for plot, plot_runs in plots:
-        written += book.render(plot, plot_runs, out)
+    def draw() -> list[Path]:
+        chosen = plots if run_paths else [(plot, book.figure_runs(fig, plot, loaded)) for plot in fig.plots]
+        return [path for plot, plot_runs in chosen for path in book.render(plot, plot_runs, out)]
+
+    loaded = {} if run_paths else dict(zip([spec.id for spec in fig.runs], load_runs(paths)))
+    written = parallel.on_main(draw)  # under torchrun rank 0 draws; the others wait for it
     click.echo(f"figure {fig.name}: " + ", ".join(str(p) for p in written))
 
 
@@ -438,12 +444,17 @@ def demo_command(out: Path, quiet: bool) -> None:
     for path in paths:
         rows += run_analysis(path, passes=names, settings=settings, options=options, progress=not quiet).rows
     figures = out / "figures"
-    comparison = compare(paths, figures)  # the FedAvg / FedSAM / FedNSAM surfaces on one scale, and the table
-    curves.plot_accuracy(paths, figures / "accuracy.png")
-    curves.plot_flatness_and_sharpness(paths, figures / "flatness-sharpness.png")
-    curves.plot_hessian_summary(paths, figures / "hessian.png")
-    curves.plot_alignment_heatmaps(paths, figures / "alignment.png")
-    report = write_report(paths, out / "report.html", title="landscape demo: FedAvg, FedSAM, FedNSAM on digits")
+
+    def draw() -> tuple[Any, Path]:
+        comparison = compare(paths, figures)  # the FedAvg / FedSAM / FedNSAM surfaces on one scale, the table
+        curves.plot_accuracy(paths, figures / "accuracy.png")
+        curves.plot_flatness_and_sharpness(paths, figures / "flatness-sharpness.png")
+        curves.plot_hessian_summary(paths, figures / "hessian.png")
+        curves.plot_alignment_heatmaps(paths, figures / "alignment.png")
+        return comparison, write_report(paths, out / "report.html",
+                                        title="landscape demo: FedAvg, FedSAM, FedNSAM on digits")
+
+    comparison, report = parallel.on_main(draw)  # under torchrun rank 0 draws; the others wait for it
     click.echo(format_summary(AnalysisReport(rows=rows)))
     click.echo("")
     click.echo(text_table(comparison.header, comparison.rows))
@@ -473,8 +484,6 @@ def list_command() -> None:
 
 
 def main() -> None:
-    from landscape import parallel
-
     with parallel.session():  # under torchrun: join the ranks' process group; a plain process: nothing
         cli(prog_name="landscape")
 
