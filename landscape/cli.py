@@ -336,6 +336,13 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
         runs = load_runs(list(run_paths))
         paths = [run.path for run in runs]
         plots = [(plot, runs) for plot in fig.plots]
+        if dry_run:
+            click.echo(f"figure {fig.name} over {len(runs)} given run(s): {', '.join(map(str, paths))}")
+            for name in passes:
+                click.echo(f"  analyze {name} at rounds {fig.pass_rounds[name]}")
+            for plot in fig.plots:
+                click.echo(f"  plot {plot.kind:<18} {out / plot.file}.png|pdf")
+            return
     else:
         device_key = [("train.device", device)] if device != "auto" else []
         plan = [(spec, recipes.build(fig.train_recipe, fig.overrides(spec) + device_key), out / "runs" / spec.id)
@@ -359,6 +366,7 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
         for name in passes:
             run_analysis(path, rounds=fig.pass_rounds[name], passes=[name], settings=settings,
                          options={name: options[name]}, progress=not quiet)
+
     def draw() -> list[Path]:
         chosen = plots if run_paths else [(plot, book.figure_runs(fig, plot, loaded)) for plot in fig.plots]
         return [path for plot, plot_runs in chosen for path in book.render(plot, plot_runs, out)]

@@ -142,6 +142,9 @@ def test_figures_runs_option_draws_existing_runs(tmp_path):
     assert result.exit_code == 0, result.output
     assert (tmp_path / "mine" / "accuracy.png").stat().st_size > 5000
     assert not (tmp_path / "mine" / "runs").exists()  # nothing trained
+    dry = invoke("figures", ROOT / "figures" / "accuracy.toml", "--runs", tmp_path / "out" / "runs", "--out",
+                 tmp_path / "dry", "--dry-run")
+    assert dry.exit_code == 0 and "over 2 given run(s)" in dry.output and not (tmp_path / "dry").exists()
     bad = invoke("figures", ROOT / "figures" / "accuracy.toml", "--runs", tmp_path / "out" / "runs", "--set",
                  "train.rounds=3")
     assert bad.exit_code == 1 and "with --runs nothing is trained" in bad.output
