@@ -175,6 +175,7 @@ def test_dry_run_and_scale_switch(tmp_path):
     (("", '[train]\nrecipe = "nope.toml"\n'), "train.recipe 'nope.toml' not found"),
     (("", "[analyze]\nsplit = 3\n"), "analyze.split must be a str"),
     (("", "[analyze]\nwhatever = 3\n"), "analyze.whatever is not an analysis setting"),
+    (("", "[paper.trian]\nrecipe = 1\n"), "[paper] may hold train, analyze"),
 ])
 def test_bad_figure_recipes_are_named(tmp_path, change, message):
     old, new = change

@@ -214,6 +214,11 @@ def load_figure_recipe(path: str | Path, scale: str | None = None) -> FigureReci
     if unknown:
         raise LandscapeError(f"{where}: unknown key(s) {', '.join(unknown)}; a figure recipe has "
                              f"{', '.join(sorted(_TOP_KEYS))}")
+    for other in SCALES:
+        wrong = sorted(set(_table(raw, other, where)) - (_TOP_KEYS - {"scale", *SCALES}))
+        if wrong:
+            raise LandscapeError(f"{where}: [{other}] may hold train, analyze, runs, plots, name and title "
+                                 f"(got {', '.join(wrong)})")
     chosen = scale or raw.get("scale", "digits")
     if chosen not in SCALES:
         raise LandscapeError(f"{where}: scale must be one of {', '.join(SCALES)} (got {chosen!r})")
