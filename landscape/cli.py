@@ -282,6 +282,8 @@ def _ensure_run(recipe: dict, path: Path, quiet: bool) -> None:
 
     status = loop.owned_run_status(recipe, path)
     _status(f"train {path}: {status}")
+    if status == "new":
+        loop.claim_runs_folder(path.parent)
     if status in ("new", "replace"):
         loop.start_run(recipe, path, overwrite=status == "replace", progress=not quiet)
     elif status == "resume":

@@ -104,7 +104,7 @@ def test_every_figure_recipe_renders(path, tmp_path):
         assert html.is_file() == (plot.kind in ("surfaces", "surfaces-3d"))
         if html.is_file():
             assert "Plotly.newPlot" in html.read_text() and "<script src=\"http" not in html.read_text()
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(r.id for r in fig.runs)
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir() if p.is_dir()) == sorted(r.id for r in fig.runs)
 
 
 # -- make-like: reuse, resume, retrain -------------------------------------------------------------------
@@ -281,3 +281,22 @@ def test_hessian_options_refuse_a_trace_budget_hutchpp_cannot_use():
     with pytest.raises(LandscapeError, match=r"trace_hvps >= 6 \(Hutch\+\+\)"):
         pass_options("hessian", {"trace_hvps": 5})
     assert pass_options("hessian", {"trace_hvps": 6}).trace_hvps == 6
+
+
+def test_figures_never_replaces_a_run_it_did_not_make(tmp_path):
+    path = write(tmp_path, BASE)
+    foreign = tmp_path / "out" / "runs" / "a"
+    recipe = recipes.build(None, [("partition.clients", 4), ("train.rounds", 1), ("train.local_steps", 1)])
+    from landscape.train.loop import start_run
+
+    start_run(recipe, foreign, progress=False)
+    before = sorted(p.relative_to(foreign) for p in foreign.rglob("*"))
+    result = invoke("figures", path, "--out", tmp_path / "out", "--quiet")
+    assert result.exit_code == 1
+    assert f"{foreign} holds a run this command did not make" in result.output
+    assert sorted(p.relative_to(foreign) for p in foreign.rglob("*")) == before
+    # the figure's own runs are retrained when their recipe changes (the folder is marked as theirs)
+    assert invoke("figures", path, "--out", tmp_path / "own", "--quiet").exit_code == 0
+    assert (tmp_path / "own" / "runs" / ".landscape-owned").is_file()
+    changed = invoke("figures", path, "--out", tmp_path / "own", "--quiet", "--set", "train.lr=0.05")
+    assert changed.exit_code == 0 and changed.output.count(": replace") == 2

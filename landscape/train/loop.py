@@ -649,12 +649,31 @@ def _owned_run_status(recipe: dict, path: Path) -> str:
     # are then those of a fresh run); otherwise a run of other length is another run.
     extendable = recipe["train"]["lr_schedule"] != "cosine" and not recipe["train"]["swa"]
     ignore = PLACE_KEYS | {"train.rounds"} if extendable else PLACE_KEYS
-    if recipe_difference(recorded, recipe, ignore=ignore) is not None:
-        return "replace"
     rounds = run_dir.rounds()
-    if rounds and rounds[-1] > recipe["train"]["rounds"]:  # longer than asked: not this recipe's product
+    stale = recipe_difference(recorded, recipe, ignore=ignore)
+    if stale is None and rounds and rounds[-1] > recipe["train"]["rounds"]:  # longer than asked
+        stale = f"it ran {rounds[-1]} rounds, {recipe['train']['rounds']} are asked"
+    if stale is not None:
+        if not (path.parent / OWNED_MARKER).is_file():
+            raise LandscapeError(f"{path} holds a run this command did not make ({stale}); it is left as it is: "
+                                 "move it away or choose another --out")
         return "replace"
     return "done" if rounds and rounds[-1] >= recipe["train"]["rounds"] else "resume"
+
+
+# The file that marks a folder whose runs a command made (and may therefore retrain when their recipe changes).
+OWNED_MARKER = ".landscape-owned"
+
+
+def claim_runs_folder(folder: Path) -> None:
+    """Mark ``folder`` as holding runs made by ``landscape figures`` / ``landscape demo`` (rank 0 writes)."""
+    def write() -> None:
+        marker = folder / OWNED_MARKER
+        if not marker.is_file():
+            write_text(marker, "runs made by `landscape figures` or `landscape demo`: retrained when their recipe "
+                               "changes\n")
+
+    parallel.on_main(write)
 
 
 # Recipe keys that may differ between a checkpoint and the run it continues: they change where and how
