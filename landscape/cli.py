@@ -371,7 +371,7 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
 
     def draw() -> list[Path]:
         chosen = plots if run_paths else [(plot, book.figure_runs(fig, plot, loaded)) for plot in fig.plots]
-        return [path for plot, plot_runs in chosen for path in book.render(plot, plot_runs, out)]
+        return [path for plot, plot_runs in chosen for path in book.render(plot, plot_runs, out, fig.surface_name())]
 
     loaded = {} if run_paths else dict(zip([spec.id for spec in fig.runs], load_runs(paths)))
     written = parallel.on_main(draw)  # under torchrun rank 0 draws; the others wait for it
@@ -396,14 +396,16 @@ def _check_settings(settings: Any, where: Path) -> None:
 @click.option("--rho", type=float, default=None, help="the radius of the S_rho column [default: 0.05 when computed]")
 @click.option("--quantity", type=click.Choice(["loss", "accuracy"]), default="loss", show_default=True,
               help="what the surface panels show")
-def compare_command(runs: tuple[Path, ...], out: Path, rho: float | None, quantity: str) -> None:
+@click.option("--directions", type=click.Choice(["random", "pca", "clients"]), default="random", show_default=True,
+              help="which of the runs' surfaces to draw (the surface pass's directions)")
+def compare_command(runs: tuple[Path, ...], out: Path, rho: float | None, quantity: str, directions: str) -> None:
     """RUNS side by side (run directories or folders of runs): a table of test accuracy, lambda_max, trace,
     S_rho, Delta_D, Delta_FI and mean gradient cosine at each run's latest analysed round (printed and
     written to compare.csv), and the runs' loss surfaces on one colour scale (surfaces.png|pdf contours,
     surfaces-3d.png|pdf, surfaces.html). Reads files only; what a run lacks is named with its command."""
     from landscape.figures.compare import compare, text_table
 
-    result = compare(list(runs), out, rho=rho, quantity=quantity)
+    result = compare(list(runs), out, rho=rho, quantity=quantity, directions=directions)
     click.echo(text_table(result.header, result.rows))
     for line in result.missing:
         click.echo(f"note: {line}", err=True)

@@ -194,6 +194,13 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     return obj
 
 
+def surface_result_name(directions: str) -> str:
+    """The file name (without suffix) of a surface in ``analysis/round-NNNN/``: ``surface`` for the random
+    plane, ``surface-<directions>`` (pca, clients, interpolate) for the others, so they never overwrite one
+    another. The analysis writes them under this name and the figures read them by it."""
+    return "surface" if directions == "random" else f"surface-{directions}"
+
+
 class RunDir:
     """Paths of one run directory."""
 

@@ -27,7 +27,7 @@ from landscape.analyze.surface import (
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
 from landscape.models import build_model
-from landscape.runs import load_checkpoint
+from landscape.runs import load_checkpoint, surface_result_name
 from landscape.train import loop
 
 # ----------------------------------------------------------------------------------------------------------
@@ -304,9 +304,10 @@ def surface(run, **options):
     run_analysis(run, passes=["surface"], settings=SETTINGS, force=True, progress=False,
                  options={"surface": pass_options("surface", options)})
     out = run / "analysis" / "round-0004"
-    with np.load(out / "surface.npz") as f:
+    name = surface_result_name(options.get("directions", "random"))  # surface, surface-pca, ...
+    with np.load(out / f"{name}.npz") as f:
         arrays = {k: f[k] for k in f.files}
-    return json.loads((out / "surface.json").read_text()), arrays
+    return json.loads((out / f"{name}.json").read_text()), arrays
 
 
 @pytest.fixture(scope="module")
@@ -461,3 +462,18 @@ def test_bad_targets_name_the_problem(run):
         directions="interpolate", grid="5", target="client:9")
     assert "is not a file" in attempt(directions="interpolate", grid="5", target=str(run / "nope.pt"))
     assert "client 7 does not exist (the run has 4 clients)" in attempt(grid="3", data="client:7")
+
+
+def test_surfaces_of_other_directions_stand_side_by_side(run):
+    random_record, random_arrays = surface(run, grid="5")
+    pca_record, _ = surface(run, directions="pca", grid="5")
+    out = run / "analysis" / "round-0004"
+    assert {"surface.json", "surface.npz", "surface-pca.json", "surface-pca.npz"} <= {p.name for p in out.iterdir()}
+    assert random_record["pass"] == pca_record["pass"] == "surface"
+    assert random_record["result"]["directions"] == "random" and pca_record["result"]["directions"] == "pca"
+    with np.load(out / "surface.npz") as f:  # the PCA surface did not overwrite the random plane
+        np.testing.assert_array_equal(f["loss"], random_arrays["loss"])
+    from landscape.figures.curves import load_runs
+
+    loaded = load_runs(run)[0]
+    assert loaded.analysed_rounds("surface") == loaded.analysed_rounds("surface-pca") == [4]

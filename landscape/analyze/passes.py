@@ -112,6 +112,12 @@ class Job:
     def out_dir(self) -> Path:
         return self.source.analysis_dir / f"round-{self.round:04d}"
 
+    @property
+    def output(self) -> str:
+        """The result files' name: the pass name, or what its options name (surface-pca, ...), so that
+        results of one pass with different kinds of options stand side by side."""
+        return getattr(self.options, "output_name", self.name)
+
 
 def pass_options(name: str, values: dict[str, Any]) -> Any:
     return PASSES.get(name).make_options(values)
@@ -122,7 +128,7 @@ def _settings_record(settings: AnalysisSettings, options: Any) -> dict:
 
 
 def already_done(job: Job, settings: AnalysisSettings, digest: str) -> bool:
-    path = job.out_dir / f"{job.name}.json"
+    path = job.out_dir / f"{job.output}.json"
     if not path.is_file():
         return False
     try:
@@ -153,9 +159,9 @@ def write_output(job: Job, settings: AnalysisSettings, digest: str, output: Pass
     if output.arrays:
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **output.arrays)
-        atomic_write(job.out_dir / f"{job.name}.npz", lambda f: f.write(buffer.getvalue()))
+        atomic_write(job.out_dir / f"{job.output}.npz", lambda f: f.write(buffer.getvalue()))
     # The JSON is written last: its presence marks the pass as complete.
-    write_text(job.out_dir / f"{job.name}.json", json.dumps(_json_ready(record), indent=1) + "\n")
+    write_text(job.out_dir / f"{job.output}.json", json.dumps(_json_ready(record), indent=1) + "\n")
 
 
 def read_output(out_dir: Path, name: str) -> dict | None:
@@ -220,12 +226,12 @@ def _recorded_summaries(jobs: list[Job], settings: AnalysisSettings, force: bool
     out: list[dict | None] = []
     for job in jobs:
         summary = None
-        if not force and (job.out_dir / f"{job.name}.json").is_file():
+        if not force and (job.out_dir / f"{job.output}.json").is_file():
             path = job.source.checkpoints[job.round]
             if path not in digests:
                 digests[path] = file_digest(path)
             if already_done(job, settings, digests[path]):
-                summary = read_output(job.out_dir, job.name).get("summary", {})
+                summary = read_output(job.out_dir, job.output).get("summary", {})
         out.append(summary)
     return out
 

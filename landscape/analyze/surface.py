@@ -61,7 +61,7 @@ from landscape.analyze.context import CheckpointContext
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.passes import PASSES, PassOutput
 from landscape.errors import LandscapeError
-from landscape.runs import atomic_write, load_checkpoint
+from landscape.runs import atomic_write, load_checkpoint, surface_result_name
 
 AXES_2D = ("ix", "iy")
 AXES_1D = ("ix",)
@@ -406,6 +406,11 @@ class SurfaceOptions:
     cells_per_batch: int = 16  # cells evaluated together (vmap) where the BN mode allows
     save_every: int = 64  # cells between partial saves (resumable)
 
+    @property
+    def output_name(self) -> str:
+        """The result files' name: surface (random plane) or surface-<directions>."""
+        return surface_result_name(self.directions)
+
     def __post_init__(self) -> None:
         # --set surface.grid=41 arrives as an int and surface.clients=[3,7] as a list: keep one spelling each,
         # so equal settings are recorded (and skipped) equally.
@@ -602,7 +607,7 @@ def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
            "checkpoint_sha256": ctx.digest, "analysis": ctx.settings.record(),
            "options": {k: v for k, v in opts.__dict__.items() if k != "save_every"},
            "d1_sha256": tensor_digest(plane.d1), "d2_sha256": None if one_d else tensor_digest(plane.d2)}
-    partial_path = ctx.source.analysis_dir / f"round-{ctx.round:04d}" / "surface.partial.npz"
+    partial_path = ctx.source.analysis_dir / f"round-{ctx.round:04d}" / f"{opts.output_name}.partial.npz"
     partial = parallel.on_main(lambda: load_partial(partial_path, key, x_coords, y_coords))  # rank 0 reads it
     grid = evaluate_surface(
         objective, ctx.w, plane.d1, plane.d2, x_coords, y_coords,

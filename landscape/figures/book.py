@@ -51,7 +51,7 @@ from landscape.errors import LandscapeError
 from landscape.figures import curves, surfaces
 from landscape.figures.curves import RunData
 from landscape.recipe import read_toml
-from landscape.runs import write_text
+from landscape.runs import surface_result_name, write_text
 
 SCALES = ("digits", "paper")
 ANALYSIS_SETTINGS = {"split": str, "analysis_samples": int, "bn_mode": str, "hvp": str, "dtype": str, "seed": int,
@@ -71,23 +71,24 @@ class PlotKind:
     options: tuple[str, ...] = ()  # plot keys besides kind, file, runs, title
 
 
-def _surface_sources(runs: Sequence[RunData]) -> list[Path]:
-    """Each run's surface at its latest analysed round."""
-    curves.require_passes(runs, ["surface"])
-    return [run.pass_record("surface").path.with_suffix(".npz") for run in runs]
+def surface_sources(runs: Sequence[RunData], name: str = "surface") -> list[Path]:
+    """Each run's surface ``name`` (surface, surface-pca, ...) at its latest analysed round."""
+    curves.require_passes(runs, [name])
+    return [run.pass_record(name).path.with_suffix(".npz") for run in runs]
 
 
 def _panels(kind: str) -> Callable[[list[RunData], dict[str, Any]], Figure]:
     def draw(runs: list[RunData], plot: dict[str, Any]) -> Figure:
-        fig, _ = surfaces.panels_figure(_surface_sources(runs), [run.label for run in runs], kind=kind,
-                                        quantity=plot.get("quantity", "loss"), log_levels=plot.get("log", False))
+        fig, _ = surfaces.panels_figure(surface_sources(runs, plot["surface"]), [run.label for run in runs],
+                                        kind=kind, quantity=plot.get("quantity", "loss"),
+                                        log_levels=plot.get("log", False))
         return fig
 
     return draw
 
 
 def _surfaces_html(runs: list[RunData], plot: dict[str, Any]) -> Any:
-    return surfaces.surface_figure(_surface_sources(runs), [run.label for run in runs],
+    return surfaces.surface_figure(surface_sources(runs, plot["surface"]), [run.label for run in runs],
                                    quantity=plot.get("quantity", "loss"))
 
 
@@ -143,6 +144,10 @@ class FigureRecipe:
     pass_rounds: dict[str, str]  # pass -> rounds to analyse
     plots: list[PlotSpec] = field(default_factory=list)
     forced: dict[str, Any] = field(default_factory=dict)  # training keys from --set, over every run's own
+
+    def surface_name(self) -> str:
+        """The result name of the figure's surfaces (by the surface pass's directions)."""
+        return surface_result_name(self.pass_options.get("surface", {}).get("directions", "random"))
 
     def run(self, run_id: str) -> RunSpec:
         return next(r for r in self.runs if r.id == run_id)
@@ -327,16 +332,18 @@ def figure_runs(recipe: FigureRecipe, plot: PlotSpec, runs: dict[str, RunData]) 
     return out
 
 
-def render(plot: PlotSpec, runs: list[RunData], out_dir: Path) -> list[Path]:
-    """Draw one plot: ``<file>.png`` and ``<file>.pdf`` (+ ``<file>.html`` for the surface kinds)."""
+def render(plot: PlotSpec, runs: list[RunData], out_dir: Path, surface: str = "surface") -> list[Path]:
+    """Draw one plot: ``<file>.png`` and ``<file>.pdf`` (+ ``<file>.html`` for the surface kinds, which draw
+    the surfaces named ``surface``)."""
     kind = PLOT_KINDS[plot.kind]
-    fig = kind.draw(runs, plot.options)
+    options = {**plot.options, "surface": surface}
+    fig = kind.draw(runs, options)
     heading = plot.title
     if heading:
         fig.suptitle(heading, fontsize="large")
     written = [surfaces.save_figure(fig, out_dir / f"{plot.file}{suffix}") for suffix in (".png", ".pdf")]
     if kind.interactive is not None:
-        html = kind.interactive(runs, plot.options)
+        html = kind.interactive(runs, options)
         if heading:
             html.update_layout(title={"text": heading})
         out = out_dir / f"{plot.file}.html"

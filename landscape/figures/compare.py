@@ -21,7 +21,7 @@ from landscape.errors import LandscapeError
 from landscape.figures import curves, surfaces
 from landscape.figures.curves import RunData, RunsLike, as_runs
 from landscape.figures.report import ComparisonRow, Quantity, all_rhos, comparison_rows, quantities
-from landscape.runs import write_text
+from landscape.runs import surface_result_name, write_text
 
 # The columns the papers compare, by the plain name of report.quantities (S_rho is added by radius).
 COLUMNS = ["lambda_max", "trace", "Delta_FI", "mean grad cos"]
@@ -77,9 +77,11 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, quantity: str = "loss") -> Comparison:
-    """Write ``compare.csv`` and, where the runs have surfaces, ``surfaces.png|pdf`` (contours),
-    ``surfaces-3d.png|pdf`` and ``surfaces.html`` under ``out``; return the table and what was written."""
+def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, quantity: str = "loss",
+            directions: str = "random") -> Comparison:
+    """Write ``compare.csv`` and, where the runs have surfaces of these ``directions``, ``surfaces.png|pdf``
+    (contours), ``surfaces-3d.png|pdf`` and ``surfaces.html`` under ``out``; return the table and what was
+    written."""
     runs = as_runs(runs_in)
     if len(runs) < 2:
         raise LandscapeError("compare needs at least two runs (run directories or folders of runs)")
@@ -98,13 +100,15 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
     written = [out / "compare.csv"]
     write_text(written[0], buffer.getvalue())
 
-    with_surface = [run for run in runs if run.analysed_rounds("surface")]
+    name = surface_result_name(directions)
+    with_surface = [run for run in runs if run.analysed_rounds(name)]
     for run in runs:
         if run not in with_surface:
-            missing.append(curves.missing_message(run, ["surface"]))
-    if len(with_surface) >= 1:
-        sources = [run.pass_record("surface").path.with_suffix(".npz") for run in with_surface]
-        titles = [f"{run.label}, round {run.analysed_rounds('surface')[-1]}" for run in with_surface]
+            missing.append(f"run {run.name} has no {name} analysis; run `landscape analyze {run.path} "
+                           f"--directions {directions}`")
+    if with_surface:
+        sources = [run.pass_record(name).path.with_suffix(".npz") for run in with_surface]
+        titles = [f"{run.label}, round {run.analysed_rounds(name)[-1]}" for run in with_surface]
         flat = [s for s in sources if not surfaces.load_surface(s).is_2d]
         if flat:
             missing.append(f"{', '.join(map(str, flat))}: 1D surfaces; compare draws 2D ones")

@@ -241,8 +241,8 @@ def _read_analyses(path: Path) -> dict[int, dict[str, PassRecord]]:
                 raise LandscapeError(f"{json_path}: not a readable analysis record ({e})") from None
             if not isinstance(record, dict):
                 continue
-            rec = PassRecord(json_path, record)
-            analyses.setdefault(int(match.group(1)), {})[rec.name] = rec
+            # keyed by the file's name: one pass may write several results (surface, surface-pca, ...)
+            analyses.setdefault(int(match.group(1)), {})[json_path.stem] = PassRecord(json_path, record)
     return analyses
 
 

@@ -440,7 +440,7 @@ def surface_files(run: RunData) -> list[tuple[int, Path]]:
     found = []
     for path in (run.path / "analysis").glob("round-*/surface*.npz"):
         match = re.fullmatch(r"round-(\d{4,})", path.parent.name)
-        if match:
+        if match and not path.name.endswith(".partial.npz"):  # a partial grid is not a result yet
             found.append((int(match.group(1)), path))
     return sorted(found)
 
