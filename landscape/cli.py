@@ -319,6 +319,8 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
 
     fig = book.load_figure_recipe(recipe_file, scale)
     for text in assignments:
+        if any(ord(c) < 32 or ord(c) == 127 for c in text):
+            raise LandscapeError(f"--set must not hold control characters (got {text!r})")
         fig.assign(*recipes.parse_assignment(text), PASSES.names())
     if run_paths and fig.forced:
         raise LandscapeError("--set of training keys needs the recipe's runs; with --runs nothing is trained")

@@ -300,3 +300,39 @@ def test_figures_never_replaces_a_run_it_did_not_make(tmp_path):
     assert (tmp_path / "own" / "runs" / ".landscape-owned").is_file()
     changed = invoke("figures", path, "--out", tmp_path / "own", "--quiet", "--set", "train.lr=0.05")
     assert changed.exit_code == 0 and changed.output.count(": replace") == 2
+
+
+# -- fuzzing: any figure recipe is read, or refused in one line ---------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+LEAF = st.one_of(st.booleans(), st.integers(-3, 50), st.floats(allow_nan=True), st.text(max_size=8),
+                 st.sampled_from(["fedsam", "surfaces", "hessian", "metric", "last", "all", "1,2", "digits", "paper",
+                                  "algorithm.name", "a", "random", "pca"]))
+VALUE = st.recursive(LEAF, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.sampled_from(["id", "label", "set", "kind", "file", "runs", "rounds", "grid", "directions", "key", "recipe",
+                     "surface", "hessian", "split", "digits", "paper", "x"]), inner, max_size=3), max_leaves=8)
+RUN = st.fixed_dictionaries({"id": st.sampled_from(["a", "b", "../c", ""]) | LEAF},
+                            optional={"label": VALUE, "set": st.dictionaries(
+                                st.sampled_from(["algorithm.name", "train.rounds", "x"]), LEAF, max_size=2),
+                                "digits": VALUE, "paper": VALUE})
+PLOT = st.fixed_dictionaries({"kind": st.sampled_from(list(book.PLOT_KINDS)) | LEAF},
+                             optional={"file": VALUE, "runs": st.lists(st.sampled_from(["a", "b", "z"]), max_size=3)
+                                       | VALUE, "rho": VALUE, "key": VALUE, "log": VALUE, "title": VALUE})
+FIGURE = st.fixed_dictionaries({}, optional={
+    "name": VALUE, "title": VALUE, "scale": VALUE, "train": VALUE, "analyze": VALUE, "digits": VALUE,
+    "paper": VALUE, "runs": st.lists(RUN, max_size=3) | VALUE, "plots": st.lists(PLOT, max_size=3) | VALUE,
+}) | st.dictionaries(st.text(max_size=6), VALUE, max_size=3)
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=FIGURE, scale=st.sampled_from([None, "digits", "paper"]))
+def test_fuzz_figure_recipes_are_read_or_refused_in_one_line(tmp_path_factory, raw, scale):
+    where = tmp_path_factory.getbasetemp() / "fuzz.toml"
+    try:
+        fig = book.parse_figure_recipe(raw, where, scale)
+    except LandscapeError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    assert fig.runs and fig.plots and all(set(p.runs) <= {r.id for r in fig.runs} for p in fig.plots)

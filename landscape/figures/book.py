@@ -178,6 +178,11 @@ class FigureRecipe:
             self.forced[key] = value
 
 
+def _names(keys: Sequence[Any]) -> str:
+    """Keys for a message: plain when they are plain names, else quoted (a message stays one line)."""
+    return ", ".join(k if isinstance(k, str) and re.fullmatch(r"[\w.-]+", k) else repr(k) for k in keys)
+
+
 def _merge(base: dict, over: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in over.items():
@@ -213,17 +218,21 @@ def _rounds_text(value: Any, what: str) -> str:
 def load_figure_recipe(path: str | Path, scale: str | None = None) -> FigureRecipe:
     """Read and check a figure recipe; ``scale`` (digits or paper) overrides the recipe's own."""
     path = Path(path)
-    raw = read_toml(path)
+    return parse_figure_recipe(read_toml(path), path, scale)
+
+
+def parse_figure_recipe(raw: dict, path: Path, scale: str | None = None) -> FigureRecipe:
+    """A figure recipe from its TOML tables (``path``: where it was read, for messages and relative paths)."""
     where = str(path)
     unknown = sorted(set(raw) - _TOP_KEYS)
     if unknown:
-        raise LandscapeError(f"{where}: unknown key(s) {', '.join(unknown)}; a figure recipe has "
+        raise LandscapeError(f"{where}: unknown key(s) {_names(unknown)}; a figure recipe has "
                              f"{', '.join(sorted(_TOP_KEYS))}")
     for other in SCALES:
         wrong = sorted(set(_table(raw, other, where)) - (_TOP_KEYS - {"scale", *SCALES}))
         if wrong:
             raise LandscapeError(f"{where}: [{other}] may hold train, analyze, runs, plots, name and title "
-                                 f"(got {', '.join(wrong)})")
+                                 f"(got {_names(wrong)})")
     chosen = scale or raw.get("scale", "digits")
     if chosen not in SCALES:
         raise LandscapeError(f"{where}: scale must be one of {', '.join(SCALES)} (got {chosen!r})")
@@ -235,7 +244,7 @@ def load_figure_recipe(path: str | Path, scale: str | None = None) -> FigureReci
     train = _table(merged, "train", where)
     extra = sorted(set(train) - {"recipe", "set"})
     if extra:
-        raise LandscapeError(f"{where}: [train] takes recipe and set (got {', '.join(extra)})")
+        raise LandscapeError(f"{where}: [train] takes recipe and set (got {_names(extra)})")
     recipe_path = None
     if "recipe" in train:
         recipe_path = (path.parent / _string(train["recipe"], f"{where}: train.recipe")).resolve()
@@ -251,7 +260,7 @@ def load_figure_recipe(path: str | Path, scale: str | None = None) -> FigureReci
         what = f"{where}: runs[{k}]"
         extra = sorted(set(entry) - {"id", "label", "set", *SCALES})
         if extra:
-            raise LandscapeError(f"{what} takes id, label, set, digits and paper (got {', '.join(extra)})")
+            raise LandscapeError(f"{what} takes id, label, set, digits and paper (got {_names(extra)})")
         run_id = _string(entry.get("id"), f"{what}.id")
         if not _ID.match(run_id):
             raise LandscapeError(f"{what}.id {run_id!r} must be letters, digits, '.', '_' or '-' (it is a folder)")
@@ -261,7 +270,7 @@ def load_figure_recipe(path: str | Path, scale: str | None = None) -> FigureReci
         runs.append(RunSpec(run_id, str(entry.get("label", run_id)), keys))
     ids = [r.id for r in runs]
     if len(set(ids)) != len(ids):
-        raise LandscapeError(f"{where}: run ids must be unique (got {', '.join(ids)})")
+        raise LandscapeError(f"{where}: run ids must be unique (got {_names(ids)})")
 
     raw_plots = merged.get("plots")
     if not isinstance(raw_plots, list) or not raw_plots or not all(isinstance(p, dict) for p in raw_plots):
@@ -275,7 +284,7 @@ def load_figure_recipe(path: str | Path, scale: str | None = None) -> FigureReci
         allowed = {"kind", "file", "runs", "title", *PLOT_KINDS[kind].options}
         extra = sorted(set(entry) - allowed)
         if extra:
-            raise LandscapeError(f"{what} ({kind}) takes {', '.join(sorted(allowed))} (got {', '.join(extra)})")
+            raise LandscapeError(f"{what} ({kind}) takes {', '.join(sorted(allowed))} (got {_names(extra)})")
         if kind == "metric" and not isinstance(entry.get("key"), str):
             raise LandscapeError(f"{what}: a metric plot needs key = '<metrics.jsonl key>'")
         file = _string(entry.get("file", name if k == 0 else f"{name}-{k + 1}"), f"{what}.file")
@@ -286,13 +295,13 @@ def load_figure_recipe(path: str | Path, scale: str | None = None) -> FigureReci
             raise LandscapeError(f"{what}.runs must be a non-empty list of run ids")
         missing = [r for r in chosen_runs if r not in ids]
         if missing:
-            raise LandscapeError(f"{what}.runs names unknown run(s) {', '.join(map(str, missing))} "
+            raise LandscapeError(f"{what}.runs names unknown run(s) {_names(missing)} "
                                  f"(runs: {', '.join(ids)})")
         options = {key: entry[key] for key in PLOT_KINDS[kind].options if key in entry}
         plots.append(PlotSpec(kind, file, tuple(chosen_runs), options, str(entry.get("title", ""))))
     files = [p.file for p in plots]
     if len(set(files)) != len(files):
-        raise LandscapeError(f"{where}: plot files must be unique (got {', '.join(files)})")
+        raise LandscapeError(f"{where}: plot files must be unique (got {_names(files)})")
 
     analyze = _table(merged, "analyze", where)
     settings, pass_options = {}, {}
@@ -304,7 +313,7 @@ def load_figure_recipe(path: str | Path, scale: str | None = None) -> FigureReci
                 raise LandscapeError(f"{where}: analyze.{key} must be a {ANALYSIS_SETTINGS[key].__name__}")
             settings[key] = value
         else:
-            raise LandscapeError(f"{where}: analyze.{key} is not an analysis setting "
+            raise LandscapeError(f"{where}: analyze.{_names([key])} is not an analysis setting "
                                  f"({', '.join(ANALYSIS_SETTINGS)}) nor a [analyze.<pass>] table")
     pass_rounds: dict[str, str] = {}
     for plot in plots:
