@@ -124,7 +124,7 @@ class Objective:
         return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.module.modules())
 
     @contextlib.contextmanager
-    def _mode(self) -> Iterator[None]:
+    def bn_mode_context(self) -> Iterator[None]:
         """Set the module's training flag for this BN mode; always restore it."""
         was_training = self.module.training
         self.module.train(self.bn_mode == "train-batch-stats")
@@ -133,7 +133,9 @@ class Objective:
         finally:
             self.module.train(was_training)
 
-    def _buffers_for(self, w: Tensor) -> dict[str, Tensor]:
+    def buffers_for(self, w: Tensor) -> dict[str, Tensor]:
+        """The BatchNorm buffers an evaluation at w uses under this BN mode (a throw-away copy, the statistics
+        recomputed at w, or the checkpoint's)."""
         if self.bn_mode == "train-batch-stats":
             return {k: v.clone() for k, v in self.buffers.items()}  # updates land in a throw-away copy
         if self.bn_mode == "recompute" and self.has_batchnorm:
@@ -146,8 +148,8 @@ class Objective:
     # -- evaluations ------------------------------------------------------------------------------------
     def batch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor], buffers: dict[str, Tensor] | None = None) -> Tensor:
         """Mean CE on one batch at w (differentiable in w)."""
-        with self._mode():
-            return F.cross_entropy(self.flat.logits(w, batch[0], buffers or self._buffers_for(w)), batch[1])
+        with self.bn_mode_context():
+            return F.cross_entropy(self.flat.logits(w, batch[0], buffers or self.buffers_for(w)), batch[1])
 
     def batch_loss_and_grad(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """(f(w; B), grad f(w; B)), both detached."""
@@ -159,8 +161,8 @@ class Objective:
     def loss(self, w: Tensor) -> Tensor:
         """F(w) over the whole data set (batches weighted by size), as a 0-d float64 tensor."""
         total = torch.zeros((), dtype=torch.float64, device=w.device)
-        buffers = self._buffers_for(w)
-        with torch.no_grad(), self._mode():
+        buffers = self.buffers_for(w)
+        with torch.no_grad(), self.bn_mode_context():
             for xb, yb in self.data.batches():
                 total += F.cross_entropy(self.flat.logits(w, xb, buffers), yb, reduction="sum").double()
         return total / len(self.data)
@@ -168,10 +170,10 @@ class Objective:
     def loss_and_grad(self, w: Tensor) -> tuple[Tensor, Tensor]:
         """(F(w), grad F(w)) over the whole data set; batches weighted by size."""
         w = w.detach().requires_grad_(True)
-        buffers = self._buffers_for(w.detach())
+        buffers = self.buffers_for(w.detach())
         total = torch.zeros((), dtype=torch.float64, device=w.device)
         grad = torch.zeros_like(w)
-        with self._mode():
+        with self.bn_mode_context():
             for xb, yb in self.data.batches():
                 loss = F.cross_entropy(self.flat.logits(w, xb, buffers), yb, reduction="sum") / len(self.data)
                 (g,) = torch.autograd.grad(loss, w)
@@ -180,9 +182,9 @@ class Objective:
         return total, grad
 
     def accuracy(self, w: Tensor) -> float:
-        buffers = self._buffers_for(w)
+        buffers = self.buffers_for(w)
         correct = torch.zeros((), dtype=torch.long, device=w.device)
-        with torch.no_grad(), self._mode():
+        with torch.no_grad(), self.bn_mode_context():
             for xb, yb in self.data.batches():
                 correct += (self.flat.logits(w, xb, buffers).argmax(1) == yb).sum()
         return int(correct) / len(self.data)  # one host sync, after the last batch

@@ -136,7 +136,7 @@ class HessianOperator(LinearOperator):
         statistics, which it would update in place; torch.func transforms refuse in-place updates of captured
         tensors, so the running statistics are passed as None (batch statistics, no update: the same function).
         """
-        buffers: dict[str, Tensor | None] = dict(self.objective._buffers_for(self.w))
+        buffers: dict[str, Tensor | None] = dict(self.objective.buffers_for(self.w))
         if self.objective.bn_mode == "train-batch-stats":
             for prefix, module in self.objective.module.named_modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):

@@ -196,11 +196,11 @@ def _vectorizable(objective: Any) -> bool:
 def _cells_vmapped(objective: Objective, weights: Tensor) -> tuple[np.ndarray, np.ndarray]:
     """(F, accuracy) at each row of ``weights`` [B, dim]: one batched forward pass per data batch."""
     flat, data = objective.flat, objective.data
-    buffers = objective._buffers_for(weights[0])  # eval mode: the checkpoint's running statistics
+    buffers = objective.buffers_for(weights[0])  # eval mode: the checkpoint's running statistics
     count = weights.shape[0]
     total = torch.zeros(count, dtype=torch.float64, device=weights.device)
     correct = torch.zeros(count, dtype=torch.long, device=weights.device)
-    with objective._mode():
+    with objective.bn_mode_context():
         for xb, yb in data.batches():
             logits = vmap(lambda u, xb=xb: flat.logits(u, xb, buffers))(weights)  # [B, n, C]
             per_sample = F.cross_entropy(logits.flatten(0, 1), yb.repeat(count), reduction="none")
@@ -213,10 +213,10 @@ def _cells_vmapped(objective: Objective, weights: Tensor) -> tuple[np.ndarray, n
 @torch.no_grad()
 def _cell_one_pass(objective: Objective, w: Tensor) -> tuple[float, float]:
     """(F(w), accuracy) in one pass over the data, with the objective's BN handling (the sums of ``loss``)."""
-    buffers = objective._buffers_for(w)
+    buffers = objective.buffers_for(w)
     total = torch.zeros((), dtype=torch.float64, device=w.device)
     correct = torch.zeros((), dtype=torch.long, device=w.device)
-    with objective._mode():
+    with objective.bn_mode_context():
         for xb, yb in objective.data.batches():
             logits = objective.flat.logits(w, xb, buffers)
             total += F.cross_entropy(logits, yb, reduction="sum").double()
