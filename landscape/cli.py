@@ -34,6 +34,10 @@ def cli() -> None:
     \b
     landscape train train/digits-quick.toml        train from a recipe
     landscape train --algorithm fedavg --rounds 30  or from flags (defaults: digits, Dirichlet 0.1)
+    landscape analyze runs/<name>                   Hessian, sharpness, flatness, alignment of checkpoints
+    landscape figures figures/fedsam-hessian.toml   a paper figure (trains and analyses what it needs)
+    landscape compare RUN_A RUN_B                   a table and the surfaces side by side
+    landscape demo                                  all of it on digits, in minutes
     landscape list                                  everything that can be named in a recipe
     """
 
