@@ -31,7 +31,7 @@ REQUIRED = os.environ.get("LANDSCAPE_REQUIRE_BROWSER") == "1"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--enable-unsafe-swiftshader", "--disable-quic",
                  "--no-first-run", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]
-SURFACE_PLOTS = {"surface-fedavg-round-2-surface", "surface-fedavg-round-3-surface"}  # 1D line, 2D surface
+SURFACE_PLOTS = {"surface-fedavg-round-2-surface-interpolate", "surface-fedavg-round-3-surface"}  # 1D line, 2D plane
 DRAWN = """() => {
     const plots = [...document.querySelectorAll('.plot')];
     return plots.length > 0 && plots.every(d => d.querySelector('.main-svg'));
