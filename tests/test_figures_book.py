@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from landscape import recipe as recipes
 from landscape.cli import cli
@@ -303,9 +305,6 @@ def test_figures_never_replaces_a_run_it_did_not_make(tmp_path):
 
 
 # -- fuzzing: any figure recipe is read, or refused in one line ---------------------------------------------
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 LEAF = st.one_of(st.booleans(), st.integers(-3, 50), st.floats(allow_nan=True), st.text(max_size=8),
                  st.sampled_from(["fedsam", "surfaces", "hessian", "metric", "last", "all", "1,2", "digits", "paper",

@@ -200,6 +200,14 @@ def _table(raw: dict, key: str, where: str) -> dict:
     return value
 
 
+def _tables(raw: dict, key: str, fields: str, where: str) -> list[dict]:
+    """A non-empty array of tables ([[runs]], [[plots]])."""
+    value = raw.get(key)
+    if not isinstance(value, list) or not value or not all(isinstance(v, dict) for v in value):
+        raise LandscapeError(f"{where}: give the figure's {key} as [[{key}]] tables ({fields})")
+    return value
+
+
 def _string(value: Any, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise LandscapeError(f"{what} must be a non-empty string (got {value!r})")
@@ -252,11 +260,8 @@ def parse_figure_recipe(raw: dict, path: Path, scale: str | None = None) -> Figu
             raise LandscapeError(f"{where}: train.recipe {train['recipe']!r} not found ({recipe_path})")
     train_set = _table(train, "set", f"{where}: [train]")
 
-    raw_runs = merged.get("runs")
-    if not isinstance(raw_runs, list) or not raw_runs or not all(isinstance(r, dict) for r in raw_runs):
-        raise LandscapeError(f"{where}: give the figure's runs as [[runs]] tables (id, label, set)")
     runs = []
-    for k, entry in enumerate(raw_runs):
+    for k, entry in enumerate(_tables(merged, "runs", "id, label, set", where)):
         what = f"{where}: runs[{k}]"
         extra = sorted(set(entry) - {"id", "label", "set", *SCALES})
         if extra:
@@ -272,11 +277,8 @@ def parse_figure_recipe(raw: dict, path: Path, scale: str | None = None) -> Figu
     if len(set(ids)) != len(ids):
         raise LandscapeError(f"{where}: run ids must be unique (got {_names(ids)})")
 
-    raw_plots = merged.get("plots")
-    if not isinstance(raw_plots, list) or not raw_plots or not all(isinstance(p, dict) for p in raw_plots):
-        raise LandscapeError(f"{where}: give the figure's plots as [[plots]] tables (kind, file, runs)")
     plots = []
-    for k, entry in enumerate(raw_plots):
+    for k, entry in enumerate(_tables(merged, "plots", "kind, file, runs", where)):
         what = f"{where}: plots[{k}]"
         kind = entry.get("kind")
         if kind not in PLOT_KINDS:
