@@ -169,3 +169,90 @@ def test_matrix_operator_and_bad_arguments():
         HessianOperator(obj, flat.vector(), "exact")
     with pytest.raises(LandscapeError, match="flat vector of the model's 1210 parameters"):
         HessianOperator(obj, flat.vector()[:10])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# kept gradient graphs
+
+
+@pytest.mark.parametrize("mode", ["eval", "train-batch-stats", "recompute"])
+def test_kept_graphs_give_the_recomputed_products_and_the_dense_hessian(mode):
+    flat, data = _bn_net()
+    w = flat.vector()
+    obj = Objective(flat, flat.buffers(), data, mode)
+    buffers = recompute_bn_statistics(flat, w, flat.buffers(), data) if mode == "recompute" else None
+    hessian = _dense_hessian(flat, data, w, buffers, train=mode == "train-batch-stats")
+    vectors = torch.randn(flat.dim, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    kept = HessianOperator(obj, w, keep_graph=True)
+    recomputed = HessianOperator(obj, w, keep_graph=False)
+    assert kept.keeps_graph is None and recomputed.keeps_graph is False  # decided at the first product
+    first = kept.matmat(vectors)
+    assert kept.keeps_graph is True and kept.graph_bytes > 0
+    torch.testing.assert_close(first, recomputed.matmat(vectors), rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(first, hessian @ vectors, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(kept @ vectors[:, 1], first[:, 1], rtol=1e-12, atol=0)  # the graph is reused
+    assert kept.hvp_count == recomputed.hvp_count + 1 == 4
+
+
+def test_kept_graphs_in_float32_match_the_recomputed_products_on_a_cnn():
+    torch.manual_seed(2)
+    module = build_model("cnn", (1, 8, 8), 10, {"width": 4, "hidden": 16})
+    flat = FlatModel(module)
+    data = AnalysisData(torch.randn(50, 1, 8, 8), torch.randint(0, 10, (50,)), 16)
+    obj = Objective(flat, flat.buffers(), data)
+    w = flat.vector()
+    vectors = torch.randn(flat.dim, 4, generator=torch.Generator().manual_seed(9))
+    kept = HessianOperator(obj, w, keep_graph=True).matmat(vectors)
+    recomputed = HessianOperator(obj, w, keep_graph=False).matmat(vectors)
+    assert torch.linalg.vector_norm(kept - recomputed) <= 1e-6 * torch.linalg.vector_norm(recomputed)
+
+
+def test_the_memory_rule_keeps_graphs_only_within_the_budget():
+    flat, data = _mlp()
+    w = flat.vector()
+    obj = Objective(flat, flat.buffers(), data)
+    v = torch.randn(flat.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    reference = HessianOperator(obj, w, keep_graph=False) @ v
+    measured = HessianOperator(obj, w, keep_graph=True)
+    measured @ v
+    size = measured.graph_bytes
+    # three batches of at most 32 samples: at least the first layer's activations of all of them
+    assert 3 * 32 * 16 * 8 <= size <= 50 * 1024 * 1024
+    tight = HessianOperator(obj, w, memory_budget=size - 1)
+    torch.testing.assert_close(tight @ v, reference, rtol=1e-12, atol=0)
+    assert tight.keeps_graph is False and tight.graph_bytes == size  # measured, then not kept
+    roomy = HessianOperator(obj, w, memory_budget=size)
+    torch.testing.assert_close(roomy @ v, reference, rtol=1e-12, atol=0)
+    assert roomy.keeps_graph is True
+    roomy.release()
+    assert roomy.keeps_graph is None and roomy.graph_bytes is None
+    torch.testing.assert_close(roomy @ v, reference, rtol=1e-12, atol=0)  # rebuilt after release
+    assert HessianOperator(obj, w, "forward-over-reverse").keeps_graph is False
+    with pytest.raises(LandscapeError, match="keep_graph applies to the double-backward backend"):
+        HessianOperator(obj, w, "forward-over-reverse", keep_graph=True)
+    with pytest.raises(LandscapeError, match="memory_budget must be >= 0 bytes, got -1"):
+        HessianOperator(obj, w, memory_budget=-1)
+
+
+def test_the_determinism_probe_sees_a_dropout_mask_frozen_into_a_kept_graph():
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Flatten(), nn.Linear(12, 16), nn.Tanh(), nn.Dropout(0.5), nn.Linear(16, 3)).double()
+    flat = FlatModel(module)
+    data = AnalysisData(torch.randn(20, 12, dtype=torch.float64), torch.randint(0, 3, (20,)), 8)
+    op = HessianOperator(Objective(flat, flat.buffers(), data, "train-batch-stats"), flat.vector(),
+                         keep_graph=True)
+    v = torch.randn(flat.dim, dtype=torch.float64)
+    torch.testing.assert_close(op @ v, op @ v, rtol=0, atol=0)  # one frozen mask: looks deterministic
+    with pytest.raises(LandscapeError, match="not deterministic"):
+        op.check_determinism(seed=1)
+
+
+def test_progress_is_called_after_every_product():
+    flat, data = _mlp()
+    calls = []
+    op = HessianOperator(Objective(flat, flat.buffers(), data), flat.vector(),
+                         progress=lambda done, total: calls.append((done, total)))
+    op @ torch.ones(flat.dim, dtype=torch.float64)
+    op.matmat(torch.ones(flat.dim, 3, dtype=torch.float64))
+    op.check_determinism()
+    assert calls == [(1, None), (4, None), (5, None), (6, None)]

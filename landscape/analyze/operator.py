@@ -8,22 +8,39 @@ torchrun the batches are split across the ranks and the sum is all-reduced (``ma
 
 Two ways to compute H_b v, equal up to rounding:
 
-- ``double-backward``: v . grad f_b differentiated once more (reverse-over-reverse, Pearlmutter's trick);
-  a matmat of k columns builds each batch's gradient graph once and back-propagates it k times.
+- ``double-backward``: v . grad f_b differentiated once more (reverse-over-reverse, Pearlmutter's trick).
+  Kept graphs (the default where they fit, see below): each batch's gradient graph is built once, at the
+  first product, and every later product is one more backward pass through it (as PyHessian does for a
+  single batch); otherwise each product rebuilds it (a matmat of k columns builds it once per batch and
+  back-propagates it k times). Both run the same operations in the same order: the same numbers.
 - ``forward-over-reverse``: the directional derivative of the gradient function, ``torch.func.jvp`` of
-  ``torch.func.grad`` (usually the cheaper of the two on GPUs).
+  ``torch.func.grad`` (usually the cheaper of the two on GPUs); it recomputes the gradient every product.
+
+Memory rule for kept graphs (``keep_graph=None``, the default): at the first product the operator builds
+the first batch's gradient graph, measures the bytes of the tensors it saves (activations and the
+double-backward's own saved tensors, each storage once, the data and w not counted), and keeps the
+graphs of all its batches only if that size times its number of batches is at most ``memory_budget``
+(default: ``KEEP_GRAPH_FRACTION`` of the memory free on the device at that moment, ``MemAvailable`` of
+/proc/meminfo on the CPU). Otherwise, or where the free memory cannot be read, every product recomputes.
+``keep_graph=True`` keeps them whatever their size, ``False`` never; ``release()`` frees them.
 
 The model is used through ``torch.func.functional_call`` (``Objective``), so parameters, ``requires_grad``,
 training flags and ``.grad`` are never touched. BatchNorm buffers are fixed at w when the operator is built
 (for ``recompute``: the statistics recomputed at w are constants of H, not functions of w).
 
 Solvers (``landscape.analyze.spectrum``) trust an operator only if it is a deterministic function of v;
-``check_determinism`` probes that and names the usual culprits when it is not.
+``check_determinism`` probes that (with kept graphs: a product through them against one through freshly
+built graphs, so a dropout mask frozen into a kept graph is caught too) and names the usual culprits.
+
+``progress(done, total)``: an optional callback, called after every product with the number of products
+this operator has computed so far (``total`` None: an operator does not know how many will follow).
 """
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +54,31 @@ BACKENDS = ("double-backward", "forward-over-reverse")
 # Relative agreement two evaluations of Hv must reach (check_determinism). Reductions are the only rounding
 # differences a deterministic computation has, so far below what a dropout mask or a shuffled batch causes.
 DETERMINISM_RTOL = {torch.float64: 1e-10, torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+# Kept gradient graphs may take at most this fraction of the memory free on the device (module docstring).
+KEEP_GRAPH_FRACTION = 0.5
+
+# progress(done, total): work done so far and the total where known (None: unknown).
+Progress = Callable[[int, "int | None"], None]
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free on ``device`` now: CUDA's ``mem_get_info``, the CPU's MemAvailable; None where unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as meminfo:
+                for line in meminfo:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
 
 
 class LinearOperator(ABC):
@@ -87,7 +129,7 @@ class LinearOperator(ABC):
         tolerance = DETERMINISM_RTOL.get(self.dtype, 1e-6) if rtol is None else rtol
         generator = torch.Generator().manual_seed(seed)
         v = torch.randn(self.dim, generator=generator, dtype=torch.float64).to(self.device, self.dtype)
-        first, second = self.matvec(v), self.matvec(v)
+        first, second = self._probe_products(v)
         if not (torch.isfinite(first).all() and torch.isfinite(second).all()):
             raise LandscapeError("the Hessian-vector product is not finite (NaN or inf) at this point; check the "
                                  "checkpoint's weights and the analysis data")
@@ -102,22 +144,54 @@ class LinearOperator(ABC):
             )
         return relative
 
+    def _probe_products(self, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Two independent evaluations of Hv for the determinism probe."""
+        return self.matvec(v), self.matvec(v)
+
 
 class HessianOperator(LinearOperator):
-    """grad^2 F(w) of ``objective`` at ``w`` as a linear operator (see the module docstring)."""
+    """grad^2 F(w) of ``objective`` at ``w`` as a linear operator (see the module docstring).
 
-    def __init__(self, objective: Objective, w: Tensor, backend: str = "double-backward") -> None:
+    ``keep_graph``: None (default) keeps the double-backward's gradient graphs when they fit in
+    ``memory_budget`` bytes (default ``KEEP_GRAPH_FRACTION`` of the device's free memory at the first
+    product), True always, False never (every product rebuilds them). ``progress(done, None)`` is called
+    after every product. After the first product ``keeps_graph`` says what was decided and ``graph_bytes``
+    the measured size of the kept graphs (the estimate, where they were not kept).
+    """
+
+    def __init__(
+        self,
+        objective: Objective,
+        w: Tensor,
+        backend: str = "double-backward",
+        *,
+        keep_graph: bool | None = None,
+        memory_budget: int | None = None,
+        progress: Progress | None = None,
+    ) -> None:
         if backend not in BACKENDS:
             raise LandscapeError(f"unknown Hessian backend '{backend}'; choose from: {', '.join(BACKENDS)}")
         if w.dim() != 1 or w.numel() != objective.flat.dim:
             raise LandscapeError(
                 f"w must be a flat vector of the model's {objective.flat.dim} parameters, got shape {tuple(w.shape)}"
             )
+        if keep_graph and backend != "double-backward":
+            raise LandscapeError("keep_graph applies to the double-backward backend (forward-over-reverse "
+                                 "recomputes the gradient every product)")
+        if memory_budget is not None and memory_budget < 0:
+            raise LandscapeError(f"memory_budget must be >= 0 bytes, got {memory_budget}")
         self.objective = objective
         self.w = w.detach()
         self.backend = backend
         self.dim = int(w.numel())
         self.hvp_count = 0
+        self.keep_graph = keep_graph
+        self.memory_budget = memory_budget
+        self.progress = progress
+        self.keeps_graph: bool | None = False if backend != "double-backward" or keep_graph is False else None
+        self.graph_bytes: int | None = None
+        self._graphs: list[tuple[float, Tensor | None]] = []
+        self._leaf: Tensor | None = None
         self._n = len(objective.data)
         self._buffers = self._fixed_buffers()
 
@@ -155,39 +229,122 @@ class HessianOperator(LinearOperator):
         sum is the single-process one up to the order of the additions. Every rank must call this together.
         """
         vectors = self._as_columns(vectors)
-        out = torch.zeros_like(vectors)
         if vectors.shape[1] == 0:
-            return out
+            return torch.zeros_like(vectors)
+        if self.keeps_graph is None:
+            self._decide_graphs()
+        if self.keeps_graph:
+            out = torch.zeros_like(vectors)
+            for weight, grad in self._graphs:
+                out += weight * self._hvps_through(grad, vectors, keep=True)
+            parallel.all_reduce_sum(out)
+        else:
+            out = self._recomputed_matmat(vectors)
+        self._count(vectors.shape[1])
+        return out
+
+    def _count(self, products: int) -> None:
+        self.hvp_count += products
+        if self.progress is not None:
+            self.progress(self.hvp_count, None)
+
+    def _recomputed_matmat(self, vectors: Tensor) -> Tensor:
+        """H @ V with every batch's gradient graph built afresh (not counted)."""
+        out = torch.zeros_like(vectors)
         data = self.objective.data
         for start, stop in parallel.shard(data.batch_ranges()):
             batch = data.batch(start, stop)
             weight = (stop - start) / self._n  # batches weighted by size, as in F
             if self.backend == "double-backward":
-                out += weight * self._batch_hvps_double_backward(batch, vectors)
+                w = self.w.clone().requires_grad_(True)
+                out += weight * self._hvps_through(self._gradient(w, batch), vectors, keep=False, w=w)
             else:
                 out += weight * self._batch_hvps_forward_over_reverse(batch, vectors)
         parallel.all_reduce_sum(out)
-        self.hvp_count += vectors.shape[1]
         return out
 
-    def _batch_hvps_double_backward(self, batch: tuple[Tensor, Tensor], vectors: Tensor) -> Tensor:
-        w = self.w.clone().requires_grad_(True)
+    def _gradient(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor | None:
+        """grad f_b(w) with its graph (create_graph); None where f_b is (piecewise) linear in w: H_b = 0."""
         (grad,) = torch.autograd.grad(self._batch_loss(w, batch), w, create_graph=True)
-        if not grad.requires_grad:  # f_b is (piecewise) linear in w on this batch: H_b = 0
+        return grad if grad.requires_grad else None
+
+    def _hvps_through(self, grad: Tensor | None, vectors: Tensor, *, keep: bool, w: Tensor | None = None) -> Tensor:
+        """H_b v for each column v, by back-propagating v through the graph of ``grad`` (Pearlmutter)."""
+        w = self._leaf if w is None else w
+        if grad is None:
             return torch.zeros_like(vectors)
         columns = []
         for j in range(vectors.shape[1]):
-            last = j == vectors.shape[1] - 1
-            (hv,) = torch.autograd.grad(
-                grad, w, grad_outputs=vectors[:, j], retain_graph=not last, allow_unused=True
-            )
+            retain = keep or j < vectors.shape[1] - 1
+            (hv,) = torch.autograd.grad(grad, w, grad_outputs=vectors[:, j], retain_graph=retain, allow_unused=True)
             columns.append(torch.zeros_like(w) if hv is None else hv)  # None: the gradient is constant in w
         return torch.stack(columns, dim=1)
 
+    # -- kept graphs ------------------------------------------------------------------------------------------
+    def _decide_graphs(self) -> None:
+        """Build and keep every batch's gradient graph, or decide not to (the memory rule)."""
+        data = self.objective.data
+        ranges = parallel.shard(data.batch_ranges())
+        leaf = self.w.clone().requires_grad_(True)
+        graphs: list[tuple[float, Tensor | None]] = []
+        for i, (start, stop) in enumerate(ranges):
+            batch = data.batch(start, stop)
+            if i == 0:
+                grad, size = self._measured_gradient(leaf, batch)
+                self.graph_bytes = size * len(ranges)  # the first batch is the largest
+                if self.keep_graph is None:
+                    budget = self.memory_budget
+                    if budget is None:
+                        free = free_memory(self.device)
+                        budget = None if free is None else int(KEEP_GRAPH_FRACTION * free)
+                    if budget is None or self.graph_bytes > budget:
+                        self.keeps_graph = False
+                        return
+            else:
+                grad = self._gradient(leaf, batch)
+            graphs.append(((stop - start) / self._n, grad))
+        self._leaf, self._graphs, self.keeps_graph = leaf, graphs, True
+
+    def _measured_gradient(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> tuple[Tensor | None, int]:
+        """(grad f_b(w) with its graph, bytes of the tensors the graph saves): every storage counted once,
+        except those of w, the data set, the batch's resident slices and the buffers (they exist anyway)."""
+        data = self.objective.data
+        existing = {t.untyped_storage().data_ptr() for t in (w, data.x, data.y, *batch) if t is not None}
+        existing |= {b.untyped_storage().data_ptr() for b in self._buffers.values() if b is not None}
+        if data.streamed:  # the batch's device copies are kept with the graph
+            existing -= {t.untyped_storage().data_ptr() for t in batch}
+        saved: dict[int, int] = {}
+
+        def pack(t: Tensor) -> Tensor:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in existing:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            grad = self._gradient(w, batch)
+        gradient_bytes = 0 if grad is None else grad.numel() * grad.element_size()
+        return grad, sum(saved.values()) + gradient_bytes
+
+    def release(self) -> None:
+        """Free the kept graphs; the next product decides again (and rebuilds them where they fit)."""
+        self._graphs, self._leaf, self.graph_bytes = [], None, None
+        if self.keeps_graph:
+            self.keeps_graph = None
+
+    # -- forward-over-reverse, the probe and the gradient ------------------------------------------------------
     def _batch_hvps_forward_over_reverse(self, batch: tuple[Tensor, Tensor], vectors: Tensor) -> Tensor:
         gradient = torch.func.grad(lambda u: self._batch_loss(u, batch))
         columns = [torch.func.jvp(gradient, (self.w,), (vectors[:, j],))[1] for j in range(vectors.shape[1])]
         return torch.stack(columns, dim=1)
+
+    def _probe_products(self, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Hv as the solvers will get it (through kept graphs where they are kept) and Hv through graphs
+        built afresh: a dropout mask or batch order frozen into a kept graph differs from a fresh one."""
+        first = self.matvec(v)
+        second = self._recomputed_matmat(self._as_columns(v, vector=True))[:, 0]
+        self._count(1)
+        return first, second
 
     def loss_and_grad(self) -> tuple[Tensor, Tensor]:
         """(F(w), grad F(w)) over the objective's data (no products counted)."""
