@@ -210,3 +210,125 @@ def test_pyhessian_backend_agrees_and_leaves_the_module_untouched(digits_mlp):
     assert all(p.grad is None for p in module.parameters())
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
     assert torch.equal(torch.get_rng_state(), rng_state)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# XTrace, trace_estimate, residuals from the recorded products, progress
+
+
+def _leave_one_out_xtrace(matrix: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """Each XTrace sample T_i computed the long way: an explicit basis of H Omega without column i, the
+    explicit residual probe, and products with the dense matrix."""
+    dim, probes = omega.shape
+    y = matrix @ omega
+    samples = []
+    for i in range(probes):
+        others = torch.cat([y[:, :i], y[:, i + 1 :]], dim=1)
+        basis, _ = torch.linalg.qr(others)
+        projector = basis @ basis.T
+        u = omega[:, i] - projector @ omega[:, i]
+        scale = (dim - probes + 1) / float(u @ u)
+        samples.append(torch.trace(basis.T @ matrix @ basis) + scale * (u @ matrix @ u))
+    return torch.stack(samples)
+
+
+def test_xtrace_equals_its_leave_one_out_definition():
+    generator = torch.Generator().manual_seed(5)
+    factor = torch.randn(40, 40, dtype=torch.float64, generator=generator)
+    matrix = factor @ torch.diag(torch.linspace(-1, 3, 40, dtype=torch.float64) ** 3) @ factor.T / 40
+    op = MatrixOperator(matrix)
+    result = spectrum.xtrace(op, hvps=16, seed=7, block=3)
+    omega = torch.randn(40, 8, generator=torch.Generator().manual_seed(7), dtype=torch.float64)  # its probes
+    samples = _leave_one_out_xtrace(matrix, omega)
+    assert result.estimate == pytest.approx(float(samples.mean()), rel=1e-10)
+    assert result.stderr == pytest.approx(float(samples.std() / math.sqrt(8)), rel=1e-8)
+    assert result.hvp_count == op.hvp_count == 16 and result.samples == 8
+    assert not result.settings["rank_deficient"]
+
+
+def test_xtrace_is_within_three_standard_errors_and_exact_on_low_rank(digits_mlp):
+    _, _, _, hessian, _ = digits_mlp
+    exact = float(torch.trace(hessian))
+    result = spectrum.xtrace(_op(digits_mlp), hvps=60, seed=0)
+    assert result.hvp_count == 60
+    assert abs(result.estimate - exact) <= 3 * result.stderr
+    factor = torch.randn(60, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    low_rank = factor @ factor.T
+    result = spectrum.xtrace(MatrixOperator(low_rank), hvps=21)  # an odd budget uses 2 * 10 products
+    assert result.hvp_count == 20 and result.settings["rank_deficient"]
+    assert result.estimate == pytest.approx(float(torch.trace(low_rank)), rel=1e-10) and result.stderr == 0.0
+
+
+def test_trace_estimate_runs_the_named_estimator():
+    matrix = torch.diag(torch.arange(1.0, 31.0, dtype=torch.float64))
+    for method in spectrum.TRACE_METHODS:
+        result = spectrum.trace_estimate(MatrixOperator(matrix), hvps=12, method=method, seed=1)
+        assert result.method == method and result.hvp_count == 12
+    assert spectrum.trace_estimate(MatrixOperator(matrix), hvps=12).method == spectrum.DEFAULT_TRACE_METHOD
+    with pytest.raises(LandscapeError, match="unknown trace estimator 'exact'; choose from: xtrace, hutch"):
+        spectrum.trace_estimate(MatrixOperator(matrix), method="exact")
+    with pytest.raises(LandscapeError, match="XTrace needs at least 4"):
+        spectrum.xtrace(MatrixOperator(matrix), hvps=3)
+
+
+def test_unverified_lanczos_residuals_are_the_true_residuals(digits_mlp):
+    _, _, _, hessian, _ = digits_mlp
+    result = spectrum.lanczos_topk(_op(digits_mlp), 5, verify=False, keep_vectors=True, seed=0)
+    assert result.hvp_count == result.iterations  # no verifying products
+    vectors = result.vectors
+    dense = torch.linalg.vector_norm(hessian @ vectors - vectors * result.values, dim=0)
+    torch.testing.assert_close(result.residuals, dense, rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(result.residuals, torch.tensor(result.settings["lanczos_residuals"],
+                                                              dtype=torch.float64), rtol=1e-6, atol=1e-12)
+
+
+def test_reorthogonalisation_makes_a_second_pass_only_when_the_first_cancels():
+    op = MatrixOperator(torch.eye(50, dtype=torch.float64))
+    basis = spectrum._Basis(op, 4)
+    q, _ = torch.linalg.qr(torch.randn(50, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
+    for j in range(3):
+        basis.append(q[:, j])
+    passes = []
+    project_out = basis._project_out
+    basis._project_out = lambda z: passes.append(1) or project_out(z)
+    fresh = torch.randn(50, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    basis.orthogonalise(fresh)  # mostly outside the span: one pass
+    assert len(passes) == 1
+    passes.clear()
+    nearly_inside = q @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + 1e-6 * fresh
+    z, coefficients, norm = basis.orthogonalise(nearly_inside)
+    assert len(passes) == 2
+    assert float((q.T @ z).abs().max()) <= 1e-15 * norm
+    torch.testing.assert_close(coefficients, torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64), rtol=0,
+                               atol=1e-5)
+
+
+def test_solvers_report_progress(digits_mlp):
+    def recorder():
+        calls = []
+        return calls, lambda done, total: calls.append((done, total))
+
+    calls, progress = recorder()
+    result = spectrum.lanczos_topk(_op(digits_mlp), 2, seed=0, progress=progress)
+    assert [done for done, _ in calls] == list(range(1, result.iterations + 1)) + [result.hvp_count]
+    assert {total for _, total in calls} == {None}
+    for name, call in (("hutchinson", lambda p: spectrum.hutchinson_trace(_op(digits_mlp), samples=25, progress=p)),
+                       ("hutch++", lambda p: spectrum.hutchpp_trace(_op(digits_mlp), hvps=24, block=4, progress=p)),
+                       ("xtrace", lambda p: spectrum.xtrace(_op(digits_mlp), hvps=24, block=5, progress=p))):
+        calls, progress = recorder()
+        call(progress)
+        done = [d for d, _ in calls]
+        assert done == sorted(done) and done[-1] == 24 + (name == "hutchinson"), name
+        assert {total for _, total in calls} == {24 + (name == "hutchinson")}, name
+    calls, progress = recorder()
+    spectrum.slq_density(_op(digits_mlp), runs=2, steps=5, progress=progress)
+    assert calls == [(i, 10) for i in range(1, 11)]
+    calls, progress = recorder()
+    spectrum.power_iteration(_op(digits_mlp), 1, max_iter=4, progress=progress)
+    assert calls == [(i, None) for i in range(1, len(calls) + 1)] and 2 <= len(calls) <= 4
+    flat, data, w, _, _ = digits_mlp
+    objectives = {c: Objective(flat, flat.buffers(), data.subset(torch.arange(c * 50, c * 50 + 50)))
+                  for c in range(3)}
+    calls, progress = recorder()
+    spectrum.client_lambda_max(objectives, w, progress=progress)
+    assert calls == [(1, 3), (2, 3), (3, 3)]

@@ -5,17 +5,24 @@ seeds and settings, so every reported number says how far it can be trusted.
 - ``lanczos_topk``: Lanczos with full reorthogonalisation, growing the Krylov space until the wanted Ritz
   pairs' residuals meet the tolerance; ``power_iteration``: deflated power iteration as in PyHessian (the
   baseline it is compared with).
-- ``hutchinson_trace`` (Rademacher probes) and ``hutchpp_trace`` (Meyer, Musco, Musco & Woodruff 2021).
+- ``hutchinson_trace`` (Rademacher probes), ``hutchpp_trace`` (Meyer, Musco, Musco & Woodruff 2021) and
+  ``xtrace`` (Epperly, Tropp & Webber 2024); ``trace_estimate`` runs the one named (default
+  ``DEFAULT_TRACE_METHOD``, the most accurate per product in ``benchmarks/trace_estimators.py``).
 - ``slq_density``: stochastic Lanczos quadrature (Ghorbani, Krishnan & Xiao 2019), the eigenvalue density.
 - ``client_lambda_max``: lambda_max of each client's F_i (local vs global flatness).
 
 Random vectors come from a CPU ``torch.Generator`` seeded with ``seed``, so a result does not depend on the
 device or on the global RNG. Tridiagonal matrices and all reported scalars are float64.
+
+Progress: every solver takes ``progress(done, total)``, called after each product (or block of products)
+with the products this call has computed so far and its budget (None where the solver stops on
+convergence and the count is not known in advance: ``lanczos_topk``, ``power_iteration``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +34,15 @@ from landscape.analyze.operator import HessianOperator, LinearOperator
 from landscape.errors import LandscapeError
 
 WHICH = ("largest-algebraic", "smallest-algebraic", "largest-magnitude")
+TRACE_METHODS = ("xtrace", "hutch++", "hutchinson")
+DEFAULT_TRACE_METHOD = "xtrace"  # the smallest error per product of the three (benchmarks/trace_estimators.py)
+
+# Daniel-Gragg-Kaufman-Stewart criterion: a second Gram-Schmidt pass only when the first removed more than
+# 1 - 1/sqrt(2) of the vector's norm, i.e. when cancellation can have left it non-orthogonal.
+REORTH_ETA = 1 / math.sqrt(2)
+
+# progress(done, total): products computed so far by this call and its budget (None: not known in advance).
+Progress = Callable[[int, "int | None"], None]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -198,30 +214,62 @@ def _select(theta: Tensor, k: int, which: str) -> Tensor:
 
 
 class _Basis:
-    """Orthonormal Krylov basis stored as the columns of a growing [dim, capacity] buffer."""
+    """Orthonormal Krylov basis: the rows of a growing [capacity, dim] buffer, so every vector is contiguous
+    (appending a vector and reading the last one touch consecutive memory; the projections are two
+    matrix-vector products over the rows)."""
 
     def __init__(self, op: LinearOperator, capacity: int) -> None:
-        self.columns = torch.empty(op.dim, max(capacity, 1), dtype=op.dtype, device=op.device)
+        self.rows = torch.empty(max(capacity, 1), op.dim, dtype=op.dtype, device=op.device)
         self.size = 0
 
     @property
     def matrix(self) -> Tensor:
-        return self.columns[:, : self.size]
+        """The basis vectors as rows, [size, dim]."""
+        return self.rows[: self.size]
+
+    @property
+    def last(self) -> Tensor:
+        return self.rows[self.size - 1]
 
     def append(self, q: Tensor) -> None:
-        if self.size == self.columns.shape[1]:
-            grown = torch.empty(self.columns.shape[0], 2 * self.size, dtype=q.dtype, device=q.device)
-            grown[:, : self.size] = self.columns
-            self.columns = grown
-        self.columns[:, self.size] = q
+        if self.size == self.rows.shape[0]:
+            grown = torch.empty(2 * self.size, self.rows.shape[1], dtype=self.rows.dtype, device=self.rows.device)
+            grown[: self.size] = self.rows
+            self.rows = grown
+        self.rows[self.size].copy_(q)
         self.size += 1
 
-    def orthogonalise(self, z: Tensor) -> Tensor:
-        """z minus its projection on the basis, by two passes of classical Gram-Schmidt ("twice is enough")."""
+    def _project_out(self, z: Tensor) -> tuple[Tensor, Tensor]:
+        """One classical Gram-Schmidt pass: (z - Q^T (Q z), Q z) for the rows Q."""
         q = self.matrix
-        for _ in range(2):
-            z = z - q @ (q.T @ z)
-        return z
+        coefficients = q @ z
+        return torch.addmv(z, q.T, coefficients, alpha=-1), coefficients
+
+    def orthogonalise(self, z: Tensor) -> tuple[Tensor, Tensor, float]:
+        """(z minus its projection on the basis, the projection's coefficients Q z, ||z||).
+
+        One classical Gram-Schmidt pass, and a second only where the first cancelled most of z (``REORTH_ETA``,
+        "twice is enough"); the coefficients of both passes are summed. One device sync, two after a second pass.
+        """
+        projected, coefficients = self._project_out(z)
+        before, after = torch.stack([torch.linalg.vector_norm(z), torch.linalg.vector_norm(projected)]).tolist()
+        if after <= REORTH_ETA * before:
+            projected, again = self._project_out(projected)
+            coefficients = coefficients + again
+        return projected, coefficients, before
+
+
+@dataclass
+class _Krylov:
+    """What ``_lanczos`` returns: the basis, T_m = tridiag(alphas, betas), beta_last, and ``projections``
+    [m + 1, m] (float64, CPU): column j holds Q_j^T (H q_j) from the Gram-Schmidt passes (both) and, below it,
+    the recorded beta_j, so H Q_m = Q_{m+1} projections up to the rounding of the passes."""
+
+    basis: _Basis
+    alphas: list[float]
+    betas: list[float]
+    beta: float
+    projections: Tensor
 
 
 def _lanczos(
@@ -233,30 +281,38 @@ def _lanczos(
     restart: bool,
     stop: Any = None,
     capacity: int | None = None,
-) -> tuple[_Basis, list[float], list[float], float]:
+    on_step: Callable[[int], None] | None = None,
+) -> _Krylov:
     """Lanczos with full reorthogonalisation from ``start`` (unit norm) for at most ``steps`` products.
 
-    Returns (basis, alphas, betas, beta_last): T_m = tridiag(alphas, betas) and H Q_m = Q_m T_m +
-    beta_last q_{m+1} e_m^T. When the Krylov space becomes invariant (beta ~ 0) the run either stops
-    (``restart=False``) or continues from a fresh random vector orthogonal to the basis (``restart=True``,
+    H Q_m = Q_m T_m + beta_last q_{m+1} e_m^T. When the Krylov space becomes invariant (beta ~ 0) the run either
+    stops (``restart=False``) or continues from a fresh random vector orthogonal to the basis (``restart=True``,
     recorded as a zero off-diagonal, so T stays block-diagonal and the Lanczos relation still holds).
-    ``stop(alphas, betas, beta_last)`` is called after each step and ends the run when it returns True.
-    ``capacity``: basis columns allocated up front (default steps + 1); the buffer doubles when it fills.
+    ``stop(alphas, betas, beta_last)`` is called after each step and ends the run when it returns True;
+    ``on_step(m)`` after each product. ``capacity``: basis rows allocated up front (default steps + 1); the
+    buffer doubles when it fills.
     """
     eps = torch.finfo(op.dtype).eps
     basis = _Basis(op, steps + 1 if capacity is None else min(capacity, steps + 1))
     basis.append(start)
     alphas: list[float] = []
     betas: list[float] = []
+    columns: list[Tensor] = []
     beta = 0.0
     scale = 0.0  # largest ||H q|| seen: a lower bound on ||H||, the yardstick for "beta ~ 0"
     while len(alphas) < steps:
-        q = basis.matrix[:, -1]
-        z = op.matvec(q)
-        z_norm, alpha = torch.linalg.vector_norm(z).double(), torch.dot(q, z).double()
-        z = basis.orthogonalise(z)  # removes alpha q + beta q_prev and every rounding-error component
-        # ||H q||, alpha and beta reach the host together: one device sync per step
-        z_norm, alpha, beta = torch.stack([z_norm, alpha, torch.linalg.vector_norm(z).double()]).tolist()
+        z = op.matvec(basis.last)
+        if on_step is not None:
+            on_step(len(alphas) + 1)
+        # alpha = q^T H q is the last projection coefficient of the first pass; the passes remove alpha q,
+        # beta q_prev and every rounding-error component of the earlier vectors
+        z, coefficients, z_norm = basis.orthogonalise(z)
+        first_pass_alpha = coefficients[-1]
+        coefficients, alpha, beta = torch.cat([coefficients.double(), torch.stack(
+            [first_pass_alpha.double(), torch.linalg.vector_norm(z).double()])]).cpu().split(
+            [coefficients.numel(), 1, 1])
+        alpha, beta = float(alpha), float(beta)
+        columns.append(coefficients)
         scale = max(scale, z_norm)
         alphas.append(alpha)
         if stop is not None and stop(alphas, betas, beta):
@@ -269,7 +325,7 @@ def _lanczos(
             if not restart:
                 beta = 0.0
                 break
-            z = basis.orthogonalise(_gaussian(op, generator))
+            z, _, _ = basis.orthogonalise(_gaussian(op, generator))
             norm = _norm(z)
             if norm == 0.0:
                 break
@@ -279,7 +335,12 @@ def _lanczos(
             continue
         betas.append(beta)
         basis.append(z / beta)
-    return basis, alphas, betas, beta
+    m = len(alphas)
+    projections = torch.zeros(m + 1, m, dtype=torch.float64)
+    for j, column in enumerate(columns):
+        projections[: column.numel(), j] = column
+        projections[j + 1, j] = betas[j] if j < len(betas) else beta
+    return _Krylov(basis, alphas, betas, beta, projections)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -297,17 +358,25 @@ def lanczos_topk(
     which: str = "largest-algebraic",
     keep_vectors: bool = False,
     verify: bool = True,
+    progress: Progress | None = None,
 ) -> EigenResult:
     """The k extreme eigenpairs of ``op`` by Lanczos with full reorthogonalisation, without restarts.
 
     The Krylov space grows one product at a time; from ``krylov`` (default k + 10) dimensions on, the k wanted
     Ritz pairs' residuals |beta_m s_{m,j}| (Lanczos relation, free) are checked after every step, and the run
     stops when all meet ``residual <= tol * |theta_j|`` or after ``max_iter`` products (default
-    max(100, 2 * krylov), at most ``dim``). The basis is kept on the operator's device in its dtype: memory
-    dim * (Krylov size, rounded up to krylov + 1 times a power of 2) elements. With ``verify`` (default) the k Ritz vectors are multiplied by ``op`` once
-    more (k products, one matmat) and the reported residuals and converged flags use these true residuals.
-    An invariant Krylov space (beta ~ 0) restarts from a random vector orthogonal to the basis, so repeated
-    eigenvalues are found too.
+    max(100, 2 * krylov), at most ``dim``). The basis is kept on the operator's device in its dtype, one
+    contiguous row per vector: memory dim * (Krylov size, rounded up to krylov + 1 times a power of 2)
+    elements. Each new vector is orthogonalised against the whole basis by classical Gram-Schmidt, a second
+    pass only where the first cancelled most of it (``REORTH_ETA``).
+
+    Residuals. With ``verify`` (default) the k Ritz vectors are multiplied by ``op`` once more (k products,
+    one matmat) and the reported residuals and converged flags use these true residuals (``residual_source``
+    "hvp"). Without, they come free from the products the run computed (``residual_source`` "lanczos"):
+    H Q_m = Q_{m+1} C with C the recorded Gram-Schmidt coefficients and betas, so ||H y - theta y|| =
+    ||C s - theta s|| for y = Q_m s - the Lanczos relation |beta_m s_m| plus whatever rounding the
+    reorthogonalisation removed. An invariant Krylov space (beta ~ 0) restarts from a random vector
+    orthogonal to the basis, so repeated eigenvalues are found too. ``progress(done, None)`` after each product.
     """
     if which not in WHICH:
         raise LandscapeError(f"unknown eigenvalue selection '{which}'; choose from: {', '.join(WHICH)}")
@@ -333,22 +402,29 @@ def lanczos_topk(
         index = _select(theta, k, which)
         return bool((beta * s[-1, index].abs() <= tol * theta[index].abs()).all())
 
-    basis, alphas, betas, beta = _lanczos(
-        op, start / _norm(start), max_iter, generator, restart=True, stop=wanted_converged, capacity=krylov + 1
-    )
-    theta, s = torch.linalg.eigh(_tridiagonal(alphas, betas))
-    index = _select(theta, min(k, len(alphas)), which)
+    def on_step(_: int) -> None:
+        if progress is not None:
+            progress(op.hvp_count - first_count, None)
+
+    run = _lanczos(op, start / _norm(start), max_iter, generator, restart=True, stop=wanted_converged,
+                   capacity=krylov + 1, on_step=on_step)
+    m = len(run.alphas)
+    theta, s = torch.linalg.eigh(_tridiagonal(run.alphas, run.betas))
+    index = _select(theta, min(k, m), which)
     values = theta[index]
-    lanczos_residuals = beta * s[-1, index].abs()
-    vectors = basis.matrix[:, : len(alphas)] @ s[:, index].to(op.device, op.dtype)
+    ritz = s[:, index]
+    lanczos_residuals = run.beta * ritz[-1].abs()
+    vectors = run.basis.matrix[:m].T @ ritz.to(op.device, op.dtype)  # [dim, k], contiguous
     vectors = vectors / torch.linalg.vector_norm(vectors, dim=0, keepdim=True)
     if verify:
         product = op.matmat(vectors)
+        on_step(0)
         residuals = torch.linalg.vector_norm(
             (product - vectors * values.to(op.device, op.dtype)).double(), dim=0
         ).cpu()
     else:
-        residuals = lanczos_residuals
+        padded = torch.cat([ritz, torch.zeros(1, ritz.shape[1], dtype=ritz.dtype)])
+        residuals = torch.linalg.vector_norm(run.projections @ ritz - padded * values, dim=0)
     relative = residuals / values.abs()
     return EigenResult(
         method="lanczos",
@@ -357,7 +433,7 @@ def lanczos_topk(
         relative_residuals=relative,
         converged=residuals <= tol * values.abs(),
         hvp_count=op.hvp_count - first_count,
-        iterations=len(alphas),
+        iterations=m,
         seed=seed,
         tol=tol,
         which=which,
@@ -376,6 +452,7 @@ def power_iteration(
     max_iter: int = 100,
     seed: int = 0,
     keep_vectors: bool = False,
+    progress: Progress | None = None,
 ) -> EigenResult:
     """The baseline: PyHessian's deflated power iteration (``hessian.eigenvalues``), for comparison.
 
@@ -403,6 +480,8 @@ def power_iteration(
             vector = v / _norm(v)
             hv = op.matvec(vector)
             steps += 1
+            if progress is not None:
+                progress(op.hvp_count - first_count, None)
             value = _dot(vector, hv)
             residual = _norm(hv - value * vector)
             if previous is not None and abs(value - previous) / (abs(previous) + 1e-6) < tol:
@@ -437,16 +516,37 @@ def power_iteration(
 # trace
 
 
-def _hutchinson_samples(op: LinearOperator, probes: Tensor, block: int, project: Tensor | None = None) -> Tensor:
+def _hutchinson_samples(op: LinearOperator, probes: Tensor, block: int, project: Tensor | None = None,
+                        report: Callable[[], None] | None = None) -> Tensor:
     """z_i^T H z_i for the columns z_i of ``probes`` (first projected onto the complement of ``project``'s
-    columns, if given), ``block`` products per matmat; float64 on the CPU."""
+    columns, if given), ``block`` products per matmat; float64 on the CPU. ``report()`` after each matmat."""
     samples = []
     for start in range(0, probes.shape[1], block):
         z = probes[:, start : start + block]
         if project is not None:
             z = z - project @ (project.T @ z)
         samples.append((z * op.matmat(z)).sum(dim=0).double().cpu())
+        if report is not None:
+            report()
     return torch.cat(samples)
+
+
+def _blocked_matmat(op: LinearOperator, vectors: Tensor, block: int, report: Callable[[], None] | None) -> Tensor:
+    """op @ vectors, ``block`` columns per matmat (``report()`` after each)."""
+    parts = []
+    for start in range(0, vectors.shape[1], block):
+        parts.append(op.matmat(vectors[:, start : start + block]))
+        if report is not None:
+            report()
+    return torch.cat(parts, dim=1)
+
+
+def _reporter(op: LinearOperator, progress: Progress | None, total: int) -> Callable[[], None] | None:
+    """A report() that calls progress(products so far, total), or None without a callback."""
+    if progress is None:
+        return None
+    first = op.hvp_count
+    return lambda: progress(op.hvp_count - first, total)
 
 
 def _mean_and_stderr(samples: Tensor) -> tuple[float, float]:
@@ -455,21 +555,25 @@ def _mean_and_stderr(samples: Tensor) -> tuple[float, float]:
     return float(samples.mean()), stderr
 
 
-def hutchinson_trace(op: LinearOperator, *, samples: int = 100, seed: int = 0, block: int = 10) -> TraceResult:
+def hutchinson_trace(op: LinearOperator, *, samples: int = 100, seed: int = 0, block: int = 10,
+                     progress: Progress | None = None) -> TraceResult:
     """tr(H) ~ mean of z^T H z over Rademacher probes z (Hutchinson 1989); stderr = sample std / sqrt(n).
 
-    ``block`` probes share one matmat (with the double-backward operator, one gradient graph per batch).
+    ``block`` probes share one matmat (with the double-backward operator, one gradient graph per batch when
+    the graphs are not kept).
     """
     if samples < 2:
         raise LandscapeError(f"Hutchinson needs at least 2 samples for a standard error, got {samples}")
     first_count = op.hvp_count
     probes = _rademacher(op, _generator(seed), samples)
-    estimate, stderr = _mean_and_stderr(_hutchinson_samples(op, probes, max(block, 1)))
+    report = _reporter(op, progress, samples)
+    estimate, stderr = _mean_and_stderr(_hutchinson_samples(op, probes, max(block, 1), report=report))
     return TraceResult("hutchinson", estimate, stderr, samples, op.hvp_count - first_count, seed,
                        {"probes": "rademacher", "block": block})
 
 
-def hutchpp_trace(op: LinearOperator, *, hvps: int = 99, seed: int = 0, block: int = 10) -> TraceResult:
+def hutchpp_trace(op: LinearOperator, *, hvps: int = 99, seed: int = 0, block: int = 10,
+                  progress: Progress | None = None) -> TraceResult:
     """Hutch++ (Meyer et al. 2021, Algorithm 1) with ``hvps`` products split in three equal parts.
 
     S, G: Rademacher [dim, s] and [dim, g] (s = hvps // 3, g = hvps - 2s); Q = orth(H S) (s products);
@@ -485,12 +589,85 @@ def hutchpp_trace(op: LinearOperator, *, hvps: int = 99, seed: int = 0, block: i
     residual_probes = hvps - 2 * sketch
     s = _rademacher(op, generator, sketch)
     g = _rademacher(op, generator, residual_probes)
-    q, _ = torch.linalg.qr(op.matmat(s))  # Householder QR: orthonormal columns even if H S is rank-deficient
-    low_rank_part = float((q * op.matmat(q)).sum().double())
-    estimate, stderr = _mean_and_stderr(_hutchinson_samples(op, g, max(block, 1), project=q))
+    report = _reporter(op, progress, hvps)
+    block = max(block, 1)
+    # Householder QR: orthonormal columns even if H S is rank-deficient
+    q, _ = torch.linalg.qr(_blocked_matmat(op, s, block, report))
+    low_rank_part = float((q * _blocked_matmat(op, q, block, report)).sum().double())
+    estimate, stderr = _mean_and_stderr(_hutchinson_samples(op, g, block, project=q, report=report))
     return TraceResult("hutch++", low_rank_part + estimate, stderr, hvps, op.hvp_count - first_count, seed,
                        {"probes": "rademacher", "sketch": sketch, "residual_probes": residual_probes,
                         "low_rank_part": low_rank_part, "block": block})
+
+
+def xtrace(op: LinearOperator, *, hvps: int = 60, seed: int = 0, block: int = 10,
+           progress: Progress | None = None) -> TraceResult:
+    """XTrace (Epperly, Tropp & Webber 2024): every probe serves both as a sketch vector and as a
+    Hutchinson probe, by leaving it out of the sketch it is tested against; s = hvps // 2 probes.
+
+    Omega = [w_1 .. w_s] Gaussian; Y = H Omega = Q R (s products); Z = H Q (s more). Leaving w_i out of the
+    sketch removes from range(Q) the one direction Q s_i orthogonal to the other columns of Y: s_i is the
+    normalised i-th column of R^{-T} (s_i^T r_j = 0 for j != i). With P_i = Q (I - s_i s_i^T) Q^T:
+
+        T_i = tr(P_i H P_i) + a_i u_i^T H u_i,   u_i = (I - P_i) w_i,   a_i = (dim - s + 1) / ||u_i||^2
+
+    tr(P_i H P_i) = tr(Q^T Z) - s_i^T (Q^T Z) s_i, and u_i^T H u_i follows from the products already made
+    (H w_i = y_i = Q r_i, H Q = Z): no product beyond the 2s. u_i is independent of P_i, and the scaling a_i
+    puts it on the sphere of radius sqrt(dim - s + 1) of the complement (the paper's normalisation), so each
+    T_i is unbiased for tr(H). The estimate is mean_i T_i, the standard error std(T_i) / sqrt(s) (the paper's
+    error estimate; the T_i share their probes, so it is an estimate, not a bound). Where H Omega is
+    numerically rank-deficient, range(Q) holds all of range(H) and tr(Q^T H Q) is the trace (stderr 0).
+    """
+    if hvps < 4:
+        raise LandscapeError(f"XTrace needs at least 4 Hessian-vector products (2 probes), got {hvps}")
+    first_count = op.hvp_count
+    probes = hvps // 2
+    omega = _gaussian(op, _generator(seed), probes)
+    report = _reporter(op, progress, 2 * probes)
+    block = max(block, 1)
+    q, r = torch.linalg.qr(_blocked_matmat(op, omega, block, report))
+    w = (q.T @ omega).double().cpu()  # W = Q^T Omega
+    omega_sq = (omega * omega).sum(dim=0).double().cpu()  # ||w_i||^2
+    del omega
+    h = (q.T @ _blocked_matmat(op, q, block, report)).double().cpu()
+    h = (h + h.T) / 2  # Q^T H Q, symmetric up to rounding
+    r = r.double().cpu()
+    low_rank_part = float(torch.trace(h))
+    settings = {"probes": "gaussian", "test_vectors": probes, "low_rank_part": low_rank_part, "block": block}
+    diagonal = r.diagonal().abs()
+    if float(diagonal.min()) <= probes * torch.finfo(op.dtype).eps * float(diagonal.max()):
+        return TraceResult("xtrace", low_rank_part, 0.0, probes, op.hvp_count - first_count, seed,
+                           {**settings, "rank_deficient": True})
+    eye = torch.eye(probes, dtype=torch.float64)
+    s = torch.linalg.solve_triangular(r.T, eye, upper=False)  # R^{-T}
+    s = s / torch.linalg.vector_norm(s, dim=0, keepdim=True)
+    # all per-probe quantities as column-wise dot products of s x s matrices
+    hs = h @ s
+    s_h_s = (s * hs).sum(dim=0)  # s_i^T H s_i
+    c = (s * w).sum(dim=0)  # c_i = s_i^T w_i
+    r_w = (r * w).sum(dim=0)  # r_i^T w_i = w_i^T H w_i (the probe's own quadratic form)
+    w_h_w = (w * (h @ w)).sum(dim=0)  # w_i^T (Q^T H Q) w_i
+    r_s = (r * s).sum(dim=0)  # r_i^T s_i
+    w_h_s = (w * hs).sum(dim=0)  # w_i^T (Q^T H Q) s_i
+    # u_i = w_i - Q w_i + c_i Q s_i:  u^T H u = -r^T w + w^T H w + 2 c (r^T s - w^T H s) + c^2 s^T H s
+    quadratic = -r_w + w_h_w + 2 * c * (r_s - w_h_s) + c * c * s_h_s
+    u_sq = omega_sq - (w * w).sum(dim=0) + c * c  # ||u_i||^2
+    scaled = (op.dim - probes + 1) / u_sq * quadratic
+    estimate, stderr = _mean_and_stderr(low_rank_part - s_h_s + scaled)
+    return TraceResult("xtrace", estimate, stderr, probes, op.hvp_count - first_count, seed,
+                       {**settings, "rank_deficient": False})
+
+
+def trace_estimate(op: LinearOperator, *, hvps: int = 60, method: str = DEFAULT_TRACE_METHOD, seed: int = 0,
+                   block: int = 10, progress: Progress | None = None) -> TraceResult:
+    """tr(H) by ``method`` (one of ``TRACE_METHODS``) with a budget of ``hvps`` products."""
+    if method == "xtrace":
+        return xtrace(op, hvps=hvps, seed=seed, block=block, progress=progress)
+    if method == "hutch++":
+        return hutchpp_trace(op, hvps=hvps, seed=seed, block=block, progress=progress)
+    if method == "hutchinson":
+        return hutchinson_trace(op, samples=hvps, seed=seed, block=block, progress=progress)
+    raise LandscapeError(f"unknown trace estimator '{method}'; choose from: {', '.join(TRACE_METHODS)}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -506,6 +683,7 @@ def slq_density(
     grid: Tensor | None = None,
     grid_points: int = 2000,
     sigma: float | None = None,
+    progress: Progress | None = None,
 ) -> DensityResult:
     """Stochastic Lanczos quadrature (Ghorbani et al. 2019): the eigenvalue density of ``op``.
 
@@ -514,7 +692,8 @@ def slq_density(
     quadrature nodes theta_i and weights s_{1,i}^2 with z^T f(H) z / ||z||^2 ~ sum_i s_{1,i}^2 f(theta_i).
     The density is (1/runs) sum over runs and nodes of s_{1,i}^2 N(t; theta_i, sigma^2) on ``grid``
     (default: ``grid_points`` points over [min node - 6 sigma, max node + 6 sigma]; sigma default: 1% of
-    the node range).
+    the node range). ``progress(done, runs * steps)`` after each product (a run whose Krylov space is
+    exhausted early ends below the total).
     """
     if runs < 1 or steps < 1:
         raise LandscapeError(f"SLQ needs runs >= 1 and steps >= 1, got runs={runs}, steps={steps}")
@@ -525,10 +704,12 @@ def slq_density(
     generator = _generator(seed)
     nodes = torch.zeros(runs, steps, dtype=torch.float64)
     weights = torch.zeros(runs, steps, dtype=torch.float64)
+    report = _reporter(op, progress, runs * steps)
     for run in range(runs):
         z = _rademacher(op, generator, 1)[:, 0]
-        _, alphas, betas, _ = _lanczos(op, z / _norm(z), steps, generator, restart=False)
-        theta, s = torch.linalg.eigh(_tridiagonal(alphas, betas))
+        run_ = _lanczos(op, z / _norm(z), steps, generator, restart=False,
+                        on_step=None if report is None else lambda _: report())
+        theta, s = torch.linalg.eigh(_tridiagonal(run_.alphas, run_.betas))
         m = theta.numel()
         nodes[run, :m] = theta
         nodes[run, m:] = theta[-1]  # padding for a run that exhausted its Krylov space: weight 0
@@ -561,11 +742,16 @@ def client_lambda_max(
     backend: str = "double-backward",
     krylov: int | None = None,
     max_iter: int | None = None,
+    progress: Progress | None = None,
 ) -> dict[int, EigenResult]:
     """lambda_max(grad^2 F_i(w)) for each client i: ``lanczos_topk`` with k = 1 on each client's objective
-    (the same seed, hence the same start vector, for every client)."""
+    (the same seed, hence the same start vector, for every client). Each client's gradient graphs are freed
+    before the next client's are built. ``progress(clients done, clients)`` after each client."""
     results = {}
-    for client, objective in objectives.items():
+    for done, (client, objective) in enumerate(objectives.items(), start=1):
         op = HessianOperator(objective, w, backend)
         results[client] = lanczos_topk(op, 1, krylov=krylov, tol=tol, max_iter=max_iter, seed=seed)
+        op.release()
+        if progress is not None:
+            progress(done, len(objectives))
     return results
