@@ -210,15 +210,40 @@ def _cells_vmapped(objective: Objective, weights: Tensor) -> tuple[np.ndarray, n
     return (total / n).cpu().numpy(), correct.cpu().numpy() / n
 
 
+def default_cells_per_pass(device: torch.device, cells_per_batch: int) -> int:
+    """How many cells share one forward pass when ``evaluate_surface`` is not told: 1 on the CPU, where a
+    vmapped chunk is slower per cell than one cell at a time (the digits CNN: 16 cells per pass cost 1.9x,
+    2 cells 1.1x; ``benchmarks/surface_vs_loop.py``), the whole chunk elsewhere (one small model leaves a
+    GPU mostly idle). A rule per device rather than a timing, so a surface has the same bits on every run."""
+    return 1 if torch.device(device).type == "cpu" else cells_per_batch
+
+
+def _channels_last_parameters(objective: Objective, w: Tensor) -> dict[str, Tensor]:
+    """The parameters at w, every 4-D (convolution) weight copied into channels-last layout.
+
+    On the CPU the convolutions then produce channels-last activations, and max-pooling's channels-last kernel
+    is several times faster than its NCHW one on small images (the digits CNN's forward pass: 2.6x); the
+    values equal the NCHW ones to float rounding."""
+    params = objective.flat.params(w)
+    return {name: torch.empty_like(t, memory_format=torch.channels_last).copy_(t) if t.dim() == 4 else t
+            for name, t in params.items()}
+
+
 @torch.no_grad()
 def _cell_one_pass(objective: Objective, w: Tensor) -> tuple[float, float]:
-    """(F(w), accuracy) in one pass over the data, with the objective's BN handling (the sums of ``loss``)."""
+    """(F(w), accuracy) in one pass over the data, with the objective's BN handling (the sums of ``loss``);
+    on the CPU with channels-last convolution weights (``_channels_last_parameters``)."""
+    from torch.func import functional_call
+
     buffers = objective.buffers_for(w)
+    channels_last = w.device.type == "cpu"
+    tensors = {**(_channels_last_parameters(objective, w) if channels_last else objective.flat.params(w)),
+               **buffers}
     total = torch.zeros((), dtype=torch.float64, device=w.device)
     correct = torch.zeros((), dtype=torch.long, device=w.device)
     with objective.bn_mode_context():
         for xb, yb in objective.data.batches():
-            logits = objective.flat.logits(w, xb, buffers)
+            logits = functional_call(objective.module, tensors, (xb,))
             total += F.cross_entropy(logits, yb, reduction="sum").double()
             correct += (logits.argmax(1) == yb).sum()
     n = len(objective.data)
@@ -238,8 +263,9 @@ def evaluate_surface(
     cells_per_batch: int = 16,
     save_every: int = 64,
     on_checkpoint: Callable[[SurfaceGrid], None] | None = None,
-    progress: bool | None = False,
+    progress: bool | None | Callable[[int, int | None], None] = False,
     vectorize: bool = True,
+    cells_per_pass: int | None = None,
 ) -> SurfaceGrid:
     """F and accuracy at w + x_coords[ix] d1 (+ y_coords[iy] d2) for every cell that is NaN in ``loss`` /
     ``accuracy`` (all cells when they are None). 1D when ``d2`` and ``y_coords`` are None.
@@ -249,15 +275,22 @@ def evaluate_surface(
     cells (at the end of a chunk) with the grid so far (its arrays are live: save them, do not keep them);
     an exception from it stops the evaluation. ``vectorize=False`` forces one cell at a time.
 
+    ``cells_per_batch`` cells form a chunk (the unit that ranks share and a resume recomputes);
+    ``cells_per_pass`` of them share one vmapped forward pass (default ``default_cells_per_pass``: 1 on the
+    CPU, the whole chunk on a GPU; 1 = cell by cell, on the CPU with channels-last convolution weights).
+    ``progress``: True shows a progress bar, False hides it, None leaves it to tqdm (shown on a terminal);
+    a callable is called instead, as ``progress(cells done, cells to compute)`` after every step (the cells
+    this call computes, not those resumed).
+
     Under torchrun every rank calls this with the same arguments: the ranks split the chunks of cells and
-    all return the whole grid; ``on_checkpoint`` and the progress bar run on rank 0 only.
+    all return the whole grid; ``on_checkpoint``, the progress bar and the progress callable run on rank 0 only.
     """
     from tqdm.auto import tqdm
 
     if (d2 is None) != (y_coords is None):
         raise LandscapeError("a 2D surface needs both d2 and y_coords; a 1D line neither")
-    if cells_per_batch < 1 or save_every < 1:
-        raise LandscapeError("cells_per_batch and save_every must be at least 1")
+    if cells_per_batch < 1 or save_every < 1 or (cells_per_pass is not None and cells_per_pass < 1):
+        raise LandscapeError("cells_per_batch, cells_per_pass and save_every must be at least 1")
     grid = SurfaceGrid.empty(x_coords, y_coords)
     for name, given, target in (("loss", loss, grid.loss), ("accuracy", accuracy, grid.accuracy)):
         if given is not None:
@@ -274,7 +307,10 @@ def evaluate_surface(
     cells = list(np.ndindex(grid.shape))  # C order over [ix, iy]
     missing = grid.missing_mask
     pending = [c for c in cells if missing[c]]
-    batched = vectorize and cells_per_batch > 1 and _vectorizable(objective)
+    if cells_per_pass is None:
+        cells_per_pass = default_cells_per_pass(w.device, cells_per_batch)
+    cells_per_pass = min(cells_per_pass, cells_per_batch)
+    batched = vectorize and cells_per_pass > 1 and _vectorizable(objective)
     evaluated = since_save = 0
     buffer = torch.empty_like(w)
 
@@ -299,12 +335,14 @@ def evaluate_surface(
             else:
                 rest.append((cell, coeffs))
         if batched and rest:
-            c = torch.tensor([coeffs for _, coeffs in rest], dtype=w.dtype, device=w.device)
-            weights = w.expand(len(rest), -1).clone()
-            for k, d in enumerate(directions):
-                weights.addcmul_(c[:, k : k + 1], d.unsqueeze(0))
-            losses, accs = _cells_vmapped(objective, weights)
-            values += [(cell, float(lo), float(ac)) for (cell, _), lo, ac in zip(rest, losses, accs)]
+            for start in range(0, len(rest), cells_per_pass):
+                part = rest[start : start + cells_per_pass]
+                c = torch.tensor([coeffs for _, coeffs in part], dtype=w.dtype, device=w.device)
+                weights = w.expand(len(part), -1).clone()
+                for k, d in enumerate(directions):
+                    weights.addcmul_(c[:, k : k + 1], d.unsqueeze(0))
+                losses, accs = _cells_vmapped(objective, weights)
+                values += [(cell, float(lo), float(ac)) for (cell, _), lo, ac in zip(part, losses, accs)]
         elif isinstance(objective, Objective):
             values += [(cell, *_cell_one_pass(objective, point(coeffs))) for cell, coeffs in rest]
         else:
@@ -320,8 +358,10 @@ def evaluate_surface(
               if (chunk := [c for c in cells[start : start + cells_per_batch] if missing[c]])]
     ranks, me = parallel.world_size(), parallel.rank()
     main = parallel.is_main()
+    report = progress if callable(progress) and main else None
+    show = None if progress is None else (progress is True)
     bar = tqdm(total=len(pending), desc="surface", unit="cell", leave=False, dynamic_ncols=True,
-               disable=(None if progress is None else not progress) if main else True)
+               disable=(None if show is None else not show) if main and not callable(progress) else True)
     try:
         for step in range(0, len(chunks), ranks):
             group = chunks[step : step + ranks]
@@ -333,6 +373,8 @@ def evaluate_surface(
             evaluated += done
             since_save += done
             bar.update(done)
+            if report is not None:
+                report(evaluated, len(pending))
             if on_checkpoint is not None and since_save >= save_every and evaluated < len(pending):
                 since_save = 0
                 if main:
