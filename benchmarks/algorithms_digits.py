@@ -34,7 +34,7 @@ def main() -> None:
         if not metrics:
             continue
         recipe = read_toml(run.recipe)
-        algorithm = recipe["algorithm"]["name"] + ("+swa" if recipe["train"]["swa"] else "")
+        algorithm = recipe.algorithm.name + ("+swa" if recipe.train.swa else "")
         seconds = sum(m["seconds"] for m in metrics)
         rows.append((algorithm, metrics[-1]["test_acc"], metrics[-1]["flatness_distance"],
                      metrics[-1]["uplink_floats"], len(metrics) / seconds))

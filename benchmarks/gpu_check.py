@@ -44,7 +44,8 @@ from landscape.data.datasets import ArrayDataset, DatasetBundle
 from landscape.data.partitions import class_histogram
 from landscape.flat import FlatModel
 from landscape.runs import RunDir
-from landscape.train.loop import DataSetup, Trainer, build_module
+from landscape.setup import DataSetup, build_module
+from landscape.train.loop import Trainer
 
 
 def synthetic_setup(clients: int, per_client: int, test: int, seed: int = 0) -> DataSetup:

@@ -118,7 +118,7 @@ def main() -> None:
     run = args.run or train(args.out, args.device)
     sources, _ = find_sources(run)
     ctx = CheckpointContext(sources[0], max(sources[0].checkpoints), AnalysisSettings(device=args.device))
-    print(f"model: {ctx.source.recipe['model']['name']} ({ctx.flat.dim} parameters), round {ctx.round}, "
+    print(f"model: {ctx.source.recipe.model.name} ({ctx.flat.dim} parameters), round {ctx.round}, "
           f"analysis set {len(ctx.global_data)} samples, device {ctx.device}, torch threads "
           f"{torch.get_num_threads()}\n")
     print("| grid | method | seconds | s / cell | speed-up vs reference | max abs diff loss "

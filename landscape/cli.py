@@ -99,6 +99,7 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
     Each run directory gets the fully resolved recipe, partition.json, metrics.jsonl (one line per round)
     and checkpoints/round-NNNN.pt.
     """
+    from landscape import lifecycle
     from landscape import recipe as recipes
     from landscape.train import loop
 
@@ -135,12 +136,13 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
     runs = recipes.build_sweep(recipe_file, overrides, axes)
     if not any(swept for _, swept in runs):  # one run: --out is its directory
         recipe = runs[0][0]
-        out = out if out is not None else Path("runs") / (recipe["name"] or recipes.run_name(recipe))
+        out = out if out is not None else Path("runs") / (recipe.name or recipes.run_name(recipe))
         if dry_run:
             from landscape.data.partitions import format_partition_table
+            from landscape.setup import prepare_data
 
-            setup = loop.prepare_data(recipe)
-            loop.check_local_work(recipe["train"])
+            setup = prepare_data(recipe)
+            loop.check_local_work(recipe.train)
             click.echo(recipes.to_toml(recipe))
             click.echo(f"# run directory: {out}")
             click.echo(format_partition_table(setup.histogram))
@@ -160,7 +162,7 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
             f"{k} = {v!r}" for k, v in a.items())
         raise LandscapeError(f"two runs of this sweep get the same name '{names[first]}' ({differ}); give them "
                              "different values or a name")
-    statuses = [loop.sweep_status(recipe, path, overwrite) for recipe, path in plan]
+    statuses = [lifecycle.sweep_status(recipe, path, overwrite) for recipe, path in plan]
     if dry_run:
         for (_, path), status in zip(plan, statuses):
             click.echo(f"{status:<8} {path}")
@@ -232,7 +234,8 @@ def analyze_command(path: Path, rounds: str, passes: str | None, analysis_sample
     By default every pass but `surface` runs; --directions/--grid/--span/--data alone run the surface pass.
     """
     from landscape.analyze.context import AnalysisSettings
-    from landscape.analyze.passes import default_passes, format_summary, pass_options, run_analysis
+    from landscape.analyze.registry import default_passes, pass_options
+    from landscape.analyze.scheduler import format_summary, run_analysis
     from landscape.recipe import parse_assignment
 
     if analysis_samples < 0:
@@ -282,16 +285,17 @@ def report_command(runs: tuple[Path, ...], out: Path, title: str) -> None:
 def _ensure_run(recipe: dict, path: Path, quiet: bool) -> None:
     """Train a run directory this command owns, make-like: reuse it when done, resume it when unfinished,
     retrain it when its recipe changed."""
+    from landscape import lifecycle
     from landscape.train import loop
 
-    status = loop.owned_run_status(recipe, path)
+    status = lifecycle.owned_run_status(recipe, path)
     _status(f"train {path}: {status}")
     if status == "new":
-        loop.claim_runs_folder(path.parent)
+        lifecycle.claim_runs_folder(path.parent)
     if status in ("new", "replace"):
         loop.start_run(recipe, path, overwrite=status == "replace", progress=not quiet)
     elif status == "resume":
-        loop.resume_run(path, rounds=recipe["train"]["rounds"], progress=not quiet)
+        loop.resume_run(path, rounds=recipe.train.rounds, progress=not quiet)
 
 
 @cli.command("figures")
@@ -317,7 +321,8 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     then write <file>.png and <file>.pdf (+ <file>.html, interactive 3D, for surfaces) under --out."""
     from landscape import recipe as recipes
     from landscape.analyze.context import AnalysisSettings
-    from landscape.analyze.passes import PASSES, pass_options, run_analysis
+    from landscape.analyze.registry import load_passes, pass_options
+    from landscape.analyze.scheduler import run_analysis
     from landscape.figures import book
     from landscape.figures.curves import load_runs
 
@@ -325,7 +330,7 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     for text in assignments:
         if any(ord(c) < 32 or ord(c) == 127 for c in text):
             raise LandscapeError(f"--set must not hold control characters (got {text!r})")
-        fig.assign(*recipes.parse_assignment(text), PASSES.names())
+        fig.assign(*recipes.parse_assignment(text), load_passes().names())
     if run_paths and fig.forced:
         raise LandscapeError("--set of training keys needs the recipe's runs; with --runs nothing is trained")
     out = out if out is not None else Path("runs/figures") / (fig.name + ("-paper" if fig.scale == "paper" else ""))
@@ -357,12 +362,12 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
                 for spec in fig.runs]
         paths = [path for _, _, path in plan]
         if dry_run:
-            from landscape.train import loop
+            from landscape import lifecycle
 
             click.echo(f"figure {fig.name} ({fig.scale} scale): {fig.title}")
             for spec, recipe, path in plan:
-                click.echo(f"  run {spec.id:<22} {loop.owned_run_status(recipe, path):<8} {path}  "
-                           f"[{recipes.run_name(recipe)}, {recipe['train']['rounds']} rounds]")
+                click.echo(f"  run {spec.id:<22} {lifecycle.owned_run_status(recipe, path):<8} {path}  "
+                           f"[{recipes.run_name(recipe)}, {recipe.train.rounds} rounds]")
             for name in passes:
                 click.echo(f"  analyze {name} at rounds {fig.pass_rounds[name]}")
             for plot in fig.plots:
@@ -439,13 +444,8 @@ def demo_command(out: Path, quiet: bool) -> None:
     surface), the FedSAM-vs-FedNSAM comparison figures and the HTML report. Finished steps are reused."""
     from landscape import recipe as recipes
     from landscape.analyze.context import AnalysisSettings
-    from landscape.analyze.passes import (
-        AnalysisReport,
-        default_passes,
-        format_summary,
-        pass_options,
-        run_analysis,
-    )
+    from landscape.analyze.registry import default_passes, pass_options
+    from landscape.analyze.scheduler import AnalysisReport, format_summary, run_analysis
     from landscape.figures import curves
     from landscape.figures.compare import compare, text_table
     from landscape.figures.report import write_report
@@ -486,11 +486,11 @@ def demo_command(out: Path, quiet: bool) -> None:
 @cli.command("list")
 def list_command() -> None:
     """List everything a recipe can name (algorithms, data sets, models, partitions) and the analysis passes."""
-    from landscape.analyze.passes import PASSES
+    from landscape.analyze.registry import load_passes
     from landscape.recipe import registries
 
     headers = [(f"{registry.kind}s ([{section}] name = ...):", registry) for section, registry in registries().items()]
-    headers.append(("analysis passes (landscape analyze --passes NAME --set NAME.option=...):", PASSES))
+    headers.append(("analysis passes (landscape analyze --passes NAME --set NAME.option=...):", load_passes()))
     for header, registry in headers:
         click.echo(header)
         for entry in registry.entries():

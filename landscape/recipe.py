@@ -4,6 +4,10 @@ A recipe has two top-level keys (``name``, ``seed``) and five tables. Four of th
 (``[dataset]``, ``[partition]``, ``[model]``, ``[algorithm]``): their keys are a few common settings plus
 the options that entry declares. ``[train]`` holds the round loop's settings. The resolved recipe written
 into a run directory holds every key with its value, defaults included.
+
+A resolved recipe is a frozen ``Recipe``: ``recipe.train.lr``, ``recipe.partition.clients``, the entry's own
+options in ``recipe.algorithm.options["rho"]``. ``recipe.with_values({"train.rounds": 50})`` gives a new,
+validated recipe; ``recipe.to_dict()`` the plain tables that recipe.toml holds.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from landscape.errors import LandscapeError
@@ -41,28 +46,54 @@ def _non_negative(v: Any) -> bool:
     return v >= 0
 
 
-@dataclass
-class DatasetSettings:
+def _no_options() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+def _rebuild(cls: type, values: dict) -> Any:
+    if "options" in values:
+        values = {**values, "options": MappingProxyType(values["options"])}
+    return cls(**values)
+
+
+class _Picklable:
+    """Settings travel between processes (torchrun broadcasts a recipe): a read-only options mapping does not
+    pickle, so they are rebuilt from their plain values."""
+
+    def __reduce__(self) -> tuple:
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if "options" in values:
+            values["options"] = dict(values["options"])
+        return _rebuild, (type(self), values)
+
+
+# The four tables that name a registry entry: a few common settings, then the entry's own options (read-only).
+@dataclass(frozen=True)
+class DatasetSettings(_Picklable):
     name: str = "digits"
     root: str = "data"
     download: bool = False
     augment: bool = False
+    options: Mapping[str, Any] = field(default_factory=_no_options)
 
 
-@dataclass
-class PartitionSettings:
+@dataclass(frozen=True)
+class PartitionSettings(_Picklable):
     name: str = "dirichlet"
     clients: int = field(default=20, metadata=_check(_positive, "must be >= 1"))
+    options: Mapping[str, Any] = field(default_factory=_no_options)
 
 
-@dataclass
-class ModelSettings:
+@dataclass(frozen=True)
+class ModelSettings(_Picklable):
     name: str = "cnn"
+    options: Mapping[str, Any] = field(default_factory=_no_options)
 
 
-@dataclass
-class AlgorithmSettings:
+@dataclass(frozen=True)
+class AlgorithmSettings(_Picklable):
     name: str = "fedavg"
+    options: Mapping[str, Any] = field(default_factory=_no_options)
 
 
 LR_SCHEDULES = ("constant", "exponential", "cosine")
@@ -70,7 +101,7 @@ DTYPES = ("float32", "float64")
 PRECISIONS = ("float32", "bf16")  # bf16: autocast of the local forward/backward passes (training only)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainSettings:
     rounds: int = field(default=30, metadata=_check(_positive, "must be >= 1"))
     participation: float = field(default=0.25, metadata=_check(lambda v: 0 < v <= 1, "must be in (0, 1]"))
@@ -111,14 +142,66 @@ SECTIONS: dict[str, type] = {
 }
 
 
-def registries() -> dict[str, Registry]:
+def _common_fields(section: str) -> dict[str, dataclasses.Field]:
+    """The settings every entry of a section has (the entry's own options excluded)."""
+    return {f.name: f for f in dataclasses.fields(SECTIONS[section]) if f.name != "options"}
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A resolved, validated recipe (every default written out). Frozen: derive another with ``with_values``."""
+
+    name: str
+    seed: int
+    dataset: DatasetSettings
+    partition: PartitionSettings
+    model: ModelSettings
+    algorithm: AlgorithmSettings
+    train: TrainSettings
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain tables of recipe.toml: ``{"name": ..., "seed": ..., "train": {...}, ...}`` (lists, not
+        tuples; an entry's options after its common settings)."""
+        out: dict[str, Any] = {"name": self.name, "seed": self.seed}
+        for section in SECTIONS:
+            settings = getattr(self, section)
+            table = {k: getattr(settings, k) for k in _common_fields(section)}
+            table.update(getattr(settings, "options", {}))
+            out[section] = {k: list(v) if isinstance(v, tuple) else v for k, v in table.items()}
+        return out
+
+    def get(self, dotted: str) -> Any:
+        """The value of ``section.key`` (an entry's option included) or a top-level key; KeyError if none."""
+        table: Any = self.to_dict()
+        for part in dotted.split("."):
+            table = table[part]
+        return table
+
+    def with_values(self, values: Mapping[str, Any]) -> Recipe:
+        """A new recipe with ``section.key`` values replaced, validated again."""
+        raw = self.to_dict()
+        for key, value in values.items():
+            set_key(raw, key, value)
+        return resolve(raw)
+
+
+def registries(algorithms: bool = True) -> dict[str, Registry]:
+    """The registries whose entries a recipe names (without the algorithms' when ``algorithms`` is false)."""
     # Imported here so that the recipe module stays importable without pulling in torch models at import.
     from landscape.data.datasets import DATASETS
     from landscape.data.partitions import PARTITIONS
     from landscape.models import MODELS
-    from landscape.train.algorithms import ALGORITHMS
 
-    return {"dataset": DATASETS, "partition": PARTITIONS, "model": MODELS, "algorithm": ALGORITHMS}
+    found = {"dataset": DATASETS, "partition": PARTITIONS, "model": MODELS}
+    if algorithms:
+        from landscape.train.algorithms import ALGORITHMS
+
+        found["algorithm"] = ALGORITHMS
+    return found
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -204,13 +287,16 @@ def _coerce(where: str, default: Any, value: Any) -> Any:
     return value
 
 
-def _resolve_section(section: str, given: dict, registry: Registry | None) -> dict:
-    common = SECTIONS[section]
-    common_fields = {f.name: f for f in dataclasses.fields(common)}
+def _resolve_section(section: str, given: dict, registry: Registry | None, check_options: bool = True) -> dict:
+    common_fields = _common_fields(section)
     defaults = {f.name: f.default for f in common_fields.values()}
     plain = {k: v for k, v in given.items() if not isinstance(v, dict)}
     per_entry = {k: v for k, v in given.items() if isinstance(v, dict)}  # [section.<entry name>] tables
     name = plain.get("name", defaults.get("name"))
+    if not check_options:  # a recorded recipe read without this section's registry: its values as written
+        if per_entry or not isinstance(name, str):
+            raise LandscapeError(f"[{section}] of a recorded recipe must hold plain values and a name")
+        return {**plain, "name": name}
     if registry is None:
         if per_entry:
             raise LandscapeError(f"recipe key '{section}.{next(iter(per_entry))}' must be a value, not a table")
@@ -250,15 +336,18 @@ def _resolve_values(where: str, given: dict, common_fields: dict, option_default
     return out
 
 
-def resolve(raw: dict) -> dict:
-    """Validate a raw recipe dict and return it with every default written out."""
+def resolve(raw: dict, *, algorithms: bool = True) -> Recipe:
+    """Validate a raw recipe dict and return it with every default written out.
+
+    ``algorithms=False`` reads the ``[algorithm]`` table as written, without loading the algorithms (analysis
+    of a recorded, already resolved recipe needs the data and the model, never the training rule)."""
     if not isinstance(raw, dict):
         raise LandscapeError("a recipe must be a TOML table")
     allowed = list(TOP_LEVEL) + list(SECTIONS)
     for key in raw:
         if key not in allowed:
             raise LandscapeError(f"unknown recipe key '{key}'; allowed top-level keys: {', '.join(allowed)}")
-    regs = registries()
+    regs = registries(algorithms)
     out: dict[str, Any] = {}
     for key, default in TOP_LEVEL.items():
         out[key] = _coerce(key, default, raw[key]) if key in raw else default
@@ -269,21 +358,31 @@ def resolve(raw: dict) -> dict:
         given = raw.get(section, {})
         if not isinstance(given, dict):
             raise LandscapeError(f"recipe key '{section}' must be a table ([{section}])")
-        out[section] = _resolve_section(section, given, regs.get(section))
+        checked = section != "algorithm" or algorithms
+        out[section] = _resolve_section(section, given, regs.get(section), check_options=checked)
     train = out["train"]
     if train["precision"] == "bf16" and train["dtype"] != "float32":
         raise LandscapeError(f"train.precision = \"bf16\" autocasts a float32 model; it cannot be combined with "
                              f"train.dtype = \"{train['dtype']}\" (use float32, or precision = \"float32\")")
-    return out
+    sections = {}
+    for section, values in out.items():
+        if section not in SECTIONS:
+            continue
+        common = _common_fields(section)
+        fields = {k: _frozen(v) for k, v in values.items() if k in common}
+        if "options" in {f.name for f in dataclasses.fields(SECTIONS[section])}:
+            options = {k: _frozen(v) for k, v in values.items() if k not in common}
+            fields["options"] = MappingProxyType(options)
+        sections[section] = SECTIONS[section](**fields)
+    return Recipe(name=out["name"], seed=out["seed"], **sections)
 
 
-def entry_options(recipe: dict, section: str) -> dict:
-    """The registry-entry options of a resolved section (its keys minus the common settings)."""
-    common = {f.name for f in dataclasses.fields(SECTIONS[section])}
-    return {k: v for k, v in recipe[section].items() if k not in common}
+def read_recipe(path: str | Path, *, algorithms: bool = True) -> Recipe:
+    """A recipe file (e.g. a run's recipe.toml), resolved."""
+    return resolve(read_toml(path), algorithms=algorithms)
 
 
-def build(path: str | Path | None = None, overrides: list[tuple[str, Any]] = ()) -> dict:
+def build(path: str | Path | None = None, overrides: list[tuple[str, Any]] = ()) -> Recipe:
     """Load a recipe file (or start empty), apply overrides in order, resolve. One run: no sweep."""
     runs = build_sweep(path, overrides)
     if len(runs) != 1:
@@ -293,7 +392,7 @@ def build(path: str | Path | None = None, overrides: list[tuple[str, Any]] = ())
 
 def build_sweep(
     path: str | Path | None = None, overrides: list[tuple[str, Any]] = (), axes: dict[str, list] | None = None
-) -> list[tuple[dict, dict[str, Any]]]:
+) -> list[tuple[Recipe, dict[str, Any]]]:
     """Every run of a recipe: the product of its ``[sweep]`` axes (and ``axes``, which replace same-named ones).
 
     Returns (resolved recipe, the swept values of that run) pairs in sweep order. ``[sweep]`` maps recipe keys
@@ -340,12 +439,42 @@ def _toml_value(v: Any) -> str:
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
-def to_toml(recipe: dict) -> str:
+def to_toml(recipe: Recipe | dict) -> str:
+    """TOML text of a recipe (or of plain tables): top-level keys first, then one table per section."""
+    if isinstance(recipe, Recipe):
+        recipe = recipe.to_dict()
     lines = [f"{k} = {_toml_value(v)}" for k, v in recipe.items() if not isinstance(v, dict)]
     for k, v in recipe.items():
         if isinstance(v, dict):
             lines += ["", f"[{k}]"] + [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items()]
     return "\n".join(lines) + "\n"
+
+
+def difference(recorded: str, recipe: Recipe, ignore: frozenset[str] = frozenset()) -> str | None:
+    """The first key in which a recorded recipe (TOML text, e.g. a checkpoint's) differs from ``recipe``,
+    ignoring the keys in ``ignore``, as 'model.width is 32 there, 8 in recipe.toml'; None when they agree."""
+
+    def flat(table: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in table.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    try:
+        theirs = flat(tomllib.loads(recorded))
+    except (tomllib.TOMLDecodeError, TypeError):
+        return "its recorded recipe is unreadable"
+    ours = flat(tomllib.loads(to_toml(recipe)))
+    missing = object()
+    for key in list(ours) + [k for k in theirs if k not in ours]:
+        if key in ignore:
+            continue
+        a, b = theirs.get(key, missing), ours.get(key, missing)
+        if a != b:
+            there = "not set" if a is missing else json.dumps(a)
+            here = "not set" if b is missing else json.dumps(b)
+            return f"{key} is {there} there, {here} in recipe.toml"
+    return None
 
 
 # A run name becomes one folder under --out: a plain name, never a path.
@@ -364,10 +493,10 @@ _NAMED_KEYS = ("dataset.name", "algorithm.name", "partition.name", "partition.al
                "model.name", "partition.clients", "seed")
 
 
-def sweep_run_name(recipe: dict, swept: dict[str, Any]) -> str:
+def sweep_run_name(recipe: Recipe, swept: dict[str, Any]) -> str:
     """The run name of one sweep point: the recipe's name (if any), the systematic name, then the swept keys
     that the systematic name does not show (e.g. ``-lr0.05``)."""
-    parts = [recipe["name"]] if recipe["name"] else []
+    parts = [recipe.name] if recipe.name else []
     parts.append(run_name(recipe))
     for key, value in swept.items():
         if key not in _NAMED_KEYS:
@@ -384,21 +513,13 @@ def sweep_run_name(recipe: dict, swept: dict[str, Any]) -> str:
     return name
 
 
-def run_name(recipe: dict) -> str:
+def run_name(recipe: Recipe) -> str:
     """A systematic run name: dataset-algorithm-partition-model-clients-seed."""
-    part = recipe["partition"]
-    pname = {"dirichlet": "dir", "pathological": "path"}.get(part["name"], part["name"])
-    if "alpha" in part:
-        pname += f"{part['alpha']:g}"
-    if "classes_per_client" in part:
-        pname += f"{part['classes_per_client']}"
-    return "-".join(
-        [
-            recipe["dataset"]["name"],
-            recipe["algorithm"]["name"],
-            pname,
-            recipe["model"]["name"],
-            f"c{part['clients']}",
-            f"s{recipe['seed']}",
-        ]
-    )
+    part = recipe.partition
+    pname = {"dirichlet": "dir", "pathological": "path"}.get(part.name, part.name)
+    if "alpha" in part.options:
+        pname += f"{part.options['alpha']:g}"
+    if "classes_per_client" in part.options:
+        pname += f"{part.options['classes_per_client']}"
+    return "-".join([recipe.dataset.name, recipe.algorithm.name, pname, recipe.model.name, f"c{part.clients}",
+                     f"s{recipe.seed}"])

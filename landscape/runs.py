@@ -194,6 +194,95 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     return obj
 
 
+def check_model_state(state: Any, reference: dict[str, torch.Tensor], model_name: str, where: Path | str) -> None:
+    """Every tensor of the reference model, with its shape, or a one-line error naming the first that is not
+    (a checkpoint of another model, or of another width)."""
+    if not isinstance(state, dict) or not state:
+        raise LandscapeError(f"{where} does not match the model '{model_name}': no model tensors")
+    for key, ref in reference.items():
+        got = state.get(key)
+        if not isinstance(got, torch.Tensor):
+            raise LandscapeError(f"{where} does not match the model '{model_name}': it has no tensor '{key}'")
+        if tuple(got.shape) != tuple(ref.shape):
+            raise LandscapeError(f"{where} does not match the model '{model_name}': '{key}' has shape "
+                                 f"{list(got.shape)} there, {list(ref.shape)} in this model")
+        if ref.is_floating_point() != got.is_floating_point():
+            kind = "floating-point" if ref.is_floating_point() else "integer"
+            raise LandscapeError(f"{where} does not match the model '{model_name}': '{key}' must hold {kind} "
+                                 f"values (it holds {got.dtype})")
+    extra = sorted(set(state) - set(reference))
+    if extra:
+        raise LandscapeError(f"{where} does not match the model '{model_name}': it has tensors this model lacks "
+                             f"('{extra[0]}'{' ...' if len(extra) > 1 else ''})")
+
+
+class Checkpoint:
+    """One training checkpoint (``round-NNNN.pt``), loaded with the safe loader.
+
+    ``model_state`` is x^t, the global model of training; ``analysed_state`` the model that evaluation and
+    analysis use: the server-SWA average x_swa once it exists, else x^t (the one place this rule lives).
+    """
+
+    def __init__(self, path: Path, payload: dict) -> None:
+        self.path = Path(path)
+        self.payload = payload
+
+    @classmethod
+    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+        return cls(Path(path), load_checkpoint(Path(path), map_location))
+
+    @property
+    def round(self) -> int:
+        return int(self.payload.get("round", -1))
+
+    @property
+    def recipe_text(self) -> str | None:
+        """The resolved recipe the checkpoint was trained with (TOML), when it carries one."""
+        text = self.payload.get("recipe")
+        return text if isinstance(text, str) else None
+
+    @property
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return self.payload["model"]
+
+    @property
+    def has_swa(self) -> bool:
+        return "swa_model" in self.payload
+
+    @property
+    def analysed_state(self) -> dict[str, torch.Tensor]:
+        return self.payload["swa_model"] if self.has_swa else self.payload["model"]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating-point dtype of the saved model (float32 unless it was trained in float64)."""
+        floats = [t.dtype for t in self.model_state.values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        return floats[0] if floats else torch.float32
+
+    def check_model(self, reference: dict[str, torch.Tensor], model_name: str) -> None:
+        """The saved model (and the SWA average) fit ``reference`` (a state_dict of the recipe's model)."""
+        check_model_state(self.model_state, reference, model_name, self.path)
+        if self.has_swa:
+            check_model_state(self.payload["swa_model"], reference, model_name, self.path)
+
+
+def load_client_models(path: Path, reference: dict[str, torch.Tensor], model_name: str) -> dict[int, dict]:
+    """The clients' final local models of a ``round-NNNN.clients.pt`` file: {client: state_dict}, each checked
+    against ``reference``. A damaged, unsafe or foreign file is a one-line error naming it."""
+    payload = load_checkpoint(path)
+    clients = payload.get("clients")
+    if not isinstance(clients, dict) or not clients:
+        raise CheckpointError(f"{path} holds no client models", path, "foreign", "holds no client models")
+    out = {}
+    for key, state in clients.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise CheckpointError(f"{path}: client key {key!r} is not a client number", path, "foreign",
+                                  "bad client key")
+        check_model_state(state, reference, model_name, f"{path} (client {key})")
+        out[int(key)] = state
+    return out
+
+
 def surface_result_name(directions: str) -> str:
     """The file name (without suffix) of a surface in ``analysis/round-NNNN/``: ``surface`` for the random
     plane, ``surface-<directions>`` (pca, clients, interpolate) for the others, so they never overwrite one
@@ -396,7 +485,7 @@ def partition_record(
 class Run:
     """An existing run directory: ``open_run("runs/x")``.
 
-    ``.recipe`` (resolved recipe dict), ``.metrics()`` (per-round rows of metrics.jsonl), ``.events()`` (its
+    ``.recipe`` (the resolved ``Recipe``), ``.metrics()`` (per-round rows of metrics.jsonl), ``.events()`` (its
     event rows, e.g. a divergence), ``.rounds()`` (checkpointed
     rounds), ``.model(round)`` (nn.Module with those weights, eval mode), ``.data()`` (train and test sets as
     the run used them), ``.client_data(i)`` and ``.partition()``.
@@ -410,7 +499,7 @@ class Run:
             raise LandscapeError(f"not a directory: {self.dir.path}")
         if not self.dir.is_run():
             raise LandscapeError(f"{self.dir.path} is not a run directory (no recipe.toml)")
-        self.recipe = recipes.resolve(recipes.read_toml(self.dir.recipe))
+        self.recipe = recipes.read_recipe(self.dir.recipe, algorithms=False)
         self._setup = None
 
     @property
@@ -433,7 +522,7 @@ class Run:
 
     def _data_setup(self):
         if self._setup is None:
-            from landscape.train.loop import prepare_data
+            from landscape.setup import prepare_data
 
             self._setup = prepare_data(self.recipe)
         return self._setup
@@ -455,7 +544,7 @@ class Run:
         train, _ = self.data()
         return train.subset(parts[client])
 
-    def checkpoint(self, round: int | None = None) -> dict:
+    def checkpoint(self, round: int | None = None) -> Checkpoint:
         rounds = self.rounds()
         if not rounds:
             raise LandscapeError(f"{self.path} has no checkpoints")
@@ -464,24 +553,18 @@ class Run:
         if round not in rounds:
             raise LandscapeError(f"round {round} has no checkpoint in {self.path}; checkpointed rounds: "
                                  + ", ".join(map(str, rounds)))
-        return load_checkpoint(self.dir.checkpoint(round))
+        return Checkpoint.load(self.dir.checkpoint(round))
 
     def model(self, round: int | None = None) -> torch.nn.Module:
         """The global model of a checkpointed round (default: the last; x_swa once server SWA has begun),
-        on the CPU, in eval mode."""
-        from landscape.train.loop import build_module
+        on the CPU, in eval mode, in the checkpoint's dtype (a float64 run stays float64)."""
+        from landscape.setup import build_module
 
-        setup = self._data_setup()
-        module = build_module(self.recipe, setup.bundle)
+        module = build_module(self.recipe, self._data_setup().bundle)
         ckpt = self.checkpoint(round)
-        state = ckpt.get("swa_model", ckpt["model"])  # analysis uses the SWA average once it exists
-        try:
-            module.load_state_dict(state)
-        except RuntimeError as e:
-            raise LandscapeError(
-                f"checkpoint does not match the recipe's model '{self.recipe['model']['name']}': "
-                + str(e).strip().splitlines()[0]
-            ) from None
+        module = module.to(ckpt.dtype)
+        ckpt.check_model(module.state_dict(), self.recipe.model.name)
+        module.load_state_dict(ckpt.analysed_state)
         return module.eval()
 
 

@@ -89,7 +89,8 @@ def check_collectives() -> None:
 def main() -> None:
     from landscape.analyze.context import AnalysisSettings
     from landscape.analyze.operator import HessianOperator
-    from landscape.analyze.passes import pass_options, run_analysis
+    from landscape.analyze.registry import pass_options
+    from landscape.analyze.scheduler import run_analysis
     from landscape.analyze.surface import evaluate_surface
 
     out, run = Path(sys.argv[1]), Path(sys.argv[2])

@@ -17,7 +17,7 @@ from algorithm_checks import (
 from conftest import tiny_recipe
 
 from landscape.errors import LandscapeError
-from landscape.train import loop
+from landscape.train import loop, schedule
 from landscape.train.loop import build_algorithm
 
 LR, WD = 0.3, 0.01  # the trainer's constant client lr and weight decay in every equation test
@@ -109,7 +109,7 @@ def test_control_variate_rounds_match_the_equations(tmp_path, name, rho):
     c_clients: dict[int, torch.Tensor] = {}  # c_i of the clients that took part before
     with_state, without_state = 0, 0
     for t, (_, after, results) in enumerate(history):
-        sampled = loop.sample_clients(trainer.recipe["seed"], t, clients, 2)
+        sampled = schedule.sample_clients(trainer.recipe.seed, t, clients, 2)
         assert [r.client for r in results] == sampled
         finals, dcs = [], []
         for client, result in zip(sampled, results):

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_recipe
 
+from landscape import setup
 from landscape.analyze.alignment import (
     cosine_matrix,
     gradient_alignment,
@@ -136,7 +137,7 @@ def test_update_alignment_from_a_saved_round(tmp_path):
                          train__participation=0.75)
     loop.start_run(recipe, tmp_path / "run", progress=False)
     run = RunDir(tmp_path / "run")
-    flat = FlatModel(loop.build_module(recipe, loop.prepare_data(recipe).bundle).double())
+    flat = FlatModel(setup.build_module(recipe, setup.prepare_data(recipe).bundle).double())
     start = flat.from_state_dict(load_checkpoint(run.checkpoint(2))["model"])[0]  # x^2: where round 3 began
     new = flat.from_state_dict(load_checkpoint(run.checkpoint(3))["model"])[0]  # x^3, after aggregation
     ys = client_models(flat, load_checkpoint(run.clients_checkpoint(3)))

@@ -10,7 +10,8 @@ from conftest import tiny_recipe
 
 import landscape
 from landscape.analyze.context import AnalysisSettings, find_sources
-from landscape.analyze.passes import pass_options, run_analysis
+from landscape.analyze.registry import pass_options
+from landscape.analyze.scheduler import run_analysis
 from landscape.cli import cli
 from landscape.errors import LandscapeError
 from landscape.train import loop
@@ -119,7 +120,7 @@ def test_checkpoint_that_does_not_match_the_recipe(run_copy):
     recipe = run_copy / "recipe.toml"
     recipe.write_text(recipe.read_text().replace("width = 32", "width = 8"))
     result = analyze(run_copy, "--passes", "loss")
-    _one_line_error(result, f"{run_copy / 'checkpoints' / 'round-0004.pt'} does not match the recipe's model 'cnn'")
+    _one_line_error(result, f"{run_copy / 'checkpoints' / 'round-0004.pt'} does not match the model 'cnn'")
     assert not (run_copy / "analysis").exists()
 
 
@@ -133,7 +134,9 @@ def test_unknown_pass_and_bad_set(run_copy):
 
 def test_every_pass_leaves_the_model_untouched(trained):
     from landscape.analyze.context import CheckpointContext
-    from landscape.analyze.passes import PASSES
+    from landscape.analyze.registry import load_passes
+
+    PASSES = load_passes()
 
     sources, _ = find_sources(trained)
     ctx = CheckpointContext(sources[0], 4, AnalysisSettings(device="cpu"))

@@ -86,12 +86,12 @@ def test_every_figure_recipe_builds_its_runs_at_both_scales(path, scale):
     fig = book.load_figure_recipe(path, scale)
     assert fig.scale == scale and fig.name == path.stem
     built = [recipes.build(fig.train_recipe, fig.overrides(run)) for run in fig.runs]
-    datasets = {r["dataset"]["name"] for r in built}
+    datasets = {r.dataset.name for r in built}
     assert len(datasets) == 1 and datasets <= ({"digits"} if scale == "digits" else {"cifar10", "cifar100"})
     if scale == "paper":
-        assert all(r["model"]["name"] in ("resnet18", "lenet5") for r in built)
+        assert all(r.model.name in ("resnet18", "lenet5") for r in built)
     for run, recipe in zip(fig.runs, built):  # each run's own keys reach its recipe
-        assert recipe["algorithm"]["name"] == run.set["algorithm.name"]
+        assert recipe.algorithm.name == run.set["algorithm.name"]
 
 
 @pytest.mark.parametrize("path", FIGURE_RECIPES, ids=lambda p: p.stem)
@@ -278,7 +278,7 @@ def test_compare_names_what_is_missing(analysed, tmp_path):
 
 
 def test_hessian_options_refuse_a_trace_budget_hutchpp_cannot_use():
-    from landscape.analyze.passes import pass_options
+    from landscape.analyze.registry import pass_options
 
     with pytest.raises(LandscapeError, match=r"trace_hvps >= 6 \(Hutch\+\+\)"):
         pass_options("hessian", {"trace_hvps": 5})

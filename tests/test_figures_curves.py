@@ -12,7 +12,8 @@ import torch
 from conftest import tiny_recipe
 
 from landscape.analyze.context import AnalysisSettings
-from landscape.analyze.passes import pass_options, run_analysis
+from landscape.analyze.registry import pass_options
+from landscape.analyze.scheduler import run_analysis
 from landscape.errors import LandscapeError
 from landscape.figures import curves
 from landscape.train import loop

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_recipe
 
+from landscape import setup
 from landscape.analyze.flatness import (
     client_minibatch_indices,
     client_models,
@@ -47,7 +48,7 @@ def test_flatness_distance_recomputed_from_saved_clients_equals_the_logged_value
     recipe = tiny_recipe(train__keep_clients=True, train__dtype="float64", train__rounds=3)
     loop.start_run(recipe, tmp_path / "run", progress=False)
     run = RunDir(tmp_path / "run")
-    flat = FlatModel(loop.build_module(recipe, loop.prepare_data(recipe).bundle).double())
+    flat = FlatModel(setup.build_module(recipe, setup.prepare_data(recipe).bundle).double())
     rows = {row["round"]: row for row in run.read_metrics()}
     assert sorted(rows) == [1, 2, 3]
     for t, row in rows.items():

@@ -21,12 +21,13 @@ import torch
 from conftest import tiny_recipe
 from parallel_worker import ANALYSIS, CELLS_PER_BATCH, GRID, HESSIAN, SURFACE, problem
 
-from landscape import parallel
+from landscape import lifecycle, parallel
 from landscape import recipe as recipes
 from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.operator import HessianOperator
-from landscape.analyze.passes import Job, pass_options, run_analysis, split_work
+from landscape.analyze.registry import pass_options
+from landscape.analyze.scheduler import Job, run_analysis, split_work
 from landscape.analyze.surface import evaluate_surface
 from landscape.errors import LandscapeError
 from landscape.runs import RunDir, load_checkpoint
@@ -273,7 +274,8 @@ def test_compile_wraps_the_training_forward_only(tmp_path, monkeypatch):
     state = trainer.run_round(trainer.initial_state())[0]
     assert compiled and all(fn == trainer.flat._call_module for fn in compiled)
     torch.testing.assert_close(state.x, plain.run_round(plain.initial_state())[0].x, rtol=0, atol=0)
-    assert loop.recipe_difference(recipes.to_toml(tiny_recipe(train__compile=True)), tiny_recipe()) is None
+    assert recipes.difference(recipes.to_toml(tiny_recipe(train__compile=True)), tiny_recipe(),
+                              lifecycle.RESUME_FREE_KEYS) is None
 
 
 def test_streamed_analysis_data_gives_the_resident_numbers():

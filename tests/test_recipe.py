@@ -6,12 +6,12 @@ from landscape.errors import LandscapeError
 
 def test_defaults_are_all_written_out():
     r = recipes.build()
-    assert r["dataset"]["name"] == "digits"
-    assert r["partition"] == {"name": "dirichlet", "clients": 20, "alpha": 0.1, "balanced": False, "min_samples": 2}
-    assert r["model"] == {"name": "cnn", "width": 32, "hidden": 128}
-    assert r["algorithm"] == {"name": "fedavg"}
-    assert r["train"]["rounds"] == 30 and r["train"]["lr_schedule"] == "constant"
-    assert r["seed"] == 0
+    assert r.dataset.name == "digits"
+    assert r.to_dict()["partition"] == {"name": "dirichlet", "clients": 20, "alpha": 0.1, "balanced": False, "min_samples": 2}
+    assert r.to_dict()["model"] == {"name": "cnn", "width": 32, "hidden": 128}
+    assert r.to_dict()["algorithm"] == {"name": "fedavg"}
+    assert r.train.rounds == 30 and r.train.lr_schedule == "constant"
+    assert r.seed == 0
 
 
 def test_toml_round_trip(tmp_path):
@@ -25,7 +25,7 @@ def test_file_then_overrides_in_order(tmp_path):
     path = tmp_path / "r.toml"
     path.write_text('seed = 3\n[train]\nlr = 0.5\nrounds = 7\n')
     r = recipes.build(path, [("train.lr", 0.2)])
-    assert (r["seed"], r["train"]["lr"], r["train"]["rounds"]) == (3, 0.2, 7)
+    assert (r.seed, r.train.lr, r.train.rounds) == (3, 0.2, 7)
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,7 @@ def test_set_values_parse_as_toml(text, value):
 
 
 def test_int_accepted_for_float_and_stored_as_float():
-    assert recipes.build(None, [("train.lr", 1)])["train"]["lr"] == 1.0
+    assert recipes.build(None, [("train.lr", 1)]).train.lr == 1.0
 
 
 @pytest.mark.parametrize(
@@ -96,10 +96,10 @@ def test_run_name_is_systematic():
 def test_per_algorithm_tables_apply_to_their_algorithm_only(tmp_path):
     path = tmp_path / "r.toml"
     path.write_text('[algorithm]\nname = "fedsam"\n[algorithm.fedsam]\nrho = 0.07\n[algorithm.fedavg]\n')
-    assert recipes.build(path)["algorithm"] == {"name": "fedsam", "rho": 0.07}
-    assert recipes.build(path, [("algorithm.name", "fedavg")])["algorithm"] == {"name": "fedavg"}
+    assert recipes.build(path).to_dict()["algorithm"] == {"name": "fedsam", "rho": 0.07}
+    assert recipes.build(path, [("algorithm.name", "fedavg")]).to_dict()["algorithm"] == {"name": "fedavg"}
     # a plain [algorithm] key wins over the per-algorithm table
-    assert recipes.build(path, [("algorithm.rho", 0.2)])["algorithm"]["rho"] == 0.2
+    assert recipes.build(path, [("algorithm.rho", 0.2)]).algorithm.options["rho"] == 0.2
 
 
 def test_sweep_is_the_product_of_its_axes_in_order(tmp_path):
@@ -107,12 +107,12 @@ def test_sweep_is_the_product_of_its_axes_in_order(tmp_path):
     path.write_text('[sweep]\n"algorithm.name" = ["fedavg", "fedsam"]\n"partition.alpha" = [0.6, 0.1]\n'
                     '[algorithm.fedsam]\nrho = 0.05\n')
     runs = recipes.build_sweep(path)
-    assert [(r["algorithm"]["name"], r["partition"]["alpha"]) for r, _ in runs] == [
+    assert [(r.algorithm.name, r.partition.options["alpha"]) for r, _ in runs] == [
         ("fedavg", 0.6), ("fedavg", 0.1), ("fedsam", 0.6), ("fedsam", 0.1)]
-    assert runs[3][0]["algorithm"]["rho"] == 0.05 and runs[3][1] == {"algorithm.name": "fedsam", "partition.alpha": 0.1}
+    assert runs[3][0].algorithm.options["rho"] == 0.05 and runs[3][1] == {"algorithm.name": "fedsam", "partition.alpha": 0.1}
     # an override replaces the axis; extra axes (comma lists on the command line) are added
     runs = recipes.build_sweep(path, [("partition.alpha", 0.3)], {"seed": [0, 1]})
-    assert [(r["algorithm"]["name"], r["partition"]["alpha"], r["seed"]) for r, _ in runs] == [
+    assert [(r.algorithm.name, r.partition.options["alpha"], r.seed) for r, _ in runs] == [
         ("fedavg", 0.3, 0), ("fedavg", 0.3, 1), ("fedsam", 0.3, 0), ("fedsam", 0.3, 1)]
     with pytest.raises(LandscapeError, match="a sweep of 4 runs"):
         recipes.build(path)

@@ -27,9 +27,11 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 import landscape
+from landscape import lifecycle
 from landscape import recipe as recipes
 from landscape.analyze.context import AnalysisSettings
-from landscape.analyze.passes import pass_options, run_analysis
+from landscape.analyze.registry import pass_options
+from landscape.analyze.scheduler import run_analysis
 from landscape.cli import cli
 from landscape.errors import LandscapeError
 from landscape.runs import CHECKPOINT_FORMAT, RunDir, RunLock, load_checkpoint
@@ -122,8 +124,8 @@ import io, json, os, re, signal, sys, traceback
 from pathlib import Path
 
 from landscape import recipe as recipes
-from landscape import runs
-from landscape.analyze import passes
+from landscape import runs, setup
+from landscape.analyze import registry, scheduler
 from landscape.analyze.context import AnalysisSettings
 from landscape.train import loop
 
@@ -192,13 +194,13 @@ def train(mode, n, recipe_file, out):
 def analyze(n, path, spec):
     # passes.write_text -> runs.write_text -> runs.atomic_write: die while the n-th result JSON is written
     kill_in_atomic_write(runs, r".+\.json", n, whole=False)
-    options = {name: passes.pass_options(name, spec["options"].get(name, {})) for name in spec["passes"]}
-    passes.run_analysis(path, rounds="all", passes=spec["passes"], settings=AnalysisSettings(**spec["settings"]),
+    options = {name: registry.pass_options(name, spec["options"].get(name, {})) for name in spec["passes"]}
+    scheduler.run_analysis(path, rounds="all", passes=spec["passes"], settings=AnalysisSettings(**spec["settings"]),
                         options=options, progress=False)
 
 
 jobs = json.loads(sys.argv[1])
-loop.prepare_data(recipes.resolve(recipes.read_toml(jobs[0][3])))  # warm: imports and the data set
+setup.prepare_data(recipes.resolve(recipes.read_toml(jobs[0][3])))  # warm: imports and the data set
 pids = {}
 for i, (kind, mode, n, *args) in enumerate(jobs):
     pid = os.fork()
@@ -288,7 +290,7 @@ def test_a_run_killed_before_its_partition_and_first_checkpoint_resumes(whole, t
     shutil.copy(whole / "recipe.toml", cut / "recipe.toml")  # killed right after recipe.toml was written
     (cut / ".lock").write_text("")
     (cut / ".partition.json.abcd1234.tmp").write_text('{"settings": ')
-    assert loop.sweep_status(recipe6(), cut, overwrite=False) == "resume"
+    assert lifecycle.sweep_status(recipe6(), cut, overwrite=False) == "resume"
     notes: list[str] = []
     loop.resume_run(cut, progress=False, warn=notes.append)
     assert len(notes) == 1 and "has no checkpoint yet" in notes[0]
@@ -301,11 +303,11 @@ def test_a_folder_left_before_recipe_toml_was_written_counts_as_empty(tmp_path):
     out.mkdir()
     (out / ".lock").write_text("")
     (out / ".recipe.toml.abcd1234.tmp").write_text("seed = ")
-    loop.check_out_dir(RunDir(out), overwrite=False)  # no error: a new run may start here
-    assert loop.sweep_status(recipe6(), out, overwrite=False) == "new"
+    lifecycle.check_out_dir(RunDir(out), overwrite=False)  # no error: a new run may start here
+    assert lifecycle.sweep_status(recipe6(), out, overwrite=False) == "new"
     (out / "notes.txt").write_text("mine")
     with pytest.raises(LandscapeError, match="already exists and is not empty"):
-        loop.check_out_dir(RunDir(out), overwrite=False)
+        lifecycle.check_out_dir(RunDir(out), overwrite=False)
 
 
 def analyze_in_process(path: Path, rounds: str = "all", passes: list[str] = ANALYSIS["passes"]):
@@ -388,7 +390,7 @@ def test_a_checkpoint_of_another_run_is_refused(whole, tmp_path):
     torch.save(ckpt, newest)
     before = snapshot(run_b)
     line = one_line_error(invoke("train", "--resume", run_b, "--quiet"))
-    assert line == (f"error: {newest} does not match the recipe's model 'mlp': 'fc1.weight' has shape [3, 64] "
+    assert line == (f"error: {newest} does not match the model 'mlp': 'fc1.weight' has shape [3, 64] "
                     "there, [16, 64] in this model")
     assert snapshot(run_b) == before
 
@@ -599,8 +601,8 @@ def test_the_recipe_name_is_a_plain_folder_name(name):
 
 
 def test_plain_names_are_accepted():
-    assert recipes.build(None, [("name", "fedsam-v1.2_b")])["name"] == "fedsam-v1.2_b"
-    assert recipes.build(None, [])["name"] == ""
+    assert recipes.build(None, [("name", "fedsam-v1.2_b")]).name == "fedsam-v1.2_b"
+    assert recipes.build(None, []).name == ""
 
 
 def test_no_run_directory_outside_the_chosen_folder(tmp_path, monkeypatch):
@@ -669,7 +671,7 @@ def test_fuzz_recipes_resolve_or_say_why_in_one_line(raw):
         assert str(e) and "\n" not in str(e)
         return
     try:
-        loop.check_recipe_writable(recipe)
+        lifecycle.check_recipe_writable(recipe)
     except LandscapeError as e:
         assert "\n" not in str(e) and "cannot be written to recipe.toml" in str(e)
         return

@@ -17,7 +17,8 @@ import torch
 from conftest import tiny_recipe
 
 from landscape.analyze.context import AnalysisSettings
-from landscape.analyze.passes import pass_options, run_analysis
+from landscape.analyze.registry import pass_options
+from landscape.analyze.scheduler import run_analysis
 from landscape.figures import report
 from landscape.train import loop
 

@@ -10,10 +10,12 @@ from conftest import tiny_recipe
 from torch import nn
 
 import landscape.analyze.surface as surface_module
+from landscape import setup
 from landscape.analyze.context import AnalysisSettings, CheckpointContext, find_sources
 from landscape.analyze.directions import filter_normalized_direction, random_plane
 from landscape.analyze.objective import AnalysisData, Objective
-from landscape.analyze.passes import pass_options, run_analysis
+from landscape.analyze.registry import pass_options
+from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.surface import (
     SurfaceGrid,
     evaluate_surface,
@@ -329,7 +331,7 @@ def test_random_surface_pass(run, context):
     np.testing.assert_array_equal(arrays["d1"], plane.d1.numpy())
     np.testing.assert_array_equal(arrays["d2"], plane.d2.numpy())
     # an off-centre cell against the run's model evaluated independently (plain module forward)
-    module = loop.build_module(context.source.recipe, context.source.setup.bundle)
+    module = setup.build_module(context.source.recipe, context.source.setup.bundle)
     ix, iy = 4, 0
     u = context.w + arrays["x_coords"][ix] * plane.d1 + arrays["y_coords"][iy] * plane.d2
     torch.nn.utils.vector_to_parameters(u, module.parameters())

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -8,8 +9,9 @@ from conftest import tiny_recipe
 
 import landscape
 from landscape.errors import LandscapeError
+from landscape.recipe import TrainSettings
 from landscape.runs import RunDir, load_checkpoint
-from landscape.train import loop
+from landscape.train import loop, schedule
 
 
 def _trainer(tmp_path, recipe):
@@ -69,33 +71,32 @@ def test_local_batches_are_shuffled_epochs_of_the_client_data(tmp_path, steps, e
 
 
 def test_client_sampling_is_uniform_without_replacement_and_seeded():
-    draws = [loop.sample_clients(0, t, 20, 5) for t in range(400)]
+    draws = [schedule.sample_clients(0, t, 20, 5) for t in range(400)]
     assert all(len(set(d)) == 5 and all(0 <= i < 20 for i in d) for d in draws)
-    assert draws == [loop.sample_clients(0, t, 20, 5) for t in range(400)]
-    assert draws != [loop.sample_clients(1, t, 20, 5) for t in range(400)]
+    assert draws == [schedule.sample_clients(0, t, 20, 5) for t in range(400)]
+    assert draws != [schedule.sample_clients(1, t, 20, 5) for t in range(400)]
     counts = np.bincount(np.concatenate(draws), minlength=20)
     assert counts.min() > 60 and counts.max() < 140  # expectation 100 each
 
 
 def test_learning_rate_schedules():
-    train = {"lr": 0.1, "lr_schedule": "constant", "lr_decay": 0.998, "lr_min": 0.001, "rounds": 100, "swa": False}
-    assert loop.learning_rate(train, 57) == 0.1
-    train["lr_schedule"] = "exponential"
-    assert loop.learning_rate(train, 10) == pytest.approx(0.1 * 0.998**10)
-    train["lr_schedule"] = "cosine"
-    assert loop.learning_rate(train, 0) == pytest.approx(0.1)
-    assert loop.learning_rate(train, 50) == pytest.approx(0.001 + 0.5 * 0.099)
-    assert loop.learning_rate(train, 100) == pytest.approx(0.001)
+    train = TrainSettings(lr=0.1, lr_schedule="constant", lr_decay=0.998, lr_min=0.001, rounds=100, swa=False)
+    assert schedule.learning_rate(train, 57) == 0.1
+    train = dataclasses.replace(train, lr_schedule="exponential")
+    assert schedule.learning_rate(train, 10) == pytest.approx(0.1 * 0.998**10)
+    train = dataclasses.replace(train, lr_schedule="cosine")
+    assert schedule.learning_rate(train, 0) == pytest.approx(0.1)
+    assert schedule.learning_rate(train, 50) == pytest.approx(0.001 + 0.5 * 0.099)
+    assert schedule.learning_rate(train, 100) == pytest.approx(0.001)
 
 
 def test_swa_cyclic_learning_rate_and_cycle_ends():
-    train = {"lr": 0.1, "lr_schedule": "constant", "rounds": 20, "swa": True, "swa_start": 0.5, "swa_cycle": 4,
-             "swa_lr": 0.01}
-    assert [loop.learning_rate(train, t) for t in range(9)] == [0.1] * 9  # before round 10
+    train = TrainSettings(lr=0.1, lr_schedule="constant", rounds=20, swa=True, swa_start=0.5, swa_cycle=4, swa_lr=0.01)
+    assert [schedule.learning_rate(train, t) for t in range(9)] == [0.1] * 9  # before round 10
     for t in range(10, 20):
         t_c = (t % 4 + 1) / 4  # Caldarola et al.: t_c = ((t mod c) + 1) / c
-        assert loop.learning_rate(train, t) == pytest.approx((1 - t_c) * 0.1 + t_c * 0.01)
-    assert [t for t in range(20) if loop.swa_cycle_ends(train, t)] == [11, 15, 19]
+        assert schedule.learning_rate(train, t) == pytest.approx((1 - t_c) * 0.1 + t_c * 0.01)
+    assert [t for t in range(20) if schedule.swa_cycle_ends(train, t)] == [11, 15, 19]
 
 
 def test_swa_average_and_the_model_analysis_uses(tmp_path):
@@ -198,7 +199,7 @@ def test_open_run_gives_the_logged_model_and_data(tmp_path):
     loop.start_run(tiny_recipe(), tmp_path / "r", progress=False)
     run = landscape.open_run(tmp_path / "r")
     assert run.rounds() == [0, 1, 2, 3]
-    assert run.recipe["partition"]["clients"] == 4
+    assert run.recipe.partition.clients == 4
     rows = run.metrics()
     assert [r["round"] for r in rows] == [1, 2, 3]
     model = run.model()
@@ -224,7 +225,7 @@ def test_model_mismatch_is_a_clear_error(tmp_path):
     loop.start_run(tiny_recipe(train__rounds=1), tmp_path / "r", progress=False)
     recipe_file = tmp_path / "r" / "recipe.toml"
     recipe_file.write_text(recipe_file.read_text().replace("width = 32", "width = 8"))
-    with pytest.raises(LandscapeError, match="checkpoint does not match the recipe's model 'cnn'"):
+    with pytest.raises(LandscapeError, match="round-0001.pt does not match the model 'cnn': 'conv1.weight' has shape"):
         landscape.open_run(tmp_path / "r").model()
 
 

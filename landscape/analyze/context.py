@@ -22,8 +22,9 @@ from landscape import recipe as recipes
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
-from landscape.runs import RunDir, load_checkpoint
-from landscape.train.loop import DataSetup, build_module, prepare_data, resolve_device
+from landscape.recipe import Recipe
+from landscape.runs import Checkpoint, RunDir, load_client_models
+from landscape.setup import DataSetup, build_module, prepare_data, resolve_device, torch_dtype
 
 _ROUND_FILE = re.compile(r"^round-(\d{4,})\.pt$")
 
@@ -49,7 +50,7 @@ class AnalysisSettings:
 class Source:
     """One run (a run directory, or a loose folder of checkpoints carrying their recipe)."""
 
-    def __init__(self, name: str, recipe: dict, checkpoints: dict[int, Path], analysis_dir: Path,
+    def __init__(self, name: str, recipe: Recipe, checkpoints: dict[int, Path], analysis_dir: Path,
                  run_dir: RunDir | None) -> None:
         self.name = name
         self.recipe = recipe
@@ -70,17 +71,17 @@ class Source:
 
 def _source_from_run(path: Path) -> Source:
     run_dir = RunDir(path)
-    recipe = recipes.resolve(recipes.read_toml(run_dir.recipe))
+    recipe = recipes.read_recipe(run_dir.recipe, algorithms=False)
     ckpts = {r: run_dir.checkpoint(r) for r in run_dir.rounds()}
     return Source(path.name, recipe, ckpts, path / "analysis", run_dir)
 
 
 def _source_from_checkpoints(folder: Path, files: list[Path]) -> Source:
     ckpts = {int(_ROUND_FILE.match(f.name).group(1)): f for f in files}
-    first = load_checkpoint(ckpts[max(ckpts)])
-    if not isinstance(first.get("recipe"), str):
-        raise LandscapeError(f"{ckpts[max(ckpts)]} carries no recipe and is not inside a run directory")
-    recipe = recipes.resolve(recipes.tomllib.loads(first["recipe"]))
+    last = Checkpoint.load(ckpts[max(ckpts)])
+    if last.recipe_text is None:
+        raise LandscapeError(f"{last.path} carries no recipe and is not inside a run directory")
+    recipe = recipes.resolve(recipes.tomllib.loads(last.recipe_text), algorithms=False)
     return Source(folder.name, recipe, ckpts, folder / "analysis", None)
 
 
@@ -154,24 +155,25 @@ class CheckpointContext:
 
     def __post_init__(self) -> None:
         path = self.source.checkpoints[self.round]
-        ckpt = load_checkpoint(path)
+        ckpt = Checkpoint.load(path)
         self.device = resolve_device(self.settings.device)
-        self.dtype = torch.float64 if self.settings.dtype == "float64" else torch.float32
+        self.dtype = torch_dtype(self.settings.dtype)
         module = build_module(self.source.recipe, self.source.setup.bundle).to(self.device, self.dtype)
         self.flat = FlatModel(module)
-        # Evaluation and analysis use x_swa once server SWA has produced it (ALGORITHMS.md).
-        state = ckpt.get("swa_model", ckpt["model"])
-        expected = module.state_dict()
-        if set(state) != set(expected) or any(state[k].shape != expected[k].shape for k in expected):
-            raise LandscapeError(
-                f"{path} does not match the recipe's model '{self.source.recipe['model']['name']}' "
-                f"({sum(t.numel() for t in state.values())} values saved, "
-                f"{sum(t.numel() for t in expected.values())} expected)"
-            )
-        self.w, self.buffers = self.flat.from_state_dict(state)
+        self.reference_state = module.state_dict()
+        ckpt.check_model(self.reference_state, self.source.recipe.model.name)
+        # Evaluation and analysis use x_swa once server SWA has produced it.
+        self.w, self.buffers = self.flat.from_state_dict(ckpt.analysed_state)
         # x^t of training (differs from w only under server SWA): flatness distance is measured to it.
-        self.global_w = self.flat.from_state_dict(ckpt["model"])[0] if "swa_model" in ckpt else self.w
+        self.global_w = self.flat.from_state_dict(ckpt.model_state)[0] if ckpt.has_swa else self.w
         self.digest = file_digest(path)
+
+    def load_global(self, path: Path, analysed: bool = True) -> Tensor:
+        """The flat model vector of another checkpoint of this run (x_swa when ``analysed`` and it exists,
+        else x^t), checked against the model."""
+        ckpt = Checkpoint.load(path)
+        ckpt.check_model(self.reference_state, self.source.recipe.model.name)
+        return self.flat.from_state_dict(ckpt.analysed_state if analysed else ckpt.model_state)[0]
 
     # -- data -------------------------------------------------------------------------------------------
     @cached_property
@@ -224,12 +226,12 @@ class CheckpointContext:
                 f"{self.source.name} has no client models for round {self.round}; "
                 "train with --keep-clients to save them at checkpoints"
             )
-        kept = torch.load(path, map_location="cpu", weights_only=True)["clients"]
-        return {int(i): self.flat.from_state_dict(state)[0] for i, state in kept.items()}
+        kept = load_client_models(path, self.reference_state, self.source.recipe.model.name)
+        return {i: self.flat.from_state_dict(state)[0] for i, state in kept.items()}
 
     def previous_global(self) -> Tensor | None:
         """x^{t-1}, the model this round's clients started from, when that round was checkpointed."""
         path = self.source.checkpoints.get(self.round - 1)
         if path is None:
             return None
-        return self.flat.from_state_dict(load_checkpoint(path)["model"])[0]
+        return self.load_global(path, analysed=False)

@@ -42,10 +42,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from landscape import perturb
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
-from landscape.train import perturb
-from landscape.train.loop import derived_seed
+from landscape.setup import derived_seed
 
 _STREAM_ANALYSIS_BATCHES = 101  # keeps the analysis minibatch streams apart from training's streams
 

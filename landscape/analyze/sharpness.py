@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from landscape import perturb
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
-from landscape.train import perturb
 
 DEFAULT_ETA = 0.01  # ASAM's eta (Kwon et al. 2021)
 

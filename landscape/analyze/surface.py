@@ -59,9 +59,9 @@ from landscape import parallel
 from landscape.analyze import directions as dirs
 from landscape.analyze.context import CheckpointContext
 from landscape.analyze.objective import AnalysisData, Objective
-from landscape.analyze.passes import PASSES, PassOutput
+from landscape.analyze.registry import PASSES, PassOutput
 from landscape.errors import LandscapeError
-from landscape.runs import atomic_write, load_checkpoint, surface_result_name
+from landscape.runs import atomic_write, surface_result_name
 
 AXES_2D = ("ix", "iy")
 AXES_1D = ("ix",)
@@ -552,21 +552,13 @@ def _target_model(ctx: CheckpointContext, target: str) -> tuple[Tensor, str]:
     if not path.is_file():
         raise LandscapeError(f"interpolation target {path} is not a file (give client:<i> or a checkpoint "
                              "file)")
-    ckpt = load_checkpoint(path)
-    state = ckpt.get("swa_model", ckpt["model"])  # as analysis of that run would use it
-    shapes = zip(ctx.flat.names, ctx.flat.shapes)
-    matches = all(n in state and tuple(state[n].shape) == tuple(s) for n, s in shapes)
-    if not matches:
-        raise LandscapeError(f"{path} does not hold a model of this run's architecture "
-                             f"'{ctx.source.recipe['model']['name']}'")
-    return ctx.flat.from_state_dict(state)[0], str(path)
+    return ctx.load_global(path), str(path)  # as analysis of that run would use it (x_swa once it exists)
 
 
 def _trajectory(ctx: CheckpointContext) -> tuple[list[int], list[Tensor]]:
     """x^t of every checkpoint of the run up to and including this round (training models, not SWA)."""
     rounds = sorted(r for r in ctx.source.checkpoints if r <= ctx.round)
-    models = [ctx.global_w if r == ctx.round
-              else ctx.flat.from_state_dict(load_checkpoint(ctx.source.checkpoints[r])["model"])[0]
+    models = [ctx.global_w if r == ctx.round else ctx.load_global(ctx.source.checkpoints[r], analysed=False)
               for r in rounds]
     return rounds, models
 

@@ -3,166 +3,60 @@
 Randomness is derived, never carried: client sampling from (seed, round), each client's minibatch order
 and augmentation from (seed, round, client), model initialisation from seed. So a run resumed from any
 checkpoint, or a round's clients split across processes, gives the same numbers as one uninterrupted run.
+
+``start_run`` and ``resume_run`` are the entry points; the run directory's life (creating it safely, what a
+sweep does with it, where a resume starts) is ``landscape.lifecycle``, the round schedule
+``landscape.train.schedule``, data and model set-up ``landscape.setup``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from landscape import parallel
+from landscape import lifecycle, parallel
 from landscape import recipe as recipes
-from landscape.data.datasets import DatasetBundle, load_dataset
-from landscape.data.partitions import class_histogram, make_partition
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
-from landscape.models import build_model
+from landscape.lifecycle import ResumePoint
+from landscape.recipe import Recipe, TrainSettings
 from landscape.runs import (
     CHECKPOINT_FORMAT,
-    LOCK_NAME,
-    CheckpointError,
+    Checkpoint,
     RunDir,
     RunLock,
     load_checkpoint,
     os_reason,
-    partition_record,
     save_checkpoint,
     write_text,
 )
+from landscape.setup import DataSetup, build_module, derived_seed, prepare_data, resolve_device, torch_dtype
 from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem, ParamLayout
-
-# Tags that keep the derived random streams of one seed apart.
-_STREAM_SAMPLING, _STREAM_CLIENT = 1, 2
-
-
-def derived_seed(*key: int) -> int:
-    """A 63-bit seed from integers (numpy SeedSequence: well mixed, stable across versions)."""
-    return int(np.random.SeedSequence(list(key)).generate_state(2, np.uint64)[0] >> np.uint64(1))
-
-
-def sample_clients(seed: int, round: int, num_clients: int, per_round: int) -> list[int]:
-    """S clients uniformly without replacement, fixed by (seed, round)."""
-    rng = np.random.default_rng(derived_seed(seed, _STREAM_SAMPLING, round))
-    return sorted(int(i) for i in rng.choice(num_clients, size=per_round, replace=False))
+from landscape.train.schedule import (
+    STREAM_CLIENT,
+    clients_per_round,
+    learning_rate,
+    sample_clients,
+    swa_cycle_ends,
+)
 
 
-def clients_per_round(train: dict, num_clients: int) -> int:
-    return max(1, round(train["participation"] * num_clients))
+def build_algorithm(recipe: Recipe, layout: ParamLayout) -> Algorithm:
+    entry = ALGORITHMS.get(recipe.algorithm.name)
+    options = entry.make_options(dict(recipe.algorithm.options))
+    return entry.factory(options, num_clients=recipe.partition.clients, server_lr=recipe.train.server_lr,
+                         layout=layout)
 
 
-def learning_rate(train: dict, round: int) -> float:
-    """The client learning rate of round ``round`` (0-based) under the recipe's schedule (and SWA's cycles)."""
-    lr, schedule = train["lr"], train["lr_schedule"]
-    if schedule == "exponential":  # lr * decay^t, decayed once per round
-        lr = lr * train["lr_decay"] ** round
-    elif schedule == "cosine":  # cosine from lr to lr_min over the recipe's rounds
-        progress = round / max(train["rounds"], 1)
-        lr = train["lr_min"] + 0.5 * (lr - train["lr_min"]) * (1 + math.cos(math.pi * progress))
-    if swa_active(train, round):
-        # Server SWA (Caldarola et al. 2022): cyclic client lr, t_c = ((t mod c) + 1) / c.
-        t_c = (round % train["swa_cycle"] + 1) / train["swa_cycle"]
-        lr = (1 - t_c) * lr + t_c * train["swa_lr"]
-    return lr
-
-
-def swa_start_round(train: dict) -> int:
-    return int(train["swa_start"] * train["rounds"])
-
-
-def swa_active(train: dict, round: int) -> bool:
-    return bool(train["swa"]) and round >= swa_start_round(train)
-
-
-def swa_cycle_ends(train: dict, round: int) -> bool:
-    """Whether round ``round`` (0-based) closes an SWA cycle: x_swa then absorbs x^{round+1}."""
-    return swa_active(train, round) and (round % train["swa_cycle"]) + 1 == train["swa_cycle"]
-
-
-def resolve_device(name: str) -> torch.device:
-    """The torch device of a recipe's or a flag's device name. Under torchrun, ``cuda`` (and ``auto`` on a
-    machine with GPUs) is this rank's GPU, cuda:LOCAL_RANK."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise LandscapeError(f"unknown device '{name}'; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise LandscapeError(f"device '{name}' asked for, but no CUDA device is available here")
-    if device.type not in ("cpu", "cuda"):
-        raise LandscapeError(f"unsupported device '{name}'; use auto, cpu, cuda or cuda:N")
-    if device.type == "cuda" and device.index is None and parallel.launched():
-        device = torch.device("cuda", parallel.local_rank())
-    return device
-
-
-# ----------------------------------------------------------------------------------------------------------
-# set-up: data, partition, model, algorithm
-
-
-@dataclass
-class DataSetup:
-    bundle: DatasetBundle
-    client_indices: list[np.ndarray]
-    histogram: np.ndarray
-
-
-def prepare_data(recipe: dict) -> DataSetup:
-    """Load the data set and partition it exactly as the recipe says (no files written)."""
-    ds, part = recipe["dataset"], recipe["partition"]
-    # A download goes to one shared folder: rank 0 fetches, the other ranks then read what it fetched.
-    with parallel.main_first() if ds["download"] else contextlib.nullcontext():
-        bundle = load_dataset(
-            ds["name"],
-            root=ds["root"],
-            download=ds["download"],
-            augment=ds["augment"],
-            num_clients=part["clients"],
-            seed=recipe["seed"],
-            options=recipes.entry_options(recipe, "dataset"),
-        )
-    labels = bundle.train.y.numpy()
-    indices = make_partition(
-        part["name"],
-        labels,
-        num_clients=part["clients"],
-        num_classes=bundle.num_classes,
-        seed=recipe["seed"],
-        options=recipes.entry_options(recipe, "partition"),
-        natural=bundle.natural_partition,
-    )
-    return DataSetup(bundle, indices, class_histogram(labels, indices, bundle.num_classes))
-
-
-def build_module(recipe: dict, bundle: DatasetBundle) -> torch.nn.Module:
-    """The recipe's model for this data set, initialised from the recipe's seed (CPU, float32)."""
-    torch.manual_seed(derived_seed(recipe["seed"]))
-    return build_model(
-        recipe["model"]["name"], bundle.input_shape, bundle.num_classes, recipes.entry_options(recipe, "model")
-    )
-
-
-def build_algorithm(recipe: dict, layout: ParamLayout) -> Algorithm:
-    entry = ALGORITHMS.get(recipe["algorithm"]["name"])
-    options = entry.make_options(recipes.entry_options(recipe, "algorithm"))
-    return entry.factory(
-        options, num_clients=recipe["partition"]["clients"], server_lr=recipe["train"]["server_lr"], layout=layout
-    )
-
-
-def check_local_work(train: dict) -> None:
-    if train["local_steps"] == 0 and train["local_epochs"] == 0:
+def check_local_work(train: TrainSettings) -> None:
+    if train.local_steps == 0 and train.local_epochs == 0:
         raise LandscapeError("train.local_epochs and train.local_steps are both 0: clients would not train")
 
 
@@ -189,21 +83,21 @@ class TrainerState:
 class Trainer:
     """Runs the rounds of one resolved recipe into one run directory."""
 
-    def __init__(self, recipe: dict, run_dir: RunDir, setup: DataSetup | None = None) -> None:
+    def __init__(self, recipe: Recipe, run_dir: RunDir, setup: DataSetup | None = None) -> None:
         self.recipe = recipe
-        self.train_cfg = recipe["train"]
+        self.train_cfg = recipe.train
         check_local_work(self.train_cfg)
         self.run_dir = run_dir
         self.setup = setup or prepare_data(recipe)
-        self.device = resolve_device(self.train_cfg["device"])
-        self.dtype = torch.float64 if self.train_cfg["dtype"] == "float64" else torch.float32
+        self.device = resolve_device(self.train_cfg.device)
+        self.dtype = torch_dtype(self.train_cfg.dtype)
         module = build_module(recipe, self.setup.bundle).to(self.device, self.dtype)
         self.flat = FlatModel(module)
-        if self.train_cfg["compile"]:
+        if self.train_cfg.compile:
             self.flat.compile()  # the training model only: analysis builds its own, never compiled
         # Mixed precision: bfloat16 autocast around the local forward/backward passes only (evaluation,
         # aggregation and every analysis stay in the recipe's dtype).
-        self.autocast_dtype = torch.bfloat16 if self.train_cfg["precision"] == "bf16" else None
+        self.autocast_dtype = torch.bfloat16 if self.train_cfg.precision == "bf16" else None
         self.algorithm = build_algorithm(recipe, ParamLayout(tuple(self.flat.names), tuple(map(tuple, self.flat.shapes))))
         bundle = self.setup.bundle
         # Small data sets live on the device for the whole run.
@@ -231,7 +125,7 @@ class Trainer:
             "model": self.flat.state_dict(state.x, state.buffers),
             "server_state": cpu(state.server_state),
             "client_states": {str(i): cpu(s) for i, s in sorted(state.client_states.items())},
-            "rng": {"seed": self.recipe["seed"], "scheme": "SeedSequence(seed, stream, round[, client])"},
+            "rng": {"seed": self.recipe.seed, "scheme": "SeedSequence(seed, stream, round[, client])"},
             "recipe": self.recipe_text,
         }
         if state.swa_model is not None:
@@ -239,35 +133,15 @@ class Trainer:
             payload["swa_count"] = state.swa_count
         return payload
 
-    def check_model_state(self, state: dict, path: Path) -> None:
-        """Every tensor of the recipe's model, with its shape, or a one-line error naming the first that is
-        not (a checkpoint of another model, or of another width)."""
-        name = self.recipe["model"]["name"]
-        own = dict(self.flat.state_dict(self.flat.vector(), self.flat.buffers()))
-        if not isinstance(state, dict):
-            raise LandscapeError(f"{path} does not match the recipe's model '{name}': no model tensors")
-        for key, ref in own.items():
-            got = state.get(key)
-            if not isinstance(got, Tensor):
-                raise LandscapeError(f"{path} does not match the recipe's model '{name}': it has no tensor '{key}'")
-            if tuple(got.shape) != tuple(ref.shape):
-                raise LandscapeError(f"{path} does not match the recipe's model '{name}': '{key}' has shape "
-                                     f"{list(got.shape)} there, {list(ref.shape)} in this model")
-        extra = sorted(set(state) - set(own))
-        if extra:
-            raise LandscapeError(f"{path} does not match the recipe's model '{name}': it has tensors this model "
-                                 f"lacks ('{extra[0]}'{' ...' if len(extra) > 1 else ''})")
-
     def state_from_checkpoint(self, ckpt: dict, path: Path) -> TrainerState:
         """The training state in a checkpoint, after checking that it belongs to this recipe and model."""
-        if isinstance(ckpt.get("recipe"), str):
-            difference = recipe_difference(ckpt["recipe"], self.recipe)
+        checkpoint = Checkpoint(path, ckpt)
+        if checkpoint.recipe_text is not None:
+            difference = recipes.difference(checkpoint.recipe_text, self.recipe, lifecycle.RESUME_FREE_KEYS)
             if difference:
                 raise LandscapeError(f"{path} was written by another recipe ({difference}); it cannot "
                                      "continue this run")
-        self.check_model_state(ckpt["model"], path)
-        if "swa_model" in ckpt:
-            self.check_model_state(ckpt["swa_model"], path)
+        checkpoint.check_model(self.flat.state_dict(self.flat.vector(), self.flat.buffers()), self.recipe.model.name)
         try:
             x, buffers = self.flat.from_state_dict(ckpt["model"])
             swa_model = self.flat.from_state_dict(ckpt["swa_model"])[0] if "swa_model" in ckpt else None
@@ -287,7 +161,7 @@ class Trainer:
     def save(self, state: TrainerState, results: list[ClientResult] | None) -> None:
         # The clients' file first: round-NNNN.pt, written last, marks the round as saved (a kill between the
         # two leaves a clients file that the resumed run rewrites with the same bits).
-        if self.train_cfg["keep_clients"] and results:
+        if self.train_cfg.keep_clients and results:
             kept = {str(r.client): self.flat.state_dict(r.model, state.buffers) for r in results}
             save_checkpoint(
                 self.run_dir.clients_checkpoint(state.round),
@@ -305,7 +179,7 @@ class Trainer:
     def _batch_indices(self, client: int, generator: torch.Generator) -> list[Tensor]:
         """Minibatch index tensors of one client's round: shuffled epochs, last batch of an epoch shorter."""
         idx = self.client_idx[client]
-        bs, steps, epochs = self.train_cfg["batch_size"], self.train_cfg["local_steps"], self.train_cfg["local_epochs"]
+        bs, steps, epochs = self.train_cfg.batch_size, self.train_cfg.local_steps, self.train_cfg.local_epochs
         batches: list[Tensor] = []
         while True:
             perm = idx[torch.randperm(len(idx), generator=generator)]
@@ -317,7 +191,7 @@ class Trainer:
                 return batches
 
     def local_problem(self, client: int, round: int, lr: float, buffers: dict[str, Tensor]) -> LocalProblem:
-        generator = torch.Generator().manual_seed(derived_seed(self.recipe["seed"], _STREAM_CLIENT, round, client))
+        generator = torch.Generator().manual_seed(derived_seed(self.recipe.seed, STREAM_CLIENT, round, client))
         batch_idx = self._batch_indices(client, generator)
         # The round's minibatch indices reach the device in one copy, not one per step.
         batch_idx = list(torch.cat(batch_idx).to(self.device).split([len(b) for b in batch_idx]))
@@ -339,8 +213,8 @@ class Trainer:
             client=client,
             round=round,
             lr=lr,
-            weight_decay=self.train_cfg["weight_decay"],
-            clip_norm=self.train_cfg["clip_norm"],
+            weight_decay=self.train_cfg.weight_decay,
+            clip_norm=self.train_cfg.clip_norm,
             num_steps=len(batch_idx),
             batch_stream=stream,
             oracle=oracle,
@@ -355,7 +229,7 @@ class Trainer:
         t = state.round
         started = time.perf_counter()
         lr = learning_rate(self.train_cfg, t)
-        clients = sample_clients(self.recipe["seed"], t, self.num_clients, self.per_round)
+        clients = sample_clients(self.recipe.seed, t, self.num_clients, self.per_round)
         message = self.algorithm.broadcast(state.x, state.server_state, t)
         local: list[ClientResult] = []
         local_buffers: list[dict[str, Tensor]] = []
@@ -398,9 +272,9 @@ class Trainer:
             "update_norm": (x_new - state.x).norm().item(),
             "uplink_floats": sum(r.uplink_floats for r in results) / len(results),
         }
-        if self.train_cfg["swa"]:
+        if self.train_cfg.swa:
             row["swa_models"] = swa_count
-        evaluate = (t + 1) % self.train_cfg["eval_every"] == 0 or t + 1 == self.train_cfg["rounds"]
+        evaluate = (t + 1) % self.train_cfg.eval_every == 0 or t + 1 == self.train_cfg.rounds
         if evaluate and parallel.is_main():  # only rank 0 logs
             row["test_loss"], row["test_acc"] = self.evaluate(new_state)
         row["seconds"] = time.perf_counter() - started
@@ -411,7 +285,7 @@ class Trainer:
 
     def stop_diverged(self, state: TrainerState, row: dict, problems: list[str]) -> None:
         """Record the divergence in metrics.jsonl and stop: the diverged state is never checkpointed."""
-        algorithm = self.recipe["algorithm"]["name"]
+        algorithm = self.recipe.algorithm.name
 
         def record() -> str:
             rounds = self.run_dir.rounds()
@@ -435,7 +309,7 @@ class Trainer:
         from tqdm.auto import tqdm
 
         main = parallel.is_main()
-        total = self.train_cfg["rounds"]
+        total = self.train_cfg.rounds
         if main and state.round == 0 and not self.run_dir.checkpoint(0).exists():
             self.save(state, None)  # round 0: the initial model (trajectory start, resumable from scratch)
         bar = tqdm(total=total, initial=state.round, desc=self.run_dir.path.name, unit="round",
@@ -448,7 +322,7 @@ class Trainer:
                     self.stop_diverged(state, row, problems)
                 if main:
                     self.run_dir.append_metrics(row)
-                    if state.round % self.train_cfg["checkpoint_every"] == 0 or state.round == total:
+                    if state.round % self.train_cfg.checkpoint_every == 0 or state.round == total:
                         self.save(state, results)
                 postfix = {"loss": f"{row['train_loss']:.3f}"}
                 if "test_acc" in row:
@@ -518,14 +392,14 @@ def average_buffers(client_buffers: list[dict[str, Tensor]]) -> dict[str, Tensor
 # entry points used by the CLI
 
 
-def start_run(recipe: dict, out: Path, *, overwrite: bool = False, progress: bool = True) -> TrainerState:
+def start_run(recipe: Recipe, out: Path, *, overwrite: bool = False, progress: bool = True) -> TrainerState:
     """Validate everything, then create the run directory and train. Nothing is written on bad input.
 
     The run directory is locked (``RunLock``) while the run trains: a second process is refused. Under
     torchrun rank 0 alone checks, locks and writes the directory; every rank trains."""
     run_dir = RunDir(out)
-    parallel.on_main(lambda: check_out_dir(run_dir, overwrite))
-    check_recipe_writable(recipe)
+    parallel.on_main(lambda: lifecycle.check_out_dir(run_dir, overwrite))
+    lifecycle.check_recipe_writable(recipe)
     setup = prepare_data(recipe)
     trainer = Trainer(recipe, run_dir, setup)
     with contextlib.ExitStack() as held:
@@ -536,234 +410,14 @@ def start_run(recipe: dict, out: Path, *, overwrite: bool = False, progress: boo
             except OSError as e:
                 raise LandscapeError(f"cannot create {run_dir.path}: {os_reason(e)}") from None
             held.enter_context(RunLock(run_dir))
-            check_out_dir(run_dir, overwrite)  # again, locked: another process may have filled it meanwhile
+            lifecycle.check_out_dir(run_dir, overwrite)  # again, locked: another process may have filled it meanwhile
             if overwrite:
-                _clear_run_dir(run_dir)
+                lifecycle.clear_run_dir(run_dir)
             run_dir.remove_stale_temp_files()
-            write_run_files(trainer)
+            lifecycle.write_run_files(run_dir, recipe, setup)
 
         parallel.on_main(open_run_dir)
         return trainer.train(trainer.initial_state(), progress=progress)
-
-
-def check_recipe_writable(recipe: dict) -> None:
-    """recipe.toml must read back as the same recipe (resume and analysis read it): else a one-line error
-    naming the first value that does not survive the trip (e.g. a character TOML cannot escape)."""
-    def survives(value: object) -> bool:
-        try:
-            return recipes.tomllib.loads(recipes.to_toml({"v": value}))["v"] == value
-        except (recipes.tomllib.TOMLDecodeError, TypeError, ValueError):
-            return False
-
-    try:
-        if recipes.resolve(recipes.tomllib.loads(recipes.to_toml(recipe))) == recipe:
-            return
-    except (recipes.tomllib.TOMLDecodeError, LandscapeError, TypeError, ValueError):
-        pass
-    for key, value in recipe.items():
-        for sub, v in (value.items() if isinstance(value, dict) else [("", value)]):
-            if not survives(v):
-                where = f"{key}.{sub}" if sub else key
-                raise LandscapeError(f"{where} = {v!r} cannot be written to recipe.toml and read back the same")
-    raise LandscapeError("this recipe cannot be written to recipe.toml and read back the same")
-
-
-def write_run_files(trainer: Trainer, recipe_too: bool = True) -> None:
-    """recipe.toml (which makes the folder a run directory: a process killed after it can be resumed), then
-    partition.json (which a resume writes again when it is missing)."""
-    recipe, setup, run_dir = trainer.recipe, trainer.setup, trainer.run_dir
-    if recipe_too:
-        write_text(run_dir.recipe, trainer.recipe_text)
-    record = partition_record(
-        setup.client_indices,
-        setup.histogram,
-        {"name": recipe["partition"]["name"], **recipes.entry_options(recipe, "partition"), "seed": recipe["seed"]},
-    )
-    write_text(run_dir.partition, json.dumps(record) + "\n")
-
-
-def _clear_run_dir(run_dir: RunDir) -> None:
-    """Empty a run directory that --overwrite replaces (keeping our own lock file)."""
-    for entry in run_dir.path.iterdir():
-        if entry.name == LOCK_NAME:
-            continue
-        try:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
-        except OSError as e:
-            raise LandscapeError(f"cannot replace {run_dir.path}: {entry}: {os_reason(e)}") from None
-
-
-def check_out_dir(run_dir: RunDir, overwrite: bool) -> None:
-    path = run_dir.path
-    if path.exists() and not path.is_dir():
-        raise LandscapeError(f"{path} exists and is not a directory")
-    if path.is_dir() and not run_dir.is_empty():
-        if not overwrite:
-            raise LandscapeError(f"{path} already exists and is not empty; pass --resume {path} to continue it "
-                                 "or --overwrite to replace it")
-        if not run_dir.is_run():
-            raise LandscapeError(f"{path} is not empty and not a run directory; --overwrite only replaces runs")
-
-
-def sweep_status(recipe: dict, path: Path, overwrite: bool) -> str:
-    """What a sweep does with one run directory: 'new' (train), 'done' (skip), 'resume' or 'replace'.
-    Decided by rank 0 under torchrun (the other ranks could see a directory rank 0 is creating)."""
-    return parallel.on_main(lambda: _sweep_status(recipe, path, overwrite))
-
-
-def _sweep_status(recipe: dict, path: Path, overwrite: bool) -> str:
-    run_dir = RunDir(path)
-    if not path.exists() or (path.is_dir() and run_dir.is_empty()):
-        return "new"
-    check_out_dir(run_dir, overwrite=True)  # exists: must be a run directory, whatever the flags
-    recorded = run_dir.recipe.read_text()
-    if recorded != recipes.to_toml(recipe):
-        if overwrite:
-            return "replace"
-        raise LandscapeError(f"{path} holds a run of another recipe; pass --overwrite to replace it")
-    rounds = run_dir.rounds()
-    return "done" if rounds and rounds[-1] >= recipe["train"]["rounds"] else "resume"
-
-
-def owned_run_status(recipe: dict, path: Path) -> str:
-    """What a command that owns a run directory (``landscape figures``, ``landscape demo``) does with it: 'new'
-    (train), 'done' (reuse), 'resume' (same recipe, unfinished) or 'replace' (its recorded recipe differs in
-    a key other than where it ran: retrain). Like ``make``: the recipe is the input, the run its product.
-    Decided by rank 0 under torchrun, as ``sweep_status``."""
-    return parallel.on_main(lambda: _owned_run_status(recipe, path))
-
-
-def _owned_run_status(recipe: dict, path: Path) -> str:
-    run_dir = RunDir(path)
-    if not path.exists() or (path.is_dir() and run_dir.is_empty()):
-        return "new"
-    check_out_dir(run_dir, overwrite=True)  # exists: must be a run directory
-    try:  # resolved again: a key added to the recipes since then reads as its default
-        recorded = recipes.to_toml(recipes.resolve(recipes.read_toml(run_dir.recipe)))
-    except LandscapeError:
-        return "replace"
-    # More rounds continue the run when no schedule depends on the number of rounds (the numbers of round t
-    # are then those of a fresh run); otherwise a run of other length is another run.
-    extendable = recipe["train"]["lr_schedule"] != "cosine" and not recipe["train"]["swa"]
-    ignore = PLACE_KEYS | {"train.rounds"} if extendable else PLACE_KEYS
-    rounds = run_dir.rounds()
-    stale = recipe_difference(recorded, recipe, ignore=ignore)
-    if stale is None and rounds and rounds[-1] > recipe["train"]["rounds"]:  # longer than asked
-        stale = f"it ran {rounds[-1]} rounds, {recipe['train']['rounds']} are asked"
-    if stale is not None:
-        if not (path.parent / OWNED_MARKER).is_file():
-            raise LandscapeError(f"{path} holds a run this command did not make ({stale}); it is left as it is: "
-                                 "move it away or choose another --out")
-        return "replace"
-    return "done" if rounds and rounds[-1] >= recipe["train"]["rounds"] else "resume"
-
-
-# The file that marks a folder whose runs a command made (and may therefore retrain when their recipe changes).
-OWNED_MARKER = ".landscape-owned"
-
-
-def claim_runs_folder(folder: Path) -> None:
-    """Mark ``folder`` as holding runs made by ``landscape figures`` / ``landscape demo`` (rank 0 writes)."""
-    def write() -> None:
-        marker = folder / OWNED_MARKER
-        if not marker.is_file():
-            write_text(marker, "runs made by `landscape figures` or `landscape demo`: retrained when their recipe "
-                               "changes\n")
-
-    parallel.on_main(write)
-
-
-# Recipe keys that may differ between a checkpoint and the run it continues: they change where and how
-# often things are written, how long the run is (--rounds), or where and how the same round is computed
-# (device, compile), never the rule of a round.
-RESUME_FREE_KEYS = frozenset({"name", "train.rounds", "train.device", "train.compile", "train.checkpoint_every",
-                              "train.eval_every", "train.keep_clients", "dataset.root", "dataset.download"})
-
-
-# Recipe keys that change where a run reads its data and computes, never its numbers or its files.
-PLACE_KEYS = frozenset({"name", "train.device", "dataset.root", "dataset.download"})
-
-
-def recipe_difference(recorded: str, recipe: dict, ignore: frozenset[str] = RESUME_FREE_KEYS) -> str | None:
-    """The first recipe key in which a checkpoint's recorded recipe differs from ``recipe`` (ignoring the keys
-    in ``ignore``), as 'model.width is 32 there, 8 in recipe.toml'; None when they agree."""
-
-    def flat(table: dict, prefix: str = "") -> dict:
-        out = {}
-        for k, v in table.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return out
-
-    try:
-        theirs = flat(recipes.tomllib.loads(recorded))
-    except (recipes.tomllib.TOMLDecodeError, TypeError):
-        return "its recorded recipe is unreadable"
-    ours = flat(recipes.tomllib.loads(recipes.to_toml(recipe)))
-    missing = object()
-    for key in list(ours) + [k for k in theirs if k not in ours]:
-        if key in ignore:
-            continue
-        a, b = theirs.get(key, missing), ours.get(key, missing)
-        if a != b:
-            there = "not set" if a is missing else json.dumps(a)
-            here = "not set" if b is missing else json.dumps(b)
-            return f"{key} is {there} there, {here} in recipe.toml"
-    return None
-
-
-@dataclass
-class ResumePoint:
-    """Where a run continues: the newest checkpoint that loads (None: from the initial model), and the
-    damaged newer ones that resuming sets aside."""
-
-    round: int
-    checkpoint: dict | None
-    path: Path | None
-    damaged: list[CheckpointError] = field(default_factory=list)
-
-
-def find_resume_point(run_dir: RunDir) -> ResumePoint:
-    """The newest loadable checkpoint; newer damaged ones (truncated, corrupted) are listed, not touched.
-
-    A checkpoint that would run code, or that is not a landscape checkpoint, stops the search with a
-    one-line error: it is not damage from a crash, and the user should look at it."""
-    damaged: list[CheckpointError] = []
-    for r in reversed(run_dir.rounds()):
-        path = run_dir.checkpoint(r)
-        try:
-            return ResumePoint(r, load_checkpoint(path), path, damaged)
-        except CheckpointError as e:
-            if e.kind == "missing":
-                continue
-            if e.kind != "damaged":
-                raise LandscapeError(f"cannot resume {run_dir.path}: {_rel(run_dir, path)}: {e.reason}; move it "
-                                     "away to resume from an earlier checkpoint") from None
-            damaged.append(e)
-    return ResumePoint(0, None, None, damaged)
-
-
-def last_good_checkpoint(run_dir: RunDir) -> tuple[int, dict]:
-    """The newest checkpoint that loads (damaged newer ones are skipped, see ``find_resume_point``)."""
-    point = find_resume_point(run_dir)
-    if point.checkpoint is None:
-        detail = f": {point.damaged[0]}" if point.damaged else ""
-        raise LandscapeError(f"no loadable checkpoint in {run_dir.path}{detail}")
-    return point.round, point.checkpoint
-
-
-def _rel(run_dir: RunDir, path: Path) -> str:
-    try:
-        return str(path.relative_to(run_dir.path))
-    except ValueError:
-        return str(path)
-
-
-def print_warning(message: str) -> None:
-    """The default ``warn`` of resume_run: one line on stderr."""
-    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
@@ -777,7 +431,7 @@ def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
     Under torchrun rank 0 alone locks, chooses the checkpoint and changes the directory; the other ranks
     load the checkpoint it chose (the run directory must be on a file system every machine sees).
     """
-    warn = warn or print_warning
+    warn = warn or lifecycle.print_warning
     run_dir = RunDir(path)
     with contextlib.ExitStack() as held:
         found: dict[str, ResumePoint] = {}
@@ -785,12 +439,11 @@ def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
         def locate() -> tuple[dict, Path | None]:
             if not run_dir.path.is_dir() or not run_dir.is_run():
                 raise LandscapeError(f"{path} is not a run directory (no recipe.toml); nothing to resume")
-            recipe = recipes.resolve(recipes.read_toml(run_dir.recipe))
+            recipe = recipes.read_recipe(run_dir.recipe)
             if rounds is not None:
-                recipe["train"]["rounds"] = rounds
-                recipe = recipes.resolve(recipe)
+                recipe = recipe.with_values({"train.rounds": rounds})
             held.enter_context(RunLock(run_dir))
-            point = found["point"] = find_resume_point(run_dir)
+            point = found["point"] = lifecycle.find_resume_point(run_dir)
             if rounds is not None and rounds < point.round:
                 raise LandscapeError(f"--rounds {rounds} is below the last checkpoint's round {point.round}")
             return recipe, point.path
@@ -812,12 +465,12 @@ def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
             # Every check has passed: from here on the directory changes.
             for error in point.damaged:
                 moved = run_dir.set_aside(error.path)
-                warn(f"{_rel(run_dir, error.path)} is damaged ({error.reason}); moved to {moved.name}; {target}")
+                warn(f"{lifecycle.relative(run_dir, error.path)} is damaged ({error.reason}); moved to {moved.name}; {target}")
             if point.checkpoint is None and not point.damaged:
                 warn(f"{run_dir.path} has no checkpoint yet (its first process stopped early); {target}")
             run_dir.remove_stale_temp_files()
             if not run_dir.partition.is_file():
-                write_run_files(trainer, recipe_too=False)
+                lifecycle.write_run_files(run_dir, recipe, trainer.setup, recipe_too=False)
             run_dir.truncate_metrics(state.round)
             if rounds is not None:
                 write_text(run_dir.recipe, trainer.recipe_text)

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from landscape import perturb
 from landscape.errors import LandscapeError
-from landscape.train import perturb
 from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
 
 

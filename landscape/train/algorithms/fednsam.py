@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 
 from landscape.errors import LandscapeError
+from landscape.perturb import normalized
 from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
 from landscape.train.algorithms.fedsam import sam_direction
-from landscape.train.perturb import normalized
 
 
 @dataclass(frozen=True)

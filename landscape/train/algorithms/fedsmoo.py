@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from landscape.errors import LandscapeError
+from landscape.perturb import normalized, sam_perturbation
 from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem
-from landscape.train.perturb import normalized, sam_perturbation
 
 
 @dataclass(frozen=True)

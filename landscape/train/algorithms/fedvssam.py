@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from landscape.errors import LandscapeError
+from landscape.perturb import sam_perturbation
 from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
-from landscape.train.perturb import sam_perturbation
 
 
 @dataclass(frozen=True)

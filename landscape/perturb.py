@@ -1,4 +1,5 @@
-"""Shared perturbation helpers of the SAM-type client rules (one global L2 norm over all parameters)."""
+"""Perturbation helpers of SAM-type rules (one global L2 norm over all parameters): the client rules of
+training and the rho-ball sharpness of analysis both use them."""
 
 from __future__ import annotations
 

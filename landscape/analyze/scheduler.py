@@ -1,0 +1,242 @@
+"""Runs analysis passes over checkpoints: ``plan`` (every run, round and pass, checked before work starts),
+``run_analysis`` (skips results already computed with the same settings; under torchrun splits the
+checkpoints, or the work inside a pass, across the ranks: ``split_work``), ``format_summary``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from landscape import parallel
+from landscape.analyze.context import (
+    AnalysisSettings,
+    CheckpointContext,
+    Source,
+    file_digest,
+    find_sources,
+    select_rounds,
+)
+from landscape.analyze.registry import PassOutput, load_passes
+from landscape.analyze.results import is_current, read_result, settings_record, write_result
+from landscape.errors import LandscapeError
+
+
+@dataclass(frozen=True)
+class Job:
+    source: Source
+    round: int
+    name: str
+    options: Any
+
+    @property
+    def out_dir(self) -> Path:
+        return self.source.analysis_dir / f"round-{self.round:04d}"
+
+    @property
+    def output(self) -> str:
+        """The result files' name: the pass name, or what its options name (surface-pca, ...), so that
+        results of one pass with different kinds of options stand side by side."""
+        return getattr(self.options, "output_name", self.name)
+
+
+def write_output(job: Job, settings: AnalysisSettings, digest: str, output: PassOutput, seconds: float) -> None:
+    record = {
+        "pass": job.name,
+        "run": job.source.name,
+        "round": job.round,
+        "checkpoint": str(job.source.checkpoints[job.round]),
+        "checkpoint_sha256": digest,
+        "settings": settings_record(settings, job.options),
+        "seconds": seconds,
+        "summary": output.summary,
+        "result": output.scalars,
+    }
+    write_result(job.out_dir, job.output, record, output.arrays)
+
+
+@dataclass
+class AnalysisReport:
+    rows: list[dict] = field(default_factory=list)  # one per (run, round): summaries of every pass
+    computed: int = 0
+    skipped: int = 0
+
+
+def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any]) -> list[Job]:
+    """Every (run, round, pass) to do, with all input checked before any work starts."""
+    registry = load_passes()
+    for name in passes:
+        registry.get(name)
+    sources, single_round = find_sources(Path(path))
+    jobs = []
+    for source in sources:
+        chosen = [single_round] if single_round is not None else select_rounds(source, rounds)
+        for r in chosen:
+            jobs += [Job(source, r, name, options[name]) for name in passes]
+    return jobs
+
+
+# Passes whose work is split inside the pass (surface: grid cells across ranks, partial grids saved by rank 0):
+# under torchrun all ranks run them together, never one rank alone.
+COLLECTIVE_PASSES = frozenset({"surface"})
+
+
+def split_work(jobs: list[Job], todo: list[int], ranks: int) -> tuple[list[list[int]], list[int]]:
+    """Who runs which of ``jobs[i] for i in todo`` under ``ranks`` ranks: (per-rank queues, run alone; jobs
+    run by all ranks together), both in plan order.
+
+    A checkpoint's jobs stay on one rank (its model and data are loaded once). Whole rounds of checkpoints,
+    one per rank, go to the queues; the checkpoints left over (fewer than the ranks) and every job of a
+    COLLECTIVE pass run on all ranks together, their HVPs and surface cells split across the ranks. One
+    rank: every job in one queue, in plan order.
+    """
+    if ranks == 1:
+        return [list(todo)], []
+    groups: dict[tuple[int, int], list[int]] = {}
+    together = [i for i in todo if jobs[i].name in COLLECTIVE_PASSES]
+    for i in todo:
+        if jobs[i].name not in COLLECTIVE_PASSES:
+            groups.setdefault((id(jobs[i].source), jobs[i].round), []).append(i)
+    keys = list(groups)
+    whole = len(keys) - len(keys) % ranks
+    queues: list[list[int]] = [[] for _ in range(ranks)]
+    for n, key in enumerate(keys[:whole]):
+        queues[n % ranks] += groups[key]
+    together = sorted(together + [i for key in keys[whole:] for i in groups[key]])
+    return queues, together
+
+
+def _recorded_summaries(jobs: list[Job], settings: AnalysisSettings, force: bool) -> list[dict | None]:
+    """The summary of each job already computed with the same settings on the same checkpoint; None for the
+    jobs to run (all of them with ``force``). A checkpoint is hashed only when a result of it exists."""
+    digests: dict[Path, str] = {}
+    out: list[dict | None] = []
+    for job in jobs:
+        summary = None
+        if not force and (job.out_dir / f"{job.output}.json").is_file():
+            path = job.source.checkpoints[job.round]
+            if path not in digests:
+                digests[path] = file_digest(path)
+            if is_current(job.out_dir, job.output, settings_record(settings, job.options), digests[path]):
+                summary = read_result(job.out_dir, job.output).get("summary", {})
+        out.append(summary)
+    return out
+
+
+class _Contexts:
+    """One checkpoint's context at a time (its tensors are freed when the next checkpoint comes)."""
+
+    def __init__(self, settings: AnalysisSettings) -> None:
+        self.settings = settings
+        self.key: tuple[int, int] | None = None
+        self.ctx: CheckpointContext | None = None
+
+    def get(self, job: Job) -> CheckpointContext:
+        key = (id(job.source), job.round)
+        if key != self.key:
+            self.ctx = None  # free the previous checkpoint's tensors before loading the next
+            self.ctx, self.key = CheckpointContext(job.source, job.round, self.settings), key
+        return self.ctx
+
+
+def _run_job(job: Job, contexts: _Contexts) -> tuple[PassOutput, str, float]:
+    ctx = contexts.get(job)
+    started = time.perf_counter()
+    output = load_passes().get(job.name).factory(ctx, job.options)
+    return output, ctx.digest, time.perf_counter() - started
+
+
+def run_analysis(
+    path: Path,
+    *,
+    rounds: str = "last",
+    passes: list[str],
+    settings: AnalysisSettings,
+    options: dict[str, Any],
+    force: bool = False,
+    progress: bool = True,
+) -> AnalysisReport:
+    """Run ``passes`` on the chosen checkpoints of the runs under ``path``; each result is written as soon as
+    it is computed, and results already computed with the same settings are skipped (unless ``force``).
+
+    Under torchrun (every rank calls this with the same arguments) rank 0 decides what is done and writes
+    every file; the work is split as ``split_work`` says: first each rank analyses its own checkpoints
+    alone (``parallel.solo``: no collectives, so ranks working on different checkpoints never wait on each
+    other), the results going to rank 0 after each step; then the rest runs on all ranks together, with
+    Hessian-vector products and surface cells split across them. Splitting checkpoints and, at the same
+    time, the work inside a pass would deadlock: a rank would wait in an all-reduce for ranks busy with
+    other checkpoints. Every rank returns the same report.
+    """
+    from tqdm.auto import tqdm
+
+    jobs = plan(path, rounds, passes, options)
+    main = parallel.is_main()
+    recorded = parallel.on_main(lambda: _recorded_summaries(jobs, settings, force))
+    report = AnalysisReport()
+    summaries = {i: summary for i, summary in enumerate(recorded) if summary is not None}
+    report.skipped = len(summaries)
+    queues, together = split_work(jobs, [i for i, s in enumerate(recorded) if s is None], parallel.world_size())
+    contexts = _Contexts(settings)
+    bar = tqdm(total=len(jobs), initial=report.skipped, desc="analyze", unit="pass",
+               disable=not (progress and main), dynamic_ncols=True)
+
+    def finish(i: int, output: PassOutput, digest: str, seconds: float) -> None:
+        if main:
+            write_output(jobs[i], settings, digest, output, seconds)
+        summaries[i] = output.summary
+        report.computed += 1
+        bar.update(1)
+
+    try:
+        own = queues[parallel.rank()]
+        for step in range(max(len(q) for q in queues)):
+            outcome = None
+            if step < len(own):
+                i = own[step]
+                bar.set_postfix_str(f"{jobs[i].source.name} r{jobs[i].round} {jobs[i].name}")
+                if parallel.world_size() == 1:
+                    outcome = (i, *_run_job(jobs[i], contexts), None)
+                else:
+                    try:
+                        with parallel.solo():
+                            outcome = (i, *_run_job(jobs[i], contexts), None)
+                    except LandscapeError as e:  # every rank stops with it, after the step's other results
+                        outcome = (i, None, "", 0.0, str(e))
+            outcomes = [o for o in parallel.all_gather_objects(outcome) if o is not None]
+            for i, output, digest, seconds, error in outcomes:
+                if error is None:
+                    finish(i, output, digest, seconds)
+            errors = [error for *_, error in outcomes if error is not None]
+            if errors:
+                raise LandscapeError(errors[0])
+        for i in together:
+            bar.set_postfix_str(f"{jobs[i].source.name} r{jobs[i].round} {jobs[i].name}")
+            finish(i, *_run_job(jobs[i], contexts))
+    finally:
+        bar.close()
+    rows: dict[tuple[str, int], dict] = {}
+    for i, job in enumerate(jobs):
+        row = rows.setdefault((job.source.name, job.round), {"run": job.source.name, "round": job.round})
+        row.update(summaries.get(i, {}))
+    report.rows = list(rows.values())
+    return report
+
+
+def format_summary(report: AnalysisReport) -> str:
+    """A plain-text table: one line per (run, round), one column per summary value."""
+    if not report.rows:
+        return "nothing analysed"
+    columns = ["run", "round"] + sorted({k for row in report.rows for k in row} - {"run", "round"})
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return "-" if value is None else str(value)
+
+    table = [columns] + [[cell(row.get(c)) for c in columns] for row in report.rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,215 @@
+"""The life of a run directory: create it (refusing to harm what is there), decide what a sweep or an owning
+command does with an existing one, write its recipe and partition, find where a killed run resumes.
+
+Training (``landscape.train.loop``) calls these; so do ``landscape figures`` and ``landscape demo`` through
+the CLI. Nothing here trains or loads a model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from landscape import parallel
+from landscape import recipe as recipes
+from landscape.errors import LandscapeError
+from landscape.recipe import Recipe
+from landscape.runs import (
+    LOCK_NAME,
+    CheckpointError,
+    RunDir,
+    load_checkpoint,
+    os_reason,
+    partition_record,
+    write_text,
+)
+from landscape.setup import DataSetup
+
+# The file that marks a folder whose runs a command made (and may therefore retrain when their recipe changes).
+OWNED_MARKER = ".landscape-owned"
+
+# Recipe keys that may differ between a checkpoint and the run it continues: they change where and how
+# often things are written, how long the run is (--rounds), or where and how the same round is computed
+# (device, compile), never the rule of a round.
+RESUME_FREE_KEYS = frozenset({"name", "train.rounds", "train.device", "train.compile", "train.checkpoint_every",
+                              "train.eval_every", "train.keep_clients", "dataset.root", "dataset.download"})
+
+# Recipe keys that change where a run reads its data and computes, never its numbers or its files.
+PLACE_KEYS = frozenset({"name", "train.device", "dataset.root", "dataset.download"})
+
+
+def print_warning(message: str) -> None:
+    """The default ``warn`` of a resume: one line on stderr."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def check_recipe_writable(recipe: Recipe) -> None:
+    """recipe.toml must read back as the same recipe (resume and analysis read it): else a one-line error
+    naming the first value that does not survive the trip (e.g. a character TOML cannot escape)."""
+    def survives(value: object) -> bool:
+        try:
+            return recipes.tomllib.loads(recipes.to_toml({"v": value}))["v"] == value
+        except (recipes.tomllib.TOMLDecodeError, TypeError, ValueError):
+            return False
+
+    try:
+        if recipes.resolve(recipes.tomllib.loads(recipes.to_toml(recipe))) == recipe:
+            return
+    except (recipes.tomllib.TOMLDecodeError, LandscapeError, TypeError, ValueError):
+        pass
+    for key, value in recipe.to_dict().items():
+        for sub, v in (value.items() if isinstance(value, dict) else [("", value)]):
+            if not survives(v):
+                where = f"{key}.{sub}" if sub else key
+                raise LandscapeError(f"{where} = {v!r} cannot be written to recipe.toml and read back the same")
+    raise LandscapeError("this recipe cannot be written to recipe.toml and read back the same")
+
+
+def write_run_files(run_dir: RunDir, recipe: Recipe, setup: DataSetup, recipe_too: bool = True) -> None:
+    """recipe.toml (which makes the folder a run directory: a process killed after it can be resumed), then
+    partition.json (which a resume writes again when it is missing)."""
+    if recipe_too:
+        write_text(run_dir.recipe, recipes.to_toml(recipe))
+    settings = {"name": recipe.partition.name, **recipe.partition.options, "seed": recipe.seed}
+    record = partition_record(setup.client_indices, setup.histogram, settings)
+    write_text(run_dir.partition, json.dumps(record) + "\n")
+
+
+def clear_run_dir(run_dir: RunDir) -> None:
+    """Empty a run directory that --overwrite replaces (keeping our own lock file)."""
+    for entry in run_dir.path.iterdir():
+        if entry.name == LOCK_NAME:
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError as e:
+            raise LandscapeError(f"cannot replace {run_dir.path}: {entry}: {os_reason(e)}") from None
+
+
+def check_out_dir(run_dir: RunDir, overwrite: bool) -> None:
+    path = run_dir.path
+    if path.exists() and not path.is_dir():
+        raise LandscapeError(f"{path} exists and is not a directory")
+    if path.is_dir() and not run_dir.is_empty():
+        if not overwrite:
+            raise LandscapeError(f"{path} already exists and is not empty; pass --resume {path} to continue it "
+                                 "or --overwrite to replace it")
+        if not run_dir.is_run():
+            raise LandscapeError(f"{path} is not empty and not a run directory; --overwrite only replaces runs")
+
+
+def sweep_status(recipe: Recipe, path: Path, overwrite: bool) -> str:
+    """What a sweep does with one run directory: 'new' (train), 'done' (skip), 'resume' or 'replace'.
+    Decided by rank 0 under torchrun (the other ranks could see a directory rank 0 is creating)."""
+    return parallel.on_main(lambda: _sweep_status(recipe, path, overwrite))
+
+
+def _sweep_status(recipe: Recipe, path: Path, overwrite: bool) -> str:
+    run_dir = RunDir(path)
+    if not path.exists() or (path.is_dir() and run_dir.is_empty()):
+        return "new"
+    check_out_dir(run_dir, overwrite=True)  # exists: must be a run directory, whatever the flags
+    recorded = run_dir.recipe.read_text()
+    if recorded != recipes.to_toml(recipe):
+        if overwrite:
+            return "replace"
+        raise LandscapeError(f"{path} holds a run of another recipe; pass --overwrite to replace it")
+    rounds = run_dir.rounds()
+    return "done" if rounds and rounds[-1] >= recipe.train.rounds else "resume"
+
+
+def owned_run_status(recipe: Recipe, path: Path) -> str:
+    """What a command that owns a run directory (``landscape figures``, ``landscape demo``) does with it: 'new'
+    (train), 'done' (reuse), 'resume' (same recipe, unfinished) or 'replace' (its recorded recipe differs in
+    a key other than where it ran: retrain). Like ``make``: the recipe is the input, the run its product.
+    Decided by rank 0 under torchrun, as ``sweep_status``."""
+    return parallel.on_main(lambda: _owned_run_status(recipe, path))
+
+
+def _owned_run_status(recipe: Recipe, path: Path) -> str:
+    run_dir = RunDir(path)
+    if not path.exists() or (path.is_dir() and run_dir.is_empty()):
+        return "new"
+    check_out_dir(run_dir, overwrite=True)  # exists: must be a run directory
+    try:  # resolved again: a key added to the recipes since then reads as its default
+        recorded = recipes.to_toml(recipes.read_recipe(run_dir.recipe))
+    except LandscapeError:
+        return "replace"
+    # More rounds continue the run when no schedule depends on the number of rounds (the numbers of round t
+    # are then those of a fresh run); otherwise a run of other length is another run.
+    extendable = recipe.train.lr_schedule != "cosine" and not recipe.train.swa
+    ignore = PLACE_KEYS | {"train.rounds"} if extendable else PLACE_KEYS
+    rounds = run_dir.rounds()
+    stale = recipes.difference(recorded, recipe, ignore=ignore)
+    if stale is None and rounds and rounds[-1] > recipe.train.rounds:  # longer than asked
+        stale = f"it ran {rounds[-1]} rounds, {recipe.train.rounds} are asked"
+    if stale is not None:
+        if not (path.parent / OWNED_MARKER).is_file():
+            raise LandscapeError(f"{path} holds a run this command did not make ({stale}); it is left as it is: "
+                                 "move it away or choose another --out")
+        return "replace"
+    return "done" if rounds and rounds[-1] >= recipe.train.rounds else "resume"
+
+
+def claim_runs_folder(folder: Path) -> None:
+    """Mark ``folder`` as holding runs made by ``landscape figures`` / ``landscape demo`` (rank 0 writes)."""
+    def write() -> None:
+        marker = folder / OWNED_MARKER
+        if not marker.is_file():
+            write_text(marker, "runs made by `landscape figures` or `landscape demo`: retrained when their recipe "
+                               "changes\n")
+
+    parallel.on_main(write)
+
+
+@dataclass
+class ResumePoint:
+    """Where a run continues: the newest checkpoint that loads (None: from the initial model), and the
+    damaged newer ones that resuming sets aside."""
+
+    round: int
+    checkpoint: dict | None
+    path: Path | None
+    damaged: list[CheckpointError] = field(default_factory=list)
+
+
+def find_resume_point(run_dir: RunDir) -> ResumePoint:
+    """The newest loadable checkpoint; newer damaged ones (truncated, corrupted) are listed, not touched.
+
+    A checkpoint that would run code, or that is not a landscape checkpoint, stops the search with a
+    one-line error: it is not damage from a crash, and the user should look at it."""
+    damaged: list[CheckpointError] = []
+    for r in reversed(run_dir.rounds()):
+        path = run_dir.checkpoint(r)
+        try:
+            return ResumePoint(r, load_checkpoint(path), path, damaged)
+        except CheckpointError as e:
+            if e.kind == "missing":
+                continue
+            if e.kind != "damaged":
+                raise LandscapeError(f"cannot resume {run_dir.path}: {relative(run_dir, path)}: {e.reason}; move "
+                                     "it away to resume from an earlier checkpoint") from None
+            damaged.append(e)
+    return ResumePoint(0, None, None, damaged)
+
+
+def last_good_checkpoint(run_dir: RunDir) -> tuple[int, dict]:
+    """The newest checkpoint that loads (damaged newer ones are skipped, see ``find_resume_point``)."""
+    point = find_resume_point(run_dir)
+    if point.checkpoint is None:
+        detail = f": {point.damaged[0]}" if point.damaged else ""
+        raise LandscapeError(f"no loadable checkpoint in {run_dir.path}{detail}")
+    return point.round, point.checkpoint
+
+
+def relative(run_dir: RunDir, path: Path) -> str:
+    try:
+        return str(path.relative_to(run_dir.path))
+    except ValueError:
+        return str(path)

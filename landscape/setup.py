@@ -1,0 +1,94 @@
+"""What training and analysis both build from a recipe: the device, the seeded data set and partition, the
+model. One home for each, so that a run and its analysis see the same data and the same model.
+
+Randomness is derived, never carried (``derived_seed``): the model's initialisation from the seed, the
+partition and data splits from the seed, so that rebuilding them from a recorded recipe gives the same bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from landscape import parallel
+from landscape import recipe as recipes
+from landscape.data.datasets import DatasetBundle, load_dataset
+from landscape.data.partitions import class_histogram, make_partition
+from landscape.errors import LandscapeError
+from landscape.models import build_model
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def derived_seed(*key: int) -> int:
+    """A 63-bit seed from integers (numpy SeedSequence: well mixed, stable across versions)."""
+    return int(np.random.SeedSequence(list(key)).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a recipe's or a flag's dtype name (float32, float64)."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise LandscapeError(f"unknown dtype '{name}'; use {' or '.join(DTYPES)}") from None
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device of a recipe's or a flag's device name. Under torchrun, ``cuda`` (and ``auto`` on a
+    machine with GPUs) is this rank's GPU, cuda:LOCAL_RANK."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise LandscapeError(f"unknown device '{name}'; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise LandscapeError(f"device '{name}' asked for, but no CUDA device is available here")
+    if device.type not in ("cpu", "cuda"):
+        raise LandscapeError(f"unsupported device '{name}'; use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda" and device.index is None and parallel.launched():
+        device = torch.device("cuda", parallel.local_rank())
+    return device
+
+
+@dataclass
+class DataSetup:
+    bundle: DatasetBundle
+    client_indices: list[np.ndarray]
+    histogram: np.ndarray
+
+
+def prepare_data(recipe: recipes.Recipe) -> DataSetup:
+    """Load the data set and partition it exactly as the recipe says (no files written)."""
+    ds, part = recipe.dataset, recipe.partition
+    # A download goes to one shared folder: rank 0 fetches, the other ranks then read what it fetched.
+    with parallel.main_first() if ds.download else contextlib.nullcontext():
+        bundle = load_dataset(
+            ds.name,
+            root=ds.root,
+            download=ds.download,
+            augment=ds.augment,
+            num_clients=part.clients,
+            seed=recipe.seed,
+            options=dict(ds.options),
+        )
+    labels = bundle.train.y.numpy()
+    indices = make_partition(
+        part.name,
+        labels,
+        num_clients=part.clients,
+        num_classes=bundle.num_classes,
+        seed=recipe.seed,
+        options=dict(part.options),
+        natural=bundle.natural_partition,
+    )
+    return DataSetup(bundle, indices, class_histogram(labels, indices, bundle.num_classes))
+
+
+def build_module(recipe: recipes.Recipe, bundle: DatasetBundle) -> torch.nn.Module:
+    """The recipe's model for this data set, initialised from the recipe's seed (CPU, float32)."""
+    torch.manual_seed(derived_seed(recipe.seed))
+    return build_model(recipe.model.name, bundle.input_shape, bundle.num_classes, dict(recipe.model.options))
