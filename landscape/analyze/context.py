@@ -195,6 +195,13 @@ class CheckpointContext:
         """F over the analysis data."""
         return Objective(self.flat, self.buffers, self.global_data, self.settings.bn_mode)
 
+    @cached_property
+    def problem(self):
+        """F at the checkpoint's w, as the function API takes it (``landscape.api.Problem``)."""
+        from landscape.api import Problem
+
+        return Problem(self.objective, self.w)
+
     @property
     def num_clients(self) -> int:
         return len(self.source.setup.client_indices)

@@ -1,4 +1,5 @@
-"""The analysis objective F(w): mean cross-entropy of a model over a declared data set.
+"""The analysis objective F(w): the mean loss of a model over a declared data set (cross-entropy unless a
+loss function is given, e.g. mean squared error for a regression model).
 
 Everything ``landscape analyze`` measures is a function of F (or of a client's F_i) at a point w, the flat
 parameter vector of a checkpoint. ``Objective`` evaluates F, its gradient and minibatch versions of both,
@@ -14,7 +15,7 @@ statistics recomputed over the analysis data, then eval mode). Models without Ba
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,24 @@ from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
 
 BN_MODES = ("eval", "train-batch-stats", "recompute")
+
+# A loss function: (model outputs of a batch, its targets) -> the mean loss over the batch (a 0-d tensor).
+LossFn = Callable[[Tensor, Tensor], Tensor]
+LOSSES: dict[str, LossFn] = {"cross-entropy": F.cross_entropy, "mse": F.mse_loss}
+
+
+def loss_function(loss: str | LossFn | None) -> LossFn | None:
+    """None for the default cross-entropy (its own fused sums), else the callable (named: cross-entropy, mse)."""
+    if loss is None or loss == "cross-entropy" or loss is F.cross_entropy:
+        return None
+    if isinstance(loss, str):
+        if loss not in LOSSES:
+            raise LandscapeError(f"unknown loss '{loss}'; give one of {', '.join(LOSSES)} or a callable "
+                                 "(outputs, targets) -> mean loss")
+        return LOSSES[loss]
+    if not callable(loss):
+        raise LandscapeError(f"loss must be a name or a callable (outputs, targets) -> mean loss, not {loss!r}")
+    return loss
 
 
 # Analysis sets up to this size live on the GPU; larger ones stay in pinned host memory and stream to it one
@@ -102,9 +121,11 @@ class AnalysisData:
 
 
 class Objective:
-    """F(w) = (1/n) sum_j CE(model(w; x_j), y_j) over ``data``, for flat parameter vectors w."""
+    """F(w) = (1/n) sum_j l(model(w; x_j), y_j) over ``data``, for flat parameter vectors w; l is the
+    cross-entropy unless ``loss`` (a name or a callable returning a batch's mean loss) says otherwise."""
 
-    def __init__(self, flat: FlatModel, buffers: dict[str, Tensor], data: AnalysisData, bn_mode: str = "eval"):
+    def __init__(self, flat: FlatModel, buffers: dict[str, Tensor], data: AnalysisData, bn_mode: str = "eval",
+                 loss: str | LossFn | None = None):
         if bn_mode not in BN_MODES:
             raise LandscapeError(f"unknown BN mode '{bn_mode}'; choose from: {', '.join(BN_MODES)}")
         if len(data) == 0:
@@ -113,7 +134,38 @@ class Objective:
         self.data = data
         self.bn_mode = bn_mode
         self.buffers = dict(buffers)
+        self.loss_fn = loss_function(loss)
         self._recomputed_for: Tensor | None = None
+
+    # -- the loss on model outputs -----------------------------------------------------------------------
+    def mean_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """The mean loss of one batch."""
+        return F.cross_entropy(outputs, targets) if self.loss_fn is None else self.loss_fn(outputs, targets)
+
+    def summed_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """The loss summed over one batch's samples (the mean times the batch size for a custom loss)."""
+        if self.loss_fn is None:
+            return F.cross_entropy(outputs, targets, reduction="sum")
+        return self.loss_fn(outputs, targets) * targets.shape[0]
+
+    def sample_losses(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """Summed losses of a stack of batches: ``outputs`` [cells, n, ...] against the same ``targets``."""
+        if self.loss_fn is None:
+            count = outputs.shape[0]
+            per_sample = F.cross_entropy(outputs.flatten(0, 1), targets.repeat(count), reduction="none")
+            return per_sample.view(count, -1).sum(dim=1)
+        return torch.stack([self.summed_loss(out, targets) for out in outputs])
+
+    @property
+    def classifies(self) -> bool:
+        """Whether accuracy means something: class-index targets (integers)."""
+        return not self.data.y.is_floating_point()
+
+    def num_correct(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """Correct argmax predictions over the last-but-one axis of ``outputs`` (0 when not classifying)."""
+        if not self.classifies:
+            return torch.zeros(outputs.shape[:-2], dtype=torch.long, device=outputs.device)
+        return (outputs.argmax(dim=-1) == targets).sum(dim=-1)
 
     @property
     def module(self) -> nn.Module:
@@ -147,9 +199,9 @@ class Objective:
 
     # -- evaluations ------------------------------------------------------------------------------------
     def batch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor], buffers: dict[str, Tensor] | None = None) -> Tensor:
-        """Mean CE on one batch at w (differentiable in w)."""
+        """The mean loss on one batch at w (differentiable in w)."""
         with self.bn_mode_context():
-            return F.cross_entropy(self.flat.logits(w, batch[0], buffers or self.buffers_for(w)), batch[1])
+            return self.mean_loss(self.flat.logits(w, batch[0], buffers or self.buffers_for(w)), batch[1])
 
     def batch_loss_and_grad(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """(f(w; B), grad f(w; B)), both detached."""
@@ -164,7 +216,7 @@ class Objective:
         buffers = self.buffers_for(w)
         with torch.no_grad(), self.bn_mode_context():
             for xb, yb in self.data.batches():
-                total += F.cross_entropy(self.flat.logits(w, xb, buffers), yb, reduction="sum").double()
+                total += self.summed_loss(self.flat.logits(w, xb, buffers), yb).double()
         return total / len(self.data)
 
     def loss_and_grad(self, w: Tensor) -> tuple[Tensor, Tensor]:
@@ -175,13 +227,16 @@ class Objective:
         grad = torch.zeros_like(w)
         with self.bn_mode_context():
             for xb, yb in self.data.batches():
-                loss = F.cross_entropy(self.flat.logits(w, xb, buffers), yb, reduction="sum") / len(self.data)
+                loss = self.summed_loss(self.flat.logits(w, xb, buffers), yb) / len(self.data)
                 (g,) = torch.autograd.grad(loss, w)
                 grad += g
                 total += loss.detach().double()
         return total, grad
 
     def accuracy(self, w: Tensor) -> float:
+        """The fraction of correct argmax predictions; NaN when the targets are not class indices."""
+        if not self.classifies:
+            return float("nan")
         buffers = self.buffers_for(w)
         correct = torch.zeros((), dtype=torch.long, device=w.device)
         with torch.no_grad(), self.bn_mode_context():
@@ -191,7 +246,9 @@ class Objective:
 
     def with_data(self, data: AnalysisData) -> Objective:
         """The same model and BN mode over other data (e.g. one client's F_i)."""
-        return Objective(self.flat, self.buffers, data, self.bn_mode)
+        objective = Objective(self.flat, self.buffers, data, self.bn_mode)
+        objective.loss_fn = self.loss_fn
+        return objective
 
 
 @torch.no_grad()

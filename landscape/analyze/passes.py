@@ -16,6 +16,7 @@ import numpy as np
 from landscape.analyze.context import CheckpointContext
 from landscape.analyze.registry import PASSES, PassOutput
 from landscape.analyze.results import split_result
+from landscape.analyze.spectrum import DEFAULT_TRACE_METHOD, TRACE_METHODS
 from landscape.errors import LandscapeError
 
 
@@ -64,15 +65,16 @@ class SharpnessOptions:
 @PASSES.register("sharpness", options=SharpnessOptions,
                  summary="rho-ball sharpness S_rho (and adaptive) of F; per-client S_rho of F_i and the gap")
 def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput:
-    from landscape.analyze.sharpness import asam_weight_mask, local_sharpness, sharpness_profile
+    from landscape import api
+    from landscape.analyze.sharpness import local_sharpness
 
     seed = ctx.settings.seed
-    profile = sharpness_profile(ctx.objective, ctx.w, list(opts.rhos), steps=opts.steps, seed=seed)
+    profile = api.sharpness(ctx.problem, rho=list(opts.rhos), steps=opts.steps, seed=seed)
     scalars, arrays = split_result(profile, "global.")
     out = {"global": scalars}
     if opts.adaptive:
-        adaptive = sharpness_profile(ctx.objective, ctx.w, list(opts.rhos), steps=opts.steps, adaptive=True,
-                                     eta=opts.eta, weight_mask=asam_weight_mask(ctx.flat), seed=seed)
+        adaptive = api.sharpness(ctx.problem, rho=list(opts.rhos), steps=opts.steps, adaptive=True, eta=opts.eta,
+                                 seed=seed)
         out["adaptive"], more = split_result(adaptive, "adaptive.")
         arrays.update(more)
     local = local_sharpness(_client_objectives(ctx, opts.clients), ctx.objective, ctx.w, opts.local_rho,
@@ -86,10 +88,10 @@ def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput
 
 @PASSES.register("flatness", summary="flatness distance Delta_D from the round's kept client models")
 def flatness_pass(ctx: CheckpointContext, opts: None) -> PassOutput:
-    from landscape.analyze.flatness import flatness_distance
+    from landscape import api
 
     # Delta_D^t = mean_i ||y_{i,K}^t - x^t||^2 against the training global model (not the SWA average).
-    result = flatness_distance(ctx.global_w, ctx.kept_clients())
+    result = api.flatness_distance(ctx.global_w, ctx.kept_clients())
     scalars, arrays = split_result(result)
     return PassOutput(scalars, arrays, {"Delta_D": float(result.distance)})
 
@@ -161,49 +163,46 @@ PYHESSIAN_TOL = 1e-5
 class HessianOptions:
     top_k: int = 5  # Lanczos top-k eigenvalues of grad^2 F (lambda_1 / lambda_k reported)
     tol: float = 1e-3  # relative residual ||Hv - lambda v|| <= tol * |lambda|
-    trace_hvps: int = 60  # Hutch++ budget; Hutchinson runs on the same number of probes
+    trace_hvps: int = 60  # budget of the trace estimator; Hutchinson (the baseline) runs on as many probes
+    trace_method: str = DEFAULT_TRACE_METHOD  # xtrace, hutch++ or hutchinson (benchmarks/trace_estimators.py)
     density_runs: int = 2  # SLQ: n_v runs x m steps
     density_steps: int = 40
     clients: int = 0  # per-client lambda_max(grad^2 F_i) for all clients (0), a seeded sample, or none (-1)
 
     def __post_init__(self) -> None:
         if self.top_k < 1 or self.tol <= 0 or self.trace_hvps < 6 or self.density_runs < 1 or self.density_steps < 2:
-            raise LandscapeError("hessian options: top_k >= 1, tol > 0, trace_hvps >= 6 (Hutch++), density_runs >= 1, "
+            raise LandscapeError("hessian options: top_k >= 1, tol > 0, trace_hvps >= 6, density_runs >= 1, "
                                  "density_steps >= 2")
+        if self.trace_method not in TRACE_METHODS:
+            raise LandscapeError(f"hessian.trace_method must be one of {', '.join(TRACE_METHODS)} "
+                                 f"(got {self.trace_method!r})")
 
 
 @PASSES.register("hessian", options=HessianOptions,
-                 summary="Lanczos top-k eigenvalues, Hutchinson/Hutch++ trace, SLQ density, per-client lambda_max")
+                 summary="Lanczos top-k eigenvalues, trace (XTrace; Hutchinson baseline), SLQ density, client lambda_max")
 def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
-    from landscape.analyze.operator import HessianOperator
-    from landscape.analyze.spectrum import (
-        client_lambda_max,
-        hutchinson_trace,
-        hutchpp_trace,
-        lanczos_topk,
-        slq_density,
-    )
+    from landscape import api
+    from landscape.analyze.spectrum import client_lambda_max
 
     seed, backend = ctx.settings.seed, ctx.settings.hvp
-    op = HessianOperator(ctx.objective, ctx.w, backend=backend)
-    op.check_determinism(seed)  # before trusting the operator: dropout / train-mode BN / augmentation
-    top = lanczos_topk(op, opts.top_k, tol=opts.tol, seed=seed)
-    hutchpp = hutchpp_trace(op, hvps=opts.trace_hvps, seed=seed)
-    hutchinson = hutchinson_trace(op, samples=opts.trace_hvps, seed=seed)
-    density = slq_density(op, runs=opts.density_runs, steps=opts.density_steps, seed=seed)
+    problem = ctx.problem
+    top = api.hessian_eigs(problem, k=opts.top_k, tol=opts.tol, seed=seed, hvp=backend)  # determinism probe first
+    trace = api.trace(problem, hvps=opts.trace_hvps, method=opts.trace_method, seed=seed, hvp=backend)
+    hutchinson = api.trace(problem, hvps=opts.trace_hvps, method="hutchinson", seed=seed, hvp=backend)
+    density = api.density(problem, runs=opts.density_runs, steps=opts.density_steps, seed=seed, hvp=backend)
     out: dict[str, Any] = {
-        "dim": op.dim,
+        "dim": ctx.flat.dim,
         "top": top.summary(),
         "lambda_ratio": top.top_ratio,
-        "trace_hutchpp": hutchpp.summary(),
+        "trace": trace.summary(),
         "trace_hutchinson": hutchinson.summary(),
         "density": {k: v for k, v in density.summary().items() if k not in ("nodes", "weights", "grid", "density")},
-        "hvp_count": op.hvp_count,
+        "hvp_count": top.hvp_count + 2 + trace.hvp_count + hutchinson.hvp_count + density.hvp_count,
     }
     arrays = {"density_grid": density.grid, "density": density.density, "slq_nodes": density.nodes,
               "slq_weights": density.weights}
     summary = {"lambda_max": float(top.values[0]), "lambda_ratio": float(top.top_ratio),
-               "trace": float(hutchpp.estimate)}
+               "trace": float(trace.estimate)}
     if opts.clients >= 0:
         objectives = _client_objectives(ctx, opts.clients)
         local = client_lambda_max(objectives, ctx.w, tol=opts.tol, seed=seed, backend=backend)

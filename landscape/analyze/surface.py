@@ -51,7 +51,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.func import vmap
 
@@ -203,11 +202,11 @@ def _cells_vmapped(objective: Objective, weights: Tensor) -> tuple[np.ndarray, n
     with objective.bn_mode_context():
         for xb, yb in data.batches():
             logits = vmap(lambda u, xb=xb: flat.logits(u, xb, buffers))(weights)  # [B, n, C]
-            per_sample = F.cross_entropy(logits.flatten(0, 1), yb.repeat(count), reduction="none")
-            total += per_sample.view(count, -1).sum(dim=1).double()
-            correct += (logits.argmax(dim=-1) == yb).sum(dim=1)
+            total += objective.sample_losses(logits, yb).double()
+            correct += objective.num_correct(logits, yb)
     n = len(data)
-    return (total / n).cpu().numpy(), correct.cpu().numpy() / n
+    accuracy = correct.cpu().numpy() / n if objective.classifies else np.full(count, np.nan)
+    return (total / n).cpu().numpy(), accuracy
 
 
 def default_cells_per_pass(device: torch.device, cells_per_batch: int) -> int:
@@ -244,10 +243,10 @@ def _cell_one_pass(objective: Objective, w: Tensor) -> tuple[float, float]:
     with objective.bn_mode_context():
         for xb, yb in objective.data.batches():
             logits = functional_call(objective.module, tensors, (xb,))
-            total += F.cross_entropy(logits, yb, reduction="sum").double()
-            correct += (logits.argmax(1) == yb).sum()
+            total += objective.summed_loss(logits, yb).double()
+            correct += objective.num_correct(logits, yb)
     n = len(objective.data)
-    return (total / n).item(), correct.item() / n
+    return (total / n).item(), (correct.item() / n if objective.classifies else math.nan)
 
 
 def evaluate_surface(

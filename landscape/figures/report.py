@@ -11,6 +11,10 @@ analysed rounds; Hessian spectral densities; flatness incompatibility with its s
 gradient-cosine heatmaps; loss surfaces where ``analysis/round-NNNN/surface*.npz`` exist (2D ones drawn by
 ``landscape.figures.surfaces.surface_figure``, 1D ones as lines); and per run its recipe and a table of the
 analysis summaries at every analysed round. Inputs are files only, read through ``curves.load_runs``.
+
+Tables and curves read one set of settings per quantity (``landscape.figures.selection``: the defaults
+unless a ``Selection`` says otherwise), named on the page where they are not the ones asked for; every
+computed surface is drawn, each titled with its settings.
 """
 
 from __future__ import annotations
@@ -40,7 +44,11 @@ from landscape.figures.curves import (
     hessian_summaries,
     incompatibility_series,
     lambda_max_series,
+    settings_caption,
+    settings_lines,
+    with_settings,
 )
+from landscape.figures.selection import Selection, settings_label
 from landscape.runs import write_text
 
 PLOTLY_CONFIG = {"responsive": True, "displaylogo": False}
@@ -152,6 +160,12 @@ def _get(key: str, se_key: str | None = None) -> Callable[[PassRecord], tuple[An
     return read
 
 
+def _trace(rec: PassRecord) -> tuple[Any, Any]:
+    """The trace estimate and its standard error (``trace``; results written before it: Hutch++)."""
+    key = "trace" if rec.value("trace.estimate", None) is not None else "trace_hutchpp"
+    return rec.value(f"{key}.estimate", None), rec.value(f"{key}.stderr", None)
+
+
 def _first_eigenvalue(rec: PassRecord) -> tuple[Any, Any]:
     values = np.atleast_1d(rec.array("top.values"))
     return (float(values[0]) if values.size else None), None
@@ -173,7 +187,7 @@ def quantities(rhos: Sequence[float]) -> list[Quantity]:
     return [
         Quantity("&lambda;<sub>max</sub>", "hessian", _first_eigenvalue, "lambda_max"),
         Quantity("&lambda;<sub>1</sub>/&lambda;<sub>k</sub>", "hessian", _get("lambda_ratio"), "lambda_1/lambda_k"),
-        Quantity("trace (Hutch++)", "hessian", _get("trace_hutchpp.estimate", "trace_hutchpp.stderr"), "trace"),
+        Quantity("trace", "hessian", _trace, "trace"),
         Quantity("mean client &lambda;<sub>max</sub>", "hessian", _get("clients.mean_lambda_max"),
                  "client lambda_max"),
         *sharp,
@@ -338,14 +352,20 @@ def _plain(label: str) -> str:
     return label.replace("$", "")
 
 
+def _titled(title: str, settings: str) -> str:
+    """A plot title with the settings it shows (``curves.settings_caption``) on a second line."""
+    return with_settings(title, html.escape(settings), "<br>", matplotlib=False)
+
+
 def sharpness_figure(runs: Sequence[RunData], rho: float | None) -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     with_s = [run for run in runs if run.analysed_rounds("sharpness")] if rho is not None else []
     with_l = [run for run in runs if run.analysed_rounds("hessian")]
-    titles = (f"S<sub>ρ</sub>(x<sup>t</sup>), ρ = {rho:g}" if rho is not None
-              else "S<sub>ρ</sub>(x<sup>t</sup>): the runs share no ρ", "λ<sub>1</sub>(x<sup>t</sup>)")
+    titles = (_titled(f"S<sub>ρ</sub>(x<sup>t</sup>), ρ = {rho:g}", settings_caption(with_s, "sharpness"))
+              if rho is not None else "S<sub>ρ</sub>(x<sup>t</sup>): the runs share no ρ",
+              _titled("λ<sub>1</sub>(x<sup>t</sup>)", settings_caption(with_l, "hessian")))
     fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.1)
     for col, group, series, symbol in ((1, with_s, lambda run: global_sharpness_series(run, rho), "circle"),
                                        (2, with_l, lambda_max_series, "square")):
@@ -370,7 +390,9 @@ def density_figure(runs: Sequence[RunData]) -> Any:
     for s in summaries:
         fig.add_trace(go.Scatter(x=s.grid, y=np.maximum(s.density, floor), mode="lines",
                                  name=f"{s.run.label} (round {s.round})", line={"color": to_hex(s.run.color)}))
-    return _layout(fig, "Hessian spectral density (SLQ), latest analysed round", rounds=False,
+    title = _titled("Hessian spectral density (SLQ), latest analysed round",
+                    settings_caption([s.run for s in summaries], "hessian"))
+    return _layout(fig, title, rounds=False,
                    xaxis_title="eigenvalue λ",
                    yaxis={"type": "log", "exponentformat": "power", "title": {"text": "density (log scale)"}})
 
@@ -386,8 +408,8 @@ def incompatibility_figure(runs: Sequence[RunData]) -> Any:
     from plotly.subplots import make_subplots
 
     group = [run for run in runs if run.analysed_rounds("incompatibility")]
-    fig = make_subplots(rows=1, cols=len(group), shared_yaxes=True, subplot_titles=[run.label for run in group],
-                        horizontal_spacing=0.04)
+    titles = [_titled(run.label, run.shown("incompatibility")) for run in group]
+    fig = make_subplots(rows=1, cols=len(group), shared_yaxes=True, subplot_titles=titles, horizontal_spacing=0.04)
     for col, run in enumerate(group, start=1):
         data = incompatibility_series(run)
         for key, se_key, name, color, dash in _FI_PARTS:
@@ -406,7 +428,8 @@ def cosine_figure(runs: Sequence[RunData]) -> Any:
     from plotly.subplots import make_subplots
 
     matrices = alignment_matrices([run for run in runs if run.analysed_rounds("alignment")])
-    titles = [f"{m.run.label}, round {m.round}<br>mean off-diagonal {m.mean_off_diagonal:.3f}" for m in matrices]
+    titles = [_titled(f"{m.run.label}, round {m.round}<br>mean off-diagonal {m.mean_off_diagonal:.3f}",
+                      m.run.shown("alignment")) for m in matrices]
     fig = make_subplots(rows=1, cols=len(matrices), subplot_titles=titles, horizontal_spacing=0.06)
     for col, m in enumerate(matrices, start=1):
         ids = [str(c) for c in m.clients]
@@ -436,12 +459,16 @@ def surface_renderer() -> Callable[..., Any] | None:
 
 
 def surface_files(run: RunData) -> list[tuple[int, Path]]:
-    """(round, path) of every ``analysis/round-NNNN/surface*.npz`` of the run."""
-    found = []
+    """(round, path) of every surface of the run, whatever its directions and settings: the NPZ of each
+    surface pass result (a partial grid is not a result yet), and ``surface*.npz`` files without a record."""
+    found = {(r, rec.path.with_suffix(".npz")) for r, recs in run.results.items() for rec in recs
+             if rec.pass_name == "surface" and rec.path.with_suffix(".npz").is_file()}
+    recorded = {path for _, path in found}
     for path in (run.path / "analysis").glob("round-*/surface*.npz"):
         match = re.fullmatch(r"round-(\d{4,})", path.parent.name)
-        if match and not path.name.endswith(".partial.npz"):  # a partial grid is not a result yet
-            found.append((int(match.group(1)), path))
+        if match and not path.name.endswith(".partial.npz") and path not in recorded \
+                and not path.with_suffix(".json").is_file():
+            found.add((int(match.group(1)), path))
     return sorted(found)
 
 
@@ -454,9 +481,13 @@ def _surface_kind(path: Path) -> str:
     kind = meta.get("directions") if isinstance(meta, dict) else None
     names = {"random": "filter-normalised random plane", "pca": "PCA plane of the trajectory",
              "clients": "plane of two client models"}
-    if kind == "interpolate":
-        return f"line to {meta.get('target', 'the target')}"
-    return names.get(kind, path.name)
+    text = f"line to {meta.get('target', 'the target')}" if kind == "interpolate" else names.get(kind, path.name)
+    try:
+        record = json.loads(path.with_suffix(".json").read_text())
+        settings = settings_label("surface", record.get("settings"))
+    except (OSError, ValueError, AttributeError):
+        return text
+    return text if settings == "the defaults" else f"{text}, {settings}"
 
 
 def _line_surface_figure(path: Path, title: str, color: str) -> Any:
@@ -498,11 +529,11 @@ def surfaces_section(runs: Sequence[RunData], page: Page) -> str:
 # -- the page ---------------------------------------------------------------------------------------------------
 
 
-def build_report(run_dirs: RunsLike, *, title: str = "landscape report") -> str:
+def build_report(run_dirs: RunsLike, *, title: str = "landscape report", selection: Selection | None = None) -> str:
     """The report's HTML text (see ``write_report``)."""
     import plotly.offline
 
-    runs = as_runs(run_dirs)
+    runs = as_runs(run_dirs, selection if selection is not None else Selection())
     page = Page()
     rhos = all_rhos(runs)
     sharp_runs = [run for run in runs if run.analysed_rounds("sharpness")]
@@ -517,7 +548,11 @@ def build_report(run_dirs: RunsLike, *, title: str = "landscape report") -> str:
     body.append('<section id="comparison"><h2>Comparison across runs</h2>')
     body.append(comparison_table(runs, rho))
     body.append("<p>Analysis values are each pass's latest analysed round; &plusmn; is the Monte-Carlo "
-                "standard error where the pass reports one.</p></section>")
+                "standard error where the pass reports one.</p>")
+    outputs = [output for run in runs for output in run.chosen]
+    body.append("<p>" + "<br>".join(html.escape(line) for line in settings_lines(runs, outputs)) + "</p>")
+    body += [_note(line) for run in runs for line in run.notes()]
+    body.append("</section>")
 
     body.append('<section id="curves"><h2>Curves over rounds</h2>')
     for name, key in CURVE_KEYS:
@@ -582,8 +617,10 @@ def build_report(run_dirs: RunsLike, *, title: str = "landscape report") -> str:
         f"<nav>{links}</nav>", *body, "</body>", "</html>", ""])
 
 
-def write_report(run_dirs: RunsLike, out_html: str | Path, *, title: str = "landscape report") -> Path:
-    """Write one self-contained HTML page over the runs (plotly.js inline once; no external addresses)."""
+def write_report(run_dirs: RunsLike, out_html: str | Path, *, title: str = "landscape report",
+                 selection: Selection | None = None) -> Path:
+    """Write one self-contained HTML page over the runs (plotly.js inline once; no external addresses).
+    ``selection``: the settings whose results the tables and curves read (default: the defaults)."""
     out = Path(out_html)
-    write_text(out, build_report(run_dirs, title=title))
+    write_text(out, build_report(run_dirs, title=title, selection=selection))
     return out

@@ -1,0 +1,143 @@
+"""The function API (landscape.hessian_eigs, trace, density, sharpness, surface, flatness_distance): any
+nn.Module on any data, checked against dense Hessians and against the run-directory path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_recipe
+from torch import nn
+
+import landscape
+from landscape.analyze.context import AnalysisSettings
+from landscape.analyze.registry import pass_options
+from landscape.analyze.scheduler import run_analysis
+from landscape.errors import LandscapeError
+from landscape.flat import FlatModel
+from landscape.train import loop
+
+
+def _tiny_problem(regression: bool = False):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 1 if regression else 3)).double()
+    x = torch.randn(40, 4, dtype=torch.float64)
+    y = torch.randn(40, 1, dtype=torch.float64) if regression else torch.randint(0, 3, (40,))
+    return model, x, y
+
+
+def _dense_hessian(model, x, y, loss):
+    flat = FlatModel(model)
+    w0 = flat.vector()
+
+    def f(w):
+        return loss(flat.logits(w, x, flat.buffers()), y)
+
+    return torch.autograd.functional.hessian(f, w0)
+
+
+@pytest.mark.parametrize("regression", [False, True])
+def test_hessian_eigs_equal_the_dense_hessian(regression):
+    model, x, y = _tiny_problem(regression)
+    loss = F.mse_loss if regression else F.cross_entropy
+    expected = torch.linalg.eigvalsh(_dense_hessian(model, x, y, loss)).flip(0)[:3]
+    got = landscape.hessian_eigs(model, (x, y), k=3, tol=1e-8, loss="mse" if regression else None)
+    torch.testing.assert_close(got.values, expected, rtol=1e-7, atol=1e-9)
+    assert got.values.dtype == torch.float64 and bool(got.converged.all())
+    trace = landscape.trace(model, (x, y), hvps=60, method="hutchinson", loss="mse" if regression else None)
+    exact = float(torch.trace(_dense_hessian(model, x, y, loss)))
+    assert abs(trace.estimate - exact) < 5 * trace.stderr + 1e-9
+
+
+def test_a_custom_loss_callable_equals_the_named_one():
+    model, x, y = _tiny_problem(regression=True)
+    named = landscape.hessian_eigs(model, (x, y), k=2, loss="mse")
+    custom = landscape.hessian_eigs(model, (x, y), k=2, loss=lambda out, t: ((out - t) ** 2).mean())
+    torch.testing.assert_close(named.values, custom.values, rtol=1e-10, atol=0)
+
+
+def test_tensors_dataset_and_loader_give_the_same_numbers_and_the_model_is_untouched():
+    model, x, y = _tiny_problem()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    dataset = torch.utils.data.TensorDataset(x, y)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=512)
+    values = [landscape.hessian_eigs(model, data, k=2).values for data in ((x, y), dataset, loader)]
+    torch.testing.assert_close(values[0], values[1], rtol=0, atol=0)
+    torch.testing.assert_close(values[0], values[2], rtol=0, atol=0)
+    assert model.training and all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_sharpness_surface_and_flatness_distance():
+    model, x, y = _tiny_problem()
+    profile = landscape.sharpness(model, (x, y), rho=[0.01, 0.1], steps=3)
+    assert profile.sharpness.shape == (2,) and 0 <= profile.sharpness[0] <= profile.sharpness[1]
+    flat = FlatModel(model)
+    with torch.no_grad():
+        loss0 = float(F.cross_entropy(model(x), y))
+    assert profile.loss == pytest.approx(loss0, rel=1e-12)
+    surface = landscape.surface(model, (x, y), grid=5, span=(-0.5, 0.5))
+    assert surface.loss.shape == (5, 5) and surface.loss[2, 2] == pytest.approx(loss0, rel=1e-12)
+    with torch.no_grad():
+        accuracy = (model(x).argmax(1) == y).double().mean().item()
+    assert np.isfinite(surface.loss).all() and surface.accuracy[2, 2] == accuracy
+    line = landscape.surface(model, (x, y), grid=3, dims=1, directions=(torch.ones(flat.dim, dtype=torch.float64),))
+    shifted = FlatModel(model).vector() + 1.0
+    assert line.loss[2] == pytest.approx(float(F.cross_entropy(flat.logits(shifted, x, {}), y)), rel=1e-12)
+    other = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    result = landscape.flatness_distance(model, [other, model.state_dict()])
+    d = float(((FlatModel(other).vector() - flat.vector()) ** 2).sum()) / 2
+    assert result.distance == pytest.approx(d, rel=1e-12)
+
+
+def test_bad_input_is_a_one_line_error():
+    model, x, y = _tiny_problem()
+    for call, message in [
+        (lambda: landscape.hessian_eigs(model, [1, 2, 3]), "data must be"),
+        (lambda: landscape.hessian_eigs(model, (x, y[:3])), "same number"),
+        (lambda: landscape.hessian_eigs("model", (x, y)), "nn.Module"),
+        (lambda: landscape.hessian_eigs(model, (x, y), loss="hinge"), "unknown loss"),
+        (lambda: landscape.surface(model, (x, y), grid=4), "odd"),
+        (lambda: landscape.flatness_distance(model, []), "at least one"),
+    ]:
+        with pytest.raises(LandscapeError, match=message):
+            call()
+
+
+def test_the_function_api_equals_the_run_directory_path(tmp_path):
+    """The analyze passes call the same functions: the run's model and data through the API give the numbers
+    of `landscape analyze` (train split = the union of the clients' data, eval mode, float32)."""
+    recipe = tiny_recipe(model__name="mlp", train__rounds=2)
+    loop.start_run(recipe, tmp_path / "run", progress=False)
+    options = {"hessian": pass_options("hessian", {"clients": -1, "top_k": 2, "trace_hvps": 12, "density_steps": 4}),
+               "sharpness": pass_options("sharpness", {"rhos": [0.05], "steps": 2, "adaptive": False})}
+    run_analysis(tmp_path / "run", passes=["hessian", "sharpness"], settings=AnalysisSettings(device="cpu"),
+                 options=options, progress=False)
+    import json
+
+    out = tmp_path / "run" / "analysis" / "round-0002"
+    (hessian_file,), (sharpness_file,) = sorted(out.glob("hessian*.json")), sorted(out.glob("sharpness*.json"))
+    hessian = json.loads(hessian_file.read_text())["result"]
+    sharp = json.loads(sharpness_file.read_text())["result"]
+
+    run = landscape.open_run(tmp_path / "run")
+    train, _ = run.data()
+    index = torch.as_tensor(np.sort(np.concatenate(run.partition())))
+    data = (train.x[index], train.y[index])
+    model = run.model(2)
+    eigs = landscape.hessian_eigs(model, data, k=2)
+    assert eigs.values.tolist() == pytest.approx(hessian["top"]["values"], rel=1e-6)
+    assert landscape.trace(model, data, hvps=12).estimate == pytest.approx(hessian["trace"]["estimate"], rel=1e-6)
+    s = landscape.sharpness(model, data, rho=0.05, steps=2)
+    assert s.sharpness[0] == pytest.approx(sharp["global"]["sharpness"][0], rel=1e-6)
+
+
+def test_open_run_model_keeps_the_checkpoint_dtype(tmp_path):
+    loop.start_run(tiny_recipe(model__name="mlp", train__rounds=1, train__dtype="float64"), tmp_path / "r",
+                   progress=False)
+    model = landscape.open_run(tmp_path / "r").model()
+    assert next(model.parameters()).dtype == torch.float64
+    assert landscape.hessian_eigs(model, (torch.randn(8, 1, 8, 8, dtype=torch.float64),
+                                          torch.randint(0, 10, (8,))), k=1).values.dtype == torch.float64
