@@ -271,15 +271,20 @@ def analyze_command(path: Path, rounds: str, passes: str | None, analysis_sample
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"),
               show_default=True, help="the HTML file to write")
 @click.option("--title", default="landscape report", show_default=True)
-def report_command(runs: tuple[Path, ...], out: Path, title: str) -> None:
+@click.option("--settings", "settings", multiple=True, metavar="KEY=VALUE",
+              help="read the results analysed with these settings (as landscape compare --settings) "
+                   "[default: the defaults]. Repeatable")
+def report_command(runs: tuple[Path, ...], out: Path, title: str, settings: tuple[str, ...]) -> None:
     """One self-contained HTML page (opens with no network) over RUNS (run directories or folders of runs):
     each run's recipe, curves, spectra, surfaces and tables of the analysis, and a comparison table."""
     from landscape.figures.report import write_report
+    from landscape.figures.selection import Selection
 
+    selection = Selection.parse(settings)
     for path in runs:
         if not path.is_dir():
             raise LandscapeError(f"{path} is not a directory (give run directories or folders of runs)")
-    click.echo(f"report: {write_report(list(runs), out, title=title)}")
+    click.echo(f"report: {write_report(list(runs), out, title=title, selection=selection)}")
 
 
 def _ensure_run(recipe: dict, path: Path, quiet: bool) -> None:
@@ -322,9 +327,11 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     from landscape import recipe as recipes
     from landscape.analyze.context import AnalysisSettings
     from landscape.analyze.registry import load_passes, pass_options
+    from landscape.analyze.results import settings_record
     from landscape.analyze.scheduler import run_analysis
     from landscape.figures import book
     from landscape.figures.curves import load_runs
+    from landscape.figures.selection import Selection
 
     fig = book.load_figure_recipe(recipe_file, scale)
     for text in assignments:
@@ -380,11 +387,19 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
             run_analysis(path, rounds=fig.pass_rounds[name], passes=[name], settings=settings,
                          options={name: options[name]}, progress=not quiet)
 
+    # The figure reads the results of exactly its own settings (other analyses of the runs stay on disk).
+    selection = Selection(exact={name: settings_record(settings, options[name]) for name in passes})
+
     def draw() -> list[Path]:
-        chosen = plots if run_paths else [(plot, book.figure_runs(fig, plot, loaded)) for plot in fig.plots]
+        drawn = load_runs(paths, selection)  # read after the analysis above
+        loaded = dict(zip([spec.id for spec in fig.runs], drawn))
+        chosen = ([(plot, drawn) for plot, _ in plots] if run_paths
+                  else [(plot, book.figure_runs(fig, plot, loaded)) for plot in fig.plots])
+        for run in drawn:
+            for line in run.notes():
+                click.echo(f"note: {line}", err=True)
         return [path for plot, plot_runs in chosen for path in book.render(plot, plot_runs, out, fig.surface_name())]
 
-    loaded = {} if run_paths else dict(zip([spec.id for spec in fig.runs], load_runs(paths)))
     written = parallel.on_main(draw)  # under torchrun rank 0 draws; the others wait for it
     click.echo(f"figure {fig.name}: " + ", ".join(str(p) for p in written))
 
@@ -409,15 +424,25 @@ def _check_settings(settings: Any, where: Path) -> None:
               help="what the surface panels show")
 @click.option("--directions", type=click.Choice(["random", "pca", "clients"]), default="random", show_default=True,
               help="which of the runs' surfaces to draw (the surface pass's directions)")
-def compare_command(runs: tuple[Path, ...], out: Path, rho: float | None, quantity: str, directions: str) -> None:
+@click.option("--settings", "settings", multiple=True, metavar="KEY=VALUE",
+              help="read the results analysed with these settings, e.g. --settings split=test, --settings "
+                   "surface.data=client:3 --settings surface.grid=9 [default: the defaults]. Repeatable")
+def compare_command(runs: tuple[Path, ...], out: Path, rho: float | None, quantity: str, directions: str,
+                    settings: tuple[str, ...]) -> None:
     """RUNS side by side (run directories or folders of runs): a table of test accuracy, lambda_max, trace,
     S_rho, Delta_D, Delta_FI and mean gradient cosine at each run's latest analysed round (printed and
     written to compare.csv), and the runs' loss surfaces on one colour scale (surfaces.png|pdf contours,
-    surfaces-3d.png|pdf, surfaces.html). Reads files only; what a run lacks is named with its command."""
+    surfaces-3d.png|pdf, surfaces.html). Reads files only; what a run lacks is named with its command.
+    Results of one checkpoint analysed with different settings all stay on disk: --settings picks which are
+    read (default: the training split, global data, default options); the lines under the table say which."""
     from landscape.figures.compare import compare, text_table
+    from landscape.figures.selection import Selection
 
-    result = compare(list(runs), out, rho=rho, quantity=quantity, directions=directions)
+    result = compare(list(runs), out, rho=rho, quantity=quantity, directions=directions,
+                     selection=Selection.parse(settings))
     click.echo(text_table(result.header, result.rows))
+    for line in result.settings:
+        click.echo(line)
     for line in result.missing:
         click.echo(f"note: {line}", err=True)
     click.echo("wrote " + ", ".join(str(p) for p in result.written))
@@ -476,6 +501,8 @@ def demo_command(out: Path, quiet: bool) -> None:
     click.echo(format_summary(AnalysisReport(rows=rows)))
     click.echo("")
     click.echo(text_table(comparison.header, comparison.rows))
+    for line in comparison.settings:
+        click.echo(line)
     click.echo("")
     click.echo(f"runs:    {', '.join(map(str, paths))}")
     click.echo(f"figures: {figures}/ (surfaces, surfaces-3d, accuracy, flatness-sharpness, hessian, alignment .png; "

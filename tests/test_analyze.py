@@ -160,10 +160,13 @@ def test_default_passes_write_their_files(run_copy):
                      "--set", "sharpness.steps=2", "--set", "incompatibility.batches=2", "--set", "alignment.batches=2")
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in (run_copy / "analysis" / "round-0004").iterdir())
-    for name in ("alignment", "flatness", "hessian", "incompatibility", "loss", "sharpness"):
+    # results are named by their settings: the pass's name, then the options off their defaults
+    for name in ("alignment@batches-2", "flatness", "hessian@density_steps-5_trace_hvps-6",
+                 "incompatibility@batches-2", "loss", "sharpness@steps-2"):
         assert f"{name}.json" in written
-    assert "hessian.npz" in written
-    hessian = json.loads((run_copy / "analysis" / "round-0004" / "hessian.json").read_text())
+    assert "hessian@density_steps-5_trace_hvps-6.npz" in written
+    hessian = json.loads((run_copy / "analysis" / "round-0004" / "hessian@density_steps-5_trace_hvps-6.json")
+                         .read_text())
     assert len(hessian["result"]["top"]["values"]) == 5 and hessian["result"]["hvp_count"] > 0
     assert hessian["summary"]["lambda_max"] == hessian["result"]["top"]["values"][0]
     for column in ("lambda_max", "trace", "Delta_D", "Delta_FI", "mean_grad_cos", "acc"):
@@ -180,7 +183,8 @@ def test_pyhessian_backend_cross_check(run_copy):
     result = analyze(run_copy, "--passes", "hessian", "--backend", "pyhessian", "--set", "hessian.clients=-1",
                      "--set", "hessian.trace_hvps=6", "--set", "hessian.density_steps=5")
     assert result.exit_code == 0, result.output
-    summary = json.loads((run_copy / "analysis" / "round-0004" / "hessian.json").read_text())["summary"]
+    (path,) = (run_copy / "analysis" / "round-0004").glob("hessian@backend-pyhessian_*.json")
+    summary = json.loads(path.read_text())["summary"]
     assert summary["pyhessian_lambda_max"] == pytest.approx(summary["lambda_max"], rel=0.01)
 
 
@@ -188,8 +192,8 @@ def test_surface_flags_run_the_surface_pass_only(run_copy):
     result = analyze(run_copy, "--directions", "random", "--grid", "5x3", "--span", "-0.5:0.5")
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in (run_copy / "analysis" / "round-0004").iterdir())
-    assert written == ["surface.json", "surface.npz"]
-    record = json.loads((run_copy / "analysis" / "round-0004" / "surface.json").read_text())
+    assert written == ["surface@grid-5x3_span--0.5~0.5.json", "surface@grid-5x3_span--0.5~0.5.npz"]
+    record = json.loads((run_copy / "analysis" / "round-0004" / written[0]).read_text())
     assert record["settings"]["pass"]["grid"] == "5x3" and record["settings"]["pass"]["span"] == "-0.5:0.5"
     _one_line_error(analyze(run_copy, "--passes", "loss", "--grid", "5"),
                     "--directions, --grid, --span and --data set the surface pass; add it: --passes surface")

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import result_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -118,7 +119,7 @@ def test_figures_trains_and_analyses_only_what_is_missing(tmp_path):
     first = invoke("figures", path, "--out", out, "--quiet")
     assert first.exit_code == 0, first.output
     assert first.output.count(": new") == 2
-    surface = out / "runs" / "b" / "analysis" / "round-0002" / "surface.json"
+    surface = result_file(out / "runs" / "b" / "analysis" / "round-0002", "surface")
     stamp = surface.stat().st_mtime_ns
     png = out / "tiny.png"
     again = invoke("figures", path, "--out", out, "--quiet")
@@ -247,14 +248,15 @@ def test_compare_table_and_surfaces(analysed, tmp_path):
     assert rows[0][:4] == ["run", "directory", "rounds", "test acc (%)"]
     by_name = {row[1]: dict(zip(rows[0], row)) for row in rows[1:]}
     for name in ("a", "b"):
-        hessian = json.loads((analysed / name / "analysis" / "round-0002" / "hessian.json").read_text())
-        lam = np.atleast_1d(np.load(analysed / name / "analysis" / "round-0002" / "hessian.npz")["top.values"])[0] \
+        hessian_json = result_file(analysed / name / "analysis" / "round-0002", "hessian")
+        hessian = json.loads(hessian_json.read_text())
+        lam = np.atleast_1d(np.load(hessian_json.with_suffix(".npz"))["top.values"])[0] \
             if "top.values" in hessian.get("arrays", []) else hessian["result"]["top"]["values"][0]
         assert float(by_name[name]["lambda_max"]) == pytest.approx(lam, rel=1e-3)
         metrics = [json.loads(line) for line in (analysed / name / "metrics.jsonl").read_text().splitlines()]
         acc = [m["test_acc"] for m in metrics if "test_acc" in m][-1]
         assert float(by_name[name]["test acc (%)"]) == pytest.approx(100 * acc, rel=1e-3)
-        alignment = json.loads((analysed / name / "analysis" / "round-0002" / "alignment.json").read_text())
+        alignment = json.loads(result_file(analysed / name / "analysis" / "round-0002", "alignment").read_text())
         assert float(by_name[name]["mean grad cos"]) == pytest.approx(
             alignment["result"]["gradients"]["mean_off_diagonal"], rel=1e-3)
     for stem in ("surfaces", "surfaces-3d"):

@@ -157,10 +157,12 @@ def test_flatness_and_sharpness_reads_the_passes(runs, tmp_path):
     fig = curves.flatness_and_sharpness_figure(runs)
     ax_d, ax_s, ax_l = fig.axes
     assert "0.05" in ax_s.get_title()
+    assert "[analysis_samples=100, clients=2, steps=2]" in ax_s.get_title()  # the settings shown, off the defaults
     for k, run in enumerate(runs):
         np.testing.assert_allclose(ax_d.lines[k].get_ydata(), run.series("flatness_distance")[1])
-        expected_s = [json.loads((run.path / f"analysis/round-{r:04d}/sharpness.json").read_text())
-                      ["result"]["global"]["sharpness"][1] for r in (2, 3)]  # rhos (0.01, 0.05, 0.1)
+        expected_s = [json.loads((run.path / f"analysis/round-{r:04d}/sharpness@analysis_samples-100_clients-2_"
+                                             "steps-2.json").read_text())["result"]["global"]["sharpness"][1]
+                      for r in (2, 3)]  # rhos (0.01, 0.05, 0.1)
         np.testing.assert_allclose(ax_s.lines[k].get_ydata(), expected_s)
         np.testing.assert_array_equal(ax_s.lines[k].get_xdata(), [2, 3])
         expected_l = [run.analyses[r]["hessian"].summary["lambda_max"] for r in (2, 3)]

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_recipe
+from conftest import result_file, tiny_recipe
 from parallel_worker import ANALYSIS, CELLS_PER_BATCH, GRID, HESSIAN, SURFACE, problem
 
 from landscape import lifecycle, parallel
@@ -163,12 +163,12 @@ def test_distributed_analysis_over_checkpoints_equals_single_process(worker):
         other = root / "analysed-ranks" / "analysis" / folder.name
         assert sorted(p.name for p in other.iterdir()) == sorted(p.name for p in folder.iterdir())
         for name in ANALYSIS["passes"]:
-            a, b = (json.loads((f / f"{name}.json").read_text()) for f in (other, folder))
+            a, b = (json.loads(result_file(f, name).read_text()) for f in (other, folder))
             assert a["settings"] == b["settings"] and a["checkpoint_sha256"] == b["checkpoint_sha256"]
             # Round 3 ran on both ranks together (HVPs split), rounds 0 and 1 on one rank each.
             for key, value in b["summary"].items():
                 assert a["summary"][key] == pytest.approx(value, rel=1e-4), (folder.name, name, key)
-        ours, theirs = np.load(other / "surface.npz"), np.load(folder / "surface.npz")
+        ours, theirs = (np.load(result_file(f, "surface").with_suffix(".npz")) for f in (other, folder))
         np.testing.assert_allclose(ours["loss"], theirs["loss"], rtol=1e-6)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import plotly.offline
 import pytest
 import torch
-from conftest import tiny_recipe
+from conftest import result_file, tiny_recipe
 
 from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.registry import pass_options
@@ -136,11 +136,11 @@ def test_the_recipe_and_the_analysis_numbers_are_shown(page, run):
     assert "[algorithm]" in page and "[train]" in page
     assert re.search(r"<th class=\"text\">local_steps</th><td class=\"text\">2</td>", page)
     assert re.search(r"<th class=\"text\">name</th><td class=\"text\">&quot;fedavg&quot;</td>", page)
-    hessian = json.loads((run / "analysis/round-0003/hessian.json").read_text())
+    hessian = json.loads(result_file(run / "analysis/round-0003", "hessian").read_text())
     assert f"<td>{hessian['summary']['lambda_max']:.4g}</td>" in page
-    alignment = json.loads((run / "analysis/round-0003/alignment.json").read_text())
+    alignment = json.loads(result_file(run / "analysis/round-0003", "alignment").read_text())
     assert f"<td>{alignment['summary']['mean_grad_cos']:.4g}</td>" in page
-    incompatibility = json.loads((run / "analysis/round-0003/incompatibility.json").read_text())
+    incompatibility = json.loads(result_file(run / "analysis/round-0003", "incompatibility").read_text())
     assert f"<td>{incompatibility['summary']['Delta_FI']:.4g} &plusmn;" in page
     last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert f"<td>{100 * last['test_acc']:.4g}</td>" in page
@@ -153,7 +153,7 @@ def test_plot_data_are_the_files_numbers(page, run):
     np.testing.assert_array_equal(decode(trace["x"]), [r["round"] for r in rows])
     np.testing.assert_allclose(decode(trace["y"]), [100 * r["test_acc"] for r in rows])
     heatmap = plot_spec(page, "gradient_cosine")
-    cosines = json.loads((run / "analysis/round-0003/alignment.json").read_text())["result"]["gradients"]
+    cosines = json.loads(result_file(run / "analysis/round-0003", "alignment").read_text())["result"]["gradients"]
     np.testing.assert_allclose(decode(heatmap["data"][0]["z"]), cosines["cosine_matrix"])
     assert heatmap["layout"]["coloraxis"]["cmin"] == -1 and heatmap["layout"]["coloraxis"]["cmax"] == 1
     sharp = plot_spec(page, "global_sharpness")["data"]

@@ -15,6 +15,7 @@ from landscape.analyze.context import AnalysisSettings, CheckpointContext, find_
 from landscape.analyze.directions import filter_normalized_direction, random_plane
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.registry import pass_options
+from landscape.analyze.results import result_name, settings_record
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.surface import (
     SurfaceGrid,
@@ -29,7 +30,7 @@ from landscape.analyze.surface import (
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
 from landscape.models import build_model
-from landscape.runs import load_checkpoint, surface_result_name
+from landscape.runs import load_checkpoint
 from landscape.train import loop
 
 # ----------------------------------------------------------------------------------------------------------
@@ -306,7 +307,8 @@ def surface(run, **options):
     run_analysis(run, passes=["surface"], settings=SETTINGS, force=True, progress=False,
                  options={"surface": pass_options("surface", options)})
     out = run / "analysis" / "round-0004"
-    name = surface_result_name(options.get("directions", "random"))  # surface, surface-pca, ...
+    # surface, surface-pca, ... and the settings off their defaults: surface@analysis_samples-400_grid-5
+    name = result_name("surface", settings_record(SETTINGS, pass_options("surface", options)))
     with np.load(out / f"{name}.npz") as f:
         arrays = {k: f[k] for k in f.files}
     return json.loads((out / f"{name}.json").read_text()), arrays
@@ -470,10 +472,12 @@ def test_surfaces_of_other_directions_stand_side_by_side(run):
     random_record, random_arrays = surface(run, grid="5")
     pca_record, _ = surface(run, directions="pca", grid="5")
     out = run / "analysis" / "round-0004"
-    assert {"surface.json", "surface.npz", "surface-pca.json", "surface-pca.npz"} <= {p.name for p in out.iterdir()}
+    names = {f"{kind}@analysis_samples-400_grid-5.{suffix}" for kind in ("surface", "surface-pca")
+             for suffix in ("json", "npz")}
+    assert names <= {p.name for p in out.iterdir()}
     assert random_record["pass"] == pca_record["pass"] == "surface"
     assert random_record["result"]["directions"] == "random" and pca_record["result"]["directions"] == "pca"
-    with np.load(out / "surface.npz") as f:  # the PCA surface did not overwrite the random plane
+    with np.load(out / "surface@analysis_samples-400_grid-5.npz") as f:  # the PCA surface did not overwrite it
         np.testing.assert_array_equal(f["loss"], random_arrays["loss"])
     from landscape.figures.curves import load_runs
 

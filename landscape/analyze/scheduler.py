@@ -20,7 +20,15 @@ from landscape.analyze.context import (
     select_rounds,
 )
 from landscape.analyze.registry import PassOutput, load_passes
-from landscape.analyze.results import is_current, read_result, settings_record, write_result
+from landscape.analyze.results import (
+    SCHEMA_VERSION,
+    find_result,
+    result_name,
+    settings_diff,
+    settings_record,
+    settings_text,
+    store_result,
+)
 from landscape.errors import LandscapeError
 
 
@@ -37,9 +45,14 @@ class Job:
 
     @property
     def output(self) -> str:
-        """The result files' name: the pass name, or what its options name (surface-pca, ...), so that
-        results of one pass with different kinds of options stand side by side."""
+        """What the pass's options make of it: the pass name, or surface-pca, ... (the results' files are
+        named by ``result_name``: this, and the settings that differ from the defaults)."""
         return getattr(self.options, "output_name", self.name)
+
+    def result_name(self, settings: AnalysisSettings) -> str:
+        """The name of this job's result files under these settings (``results.result_name``)."""
+        return result_name(self.name, settings_record(settings, self.options))
+
 
 
 def write_output(job: Job, settings: AnalysisSettings, digest: str, output: PassOutput, seconds: float) -> None:
@@ -54,7 +67,7 @@ def write_output(job: Job, settings: AnalysisSettings, digest: str, output: Pass
         "summary": output.summary,
         "result": output.scalars,
     }
-    write_result(job.out_dir, job.output, record, output.arrays)
+    store_result(job.out_dir, job.name, record, output.arrays)
 
 
 @dataclass
@@ -62,6 +75,7 @@ class AnalysisReport:
     rows: list[dict] = field(default_factory=list)  # one per (run, round): summaries of every pass
     computed: int = 0
     skipped: int = 0
+    settings: dict[str, str] = field(default_factory=dict)  # result name -> its settings other than the defaults
 
 
 def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any]) -> list[Job]:
@@ -110,17 +124,23 @@ def split_work(jobs: list[Job], todo: list[int], ranks: int) -> tuple[list[list[
 
 def _recorded_summaries(jobs: list[Job], settings: AnalysisSettings, force: bool) -> list[dict | None]:
     """The summary of each job already computed with the same settings on the same checkpoint; None for the
-    jobs to run (all of them with ``force``). A checkpoint is hashed only when a result of it exists."""
+    jobs to run (all of them with ``force``). The result is looked up by its settings (``find_result``: its
+    own name, or a file written before results were named by their settings); a checkpoint is hashed only
+    when a result with these settings exists."""
     digests: dict[Path, str] = {}
     out: list[dict | None] = []
     for job in jobs:
         summary = None
-        if not force and (job.out_dir / f"{job.output}.json").is_file():
+        wanted = settings_record(settings, job.options)
+        found = None if force else find_result(job.out_dir, job.name, wanted)
+        if found is not None:
+            _, recorded = found
             path = job.source.checkpoints[job.round]
             if path not in digests:
                 digests[path] = file_digest(path)
-            if is_current(job.out_dir, job.output, settings_record(settings, job.options), digests[path]):
-                summary = read_result(job.out_dir, job.output).get("summary", {})
+            if (recorded.get("schema_version") == SCHEMA_VERSION and recorded.get("settings") == wanted
+                    and recorded.get("checkpoint_sha256") == digests[path]):
+                summary = recorded.get("summary", {})
         out.append(summary)
     return out
 
@@ -221,6 +241,9 @@ def run_analysis(
         row = rows.setdefault((job.source.name, job.round), {"run": job.source.name, "round": job.round})
         row.update(summaries.get(i, {}))
     report.rows = list(rows.values())
+    for job in jobs:
+        record = settings_record(settings, job.options)
+        report.settings[result_name(job.name, record)] = settings_text(settings_diff(job.name, record))
     return report
 
 
@@ -239,4 +262,6 @@ def format_summary(report: AnalysisReport) -> str:
     widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    # Which results these are, when some were asked for with settings other than the defaults.
+    lines += [f"{name}: {text}" for name, text in sorted(report.settings.items()) if text]
     return "\n".join(lines)

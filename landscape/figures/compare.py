@@ -6,6 +6,11 @@ at the last round), the flatness incompatibility Delta_FI and the mean client gr
 latest round its pass analysed; and the runs' loss surfaces (latest analysed round) side by side on ONE
 colour scale, as contour maps and 3D panels (PNG + PDF) and as interactive 3D (HTML). The table is printed
 and written as CSV. A run that lacks an analysis shows "-" and the command that computes it is named.
+
+Each quantity is read from results of one set of settings (``landscape.figures.selection``): the defaults
+(training split, BN mode eval, the surface's global data), or those a ``Selection`` asks for (``landscape
+compare --settings split=test``); ``Comparison.settings`` says which, and the surface panels are titled with
+the settings they show where those are not the ones asked for.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from landscape.errors import LandscapeError
 from landscape.figures import curves, surfaces
 from landscape.figures.curves import RunData, RunsLike, as_runs
 from landscape.figures.report import ComparisonRow, Quantity, all_rhos, comparison_rows, quantities
+from landscape.figures.selection import Selection
 from landscape.runs import surface_result_name, write_text
 
 # The columns the papers compare, by the plain name of report.quantities (S_rho is added by radius).
@@ -34,6 +40,7 @@ class Comparison:
     rows: list[list[str]]  # formatted cells
     missing: list[str]  # one line per run and pass it lacks, with the command
     written: list[Path]
+    settings: list[str]  # which settings the table and the surfaces show
 
 
 def _cell(value: Any, se: Any = None) -> str:
@@ -78,11 +85,11 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, quantity: str = "loss",
-            directions: str = "random") -> Comparison:
+            directions: str = "random", selection: Selection | None = None) -> Comparison:
     """Write ``compare.csv`` and, where the runs have surfaces of these ``directions``, ``surfaces.png|pdf``
     (contours), ``surfaces-3d.png|pdf`` and ``surfaces.html`` under ``out``; return the table and what was
-    written."""
-    runs = as_runs(runs_in)
+    written. ``selection``: the settings whose results are read (default: the defaults)."""
+    runs = as_runs(runs_in, selection if selection is not None else Selection())
     if len(runs) < 2:
         raise LandscapeError("compare needs at least two runs (run directories or folders of runs)")
     out = Path(out)
@@ -95,6 +102,7 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
         lacking = sorted({name for name in needed if not run.analysed_rounds(name)} - {"flatness"})
         if lacking:
             missing.append(curves.missing_message(run, lacking))
+        missing += run.notes([q.pass_name for q in shown])
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerows([header, *rows])
     written = [out / "compare.csv"]
@@ -104,11 +112,14 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
     with_surface = [run for run in runs if run.analysed_rounds(name)]
     for run in runs:
         if run not in with_surface:
-            missing.append(f"run {run.name} has no {name} analysis; run `landscape analyze {run.path} "
-                           f"--directions {directions}`")
+            flags = run.selection.analyze_flags("surface")
+            others = f" (it has {name} with {'; '.join(run.unwanted[name])})" if name in run.unwanted else ""
+            missing.append(f"run {run.name} has no {name} analysis{others}; run `landscape analyze {run.path} "
+                           f"--directions {directions}" + (f" {flags}" if flags else "") + "`")
     if with_surface:
         sources = [run.pass_record(name).path.with_suffix(".npz") for run in with_surface]
-        titles = [f"{run.label}, round {run.analysed_rounds(name)[-1]}" for run in with_surface]
+        titles = [curves.with_settings(f"{run.label}, round {run.analysed_rounds(name)[-1]}", run.shown(name))
+                  for run in with_surface]
         flat = [s for s in sources if not surfaces.load_surface(s).is_2d]
         if flat:
             missing.append(f"{', '.join(map(str, flat))}: 1D surfaces; compare draws 2D ones")
@@ -119,4 +130,5 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
             html = surfaces.surface_figure(sources, titles, quantity=quantity)
             written.append(out / "surfaces.html")
             write_text(written[-1], html.to_html(include_plotlyjs=True, full_html=True))
-    return Comparison(runs, header, rows, missing, written)
+    outputs = [q.pass_name for q in shown] + [name]
+    return Comparison(runs, header, rows, missing, written, curves.settings_lines(runs, outputs))

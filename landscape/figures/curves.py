@@ -24,6 +24,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,9 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from landscape.analyze.results import qualified_settings, record_output, record_pass, result_name
 from landscape.errors import LandscapeError
+from landscape.figures.selection import Chosen, Selection, caption, choose, settings_label, variant_of
 from landscape.figures.surfaces import save_figure
 from landscape.recipe import read_toml
 from landscape.runs import RunDir
@@ -92,6 +95,36 @@ class PassRecord:
     def name(self) -> str:
         return str(self.record.get("pass", self.path.stem))
 
+    # What the record holds, not what the file is called (files written before results were named by their
+    # settings carry the pass's name whatever their settings): the pass, its output, its settings.
+    @cached_property
+    def pass_name(self) -> str:
+        return record_pass(self.record, self.path.stem)
+
+    @cached_property
+    def output(self) -> str:
+        """sharpness, surface, surface-pca, ...: what the result is of (``results.output_name``)."""
+        return record_output(self.record, self.path.stem)
+
+    @property
+    def settings(self) -> dict:
+        """The settings record ({"analysis": ..., "pass": ...}); {} for a record without one."""
+        settings = self.record.get("settings")
+        return settings if isinstance(settings, dict) else {}
+
+    @cached_property
+    def qualified(self) -> dict[str, Any]:
+        return qualified_settings(self.pass_name, self.settings)
+
+    @cached_property
+    def variant(self) -> tuple:
+        return variant_of(self.pass_name, self.settings)
+
+    @cached_property
+    def canonical(self) -> bool:
+        """Whether the file has the name its settings give (not a file written before that naming)."""
+        return self.path.stem == result_name(self.pass_name, self.settings)
+
     @property
     def round(self) -> int:
         if "round" in self.record:
@@ -146,14 +179,51 @@ class PassRecord:
 
 @dataclass
 class RunData:
-    """Everything a figure reads from one run directory."""
+    """Everything a figure reads from one run directory.
+
+    ``results`` holds every analysis result of every round, whatever its settings; ``analyses`` (round ->
+    output -> result) the ones read, one set of settings per output (sharpness, surface, surface-pca, ...)
+    as ``selection`` chooses (``landscape.figures.selection``). ``select`` chooses again."""
 
     path: Path
     recipe: dict
     metrics: list[dict]  # metrics.jsonl rows without event rows
-    analyses: dict[int, dict[str, PassRecord]]  # round -> pass name -> record
+    results: dict[int, list[PassRecord]]  # round -> every result there
     label: str = ""
     index: int = 0  # position in the loaded list: the run's colour
+    selection: Selection = field(default_factory=Selection)
+    analyses: dict[int, dict[str, PassRecord]] = field(init=False)  # round -> output -> the result read
+    chosen: dict[str, Chosen] = field(init=False)  # output -> the settings read and the rounds left out
+    unwanted: dict[str, list[str]] = field(init=False)  # output -> settings it has, none of them wanted
+
+    def __post_init__(self) -> None:
+        self.select(self.selection)
+
+    def select(self, selection: Selection) -> RunData:
+        """Read the results ``selection`` wants (see ``landscape.figures.selection``)."""
+        self.selection = selection
+        self.analyses, self.chosen, self.unwanted = choose(self.results, selection)
+        return self
+
+    def shown(self, output: str) -> str:
+        """The settings of the ``output`` results read where they are not those asked for ('' when they are)."""
+        chosen = self.chosen.get(output)
+        return chosen.shown if chosen is not None else ""
+
+    def notes(self, outputs: Sequence[str] | None = None) -> list[str]:
+        """One line per output whose results of some analysed rounds are left out (other settings)."""
+        lines = []
+        for output, chosen in self.chosen.items():
+            if chosen.left_out and (outputs is None or output in outputs):
+                rounds = ", ".join(map(str, chosen.left_out))
+                there = "; ".join(sorted({text for texts in chosen.left_out.values() for text in texts}))
+                flags = self.selection.analyze_flags(chosen.pass_name)
+                shown = settings_label(chosen.pass_name, chosen.settings)
+                lines.append(f"run {self.name}: {output} of round(s) {rounds} left out, computed there only with "
+                             f"{there} (shown: {shown}); `landscape analyze {self.path} "
+                             f"--rounds {','.join(map(str, chosen.left_out))} --passes {chosen.pass_name}"
+                             + (f" {flags}" if flags else "") + "` computes them")
+        return lines
 
     @property
     def name(self) -> str:
@@ -201,8 +271,13 @@ class RunData:
 
 def missing_message(run: RunData, passes: Sequence[str]) -> str:
     names = ", ".join(passes)
-    return (f"run {run.name} has no {names} analysis; run `landscape analyze {run.path} --passes "
-            f"{','.join(passes)}`")
+    flags = " ".join(dict.fromkeys(f for f in (run.selection.analyze_flags(p) for p in passes) if f))
+    others = [f"{p} with {'; '.join(run.unwanted[p])}" for p in passes if p in run.unwanted]
+    what = f" with {run.selection.describe()}" if run.selection.filters else ""
+    return (f"run {run.name} has no {names} analysis{what}"
+            + (f" (it has {', '.join(others)}: --settings KEY=VALUE picks other settings)" if others else "")
+            + f"; run `landscape analyze {run.path} --passes {','.join(passes)}" + (f" {flags}" if flags else "")
+            + "`")
 
 
 def require_passes(runs: Sequence[RunData], passes: Sequence[str]) -> None:
@@ -225,8 +300,10 @@ def require_metric(runs: Sequence[RunData], key: str, hint: str = "") -> None:
                              + (f"; keys there: {', '.join(known)}" if known else "; the file has no rows"))
 
 
-def _read_analyses(path: Path) -> dict[int, dict[str, PassRecord]]:
-    analyses: dict[int, dict[str, PassRecord]] = {}
+def _read_analyses(path: Path) -> dict[int, list[PassRecord]]:
+    """Every result of every round, indexed by the round (the record's settings, not the file's name, say
+    what each is)."""
+    analyses: dict[int, list[PassRecord]] = {}
     folder = path / "analysis"
     if not folder.is_dir():
         return analyses
@@ -241,8 +318,7 @@ def _read_analyses(path: Path) -> dict[int, dict[str, PassRecord]]:
                 raise LandscapeError(f"{json_path}: not a readable analysis record ({e})") from None
             if not isinstance(record, dict):
                 continue
-            # keyed by the file's name: one pass may write several results (surface, surface-pca, ...)
-            analyses.setdefault(int(match.group(1)), {})[json_path.stem] = PassRecord(json_path, record)
+            analyses.setdefault(int(match.group(1)), []).append(PassRecord(json_path, record))
     return analyses
 
 
@@ -258,10 +334,10 @@ def _run_dirs(path: Path) -> list[Path]:
     return subs
 
 
-def _load_run(path: Path) -> RunData:
+def _load_run(path: Path, selection: Selection | None = None) -> RunData:
     run_dir = RunDir(path)
     metrics = [row for row in run_dir.read_metrics() if "event" not in row]
-    return RunData(path, read_toml(run_dir.recipe), metrics, _read_analyses(path))
+    return RunData(path, read_toml(run_dir.recipe), metrics, _read_analyses(path), selection=selection or Selection())
 
 
 def _flatten(recipe: dict, prefix: str = "") -> dict[str, Any]:
@@ -314,8 +390,9 @@ def run_labels(recipes: Sequence[dict], names: Sequence[str]) -> list[str]:
     return [f"{label} ({name})" if counts[label] > 1 else label for label, name in zip(labels, names)]
 
 
-def load_runs(paths: str | Path | Sequence[str | Path]) -> list[RunData]:
-    """Read run directories (or folders of them): recipe, metrics rows, analysis records; unique labels."""
+def load_runs(paths: str | Path | Sequence[str | Path], selection: Selection | None = None) -> list[RunData]:
+    """Read run directories (or folders of them): recipe, metrics rows, analysis records; unique labels.
+    ``selection`` says which settings' results to read (default: ``Selection()``, the defaults)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     dirs: list[Path] = []
@@ -323,7 +400,7 @@ def load_runs(paths: str | Path | Sequence[str | Path]) -> list[RunData]:
         dirs += [d for d in _run_dirs(Path(p)) if d not in dirs]
     if not dirs:
         raise LandscapeError("no run directories given")
-    runs = [_load_run(d) for d in dirs]
+    runs = [_load_run(d, selection) for d in dirs]
     for i, (run, label) in enumerate(zip(runs, run_labels([r.recipe for r in runs], [r.name for r in runs]))):
         run.label, run.index = label, i
     return runs
@@ -332,14 +409,46 @@ def load_runs(paths: str | Path | Sequence[str | Path]) -> list[RunData]:
 RunsLike = Sequence["RunData | str | Path"] | str | Path
 
 
-def as_runs(runs: RunsLike) -> list[RunData]:
-    """RunData as given, or loaded from paths."""
+def as_runs(runs: RunsLike, selection: Selection | None = None) -> list[RunData]:
+    """RunData as given (choosing again when a ``selection`` is given), or loaded from paths."""
     if isinstance(runs, (str, Path)):
-        return load_runs(runs)
+        return load_runs(runs, selection)
     runs = list(runs)
     if runs and all(isinstance(r, RunData) for r in runs):
-        return runs
-    return load_runs([r.path if isinstance(r, RunData) else r for r in runs])
+        return runs if selection is None else [run.select(selection) for run in runs]
+    return load_runs([r.path if isinstance(r, RunData) else r for r in runs], selection)
+
+
+def settings_caption(runs: Sequence[RunData], output: str) -> str:
+    """The settings of the ``output`` results a figure of ``runs`` shows, where they are not those asked for
+    (the defaults, or a figure recipe's): '' when they are; shared settings once; else run by run."""
+    return caption([(run.label, run.shown(output)) for run in runs if run.analysed_rounds(output)],
+                   "as in the recipe" if any(run.selection.exact for run in runs) else "defaults")
+
+
+def settings_lines(runs: Sequence[RunData], outputs: Sequence[str]) -> list[str]:
+    """Which settings the results read of ``runs`` have: the selection, then each output read with other
+    settings than asked (``settings_caption``)."""
+    selection = runs[0].selection if runs else Selection()
+    if selection.exact:
+        head = "settings: those the figure recipe analyses with"
+    elif selection.filters:
+        head = f"settings: {selection.describe()} (the rest at their defaults where computed)"
+    else:
+        head = "settings: the defaults where computed (training split, BN mode eval, global surface data)"
+    lines = [head]
+    for output in dict.fromkeys(outputs):
+        text = settings_caption(runs, output)
+        if text:
+            lines.append(f"{output} read with {text}")
+    return lines
+
+
+def with_settings(title: str, settings: str, sep: str = " ", *, matplotlib: bool = True) -> str:
+    """A title with the settings it shows in brackets (for matplotlib a '$' is escaped: it starts maths)."""
+    if matplotlib:
+        settings = settings.replace("$", "\\$")
+    return f"{title}{sep}[{settings}]" if settings else title
 
 
 # -- writing ----------------------------------------------------------------------------------------------
@@ -469,9 +578,10 @@ def flatness_and_sharpness_figure(runs: RunsLike, *, rho: float | None = None) -
         ax_l.plot(rounds, lam, marker="s", color=run.color)
     ax_d.set_title(r"(a) flatness distance $\Delta_D$ (online, every round)")
     ax_d.set_ylabel(r"$\Delta_D$ = mean$_i \|y_{i,K}^t - x^{t+1}\|^2$")
-    ax_s.set_title(rf"(b) global sharpness $S_\rho(x^t)$, $\rho$ = {rho:g}")
+    ax_s.set_title(with_settings(rf"(b) global sharpness $S_\rho(x^t)$, $\rho$ = {rho:g}", settings_caption(runs, "sharpness"),
+                         "\n"))
     ax_s.set_ylabel(r"$S_\rho$ = max$_{\|e\| \leq \rho}\, F(x+e) - F(x)$ (nats)")
-    ax_l.set_title(r"(c) top Hessian eigenvalue $\lambda_1(x^t)$")
+    ax_l.set_title(with_settings(r"(c) top Hessian eigenvalue $\lambda_1(x^t)$", settings_caption(runs, "hessian"), "\n"))
     ax_l.set_ylabel(r"$\lambda_1(\nabla^2 F)$")
     for ax in (ax_d, ax_s, ax_l):
         _round_axis(ax)
@@ -555,7 +665,8 @@ def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
     ax_density.set_ylim(bottom=floor)
     if same_round:
         fig.suptitle(f"Hessian of the global loss at round {summaries[0].round}")
-    ax_density.set_title("(c) Hessian spectral density (SLQ)")
+    ax_density.set_title(with_settings("(c) Hessian spectral density (SLQ)",
+                               settings_caption([s.run for s in summaries], "hessian"), "\n"))
     ax_density.set_xlabel(r"eigenvalue $\lambda$")
     ax_density.set_ylabel("density (log scale)")
     ax_density.grid(alpha=0.3)
@@ -609,7 +720,8 @@ def incompatibility_figure(runs: RunsLike) -> Figure:
         ax.axhline(0.0, color="grey", lw=0.8)
         rhos = sorted(set(data["rho"].tolist()))
         rho_text = ", ".join(f"{r:g}" for r in rhos)
-        ax.set_title(rf"{run.label} ($\rho$ = {rho_text}, $\Delta_{{FI}} \leq 4\rho^2$)", fontsize="medium")
+        ax.set_title(with_settings(rf"{run.label} ($\rho$ = {rho_text}, $\Delta_{{FI}} \leq 4\rho^2$)",
+                           run.shown("incompatibility"), "\n"), fontsize="medium")
         _round_axis(ax)
     for ax in axes[len(runs):]:
         ax.set_visible(False)
@@ -677,8 +789,8 @@ def alignment_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
                         color="white" if abs(v) > 0.6 else "black")
         ax.set_xlabel("client j")
         ax.set_ylabel("client i")
-        ax.set_title(f"{m.run.label}, round {m.round}\nmean off-diagonal = {m.mean_off_diagonal:.3f}",
-                     fontsize="medium")
+        ax.set_title(with_settings(f"{m.run.label}, round {m.round}\nmean off-diagonal = {m.mean_off_diagonal:.3f}",
+                           m.run.shown("alignment"), "\n"), fontsize="medium")
     for ax in axes[len(matrices):]:
         ax.set_visible(False)
     fig.colorbar(image, ax=list(axes[: len(matrices)]), label=r"$\cos(\nabla F_i, \nabla F_j)$", shrink=0.85)

@@ -1,0 +1,237 @@
+"""Which analysis results a figure, a comparison or a report reads.
+
+A round's results are indexed by what each JSON records, its pass and its settings, never by its file name
+(``landscape.analyze.results.result_name``), so results written before they were named by their settings
+are read by what they hold. Of the results of one output of a run (``sharpness``, ``surface``,
+``surface-pca``, ...) ONE set of settings is read, at every round: a curve over rounds never mixes settings.
+
+Which one (``choose``):
+
+- a figure recipe asks for exactly the settings it analysed with (``Selection(exact=...)``);
+- otherwise the results must fit the filters (``--settings KEY=VALUE``), and what F is stays at its default
+  unless a filter says otherwise (``PINNED``: the training split, BN mode eval, the surface's global data);
+  of the settings that fit, the defaults are read when they were computed, else those with the most
+  analysed rounds (then the fewest settings off their defaults).
+
+Rounds analysed only with other settings are left out of the run's curves and named in ``Chosen.left_out``;
+``Chosen.shown`` says which settings are read where they are not the ones asked for (the defaults, or the
+recipe's), for the labels.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from landscape.analyze.results import (
+    NOT_NAMED,
+    qualified_settings,
+    settings_diff,
+    settings_text,
+    value_text,
+)
+from landscape.errors import LandscapeError
+
+# What F is: read at its default unless a filter names it.
+PINNED = ("split", "bn_mode", "surface.data")
+# `landscape analyze` flags of the analysis settings (the others are --set PASS.OPTION=VALUE).
+_ANALYZE_FLAGS = {"split": "--split", "analysis_samples": "--analysis-samples", "bn_mode": "--bn-mode",
+                  "backend": "--backend", "hvp": "--hvp", "dtype": "--dtype", "seed": "--seed"}
+
+
+class Result(Protocol):
+    """What selection reads of a stored result (``curves.PassRecord``)."""
+
+    pass_name: str
+    output: str
+    settings: dict
+    qualified: dict[str, Any]
+    variant: tuple
+    canonical: bool
+
+
+def _analysis_names() -> set[str]:
+    from landscape.analyze.context import AnalysisSettings
+
+    return set(AnalysisSettings().record())
+
+
+def _option_names() -> dict[str, set[str]]:
+    from landscape.analyze.registry import load_passes
+
+    return {entry.name: set(entry.option_defaults()) for entry in load_passes().entries()}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which settings to read: ``filters`` ((KEY, VALUE): KEY an analysis setting such as ``split``,
+    ``PASS.OPTION`` such as ``surface.grid``, or an option name such as ``grid`` for every pass that has it),
+    or ``exact`` (pass -> the settings record a figure recipe analysed with)."""
+
+    filters: tuple[tuple[str, Any], ...] = ()
+    exact: Mapping[str, dict] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, texts: Iterable[str], flag: str = "--settings") -> Selection:
+        """From ``KEY=VALUE`` texts (values in TOML, as ``--set`` takes them); unknown keys are refused."""
+        from landscape.recipe import parse_value
+
+        filters = []
+        for text in texts:
+            if any(ord(c) < 32 or ord(c) == 127 for c in text):
+                raise LandscapeError(f"{flag} must not hold control characters (got {text!r})")
+            key, sep, value = text.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise LandscapeError(f"{flag} takes KEY=VALUE, e.g. {flag} split=test (got {text!r})")
+            _check_key(key, flag)
+            filters.append((key, parse_value(value.strip())))
+        return cls(tuple(filters))
+
+    def describe(self) -> str:
+        """'split=test, surface.grid=9'; '' for no filters."""
+        return ", ".join(f"{k}={value_text(v)}" for k, v in self.filters)
+
+    def _keys(self, key: str, pass_name: str, qualified: Mapping[str, Any]) -> list[str]:
+        """The qualified settings of a ``pass_name`` result that the filter KEY names."""
+        if "." in key:
+            return [key] if key.split(".", 1)[0] == pass_name else []
+        if key in _analysis_names():
+            return [key]
+        name = f"{pass_name}.{key}"
+        return [name] if name in qualified else []
+
+    def wants(self, rec: Result) -> bool:
+        """Whether this result has the settings asked for."""
+        if self.exact:
+            wanted = self.exact.get(rec.pass_name)
+            return wanted is not None and rec.variant == variant_of(rec.pass_name, wanted)
+        q = rec.qualified
+        named: set[str] = set()
+        for key, value in self.filters:
+            for name in self._keys(key, rec.pass_name, q):
+                named.add(name)
+                if name not in q or value_text(q[name]) != value_text(value):
+                    return False
+        defaults = qualified_settings(rec.pass_name, None)
+        return all(value_text(q[pin]) == value_text(defaults[pin])
+                   for pin in PINNED if pin in q and pin in defaults and pin not in named)
+
+    def reference(self, pass_name: str) -> dict | None:
+        """The settings record labels are told against: the recipe's (exact), else None (the defaults)."""
+        return self.exact.get(pass_name) if self.exact else None
+
+    def analyze_flags(self, pass_name: str) -> str:
+        """``landscape analyze`` flags computing the results this selection asks for of ``pass_name``."""
+        if self.exact:
+            wanted = self.exact.get(pass_name)
+            defaults = qualified_settings(pass_name, None)
+            given = {k: v for k, v in qualified_settings(pass_name, wanted).items()
+                     if k not in defaults or value_text(v) != value_text(defaults[k])}
+        else:
+            options = _option_names().get(pass_name, set())
+            given = {}
+            for key, value in self.filters:
+                if "." in key:
+                    if key.split(".", 1)[0] == pass_name:
+                        given[key] = value
+                elif key in _analysis_names():
+                    given[key] = value
+                elif key in options:
+                    given[f"{pass_name}.{key}"] = value
+        flags = []
+        for key, value in sorted(given.items()):
+            if key in _ANALYZE_FLAGS:
+                flags.append(f"{_ANALYZE_FLAGS[key]} {shlex.quote(value_text(value))}")
+            elif "." in key:
+                text = f"[{value_text(value)}]" if isinstance(value, (list, tuple)) else value_text(value)
+                flags.append(f"--set {shlex.quote(f'{key}={text}')}")
+        return " ".join(flags)
+
+
+def _check_key(key: str, flag: str) -> None:
+    analysis = _analysis_names()
+    options = _option_names()
+    where = (f"{flag} keys are the analysis settings ({', '.join(sorted(analysis - NOT_NAMED))}), "
+             "PASS.OPTION (e.g. surface.grid) or an option name (e.g. grid)")
+    if key in NOT_NAMED or any(f"{p}.{key}" in NOT_NAMED for p in options):
+        raise LandscapeError(f"{flag} {key}: results are not told apart by {key} (it changes no number)")
+    if "." in key:
+        pass_name, _, option = key.partition(".")
+        if pass_name not in options:
+            raise LandscapeError(f"{flag} {key}: no analysis pass '{pass_name}'; passes: {', '.join(sorted(options))}")
+        if option not in options[pass_name]:
+            allowed = ", ".join(sorted(options[pass_name])) or "(none)"
+            raise LandscapeError(f"{flag} {key}: {pass_name} has no option '{option}'; its options: {allowed}")
+    elif key not in analysis and not any(key in opts for opts in options.values()):
+        raise LandscapeError(f"{flag} {key}: unknown setting; {where}")
+
+
+def variant_of(pass_name: str, settings: Any) -> tuple:
+    """A hashable key of a result's settings: equal for results that differ in ``NOT_NAMED`` only."""
+    return (pass_name, tuple(sorted((k, value_text(v)) for k, v in qualified_settings(pass_name, settings).items())))
+
+
+@dataclass
+class Chosen:
+    """The results of one output of a run read at every round, all of one set of settings."""
+
+    output: str
+    pass_name: str
+    records: dict[int, Any]  # round -> the result
+    settings: dict  # the settings record read
+    shown: str  # the settings read, where they are not the ones asked for ('' when they are)
+    left_out: dict[int, list[str]] = field(default_factory=dict)  # round -> settings there (not read)
+
+
+def settings_label(pass_name: str, settings: Any) -> str:
+    """'split=test' (the settings off their defaults) or 'the defaults'."""
+    return settings_text(settings_diff(pass_name, settings)) or "the defaults"
+
+
+def choose(results: Mapping[int, Sequence[Result]], selection: Selection
+           ) -> tuple[dict[int, dict[str, Any]], dict[str, Chosen], dict[str, list[str]]]:
+    """(round -> output -> result read, output -> Chosen, output -> settings of the results there that the
+    selection does not want, for outputs of which it wants none)."""
+    variants: dict[str, dict[tuple, dict[int, Result]]] = {}
+    everything: dict[str, dict[int, set[str]]] = {}
+    for r in sorted(results):
+        for rec in results[r]:
+            everything.setdefault(rec.output, {}).setdefault(r, set()).add(settings_label(rec.pass_name, rec.settings))
+            if not selection.wants(rec):
+                continue
+            slot = variants.setdefault(rec.output, {}).setdefault(rec.variant, {})
+            if r not in slot or (rec.canonical and not slot[r].canonical):  # one result per round and settings
+                slot[r] = rec
+
+    def rank(item: tuple[tuple, dict[int, Result]]) -> tuple:
+        rec = next(iter(item[1].values()))
+        diff = settings_diff(rec.pass_name, rec.settings)
+        return bool(diff), -len(item[1]), len(diff), settings_text(diff)
+
+    chosen: dict[str, Chosen] = {}
+    for output, found in variants.items():
+        _, records = min(found.items(), key=rank)
+        first = next(iter(records.values()))
+        shown = settings_text(settings_diff(first.pass_name, first.settings, selection.reference(first.pass_name)))
+        left = {r: sorted(labels) for r, labels in everything[output].items() if r not in records}
+        chosen[output] = Chosen(output, first.pass_name, dict(sorted(records.items())), first.settings, shown, left)
+    view: dict[int, dict[str, Any]] = {}
+    for output, c in chosen.items():
+        for r, rec in c.records.items():
+            view.setdefault(r, {})[output] = rec
+    others = {output: sorted(set().union(*rounds.values())) for output, rounds in everything.items()
+              if output not in chosen}
+    return dict(sorted(view.items())), chosen, others
+
+
+def caption(texts: Sequence[tuple[str, str]], asked: str = "defaults") -> str:
+    """The settings a figure shows, from (run label, ``Chosen.shown``) pairs: '' when every run shows what
+    was asked (``asked``: how to call that); the settings when the runs share them; else run by run."""
+    if not any(text for _, text in texts):
+        return ""
+    if len({text for _, text in texts}) == 1:
+        return texts[0][1]
+    return "; ".join(f"{label}: {text or asked}" for label, text in texts)
