@@ -10,7 +10,7 @@ and round). Timed after one warm-up round, with the device synchronised:
   ``--analysis-samples`` training samples (batches of 512, eval mode, float32: curvature never runs in
   bfloat16 or through torch.compile);
 * the surface: ``evaluate_surface`` on a ``--grid`` x ``--grid`` filter-normalised random plane over
-  ``--surface-samples`` samples (vmap, 16 cells per pass).
+  ``--surface-samples`` samples (16 cells per chunk; per forward pass: the whole chunk on a GPU, one cell on the CPU).
 
 ``--precision bf16`` and ``--compile`` set the recipe's ``train.precision`` and ``train.compile`` (training
 only). Under ``torchrun --standalone --nproc-per-node N`` the clients, the HVP batches and the surface cells
@@ -39,13 +39,17 @@ from landscape.analyze.directions import random_plane
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.operator import HessianOperator
 from landscape.analyze.spectrum import lanczos_topk
-from landscape.analyze.surface import evaluate_surface, make_axis
+from landscape.analyze.surface import default_cells_per_pass, evaluate_surface, make_axis
 from landscape.data.datasets import ArrayDataset, DatasetBundle
 from landscape.data.partitions import class_histogram
 from landscape.flat import FlatModel
 from landscape.runs import RunDir
-from landscape.setup import DataSetup, build_module
 from landscape.train.loop import Trainer
+
+try:  # where the data set-up lives (moved out of the training loop)
+    from landscape.setup import DataSetup, build_module
+except ImportError:
+    from landscape.train.loop import DataSetup, build_module
 
 
 def synthetic_setup(clients: int, per_client: int, test: int, seed: int = 0) -> DataSetup:
@@ -124,7 +128,7 @@ def main() -> None:
         train_set = setup.bundle.train
         hessian_data = AnalysisData(train_set.x[: args.analysis_samples], train_set.y[: args.analysis_samples])
         objective = Objective(flat, {}, hessian_data.place(device))
-        op = HessianOperator(objective, w)
+        op = HessianOperator(objective, w)  # gradient graphs kept where they fit (op.keeps_graph)
         lanczos_seconds, top = timed(device, lambda: lanczos_topk(op, args.top_k, tol=1e-3, seed=0))
         surface_data = AnalysisData(train_set.x[: args.surface_samples], train_set.y[: args.surface_samples])
         surface_objective = Objective(flat, {}, surface_data.place(device))
@@ -144,6 +148,8 @@ def main() -> None:
             "seconds_per_round": train_seconds / args.rounds,
             "lanczos_seconds": lanczos_seconds, "lanczos_hvps": top.hvp_count, "eigenvalues": top.values.tolist(),
             "converged": top.converged.tolist(), "analysis_samples": len(hessian_data),
+            "graphs_kept": op.keeps_graph, "graph_bytes": op.graph_bytes,
+            "surface_cells_per_pass": default_cells_per_pass(device, 16),
             "surface_seconds": surface_seconds, "surface_grid": [args.grid, args.grid],
             "surface_samples": len(surface_data), "surface_finite": bool(np.isfinite(grid.loss).all()),
         }
@@ -156,9 +162,12 @@ def main() -> None:
             print("|---|---|---|---|")
             print(f"| FedSAM training | {per_round} clients/round, K = {steps} steps, batch {args.batch_size} | "
                   f"{train_seconds / args.rounds:.2f} per round | {args.rounds / train_seconds:.3f} rounds/s |")
-            print(f"| lambda_1..{args.top_k} (Lanczos, tol 1e-3) | {len(hessian_data):,} samples | "
+            graphs = (f"graphs kept ({op.graph_bytes / 2**30:.1f} GiB)" if op.keeps_graph else
+                      f"graphs rebuilt per product ({(op.graph_bytes or 0) / 2**30:.1f} GiB would not fit)")
+            print(f"| lambda_1..{args.top_k} (Lanczos, tol 1e-3) | {len(hessian_data):,} samples, {graphs} | "
                   f"{lanczos_seconds:.1f} | {top.hvp_count} HVPs |")
-            print(f"| {args.grid}x{args.grid} surface | {len(surface_data):,} samples | {surface_seconds:.1f} | "
+            print(f"| {args.grid}x{args.grid} surface | {len(surface_data):,} samples, "
+                  f"{default_cells_per_pass(device, 16)} cells per pass | {surface_seconds:.1f} | "
                   f"{surface_seconds / args.grid**2:.4f} s/cell |")
 
 

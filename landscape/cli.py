@@ -61,6 +61,7 @@ _RECIPE_FLAGS: list[tuple[str, str, str]] = [
     ("--eval-every", "train.eval_every", "evaluate on the test set every N rounds (and at the end)"),
     ("--data-root", "dataset.root", "folder holding torchvision-format data sets"),
     ("--device", "train.device", "auto, cpu, cuda or cuda:N"),
+    ("--threads", "train.threads", "CPU threads (default 1; 0: every core); the last bits depend on it"),
 ]
 _NO_SWEEP = {"dataset.root", "train.device"}  # values that may hold commas themselves
 
@@ -123,13 +124,17 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
     overrides += [recipes.parse_assignment(a) for a in assignments]
 
     if resume_dir is not None:
-        extra = [k for k, _ in overrides if k != "train.rounds"]
+        extra = [k for k, _ in overrides if k not in ("train.rounds", "train.threads")]
         if recipe_file is not None or extra or axes or out is not None or overwrite or dry_run:
-            raise LandscapeError("--resume continues a run as recorded; only --rounds may be given with it")
+            raise LandscapeError("--resume continues a run as recorded; only --rounds may be given with it, and "
+                                 "--threads")
         rounds = dict(overrides).get("train.rounds")
         if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
             raise LandscapeError(f"--rounds must be a positive integer (got {rounds!r})")
-        state = loop.resume_run(resume_dir, rounds=rounds, progress=not quiet)
+        threads = dict(overrides).get("train.threads")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
+            raise LandscapeError(f"--threads must be a whole number >= 0 (got {threads!r})")
+        state = loop.resume_run(resume_dir, rounds=rounds, progress=not quiet, threads=threads)
         _report(resume_dir, state.round)
         return
 
@@ -172,7 +177,7 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
         if status == "done":
             continue
         if status == "resume":
-            state = loop.resume_run(path, progress=not quiet)
+            state = loop.resume_run(path, progress=not quiet, threads=recipe.train.threads)
         else:
             state = loop.start_run(recipe, path, overwrite=overwrite, progress=not quiet)
         _report(path, state.round)
@@ -194,6 +199,7 @@ def _report(out: Path, rounds: int) -> None:
 
 @cli.command("analyze")
 @click.argument("path", type=click.Path(path_type=Path))
+@click.argument("analysis_recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--rounds", default="last", show_default=True, help="last, all, or a comma list of rounds")
 @click.option("--passes", default=None,
               help="comma list of passes [default: all but surface; see `landscape list`]")
@@ -208,8 +214,17 @@ def _report(out: Path, rounds: int) -> None:
               help="pyhessian: also compute lambda_max and trace with the PyHessian package (cross-check)")
 @click.option("--hvp", type=click.Choice(["double-backward", "forward-over-reverse"]), default="double-backward",
               show_default=True, help="how Hessian-vector products are computed")
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
+@click.option("--dtype", type=click.Choice(["auto", "float32", "float64"]), default="auto", show_default=True,
+              help="auto: the run's train.dtype (a state_dict's own dtype)")
+@click.option("--model", "model_spec", default=None, metavar="NAME|MODULE:FACTORY",
+              help="PATH is a plain state_dict file or a folder of them: the model, a registered name or "
+                   "package.module:factory (called with no arguments)")
+@click.option("--dataset", "dataset_spec", default=None, metavar="NAME|MODULE:FACTORY",
+              help="with --model: the data, a registered data set (--split picks train or test) or "
+                   "package.module:factory returning (inputs, targets), a Dataset or a DataLoader")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of subsets, probes and minibatches")
+@click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
+              help="CPU threads (0: every core); the numbers' last bits depend on it, the machine never sets it")
 @click.option("--set", "assignments", multiple=True, metavar="PASS.KEY=VALUE",
               help="a pass option, e.g. --set hessian.top_k=10 or --set sharpness.rhos=[0.05,0.1]")
 @click.option("--directions", type=click.Choice(["random", "pca", "clients", "interpolate"]), default=None,
@@ -221,32 +236,58 @@ def _report(out: Path, rounds: int) -> None:
               help="surface pass: global, test or client:<i> (local vs global landscape) [surface.data]")
 @click.option("--force", is_flag=True, help="recompute passes already computed with the same settings")
 @click.option("--quiet", is_flag=True, help="no progress bar")
-def analyze_command(path: Path, rounds: str, passes: str | None, analysis_samples: int, split: str, bn_mode: str,
-                    device: str, backend: str, hvp: str, dtype: str, seed: int, assignments: tuple[str, ...],
-                    directions: str | None, grid: str | None, span: str | None, surface_data: str | None,
-                    force: bool, quiet: bool) -> None:
+def analyze_command(path: Path, analysis_recipe: Path | None, rounds: str, passes: str | None,
+                    analysis_samples: int, split: str, bn_mode: str, device: str, backend: str, hvp: str,
+                    dtype: str, model_spec: str | None, dataset_spec: str | None, seed: int, threads: int,
+                    assignments: tuple[str, ...], directions: str | None, grid: str | None, span: str | None,
+                    surface_data: str | None, force: bool, quiet: bool) -> None:
     """Analyse checkpoints: Hessian spectrum, sharpness, flatness distance, incompatibility, alignment,
     loss surfaces.
 
     PATH is a run directory, a folder of runs, a run's checkpoints/ folder, a folder of checkpoints, or one
-    checkpoint file. Results go to analysis/round-NNNN/<pass>.json (+ .npz) with the settings that produced
-    them; passes already computed with the same settings are skipped. A summary table is printed at the end.
-    By default every pass but `surface` runs; --directions/--grid/--span/--data alone run the surface pass.
+    checkpoint file; with --model and --dataset, a plain state_dict file or a folder of them. ANALYSIS_RECIPE
+    (e.g. analyze/quick.toml) gives the passes, rounds, settings and pass options; flags given here win.
+    Results go to analysis/round-NNNN/<pass>.json (+ .npz) with the settings that produced them; passes
+    already computed with the same settings are skipped. A summary table is printed at the end. By default
+    every pass but `surface` runs; --directions/--grid/--span/--data alone run the surface pass.
     """
-    from landscape.analyze.context import AnalysisSettings
-    from landscape.analyze.registry import default_passes, pass_options
+    from landscape.analyze.catalog import default_passes, pass_options
+    from landscape.analyze.context import AnalysisSettings, ForeignModel
+    from landscape.analyze.recipes import load_analysis_recipe
     from landscape.analyze.scheduler import format_summary, run_analysis
     from landscape.recipe import parse_assignment
 
+    click_ctx = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return click_ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+    foreign = None
+    if (model_spec is None) != (dataset_spec is None):
+        raise LandscapeError("a plain state_dict needs both --model and --dataset")
+    if model_spec is not None:
+        foreign = ForeignModel(model_spec, dataset_spec)
+    recipe = load_analysis_recipe(analysis_recipe) if analysis_recipe is not None else None
+    chosen = {"split": split, "analysis_samples": analysis_samples, "bn_mode": bn_mode, "device": device, "backend": backend,
+                  "hvp": hvp, "seed": seed, "dtype": dtype, "threads": threads}
+    if recipe is not None:
+        chosen.update({k: v for k, v in recipe.settings.items() if not given(k)})
+        if recipe.rounds is not None and not given("rounds"):
+            rounds = recipe.rounds
+        if recipe.passes is not None and passes is None:
+            passes = ",".join(recipe.passes)
+    split, analysis_samples = chosen["split"], chosen["analysis_samples"]
     if analysis_samples < 0:
         raise LandscapeError(f"--analysis-samples must be >= 0 (got {analysis_samples})")
     surface_flags = {"directions": directions, "grid": grid, "span": span, "data": surface_data}
     surface_flags = {k: v for k, v in surface_flags.items() if v is not None}
     if passes:
         names = [p.strip() for p in passes.split(",") if p.strip()]
-    else:
-        names = ["surface"] if surface_flags else default_passes()
-    values: dict[str, dict] = {name: {} for name in names}
+    elif surface_flags:
+        names = ["surface"]
+    else:  # a state_dict has no clients: the passes that need none
+        names = ["loss", "hessian", "sharpness"] if foreign is not None else default_passes()
+    values: dict[str, dict] = {name: dict(recipe.options.get(name, {})) if recipe else {} for name in names}
     if surface_flags:
         if "surface" not in values:
             raise LandscapeError("--directions, --grid, --span and --data set the surface pass; add it: --passes surface")
@@ -258,11 +299,12 @@ def analyze_command(path: Path, rounds: str, passes: str | None, analysis_sample
             raise LandscapeError(f"--set takes PASS.KEY=VALUE for a chosen pass ({', '.join(names)}); got '{key}'")
         values[pass_name][option] = value
     options = {name: pass_options(name, values[name]) for name in names}
-    settings = AnalysisSettings(split=split, analysis_samples=analysis_samples, bn_mode=bn_mode, device=device,
-                                backend=backend, hvp=hvp, seed=seed, dtype=dtype)
+    settings = AnalysisSettings(**chosen)
     report = run_analysis(path, rounds=rounds, passes=names, settings=settings, options=options, force=force,
-                          progress=not quiet)
+                          progress=not quiet, foreign=foreign)
     click.echo(format_summary(report))
+    for note in report.notes:
+        click.echo(f"note: {note}", err=True)
     click.echo(f"{report.computed} computed, {report.skipped} already done (same settings)")
 
 
@@ -300,7 +342,7 @@ def _ensure_run(recipe: dict, path: Path, quiet: bool) -> None:
     if status in ("new", "replace"):
         loop.start_run(recipe, path, overwrite=status == "replace", progress=not quiet)
     elif status == "resume":
-        loop.resume_run(path, rounds=recipe.train.rounds, progress=not quiet)
+        loop.resume_run(path, rounds=recipe.train.rounds, progress=not quiet, threads=recipe.train.threads)
 
 
 @cli.command("figures")
@@ -325,8 +367,8 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     where that is missing (finished runs and analyses are reused; a run whose recipe changed is retrained),
     then write <file>.png and <file>.pdf (+ <file>.html, interactive 3D, for surfaces) under --out."""
     from landscape import recipe as recipes
+    from landscape.analyze.catalog import load_passes, pass_options
     from landscape.analyze.context import AnalysisSettings
-    from landscape.analyze.registry import load_passes, pass_options
     from landscape.analyze.results import settings_record
     from landscape.analyze.scheduler import run_analysis
     from landscape.figures import book
@@ -468,8 +510,8 @@ def demo_command(out: Path, quiet: bool) -> None:
     """FedAvg, FedSAM and FedNSAM on digits (Dirichlet 0.1, 20 clients), analysed (every pass and a loss
     surface), the FedSAM-vs-FedNSAM comparison figures and the HTML report. Finished steps are reused."""
     from landscape import recipe as recipes
+    from landscape.analyze.catalog import default_passes, pass_options
     from landscape.analyze.context import AnalysisSettings
-    from landscape.analyze.registry import default_passes, pass_options
     from landscape.analyze.scheduler import AnalysisReport, format_summary, run_analysis
     from landscape.figures import curves
     from landscape.figures.compare import compare, text_table
@@ -513,7 +555,7 @@ def demo_command(out: Path, quiet: bool) -> None:
 @cli.command("list")
 def list_command() -> None:
     """List everything a recipe can name (algorithms, data sets, models, partitions) and the analysis passes."""
-    from landscape.analyze.registry import load_passes
+    from landscape.analyze.catalog import load_passes
     from landscape.recipe import registries
 
     headers = [(f"{registry.kind}s ([{section}] name = ...):", registry) for section, registry in registries().items()]

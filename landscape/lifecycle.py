@@ -19,6 +19,7 @@ from landscape.errors import LandscapeError
 from landscape.recipe import Recipe
 from landscape.runs import (
     LOCK_NAME,
+    RUN_MARKER,
     CheckpointError,
     RunDir,
     load_checkpoint,
@@ -33,12 +34,15 @@ OWNED_MARKER = ".landscape-owned"
 
 # Recipe keys that may differ between a checkpoint and the run it continues: they change where and how
 # often things are written, how long the run is (--rounds), or where and how the same round is computed
-# (device, compile), never the rule of a round.
+# (device, compile, threads: the last bits may differ; a resume with another thread count warns), never the
+# rule of a round.
 RESUME_FREE_KEYS = frozenset({"name", "train.rounds", "train.device", "train.compile", "train.checkpoint_every",
-                              "train.eval_every", "train.keep_clients", "dataset.root", "dataset.download"})
+                              "train.eval_every", "train.keep_clients", "train.threads", "dataset.root",
+                              "dataset.download"})
 
-# Recipe keys that change where a run reads its data and computes, never its numbers or its files.
-PLACE_KEYS = frozenset({"name", "train.device", "dataset.root", "dataset.download"})
+# Recipe keys that change where a run reads its data and computes, never its files (nor its numbers, but for
+# the last bits: see train.threads).
+PLACE_KEYS = frozenset({"name", "train.device", "train.threads", "dataset.root", "dataset.download"})
 
 
 def print_warning(message: str) -> None:
@@ -79,9 +83,9 @@ def write_run_files(run_dir: RunDir, recipe: Recipe, setup: DataSetup, recipe_to
 
 
 def clear_run_dir(run_dir: RunDir) -> None:
-    """Empty a run directory that --overwrite replaces (keeping our own lock file)."""
+    """Empty a run directory that --overwrite replaces (keeping our own lock file and the marker)."""
     for entry in run_dir.path.iterdir():
-        if entry.name == LOCK_NAME:
+        if entry.name in (LOCK_NAME, RUN_MARKER) and entry.is_file() and not entry.is_symlink():
             continue
         try:
             if entry.is_dir() and not entry.is_symlink():
@@ -93,6 +97,11 @@ def clear_run_dir(run_dir: RunDir) -> None:
 
 
 def check_out_dir(run_dir: RunDir, overwrite: bool) -> None:
+    """A new run may start in ``run_dir``: it is missing or empty, or ``overwrite`` is given and it is a run
+    directory this tool made (its marker, ``.landscape-run``). A run made before the marker existed is
+    replaced only when it holds nothing but a run's files (recipe.toml, partition.json, metrics.jsonl,
+    checkpoints/, analysis/, figures/, the lock): a folder holding anything else, or a recipe.toml alone,
+    may be the user's, and is left as it is."""
     path = run_dir.path
     if path.exists() and not path.is_dir():
         raise LandscapeError(f"{path} exists and is not a directory")
@@ -100,8 +109,27 @@ def check_out_dir(run_dir: RunDir, overwrite: bool) -> None:
         if not overwrite:
             raise LandscapeError(f"{path} already exists and is not empty; pass --resume {path} to continue it "
                                  "or --overwrite to replace it")
-        if not run_dir.is_run():
-            raise LandscapeError(f"{path} is not empty and not a run directory; --overwrite only replaces runs")
+        check_run_folder(run_dir)
+        if run_dir.marker.is_file() and not run_dir.marker.is_symlink():
+            return
+        foreign = run_dir.foreign_entries()
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise LandscapeError(f"{path} holds files that are not a run's ({shown}); --overwrite replaces only a "
+                                 "run directory this tool made: move them away, or choose another --out")
+        if not run_dir.holds_run_files():
+            raise LandscapeError(f"{path} holds a recipe.toml but no run files (partition.json, metrics.jsonl, "
+                                 "checkpoints/); --overwrite replaces only a run directory this tool made: "
+                                 "move it away, or choose another --out")
+
+
+def check_run_folder(run_dir: RunDir) -> None:
+    """``run_dir`` is missing, empty or a run directory (not a file, not a folder of something else)."""
+    path = run_dir.path
+    if path.exists() and not path.is_dir():
+        raise LandscapeError(f"{path} exists and is not a directory")
+    if path.is_dir() and not run_dir.is_empty() and not run_dir.is_run():
+        raise LandscapeError(f"{path} is not empty and not a run directory; --overwrite only replaces runs")
 
 
 def sweep_status(recipe: Recipe, path: Path, overwrite: bool) -> str:
@@ -114,9 +142,13 @@ def _sweep_status(recipe: Recipe, path: Path, overwrite: bool) -> str:
     run_dir = RunDir(path)
     if not path.exists() or (path.is_dir() and run_dir.is_empty()):
         return "new"
-    check_out_dir(run_dir, overwrite=True)  # exists: must be a run directory, whatever the flags
-    recorded = run_dir.recipe.read_text()
-    if recorded != recipes.to_toml(recipe):
+    check_run_folder(run_dir)  # exists: must be a run directory, whatever the flags (replacing checks more)
+    try:  # resolved again: a key added to the recipes since then reads as its default
+        recorded = recipes.to_toml(recipes.read_recipe(run_dir.recipe))
+    except LandscapeError:
+        recorded = run_dir.recipe.read_text(errors="replace")
+    # The thread count changes how a round is computed, not which run it is (a resume with another warns).
+    if recipes.difference(recorded, recipe, ignore=frozenset({"train.threads"})) is not None:
         if overwrite:
             return "replace"
         raise LandscapeError(f"{path} holds a run of another recipe; pass --overwrite to replace it")
@@ -136,7 +168,7 @@ def _owned_run_status(recipe: Recipe, path: Path) -> str:
     run_dir = RunDir(path)
     if not path.exists() or (path.is_dir() and run_dir.is_empty()):
         return "new"
-    check_out_dir(run_dir, overwrite=True)  # exists: must be a run directory
+    check_run_folder(run_dir)  # exists: must be a run directory (replacing checks more)
     try:  # resolved again: a key added to the recipes since then reads as its default
         recorded = recipes.to_toml(recipes.read_recipe(run_dir.recipe))
     except LandscapeError:
@@ -197,6 +229,39 @@ def find_resume_point(run_dir: RunDir) -> ResumePoint:
                                      "it away to resume from an earlier checkpoint") from None
             damaged.append(e)
     return ResumePoint(0, None, None, damaged)
+
+
+@dataclass
+class MetricsRepair:
+    """What a resume does to metrics.jsonl besides dropping the rows after its checkpoint: set damaged lines
+    aside, and recompute the rows of rounds up to the checkpoint that have none (a damaged or cut line),
+    replaying from ``start`` (a checkpoint before the first of them; None: the initial model)."""
+
+    damaged: list[tuple[int, str]] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+    start: Path | None = None
+
+
+def plan_metrics_repair(run_dir: RunDir, resume_round: int) -> MetricsRepair:
+    rows, damaged = run_dir.scan_metrics()
+    have = {r["round"] for r in rows if "event" not in r}
+    missing = [t for t in range(1, resume_round + 1) if t not in have]
+    start = None
+    if missing:
+        for r in reversed(run_dir.rounds()):
+            if r < missing[0]:
+                try:
+                    load_checkpoint(run_dir.checkpoint(r))
+                except CheckpointError:
+                    continue  # only a starting point: an earlier one will do
+                start = run_dir.checkpoint(r)
+                break
+    return MetricsRepair(damaged, missing, start)
+
+
+def rounds_text(rounds: list[int]) -> str:
+    """'round 3' or 'rounds 3, 5, 6'."""
+    return f"round {rounds[0]}" if len(rounds) == 1 else "rounds " + ", ".join(map(str, rounds))
 
 
 def last_good_checkpoint(run_dir: RunDir) -> tuple[int, dict]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from landscape.errors import LandscapeError
+from landscape.errors import LandscapeError, shown
 from landscape.registry import Registry
 
 if sys.version_info >= (3, 11):
@@ -130,9 +130,14 @@ class TrainSettings:
     precision: str = field(
         default="float32", metadata=_check(lambda v: v in PRECISIONS, f"must be one of {', '.join(PRECISIONS)}")
     )
+    # CPU threads of torch while training (0: every core this process may use). The numbers of a round differ
+    # in the last bits with the count; 1 is fastest for small federated clients and the same on every machine.
+    threads: int = field(default=1, metadata=_check(_non_negative, "must be >= 0 (0: every core)"))
 
 
-TOP_LEVEL = {"name": "", "seed": 0}
+# imports: modules of the user's own that register models, data sets, partitions or algorithms when imported
+# (``imports = ["mylab.models"]``): imported before the recipe is checked, and again wherever it is read.
+TOP_LEVEL = {"name": "", "seed": 0, "imports": []}
 SECTIONS: dict[str, type] = {
     "dataset": DatasetSettings,
     "partition": PartitionSettings,
@@ -162,11 +167,14 @@ class Recipe:
     model: ModelSettings
     algorithm: AlgorithmSettings
     train: TrainSettings
+    imports: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The plain tables of recipe.toml: ``{"name": ..., "seed": ..., "train": {...}, ...}`` (lists, not
-        tuples; an entry's options after its common settings)."""
+        tuples; an entry's options after its common settings; ``imports`` only when there are some)."""
         out: dict[str, Any] = {"name": self.name, "seed": self.seed}
+        if self.imports:
+            out["imports"] = list(self.imports)
         for section in SECTIONS:
             settings = getattr(self, section)
             table = {k: getattr(settings, k) for k in _common_fields(section)}
@@ -209,15 +217,27 @@ def registries(algorithms: bool = True) -> dict[str, Registry]:
 
 
 def read_toml(path: str | Path) -> dict:
+    """The tables of a TOML file: one line naming the file when it is missing, not a regular file (a folder,
+    /dev/zero, a pipe), not text, empty or not TOML. A UTF-8 byte-order mark (some editors write one) is
+    skipped."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise LandscapeError(f"recipe file not found: {p}")
+    if not p.is_file():
+        raise LandscapeError(f"{p} is not a regular file (a recipe is a TOML file)")
     try:
-        return tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise LandscapeError(f"{p}: not valid TOML ({e})") from None
+        text = p.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError:
         raise LandscapeError(f"{p}: not a text (TOML) file") from None
+    except OSError as e:
+        raise LandscapeError(f"cannot read {p}: {e.strerror or e}") from None
+    try:
+        tables = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise LandscapeError(f"{p}: not valid TOML ({shown(str(e), 200)})") from None
+    if not text.strip():
+        raise LandscapeError(f"{p} is empty (no recipe keys)")
+    return tables
 
 
 def parse_value(text: str) -> Any:
@@ -232,20 +252,20 @@ def set_key(raw: dict, dotted: str, value: Any) -> None:
     """Set ``section.key``, ``section.<entry name>.key`` or a top-level key in a raw recipe dict."""
     parts = dotted.split(".")
     if len(parts) > 3 or not all(parts):
-        raise LandscapeError(f"recipe key '{dotted}' must be 'key', 'section.key' or 'section.<name>.key'")
+        raise LandscapeError(f"recipe key '{shown(dotted)}' must be 'key', 'section.key' or 'section.<name>.key'")
     if len(parts) == 1 and parts[0] in SECTIONS:
         raise LandscapeError(f"recipe key '{dotted}' is a table; set one of its keys, e.g. {dotted}.name")
     table = raw
     for part in parts[:-1]:
         table = table.setdefault(part, {})
         if not isinstance(table, dict):
-            raise LandscapeError(f"recipe key '{part}' in '{dotted}' must be a table")
+            raise LandscapeError(f"recipe key '{shown(part)}' in '{shown(dotted)}' must be a table")
     table[parts[-1]] = value
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
     if "=" not in text:
-        raise LandscapeError(f"--set takes key=value (got '{text}')")
+        raise LandscapeError(f"--set takes key=value (got '{shown(text)}')")
     key, value = text.split("=", 1)
     return key.strip(), parse_value(value.strip())
 
@@ -277,7 +297,7 @@ def _type_name(default: Any) -> str:
 
 def _coerce(where: str, default: Any, value: Any) -> Any:
     if not _type_ok(default, value):
-        raise LandscapeError(f"{where} must be {_type_name(default)} (got {value!r})")
+        raise LandscapeError(f"{shown(where)} must be {_type_name(default)} (got {shown(repr(value))})")
     if isinstance(default, float) and not isinstance(value, bool):
         value = float(value)
         if not math.isfinite(value):
@@ -318,14 +338,15 @@ def _resolve_values(where: str, given: dict, common_fields: dict, option_default
     for key in given:
         if key not in allowed:
             owner = f"[{where}] with {where}.name = '{entry.name}'" if entry is not None and common_fields else f"[{where}]"
-            raise LandscapeError(f"unknown recipe key '{where}.{key}'; allowed in {owner}: {', '.join(allowed)}")
+            raise LandscapeError(f"unknown recipe key '{shown(f'{where}.{key}')}'; allowed in {owner}: "
+                                 f"{', '.join(allowed)}")
     out: dict[str, Any] = {}
     for key in allowed:
         default = defaults[key] if key in common_fields else option_defaults[key]
         value = _coerce(f"{where}.{key}", default, given[key]) if key in given else default
         meta = common_fields[key].metadata if key in common_fields else {}
         if "check" in meta and not meta["check"](value):
-            raise LandscapeError(f"{where}.{key} {meta['rule']} (got {value!r})")
+            raise LandscapeError(f"{where}.{key} {meta['rule']} (got {shown(repr(value))})")
         out[key] = list(value) if isinstance(value, tuple) else value
     if entry is not None:
         # The entry's own options dataclass may check its values (e.g. rho >= 0) in __post_init__.
@@ -346,12 +367,18 @@ def resolve(raw: dict, *, algorithms: bool = True) -> Recipe:
     allowed = list(TOP_LEVEL) + list(SECTIONS)
     for key in raw:
         if key not in allowed:
-            raise LandscapeError(f"unknown recipe key '{key}'; allowed top-level keys: {', '.join(allowed)}")
+            raise LandscapeError(f"unknown recipe key '{shown(key)}'; allowed top-level keys: {', '.join(allowed)}")
     regs = registries(algorithms)
     out: dict[str, Any] = {}
     for key, default in TOP_LEVEL.items():
         out[key] = _coerce(key, default, raw[key]) if key in raw else default
     check_name(out["name"])
+    if not all(isinstance(m, str) for m in out["imports"]):
+        raise LandscapeError(f"imports must be a list of module names (got {out['imports']!r})")
+    from landscape.imports import import_module
+
+    for module in out["imports"]:
+        import_module(module, what="recipe import")
     if not 0 <= out["seed"] < 2**32:  # data set splits and partitions take 32-bit seeds
         raise LandscapeError(f"seed must be in 0..{2**32 - 1} (got {out['seed']})")
     for section in SECTIONS:
@@ -374,7 +401,7 @@ def resolve(raw: dict, *, algorithms: bool = True) -> Recipe:
             options = {k: _frozen(v) for k, v in values.items() if k not in common}
             fields["options"] = MappingProxyType(options)
         sections[section] = SECTIONS[section](**fields)
-    return Recipe(name=out["name"], seed=out["seed"], **sections)
+    return Recipe(name=out["name"], seed=out["seed"], imports=tuple(out["imports"]), **sections)
 
 
 def read_recipe(path: str | Path, *, algorithms: bool = True) -> Recipe:
@@ -408,7 +435,7 @@ def build_sweep(
     sweep.update(axes or {})
     for key, values in sweep.items():
         if not isinstance(values, list) or not values:
-            raise LandscapeError(f"sweep.'{key}' must be a non-empty list of values")
+            raise LandscapeError(f"sweep.'{shown(key)}' must be a non-empty list of values")
     runs = []
     for combo in itertools.product(*sweep.values()):
         point = copy.deepcopy(raw)

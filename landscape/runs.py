@@ -25,6 +25,7 @@ import os
 import pickle
 import pickletools
 import re
+import stat
 import struct
 import tempfile
 import warnings
@@ -44,10 +45,21 @@ except ImportError:  # pragma: no cover - Windows: no advisory locks, runs are n
     fcntl = None
 
 CHECKPOINT_FORMAT = 1
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}  # train.dtype
 _CKPT = re.compile(r"^round-(\d{4,})\.pt$")
 # Temporary files of atomic_write ('.<name>.<random>.tmp') of a run's own files, left by a killed process.
-_TEMP = re.compile(r"^\.(recipe\.toml|partition\.json|metrics\.jsonl|round-\d{4,}(\.clients)?\.pt)\.[a-z0-9_]{8}\.tmp$")
+_TEMP = re.compile(r"^\.(recipe\.toml|partition\.json|metrics\.jsonl(\.damaged)?|\.landscape-run"
+                   r"|round-\d{4,}(\.clients)?\.pt)\.[a-z0-9_]{8}\.tmp$")
 LOCK_NAME = ".lock"
+# The file that marks a folder as a run directory this tool made: only such a folder may be replaced
+# (--overwrite). Written before recipe.toml, kept when the run is replaced.
+RUN_MARKER = ".landscape-run"
+# What a run directory holds (its files, folders and leftovers): a folder made before the marker existed may be
+# replaced when it holds nothing else.
+_RUN_FILES = {"recipe.toml", "partition.json", "metrics.jsonl", LOCK_NAME, RUN_MARKER}
+_RUN_FOLDERS = {"checkpoints", "analysis", "figures"}
+_SET_ASIDE = re.compile(r"^(metrics\.jsonl|partition\.json|round-\d{4,}(\.clients)?\.pt)\.damaged(\.\d+)?$")
+_CHECKPOINT_FILE = re.compile(r"^round-\d{4,}(\.clients)?\.pt$")
 
 
 def os_reason(error: OSError) -> str:
@@ -64,6 +76,12 @@ def _file_mode() -> int:
 
 
 _FILE_MODE = _file_mode()
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # files this tool writes are never opened through a symbolic link
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO in place of a file does not hang the open
+
+
+def _open_no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | _NOFOLLOW, _FILE_MODE)
 
 
 def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
@@ -123,30 +141,49 @@ class CheckpointError(LandscapeError):
 _CODE_OPS = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"}
 
 
-def _pickled_code(path: Path, limit: int = 1 << 22) -> str | None:
-    """The first import a plain pickle file asks for (``os.system``), read without running anything; None
-    when the file is not a plain pickle (torch's zip format, junk) or asks for none."""
+def _pickle_bytes(path: Path, limit: int) -> bytes | None:
+    """The pickle stream of a file: the file itself, or the ``data.pkl`` of torch's zip format."""
     try:
         with open(path, "rb") as f:
             data = f.read(limit)
-    except OSError:
+        if data.startswith(b"PK"):
+            with zipfile.ZipFile(path) as archive:
+                member = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
+                if member is None:
+                    return None
+                with archive.open(member) as f:
+                    return f.read(limit)
+    except (OSError, zipfile.BadZipFile, ValueError, RuntimeError, EOFError):
         return None
-    if not data.startswith(b"\x80"):  # pickles of protocol 2+ start with PROTO
+    return data
+
+
+def _pickled_code(path: Path, limit: int = 1 << 22) -> str | None:
+    """The first import (``os.system``) or code-running opcode a pickle asks for, read without running
+    anything; None when the file is no pickle (junk) or asks for none.
+
+    Pickles of protocol 2+ (starting with PROTO) are read up to their first code; those of protocol 0 and 1
+    (text opcodes, no header) count only when the whole stream parses, so that junk is never taken for code."""
+    data = _pickle_bytes(path, limit)
+    if not data:
         return None
     strings: list[str] = []
+    found: str | None = None
     try:
         for op, arg, _ in pickletools.genops(data):
             if isinstance(arg, str):
                 strings.append(arg)
-            if op.name == "GLOBAL":
-                return str(arg).replace(" ", ".")
-            if op.name == "STACK_GLOBAL":
-                return ".".join(strings[-2:]) if len(strings) >= 2 else "a global"
-            if op.name in _CODE_OPS:
-                return op.name
-    except (ValueError, EOFError, IndexError, OverflowError, struct.error):  # a damaged stream ends the scan
-        return None
-    return None
+            if found is None and op.name == "GLOBAL":
+                found = str(arg).replace(" ", ".")
+            elif found is None and op.name == "STACK_GLOBAL":
+                found = ".".join(strings[-2:]) if len(strings) >= 2 else "a global"
+            elif found is None and op.name in _CODE_OPS:
+                found = op.name
+            if found is not None and data.startswith(b"\x80"):
+                return found
+    except (ValueError, EOFError, IndexError, OverflowError, struct.error, UnicodeDecodeError):
+        return None  # a damaged stream (or no pickle at all)
+    return found
 
 
 def _load_failure(path: Path, error: BaseException) -> tuple[str, str]:
@@ -158,8 +195,10 @@ def _load_failure(path: Path, error: BaseException) -> tuple[str, str]:
         if code:
             return "unsafe", (f"it would run code ({code}), which a checkpoint never holds; refused by the "
                               "safe loader (weights_only), nothing in it was run")
-        reason = next((line.strip() for line in text.splitlines()[1:]
-                       if line.strip() and not line.startswith(("Please file", "Check the documentation"))), "")
+        # torch's own reason, never its advice (to load with weights_only=False: the one thing not to do)
+        reason = text.split("WeightsUnpickler error:", 1)[-1] if "WeightsUnpickler error:" in text else ""
+        reason = next((line.strip() for line in reason.splitlines()
+                       if line.strip() and "weights_only" not in line and not line.startswith("Check the")), "")
         return "damaged", f"not a tensor checkpoint, or corrupted: {reason or 'refused by the safe loader'}"
     if isinstance(error, EOFError):
         return "damaged", "truncated (the file ends early)"
@@ -174,6 +213,32 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     """Load a checkpoint safely (weights_only: tensors and plain containers, no code runs).
 
     Every failure is a one-line ``CheckpointError`` naming the file."""
+    obj = safe_load(path, map_location)
+    if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT or "model" not in obj:
+        raise CheckpointError(f"{path} is not a landscape checkpoint", Path(path), "foreign",
+                              "not a landscape checkpoint")
+    return obj
+
+
+def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
+    """A plain ``torch.save(model.state_dict())`` file (or a dict holding one under ``state_dict`` or ``model``),
+    loaded safely; a landscape checkpoint gives its analysed model (x_swa once it exists)."""
+    obj = safe_load(path)
+    if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT and "model" in obj:
+        return obj.get("swa_model", obj["model"])
+    for key in ("state_dict", "model"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not obj or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                       for k, v in obj.items()):
+        raise CheckpointError(f"{path} holds no state_dict (a dict of named tensors)", Path(path), "foreign",
+                              "no state_dict")
+    return obj
+
+
+def safe_load(path: Path, map_location: str | torch.device = "cpu") -> Any:
+    """torch.load with weights_only (no code runs); every failure a one-line ``CheckpointError``."""
     path = Path(path)
     try:
         with warnings.catch_warnings():  # torch warns about the pickle protocol of files it then refuses
@@ -188,15 +253,14 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
             IndexError, TypeError, UnicodeDecodeError, zipfile.BadZipFile) as e:  # truncated, corrupted, unsafe
         kind, reason = _load_failure(path, e)
         raise CheckpointError(f"cannot load checkpoint {path}: {reason}", path, kind, reason) from None
-    if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT or "model" not in obj:
-        raise CheckpointError(f"{path} is not a landscape checkpoint", path, "foreign",
-                              "not a landscape checkpoint")
     return obj
 
 
-def check_model_state(state: Any, reference: dict[str, torch.Tensor], model_name: str, where: Path | str) -> None:
+def check_model_state(state: Any, reference: dict[str, torch.Tensor], model_name: str, where: Path | str,
+                      dtype: torch.dtype | None = None) -> None:
     """Every tensor of the reference model, with its shape, or a one-line error naming the first that is not
-    (a checkpoint of another model, or of another width)."""
+    (a checkpoint of another model, or of another width). With ``dtype`` (the run's train.dtype) every
+    floating-point tensor must hold it: a float16 copy of a float32 run is not that run's model."""
     if not isinstance(state, dict) or not state:
         raise LandscapeError(f"{where} does not match the model '{model_name}': no model tensors")
     for key, ref in reference.items():
@@ -210,6 +274,9 @@ def check_model_state(state: Any, reference: dict[str, torch.Tensor], model_name
             kind = "floating-point" if ref.is_floating_point() else "integer"
             raise LandscapeError(f"{where} does not match the model '{model_name}': '{key}' must hold {kind} "
                                  f"values (it holds {got.dtype})")
+        if dtype is not None and got.is_floating_point() and got.dtype != dtype:
+            raise LandscapeError(f"{where} does not match the run: '{key}' holds {str(got.dtype)[6:]}, the run "
+                                 f"trains in {str(dtype)[6:]} (train.dtype)")
     extra = sorted(set(state) - set(reference))
     if extra:
         raise LandscapeError(f"{where} does not match the model '{model_name}': it has tensors this model lacks "
@@ -259,16 +326,19 @@ class Checkpoint:
         floats = [t.dtype for t in self.model_state.values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
         return floats[0] if floats else torch.float32
 
-    def check_model(self, reference: dict[str, torch.Tensor], model_name: str) -> None:
-        """The saved model (and the SWA average) fit ``reference`` (a state_dict of the recipe's model)."""
-        check_model_state(self.model_state, reference, model_name, self.path)
+    def check_model(self, reference: dict[str, torch.Tensor], model_name: str, dtype: torch.dtype | None = None) -> None:
+        """The saved model (and the SWA average) fit ``reference`` (a state_dict of the recipe's model), in
+        ``dtype`` (the run's) when given."""
+        check_model_state(self.model_state, reference, model_name, self.path, dtype)
         if self.has_swa:
-            check_model_state(self.payload["swa_model"], reference, model_name, self.path)
+            check_model_state(self.payload["swa_model"], reference, model_name, self.path, dtype)
 
 
-def load_client_models(path: Path, reference: dict[str, torch.Tensor], model_name: str) -> dict[int, dict]:
+def load_client_models(path: Path, reference: dict[str, torch.Tensor], model_name: str,
+                       dtype: torch.dtype | None = None, num_clients: int | None = None) -> dict[int, dict]:
     """The clients' final local models of a ``round-NNNN.clients.pt`` file: {client: state_dict}, each checked
-    against ``reference``. A damaged, unsafe or foreign file is a one-line error naming it."""
+    against ``reference`` (and ``dtype``, the run's, when given), each client one of the run's ``num_clients``.
+    A damaged, unsafe or foreign file is a one-line error naming it."""
     payload = load_checkpoint(path)
     clients = payload.get("clients")
     if not isinstance(clients, dict) or not clients:
@@ -278,7 +348,10 @@ def load_client_models(path: Path, reference: dict[str, torch.Tensor], model_nam
         if not (isinstance(key, str) and key.isdigit()):
             raise CheckpointError(f"{path}: client key {key!r} is not a client number", path, "foreign",
                                   "bad client key")
-        check_model_state(state, reference, model_name, f"{path} (client {key})")
+        if num_clients is not None and int(key) >= num_clients:
+            raise CheckpointError(f"{path} holds a model of client {int(key)}, which does not exist (the run has "
+                                  f"{num_clients} clients)", path, "foreign", "a client that does not exist")
+        check_model_state(state, reference, model_name, f"{path} (client {key})", dtype)
         out[int(key)] = state
     return out
 
@@ -317,24 +390,68 @@ class RunDir:
     def is_run(self) -> bool:
         return self.recipe.is_file()
 
-    # -- metrics.jsonl ----------------------------------------------------------------------------------
-    def _read_rows(self) -> list[dict]:
-        """Every row of metrics.jsonl (round rows and event rows), up to a line cut short by a kill."""
-        if not self.metrics.is_file():
+    @property
+    def marker(self) -> Path:
+        return self.path / RUN_MARKER
+
+    def mark(self) -> None:
+        """Mark the folder as a run directory this tool made (``--overwrite`` may replace it)."""
+        if not self.marker.is_file() or self.marker.is_symlink():
+            write_text(self.marker, "a run directory made by `landscape train`: --overwrite may replace it\n")
+
+    def foreign_entries(self) -> list[str]:
+        """What a run directory made before the marker existed holds besides a run's files and folders (its
+        own or a user's files: --overwrite leaves such a folder alone). Empty for a marked run."""
+        if self.marker.is_file() and not self.marker.is_symlink():
             return []
-        rows = []
-        for line in self.metrics.read_text().splitlines():
-            line = line.strip()
-            if not line:
+        foreign = []
+        for entry in sorted(self.path.iterdir()):
+            name = entry.name
+            if entry.is_symlink():
+                foreign.append(name)
+            elif entry.is_dir() and name in _RUN_FOLDERS:
+                if name == "checkpoints":
+                    foreign += [f"checkpoints/{p.name}" for p in sorted(entry.iterdir())
+                                if p.is_symlink() or not p.is_file() or not (
+                                    _CHECKPOINT_FILE.match(p.name) or _SET_ASIDE.match(p.name) or _TEMP.match(p.name))]
+            elif not (entry.is_file() and (name in _RUN_FILES or _SET_ASIDE.match(name) or _TEMP.match(name))):
+                foreign.append(name)
+        return foreign
+
+    def holds_run_files(self) -> bool:
+        """A recipe.toml and something a run writes after it (partition.json, metrics, checkpoints)."""
+        return self.is_run() and any(p.exists() for p in (self.partition, self.metrics, self.checkpoints))
+
+    # -- metrics.jsonl ----------------------------------------------------------------------------------
+    def scan_metrics(self) -> tuple[list[dict], list[tuple[int, str]]]:
+        """The intact rows of metrics.jsonl (round rows and event rows: JSON objects with an integer
+        ``round``) and its damaged lines as (line number, text). A last line without its newline is what a
+        killed process leaves: it is neither (a resume drops it and recomputes its round)."""
+        if not self.metrics.is_file():
+            return [], []
+        try:
+            text = self.metrics.read_bytes().decode("utf-8", errors="replace")
+        except OSError as e:
+            raise LandscapeError(f"cannot read {self.metrics}: {os_reason(e)}") from None
+        lines = text.split("\n")
+        rows: list[dict] = []
+        damaged: list[tuple[int, str]] = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
-                break  # a line cut short by a kill: everything after it is not trusted
-            if not isinstance(row, dict):
-                break
-            rows.append(row)
-        return rows
+            except ValueError:
+                row = None
+            if isinstance(row, dict) and isinstance(row.get("round"), int) and not isinstance(row["round"], bool):
+                rows.append(row)
+            elif number < len(lines):  # a whole line (the last one has no newline after it)
+                damaged.append((number, line + "\n"))
+        return rows, damaged
+
+    def _read_rows(self) -> list[dict]:
+        """Every intact row of metrics.jsonl (round rows and event rows); damaged lines are skipped."""
+        return self.scan_metrics()[0]
 
     def read_metrics(self) -> list[dict]:
         """The per-round rows of metrics.jsonl (event rows such as a divergence are left out: see
@@ -346,12 +463,15 @@ class RunDir:
         return [r for r in self._read_rows() if "event" in r]
 
     def append_metrics(self, row: dict) -> None:
-        try:
-            with open(self.metrics, "a") as f:
+        try:  # never through a symbolic link (a resume writes the file anew first: a link is replaced)
+            with open(self.metrics, "a", opener=_open_no_follow) as f:
                 f.write(json.dumps(row, allow_nan=True) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as e:
+            if self.metrics.is_symlink():
+                raise LandscapeError(f"cannot write {self.metrics}: it is a symbolic link; metrics.jsonl is a "
+                                     "plain file this tool writes") from None
             raise LandscapeError(f"cannot write {self.metrics}: {os_reason(e)}") from None
 
     def append_event(self, event: str, round: int, **fields: Any) -> None:
@@ -361,12 +481,26 @@ class RunDir:
 
         self.append_metrics({"round": round, "event": event, **{k: plain(v) for k, v in fields.items()}})
 
-    def truncate_metrics(self, last_round: int) -> None:
+    def truncate_metrics(self, last_round: int, recomputed: list[dict] = ()) -> None:
         """Keep the rows of rounds <= ``last_round`` (rows after a resumed checkpoint are recomputed) and
-        every event row (the run's history: a divergence stays on record)."""
-        rows = [r for r in self._read_rows()
-                if "event" in r or (isinstance(r.get("round"), int) and r["round"] <= last_round)]
+        every event row (the run's history: a divergence stays on record), in their order; put the
+        ``recomputed`` rows of rounds that had none in their place. Damaged lines are left out (see
+        ``set_aside_lines``)."""
+        rows = [r for r in self._read_rows() if "event" in r or r["round"] <= last_round]
+        for new in sorted(recomputed, key=lambda r: r["round"]):
+            at = next((i for i, r in enumerate(rows) if "event" not in r and r["round"] > new["round"]), len(rows))
+            rows.insert(at, new)
         write_text(self.metrics, "".join(json.dumps(r, allow_nan=True) + "\n" for r in rows))
+
+    def set_aside_lines(self, lines: list[tuple[int, str]]) -> Path:
+        """Add damaged metrics lines to ``metrics.jsonl.damaged`` (never deleted); returns that file."""
+        target = self.path / "metrics.jsonl.damaged"
+        try:
+            before = target.read_text(errors="replace") if target.is_file() and not target.is_symlink() else ""
+        except OSError as e:
+            raise LandscapeError(f"cannot read {target}: {os_reason(e)}") from None
+        write_text(target, before + "".join(text for _, text in lines))
+        return target
 
     # -- leftovers of a killed process ------------------------------------------------------------------
     def stale_temp_files(self) -> list[Path]:
@@ -400,7 +534,8 @@ class RunDir:
     def is_empty(self) -> bool:
         """No entries besides what a process killed before writing recipe.toml leaves (its lock file, a
         temporary file)."""
-        return not self.path.is_dir() or all(p.name == LOCK_NAME or _TEMP.match(p.name) for p in self.path.iterdir())
+        return not self.path.is_dir() or all(p.name in (LOCK_NAME, RUN_MARKER) or _TEMP.match(p.name)
+                                             for p in self.path.iterdir())
 
 
 class RunLock:
@@ -421,10 +556,17 @@ class RunLock:
             return self
         where = self.run_dir.path
         for _ in range(10):
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # never through a symbolic link: the lock file is written (the pid)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK, 0o644)
             except OSError as e:
+                if self.path.is_symlink():
+                    raise LandscapeError(f"cannot lock {where}: {self.path.name} is a symbolic link; a lock file is "
+                                         "a plain file this tool makes: remove the link") from None
                 raise LandscapeError(f"cannot lock {where}: {os_reason(e)}") from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise LandscapeError(f"cannot lock {where}: {self.path.name} is not a plain file; a lock file is a "
+                                     "plain file this tool makes: remove it")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -463,6 +605,67 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _partition_from_record(text: str, num_samples: int, num_clients: int | None) -> tuple[list[np.ndarray], str]:
+    """(per-client index arrays, '') of partition.json's text, or ([], why it is not a partition of
+    ``num_samples`` training samples into ``num_clients`` clients)."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return [], "is not JSON"
+    clients = record.get("clients") if isinstance(record, dict) else None
+    if not isinstance(clients, list) or not clients:
+        return [], "holds no list of clients"
+    if num_clients is not None and len(clients) != num_clients:
+        return [], f"lists {len(clients)} clients, the run has {num_clients}"
+    seen = np.zeros(num_samples, dtype=bool)
+    out = []
+    for i, client in enumerate(clients):
+        indices = client.get("indices") if isinstance(client, dict) else None
+        if not isinstance(indices, list) or not all(type(v) is int for v in indices):
+            return [], f"client {i}'s indices are not a list of whole numbers"
+        if any(not 0 <= v < num_samples for v in indices):
+            bad = next(v for v in indices if not 0 <= v < num_samples)
+            return [], f"client {i} has sample {bad}, outside the {num_samples} training samples"
+        array = np.asarray(indices, dtype=np.int64)
+        again = array[seen[array]] if array.size else array
+        if again.size or np.unique(array).size != array.size:
+            twice = int(again[0]) if again.size else int(next(v for v in array if (array == v).sum() > 1))
+            return [], f"sample {twice} is listed twice (client {i})"
+        seen[array] = True
+        out.append(array)
+    return out, ""
+
+
+def read_partition(path: Path, num_samples: int, num_clients: int | None = None) -> list[np.ndarray]:
+    """The per-client index arrays of a partition.json, checked (JSON, one list of whole numbers per client,
+    every index one of the ``num_samples`` training samples, no sample twice); else a one-line error."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as e:
+        raise LandscapeError(f"cannot read {path}: {os_reason(e)}") from None
+    parts, problem = _partition_from_record(text, num_samples, num_clients)
+    if problem:
+        raise LandscapeError(f"{path} {problem}; it is not this run's partition (the recipe's seed makes it: "
+                             "`landscape train --resume` writes it again)")
+    return parts
+
+
+def partition_problem(path: Path, client_indices: list[np.ndarray], num_samples: int) -> str | None:
+    """Why the partition.json at ``path`` is not the partition the recipe makes (``client_indices``): damaged,
+    tampered with or another run's; None when it is."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as e:
+        return f"cannot be read ({os_reason(e)})"
+    parts, problem = _partition_from_record(text, num_samples, len(client_indices))
+    if problem:
+        return problem
+    for i, (recorded, made) in enumerate(zip(parts, client_indices)):
+        if not np.array_equal(recorded, np.asarray(made)):
+            return f"gives client {i} other samples than the recipe's seeded partition"
+    return None
 
 
 def partition_record(
@@ -533,9 +736,12 @@ class Run:
         return bundle.train, bundle.test
 
     def partition(self) -> list[np.ndarray]:
-        """Per-client train-set index arrays, as recorded in partition.json."""
-        record = json.loads(self.dir.partition.read_text())
-        return [np.asarray(c["indices"], dtype=np.int64) for c in record["clients"]]
+        """Per-client train-set index arrays, as recorded in partition.json (checked: a damaged or tampered
+        file is a one-line error)."""
+        if not self.dir.partition.is_file():
+            raise LandscapeError(f"{self.dir.partition} not found (`landscape train --resume {self.path}` writes it)")
+        setup = self._data_setup()
+        return read_partition(self.dir.partition, len(setup.bundle.train), len(setup.client_indices))
 
     def client_data(self, client: int):
         parts = self.partition()
@@ -563,7 +769,7 @@ class Run:
         module = build_module(self.recipe, self._data_setup().bundle)
         ckpt = self.checkpoint(round)
         module = module.to(ckpt.dtype)
-        ckpt.check_model(module.state_dict(), self.recipe.model.name)
+        ckpt.check_model(module.state_dict(), self.recipe.model.name, _DTYPES.get(self.recipe.train.dtype))
         module.load_state_dict(ckpt.analysed_state)
         return module.eval()
 

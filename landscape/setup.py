@@ -8,6 +8,8 @@ partition and data splits from the seed, so that rebuilding them from a recorded
 from __future__ import annotations
 
 import contextlib
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +28,32 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 def derived_seed(*key: int) -> int:
     """A 63-bit seed from integers (numpy SeedSequence: well mixed, stable across versions)."""
     return int(np.random.SeedSequence(list(key)).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+def thread_count(threads: int) -> int:
+    """The CPU threads a ``threads`` setting means: the number itself, or (0) every core this process may use."""
+    if threads > 0:
+        return threads
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def using_threads(threads: int) -> Iterator[int]:
+    """torch's CPU threads set to ``thread_count(threads)`` for the block, then set back.
+
+    Results on the CPU depend on the count (a reduction split over more threads adds in another order), so
+    training and analysis set it from their settings, never from the machine or the environment."""
+    count, before = thread_count(threads), torch.get_num_threads()
+    if count != before:
+        torch.set_num_threads(count)
+    try:
+        yield count
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def torch_dtype(name: str) -> torch.dtype:

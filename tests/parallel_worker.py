@@ -87,9 +87,9 @@ def check_collectives() -> None:
 
 
 def main() -> None:
+    from landscape.analyze.catalog import pass_options
     from landscape.analyze.context import AnalysisSettings
     from landscape.analyze.operator import HessianOperator
-    from landscape.analyze.registry import pass_options
     from landscape.analyze.scheduler import run_analysis
     from landscape.analyze.surface import evaluate_surface
 

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 from conftest import tiny_recipe
 
 import landscape
+from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import AnalysisSettings, find_sources
-from landscape.analyze.registry import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.cli import cli
 from landscape.errors import LandscapeError
@@ -133,8 +133,8 @@ def test_unknown_pass_and_bad_set(run_copy):
 
 
 def test_every_pass_leaves_the_model_untouched(trained):
+    from landscape.analyze.catalog import load_passes
     from landscape.analyze.context import CheckpointContext
-    from landscape.analyze.registry import load_passes
 
     PASSES = load_passes()
 

@@ -11,8 +11,8 @@ from conftest import tiny_recipe
 from torch import nn
 
 import landscape
+from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import AnalysisSettings
-from landscape.analyze.registry import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel

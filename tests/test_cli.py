@@ -46,7 +46,8 @@ def test_train_writes_a_run_directory(tmp_path):
     result = invoke("train", *FAST, "--out", out, "--set", "train.weight_decay=0.001", "--quiet")
     assert result.exit_code == 0, result.output
     assert f"run {out}: 2 rounds; test accuracy" in result.output
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "metrics.jsonl", "partition.json", "recipe.toml"]
+    assert sorted(p.name for p in out.iterdir()) == [".landscape-run", "checkpoints", "metrics.jsonl", "partition.json",
+                                                     "recipe.toml"]
     recipe = (out / "recipe.toml").read_text()
     assert "weight_decay = 0.001" in recipe and "clients = 4" in recipe and "lr_schedule = \"constant\"" in recipe
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

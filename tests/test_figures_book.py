@@ -280,7 +280,7 @@ def test_compare_names_what_is_missing(analysed, tmp_path):
 
 
 def test_hessian_options_refuse_a_trace_budget_hutchpp_cannot_use():
-    from landscape.analyze.registry import pass_options
+    from landscape.analyze.catalog import pass_options
 
     with pytest.raises(LandscapeError, match=r"trace_hvps >= 6 \(Hutch\+\+\)"):
         pass_options("hessian", {"trace_hvps": 5})

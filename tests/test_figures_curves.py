@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import tiny_recipe
 
+from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import AnalysisSettings
-from landscape.analyze.registry import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.errors import LandscapeError
 from landscape.figures import curves

@@ -44,7 +44,7 @@ def test_int_accepted_for_float_and_stored_as_float():
     "overrides, message",
     [
         ([("train.lrr", 1.0)], "unknown recipe key 'train.lrr'; allowed in [train]: rounds, participation"),
-        ([("colour", 1)], "unknown recipe key 'colour'; allowed top-level keys: name, seed, dataset"),
+        ([("colour", 1)], "unknown recipe key 'colour'; allowed top-level keys: name, seed, imports, dataset"),
         ([("partition.name", "iid"), ("partition.alpha", 0.5)],
          "unknown recipe key 'partition.alpha'; allowed in [partition] with partition.name = 'iid': name, clients"),
         ([("train.lr", "fast")], "train.lr must be a number (got 'fast')"),

@@ -29,8 +29,8 @@ from hypothesis.configuration import set_hypothesis_home_dir
 import landscape
 from landscape import lifecycle
 from landscape import recipe as recipes
+from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import AnalysisSettings
-from landscape.analyze.registry import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.cli import cli
 from landscape.errors import LandscapeError
@@ -125,7 +125,7 @@ from pathlib import Path
 
 from landscape import recipe as recipes
 from landscape import runs, setup
-from landscape.analyze import registry, scheduler
+from landscape.analyze import catalog, scheduler
 from landscape.analyze.context import AnalysisSettings
 from landscape.train import loop
 
@@ -194,7 +194,7 @@ def train(mode, n, recipe_file, out):
 def analyze(n, path, spec):
     # passes.write_text -> runs.write_text -> runs.atomic_write: die while the n-th result JSON is written
     kill_in_atomic_write(runs, r".+\.json", n, whole=False)
-    options = {name: registry.pass_options(name, spec["options"].get(name, {})) for name in spec["passes"]}
+    options = {name: catalog.pass_options(name, spec["options"].get(name, {})) for name in spec["passes"]}
     scheduler.run_analysis(path, rounds="all", passes=spec["passes"], settings=AnalysisSettings(**spec["settings"]),
                         options=options, progress=False)
 
@@ -287,6 +287,7 @@ def test_kill_9_then_resume_is_bit_identical(killed, whole, kill):
 def test_a_run_killed_before_its_partition_and_first_checkpoint_resumes(whole, tmp_path):
     cut = tmp_path / "run"
     cut.mkdir()
+    shutil.copy(whole / ".landscape-run", cut / ".landscape-run")  # the marker is written first
     shutil.copy(whole / "recipe.toml", cut / "recipe.toml")  # killed right after recipe.toml was written
     (cut / ".lock").write_text("")
     (cut / ".partition.json.abcd1234.tmp").write_text('{"settings": ')

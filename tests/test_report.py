@@ -16,8 +16,8 @@ import pytest
 import torch
 from conftest import result_file, tiny_recipe
 
+from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import AnalysisSettings
-from landscape.analyze.registry import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.figures import report
 from landscape.train import loop

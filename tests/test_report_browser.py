@@ -19,8 +19,8 @@ from click.testing import CliRunner
 from conftest import tiny_recipe
 from test_report import ANALYSIS_PLOTS, CURVE_PLOTS, FAST, run  # noqa: F401 (run: the analysed FedAvg run)
 
+from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import AnalysisSettings
-from landscape.analyze.registry import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.cli import cli
 from landscape.figures import report

@@ -15,8 +15,9 @@ from conftest import tiny_recipe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from landscape.analyze import passes, surface  # noqa: F401 - importing them registers the passes
 from landscape.analyze.context import AnalysisSettings
-from landscape.analyze.registry import pass_options
+from landscape.analyze.registry import PASSES
 from landscape.analyze.results import (
     NAME_KEY_LIMIT,
     result_name,
@@ -37,6 +38,10 @@ SHARP = ["--set", "sharpness.rhos=[0.05]", "--set", "sharpness.steps=1", "--set"
          "--set", "sharpness.clients=2", "--analysis-samples", "64"]
 TRAIN_NAME = "sharpness@adaptive-false_analysis_samples-64_clients-2_rhos-0.05_steps-1"
 TEST_NAME = "sharpness@adaptive-false_analysis_samples-64_clients-2_rhos-0.05_split-test_steps-1"
+
+
+def pass_options(name: str, values: dict):
+    return PASSES.get(name).make_options(values)
 
 
 def analyze(*args):

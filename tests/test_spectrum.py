@@ -216,9 +216,9 @@ def test_pyhessian_backend_agrees_and_leaves_the_module_untouched(digits_mlp):
 # XTrace, trace_estimate, residuals from the recorded products, progress
 
 
-def _leave_one_out_xtrace(matrix: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+def _leave_one_out_xtrace(matrix: torch.Tensor, omega: torch.Tensor, normalise: bool) -> torch.Tensor:
     """Each XTrace sample T_i computed the long way: an explicit basis of H Omega without column i, the
-    explicit residual probe, and products with the dense matrix."""
+    explicit residual probe (scaled onto the complement's sphere with ``normalise``), dense products."""
     dim, probes = omega.shape
     y = matrix @ omega
     samples = []
@@ -227,23 +227,41 @@ def _leave_one_out_xtrace(matrix: torch.Tensor, omega: torch.Tensor) -> torch.Te
         basis, _ = torch.linalg.qr(others)
         projector = basis @ basis.T
         u = omega[:, i] - projector @ omega[:, i]
-        scale = (dim - probes + 1) / float(u @ u)
+        scale = (dim - probes + 1) / float(u @ u) if normalise else 1.0
         samples.append(torch.trace(basis.T @ matrix @ basis) + scale * (u @ matrix @ u))
     return torch.stack(samples)
 
 
-def test_xtrace_equals_its_leave_one_out_definition():
+@pytest.mark.parametrize("probes", ["rademacher", "gaussian"])
+def test_xtrace_equals_its_leave_one_out_definition(probes):
     generator = torch.Generator().manual_seed(5)
     factor = torch.randn(40, 40, dtype=torch.float64, generator=generator)
     matrix = factor @ torch.diag(torch.linspace(-1, 3, 40, dtype=torch.float64) ** 3) @ factor.T / 40
     op = MatrixOperator(matrix)
-    result = spectrum.xtrace(op, hvps=16, seed=7, block=3)
-    omega = torch.randn(40, 8, generator=torch.Generator().manual_seed(7), dtype=torch.float64)  # its probes
-    samples = _leave_one_out_xtrace(matrix, omega)
+    result = spectrum.xtrace(op, hvps=16, seed=7, block=3, probes=probes)
+    generator = torch.Generator().manual_seed(7)  # its probes
+    if probes == "gaussian":
+        omega = torch.randn(40, 8, generator=generator, dtype=torch.float64)
+    else:
+        omega = (2 * torch.randint(0, 2, (40, 8), generator=generator, dtype=torch.int8) - 1).double()
+    samples = _leave_one_out_xtrace(matrix, omega, normalise=probes == "gaussian")
     assert result.estimate == pytest.approx(float(samples.mean()), rel=1e-10)
     assert result.stderr == pytest.approx(float(samples.std() / math.sqrt(8)), rel=1e-8)
     assert result.hvp_count == op.hvp_count == 16 and result.samples == 8
-    assert not result.settings["rank_deficient"]
+    assert not result.settings["rank_deficient"] and result.settings["probes"] == probes
+
+
+def test_xtrace_is_unbiased_over_many_seeds():
+    generator = torch.Generator().manual_seed(3)
+    basis, _ = torch.linalg.qr(torch.randn(60, 60, dtype=torch.float64, generator=generator))
+    matrix = basis @ torch.diag(torch.cat([torch.tensor([9.0, 5.0, -3.0], dtype=torch.float64),
+                                           torch.randn(57, dtype=torch.float64, generator=generator)])) @ basis.T
+    exact = float(torch.trace(matrix))
+    for probes in ("rademacher", "gaussian"):
+        results = [spectrum.xtrace(MatrixOperator(matrix), hvps=12, seed=seed, probes=probes) for seed in range(400)]
+        estimates = torch.tensor([r.estimate for r in results], dtype=torch.float64)
+        mean_stderr = float(estimates.std() / math.sqrt(len(results)))
+        assert abs(float(estimates.mean()) - exact) <= 4 * mean_stderr, probes
 
 
 def test_xtrace_is_within_three_standard_errors_and_exact_on_low_rank(digits_mlp):
@@ -269,6 +287,8 @@ def test_trace_estimate_runs_the_named_estimator():
         spectrum.trace_estimate(MatrixOperator(matrix), method="exact")
     with pytest.raises(LandscapeError, match="XTrace needs at least 4"):
         spectrum.xtrace(MatrixOperator(matrix), hvps=3)
+    with pytest.raises(LandscapeError, match="XTrace probes must be rademacher or gaussian, got 'sphere'"):
+        spectrum.xtrace(MatrixOperator(matrix), probes="sphere")
 
 
 def test_unverified_lanczos_residuals_are_the_true_residuals(digits_mlp):

@@ -11,10 +11,10 @@ from torch import nn
 
 import landscape.analyze.surface as surface_module
 from landscape import setup
+from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import AnalysisSettings, CheckpointContext, find_sources
 from landscape.analyze.directions import filter_normalized_direction, random_plane
 from landscape.analyze.objective import AnalysisData, Objective
-from landscape.analyze.registry import pass_options
 from landscape.analyze.results import result_name, settings_record
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.surface import (

@@ -1,1 +1,1 @@
-"""Analysis of checkpoints: curvature, sharpness, flatness, incompatibility, alignment (METRICS.md)."""
+"""Analysis of checkpoints: curvature, sharpness, flatness, incompatibility, alignment (docs/metrics.md)."""

@@ -1,4 +1,4 @@
-"""Alignment of client gradients and client updates (METRICS.md "Alignment").
+"""Alignment of client gradients and client updates (docs/metrics.md "Alignment").
 
 - ``gradient_alignment``: C_ij = cos(gradF_i, gradF_j) over the given clients (the caller picks a seeded
   sample where there are many: the N full gradients are held at once, N x dim values) and

@@ -1,9 +1,14 @@
 """What an analysis pass sees: one checkpoint of one run, its model as a flat vector, and its data.
 
-``find_targets`` turns the path given to ``landscape analyze`` (a run directory, a folder of runs, a run's
-``checkpoints/`` folder, a loose folder of checkpoints, or one checkpoint file) into (run, round) targets.
+``find_sources`` turns the path given to ``landscape analyze`` (a run directory, a folder of runs, a run's
+``checkpoints/`` folder, a loose folder of checkpoints, or one checkpoint file) into sources and rounds.
 A checkpoint carries the resolved recipe it was trained with, so a folder of checkpoints copied away from
 its run still analyses: the data and partition are rebuilt from the recipe (both are seeded).
+
+A plain ``torch.save(model.state_dict())`` file, or a folder of them, is a ``StateDictSource``: the model
+comes from ``--model`` (a registered model name or ``package.module:factory``) and the data from ``--dataset``
+(a registered data set or ``package.module:factory``); it has no clients, so only the passes that need none
+run on it. Its results go to ``analysis/<file stem>/`` next to the files.
 """
 
 from __future__ import annotations
@@ -16,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from landscape import recipe as recipes
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.objective import AnalysisData, Objective, Problem, as_data
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
 from landscape.recipe import Recipe
-from landscape.runs import Checkpoint, RunDir, load_client_models
+from landscape.runs import Checkpoint, RunDir, load_client_models, load_state_dict_file
 from landscape.setup import DataSetup, build_module, prepare_data, resolve_device, torch_dtype
 
 _ROUND_FILE = re.compile(r"^round-(\d{4,})\.pt$")
@@ -41,10 +46,14 @@ class AnalysisSettings:
     hvp: str = "double-backward"  # or forward-over-reverse
     batch_size: int = 512  # analysis batches (fixed order and boundaries)
     seed: int = 0
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: the run's (train.dtype) or the state_dict's dtype; float32; float64
+    # CPU threads of torch during the analysis (0: every core): set by the analysis, never taken from the
+    # machine, so the numbers do not change with it. Not part of what a result records as its settings (the
+    # result records it beside them, with its seconds): another count changes the last bits only.
+    threads: int = 1
 
     def record(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "threads"}
 
 
 class Source:
@@ -68,6 +77,157 @@ class Source:
     def clients_checkpoint(self, round: int) -> Path:
         return self.checkpoints[round].with_name(f"round-{round:04d}.clients.pt")
 
+    def result_dir(self, round: int) -> Path:
+        """Where the results of a round's checkpoint go."""
+        return self.analysis_dir / f"round-{round:04d}"
+
+    def load(self, round: int) -> Checkpoint:
+        return Checkpoint.load(self.checkpoints[round])
+
+    def build_module(self) -> nn.Module:
+        return build_module(self.recipe, self.setup.bundle)
+
+    @property
+    def model_name(self) -> str:
+        return self.recipe.model.name
+
+    def dtype_of(self, checkpoint: Checkpoint) -> torch.dtype:
+        """The dtype analysis uses by default: the run's."""
+        return torch_dtype(self.recipe.train.dtype)
+
+    @property
+    def run_dtype(self) -> torch.dtype | None:
+        """The dtype the run's checkpoints hold (train.dtype); None: any."""
+        return torch_dtype(self.recipe.train.dtype)
+
+    def check_recipe(self, checkpoint: Checkpoint) -> None:
+        """A checkpoint that carries another recipe than this run's (another seed's run copied in, an edited
+        recipe.toml) is refused, as resuming refuses it: its analysis would rebuild other data and partition."""
+        from landscape.lifecycle import RESUME_FREE_KEYS
+
+        if checkpoint.recipe_text is None:
+            return
+        difference = recipes.difference(checkpoint.recipe_text, self.recipe, RESUME_FREE_KEYS)
+        if difference:
+            raise LandscapeError(f"{checkpoint.path} was written by another recipe ({difference}); it is not a "
+                                 f"checkpoint of {self.name}: move it away, or analyse it where it came from")
+
+    @property
+    def train_batch_size(self) -> int:
+        """The clients' minibatch size (the minibatch metrics use it by default)."""
+        return self.recipe.train.batch_size
+
+    def analysis_set(self, split: str) -> tuple[Tensor, Tensor]:
+        """(inputs, targets) of the split: train = the union of all clients' training data; test = the test set."""
+        bundle = self.setup.bundle
+        if split == "test":
+            return bundle.test.x, bundle.test.y
+        index = torch.as_tensor(np.sort(np.concatenate(self.setup.client_indices)))
+        return bundle.train.x[index], bundle.train.y[index]
+
+
+@dataclass(frozen=True)
+class ForeignModel:
+    """How to analyse plain state_dicts: the model and the data, each a registered name or a factory
+    (``package.module:function``, called with no arguments: a model returns an ``nn.Module``, a data factory
+    (inputs, targets) tensors, a ``Dataset`` or a ``DataLoader``)."""
+
+    model: str
+    dataset: str
+
+
+class StateDictSource(Source):
+    """Plain state_dict files (one, or a folder of them): no recipe, no clients."""
+
+    def __init__(self, name: str, files: list[Path], spec: ForeignModel, analysis_dir: Path) -> None:
+        super().__init__(name, None, dict(enumerate(files)), analysis_dir, None)
+        self.spec = spec
+        self._data: dict[str, tuple[Tensor, Tensor]] = {}
+        self._bundle = None
+
+    def result_dir(self, round: int) -> Path:
+        return self.analysis_dir / self.checkpoints[round].stem
+
+    def clients_checkpoint(self, round: int) -> Path:
+        return self.analysis_dir / "no-clients"  # never a file: a state_dict has no clients
+
+    def load(self, round: int) -> Checkpoint:
+        return Checkpoint(self.checkpoints[round], {"model": load_state_dict_file(self.checkpoints[round]),
+                                                    "round": round})
+
+    def _registered_bundle(self):
+        from landscape.data.datasets import DATASETS, load_dataset
+
+        if self._bundle is None:
+            DATASETS.get(self.spec.dataset)  # a one-line error naming the registered ones
+            self._bundle = load_dataset(self.spec.dataset, root="data", download=False, augment=False,
+                                        num_clients=1, seed=0, options={})
+        return self._bundle
+
+    def build_module(self) -> nn.Module:
+        from landscape.imports import call_factory
+        from landscape.models import MODELS, build_model
+
+        if ":" in self.spec.model:
+            module = call_factory(self.spec.model, "model factory")
+            if not isinstance(module, nn.Module):
+                raise LandscapeError(f"model factory '{self.spec.model}' returned {type(module).__name__}, not an "
+                                     "nn.Module")
+            return module
+        MODELS.get(self.spec.model)
+        if ":" in self.spec.dataset:
+            raise LandscapeError(f"a registered model ('{self.spec.model}') is built for a registered data set; "
+                                 f"give --model package.module:factory with the data factory '{self.spec.dataset}'")
+        bundle = self._registered_bundle()
+        return build_model(self.spec.model, bundle.input_shape, bundle.num_classes, {})
+
+    @property
+    def model_name(self) -> str:
+        return self.spec.model
+
+    def dtype_of(self, checkpoint: Checkpoint) -> torch.dtype:
+        return checkpoint.dtype
+
+    @property
+    def run_dtype(self) -> torch.dtype | None:
+        return None
+
+    def check_recipe(self, checkpoint: Checkpoint) -> None:
+        pass  # a state_dict carries no recipe
+
+    @property
+    def train_batch_size(self) -> int:
+        return 32
+
+    @property
+    def setup(self) -> DataSetup:
+        raise LandscapeError(f"{self.name} is a plain state_dict: it has no clients or partition")
+
+    def analysis_set(self, split: str) -> tuple[Tensor, Tensor]:
+        if ":" not in self.spec.dataset:
+            bundle = self._registered_bundle()
+            part = bundle.test if split == "test" else bundle.train
+            return part.x, part.y
+        if "factory" not in self._data:  # the factory's data is the analysis set, whatever the split
+            from landscape.imports import call_factory
+
+            data = as_data(call_factory(self.spec.dataset, "data factory"))
+            self._data["factory"] = (data.x, data.y)
+        return self._data["factory"]
+
+
+STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+def state_dict_sources(path: Path, spec: ForeignModel) -> list[Source]:
+    """One source of the state_dict file ``path``, or of every state_dict file in the folder ``path``."""
+    if path.is_file():
+        return [StateDictSource(path.stem, [path], spec, path.parent / "analysis")]
+    files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in STATE_DICT_SUFFIXES)
+    if not files:
+        raise LandscapeError(f"{path} holds no state_dict files ({', '.join(STATE_DICT_SUFFIXES)})")
+    return [StateDictSource(path.name, files, spec, path / "analysis")]
+
 
 def _source_from_run(path: Path) -> Source:
     run_dir = RunDir(path)
@@ -85,15 +245,19 @@ def _source_from_checkpoints(folder: Path, files: list[Path]) -> Source:
     return Source(folder.name, recipe, ckpts, folder / "analysis", None)
 
 
-def find_sources(path: Path) -> tuple[list[Source], int | None]:
-    """Runs to analyse under ``path``; the round when ``path`` is one checkpoint file."""
+def find_sources(path: Path, foreign: ForeignModel | None = None) -> tuple[list[Source], int | None]:
+    """Runs to analyse under ``path``; the round when ``path`` is one checkpoint file. With ``foreign``,
+    ``path`` is a state_dict file or a folder of them."""
     path = Path(path)
     if not path.exists():
         raise LandscapeError(f"{path} does not exist")
+    if foreign is not None:
+        return state_dict_sources(path, foreign), None
     if path.is_file():
         match = _ROUND_FILE.match(path.name)
         if not match:
-            raise LandscapeError(f"{path} is not a checkpoint file (round-NNNN.pt)")
+            raise LandscapeError(f"{path} is not a checkpoint file (round-NNNN.pt); to analyse a plain state_dict "
+                                 "give --model (package.module:factory or a model name) and --dataset")
         if RunDir(path.parent.parent).is_run() and path.parent.name == "checkpoints":
             return [_source_from_run(path.parent.parent)], int(match.group(1))
         return [_source_from_checkpoints(path.parent, [path])], int(match.group(1))
@@ -155,13 +319,15 @@ class CheckpointContext:
 
     def __post_init__(self) -> None:
         path = self.source.checkpoints[self.round]
-        ckpt = Checkpoint.load(path)
+        ckpt = self.source.load(self.round)
         self.device = resolve_device(self.settings.device)
-        self.dtype = torch_dtype(self.settings.dtype)
-        module = build_module(self.source.recipe, self.source.setup.bundle).to(self.device, self.dtype)
+        auto = self.settings.dtype == "auto"
+        self.dtype = self.source.dtype_of(ckpt) if auto else torch_dtype(self.settings.dtype)
+        module = self.source.build_module().to(self.device, self.dtype)
         self.flat = FlatModel(module)
         self.reference_state = module.state_dict()
-        ckpt.check_model(self.reference_state, self.source.recipe.model.name)
+        ckpt.check_model(self.reference_state, self.source.model_name, self.source.run_dtype)
+        self.source.check_recipe(ckpt)
         # Evaluation and analysis use x_swa once server SWA has produced it.
         self.w, self.buffers = self.flat.from_state_dict(ckpt.analysed_state)
         # x^t of training (differs from w only under server SWA): flatness distance is measured to it.
@@ -172,18 +338,13 @@ class CheckpointContext:
         """The flat model vector of another checkpoint of this run (x_swa when ``analysed`` and it exists,
         else x^t), checked against the model."""
         ckpt = Checkpoint.load(path)
-        ckpt.check_model(self.reference_state, self.source.recipe.model.name)
+        ckpt.check_model(self.reference_state, self.source.model_name)
         return self.flat.from_state_dict(ckpt.analysed_state if analysed else ckpt.model_state)[0]
 
     # -- data -------------------------------------------------------------------------------------------
     @cached_property
     def global_data(self) -> AnalysisData:
-        bundle = self.source.setup.bundle
-        if self.settings.split == "test":
-            x, y = bundle.test.x, bundle.test.y
-        else:
-            index = torch.as_tensor(np.sort(np.concatenate(self.source.setup.client_indices)))
-            x, y = bundle.train.x[index], bundle.train.y[index]
+        x, y = self.source.analysis_set(self.settings.split)
         n = self.settings.analysis_samples
         if 0 < n < len(y):
             pick = np.sort(np.random.default_rng(self.settings.seed).choice(len(y), size=n, replace=False))
@@ -197,14 +358,13 @@ class CheckpointContext:
 
     @cached_property
     def problem(self):
-        """F at the checkpoint's w, as the function API takes it (``landscape.api.Problem``)."""
-        from landscape.api import Problem
-
+        """F at the checkpoint's w, as the function API takes it."""
         return Problem(self.objective, self.w)
 
     @property
     def num_clients(self) -> int:
-        return len(self.source.setup.client_indices)
+        """The run's clients (0 for a plain state_dict)."""
+        return 0 if isinstance(self.source, StateDictSource) else len(self.source.setup.client_indices)
 
     def client_data(self, client: int) -> AnalysisData:
         bundle = self.source.setup.bundle
@@ -233,7 +393,8 @@ class CheckpointContext:
                 f"{self.source.name} has no client models for round {self.round}; "
                 "train with --keep-clients to save them at checkpoints"
             )
-        kept = load_client_models(path, self.reference_state, self.source.recipe.model.name)
+        kept = load_client_models(path, self.reference_state, self.source.model_name, self.source.run_dtype,
+                                  self.num_clients)
         return {i: self.flat.from_state_dict(state)[0] for i, state in kept.items()}
 
     def previous_global(self) -> Tensor | None:

@@ -1,4 +1,4 @@
-"""Directions in parameter space for loss surfaces (METRICS.md "Surfaces").
+"""Directions in parameter space for loss surfaces (docs/metrics.md "Surfaces").
 
 Four ways to pick the plane (or line) a surface is drawn on, each a plain function of flat parameter vectors:
 

@@ -1,4 +1,4 @@
-"""Flatness distance and flatness incompatibility (METRICS.md "Flatness distance", "Flatness incompatibility").
+"""Flatness distance and flatness incompatibility (docs/metrics.md "Flatness distance", "Flatness incompatibility").
 
 Flatness distance: Delta_D = (1/|S|) sum_{i in S} ||y_i - x||^2 over saved client models y_i of a round and the
 new global model x (parameters only), also divided by ||x||^2; the trainer logs the same number online.
@@ -148,7 +148,7 @@ def pair_mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, flo
 
 @dataclass(frozen=True)
 class IncompatibilityResult:
-    """Everything of METRICS.md "Flatness incompatibility"; client_* arrays are indexed like ``clients``,
+    """Everything of docs/metrics.md "Flatness incompatibility"; client_* arrays are indexed like ``clients``,
     *_samples arrays are [client, draw]; *_se are Monte-Carlo standard errors (module docstring)."""
 
     rho: float

@@ -7,7 +7,7 @@ with batches weighted by their size and with no weight-decay term. The model is 
 ``torch.func.functional_call`` (``landscape.flat.FlatModel``), so its parameters, ``requires_grad`` flags
 and ``.grad`` fields are never touched; its training flag is set per evaluation and restored afterwards.
 
-BatchNorm modes (METRICS.md): ``eval`` (running statistics of the checkpoint), ``train-batch-stats`` (each
+BatchNorm modes (docs/metrics.md): ``eval`` (running statistics of the checkpoint), ``train-batch-stats`` (each
 batch normalised by its own statistics; the running statistics are not changed) and ``recompute`` (running
 statistics recomputed over the analysis data, then eval mode). Models without BatchNorm ignore the mode.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -249,6 +250,56 @@ class Objective:
         objective = Objective(self.flat, self.buffers, data, self.bn_mode)
         objective.loss_fn = self.loss_fn
         return objective
+
+
+def as_data(data: Any, batch_size: int | None = None) -> AnalysisData:
+    """The data as a fixed set in fixed batches: ``AnalysisData``, an ``(inputs, targets)`` pair, a map-style
+    ``Dataset`` (items ``(input, target)``) or a ``DataLoader`` (read once, in its order; its batch size is
+    kept unless ``batch_size`` is given). Default batch size 512."""
+    if isinstance(data, AnalysisData):
+        return data if batch_size is None else AnalysisData(data.x, data.y, batch_size, data.device, data.dtype)
+    if isinstance(data, torch.utils.data.DataLoader):
+        xs, ys = [], []
+        for batch in data:
+            if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+                raise LandscapeError("a DataLoader for analysis must yield (inputs, targets) batches")
+            xs.append(torch.as_tensor(batch[0]))
+            ys.append(torch.as_tensor(batch[1]))
+        if not xs:
+            raise LandscapeError("the DataLoader yields no batches")
+        x, y = torch.cat(xs), torch.cat(ys)
+        batch_size = batch_size or data.batch_size or 512
+    elif isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
+        x, y = data
+    elif isinstance(data, torch.utils.data.Dataset):
+        try:
+            items = [data[i] for i in range(len(data))]  # type: ignore[arg-type]
+        except TypeError:
+            raise LandscapeError("a Dataset for analysis must have a length and items (input, target)") from None
+        if not items:
+            raise LandscapeError("the Dataset is empty")
+        x = torch.stack([torch.as_tensor(item[0]) for item in items])
+        y = torch.stack([torch.as_tensor(item[1]) for item in items])
+    else:
+        raise LandscapeError(f"data must be (inputs, targets) tensors, a Dataset or a DataLoader, not "
+                             f"{type(data).__name__}")
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise LandscapeError(f"inputs and targets must hold the same number (> 0) of samples "
+                             f"({x.shape[0]} and {y.shape[0]})")
+    return AnalysisData(x, y, batch_size or 512)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A model at a point on a data set under a loss: the ``Objective`` F and the flat weights w at which it is
+    measured. Built by ``problem(model, data, ...)``; ``landscape analyze`` builds one per checkpoint."""
+
+    objective: Objective
+    w: Tensor
+
+    @property
+    def flat(self) -> FlatModel:
+        return self.objective.flat
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ import numpy as np
 
 from landscape.analyze.context import CheckpointContext
 from landscape.analyze.registry import PASSES, PassOutput
-from landscape.analyze.results import split_result
+from landscape.analyze.serial import split_result
 from landscape.analyze.spectrum import DEFAULT_TRACE_METHOD, TRACE_METHODS
 from landscape.errors import LandscapeError
 
@@ -29,7 +29,7 @@ class LossOptions:
 def loss_pass(ctx: CheckpointContext, opts: LossOptions) -> PassOutput:
     loss, grad = ctx.objective.loss_and_grad(ctx.w)
     accuracy = ctx.objective.accuracy(ctx.w)
-    clients = ctx.sample_clients(opts.clients)
+    clients = ctx.sample_clients(opts.clients) if ctx.num_clients else []  # a state_dict has no clients
     client_losses = np.array([ctx.client_objective(i).loss(ctx.w).item() for i in clients])
     scalars = {
         "loss": loss.item(),
@@ -38,18 +38,21 @@ def loss_pass(ctx: CheckpointContext, opts: LossOptions) -> PassOutput:
         "samples": len(ctx.global_data),
         "clients": clients,
         "client_loss": client_losses.tolist(),
-        "client_loss_mean": float(client_losses.mean()),
+        "client_loss_mean": float(client_losses.mean()) if clients else None,
     }
     return PassOutput(scalars, summary={"loss": scalars["loss"], "acc": accuracy})
 
 
-def _client_objectives(ctx: CheckpointContext, count: int) -> dict[int, Any]:
+def _client_objectives(ctx: CheckpointContext, count: int, what: str) -> dict[int, Any]:
+    if ctx.num_clients == 0:
+        raise LandscapeError(f"{what} needs the clients of a training run; {ctx.source.name} is a plain state_dict "
+                             "(run the loss, hessian, sharpness or surface pass on it)")
     return {i: ctx.client_objective(i) for i in ctx.sample_clients(count)}
 
 
 def _training_batch_size(ctx: CheckpointContext, value: int) -> int:
-    """0 means the run's own local batch size (METRICS.md: the training batch size)."""
-    return value if value > 0 else ctx.source.recipe.train.batch_size
+    """0 means the run's own local batch size (docs/metrics.md: the training batch size)."""
+    return value if value > 0 else ctx.source.train_batch_size
 
 
 @dataclass(frozen=True)
@@ -77,11 +80,13 @@ def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput
                                  seed=seed)
         out["adaptive"], more = split_result(adaptive, "adaptive.")
         arrays.update(more)
-    local = local_sharpness(_client_objectives(ctx, opts.clients), ctx.objective, ctx.w, opts.local_rho,
-                            steps=opts.steps, seed=seed)
+    summary = {f"S_rho({rho:g})": float(s) for rho, s in zip(profile.rhos, profile.sharpness)}
+    if ctx.num_clients == 0:  # a plain state_dict: the global profiles only
+        return PassOutput(out, arrays, summary)
+    local = local_sharpness(_client_objectives(ctx, opts.clients, "local sharpness"), ctx.objective, ctx.w,
+                            opts.local_rho, steps=opts.steps, seed=seed)
     out["local"], more = split_result(local, "local.")
     arrays.update(more)
-    summary = {f"S_rho({rho:g})": float(s) for rho, s in zip(profile.rhos, profile.sharpness)}
     summary["local_gap"] = float(local.gap)
     return PassOutput(out, arrays, summary)
 
@@ -111,7 +116,7 @@ def incompatibility_pass(ctx: CheckpointContext, opts: IncompatibilityOptions) -
     from landscape.analyze.flatness import flatness_incompatibility
 
     result = flatness_incompatibility(
-        ctx.objective, _client_objectives(ctx, opts.clients), ctx.w, opts.rho,
+        ctx.objective, _client_objectives(ctx, opts.clients, "the incompatibility pass"), ctx.w, opts.rho,
         batch_size=_training_batch_size(ctx, opts.batch_size), batches=opts.batches, seed=ctx.settings.seed,
         loss_level=opts.loss_level,
     )
@@ -132,7 +137,7 @@ class AlignmentOptions:
 def alignment_pass(ctx: CheckpointContext, opts: AlignmentOptions) -> PassOutput:
     from landscape.analyze.alignment import gradient_alignment, minibatch_alignment, update_alignment
 
-    objectives = _client_objectives(ctx, opts.clients)
+    objectives = _client_objectives(ctx, opts.clients, "the alignment pass")
     gradients = gradient_alignment(ctx.objective, objectives, ctx.w)
     minibatch = minibatch_alignment(objectives, ctx.w, batch_size=_training_batch_size(ctx, opts.batch_size),
                                     batches=opts.batches, seed=ctx.settings.seed)
@@ -203,8 +208,8 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
               "slq_weights": density.weights}
     summary = {"lambda_max": float(top.values[0]), "lambda_ratio": float(top.top_ratio),
                "trace": float(trace.estimate)}
-    if opts.clients >= 0:
-        objectives = _client_objectives(ctx, opts.clients)
+    if opts.clients >= 0 and ctx.num_clients:
+        objectives = _client_objectives(ctx, opts.clients, "per-client lambda_max")
         local = client_lambda_max(objectives, ctx.w, tol=opts.tol, seed=seed, backend=backend)
         values = np.array([float(local[i].values[0]) for i in sorted(local)])
         out["clients"] = {"clients": sorted(local), "lambda_max": values.tolist(),

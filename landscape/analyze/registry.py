@@ -1,20 +1,18 @@
 """The registry of analysis passes: a pass is one function ``(CheckpointContext, options) -> PassOutput``,
 registered by name with the dataclass of its options. Pass functions live in ``passes.py`` and
-``surface.py``; ``scheduler.py`` runs them over checkpoints; ``results.py`` writes what they return.
+``surface.py`` (``catalog.py`` imports them all); ``scheduler.py`` runs them over checkpoints; ``results.py``
+writes what they return.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from landscape.registry import Registry
-
-if TYPE_CHECKING:
-    from landscape.analyze.context import CheckpointContext
 
 
 @dataclass
@@ -24,23 +22,16 @@ class PassOutput:
     summary: dict[str, float] = field(default_factory=dict)  # the few numbers shown in the final table
 
 
-PassFn = Callable[["CheckpointContext", Any], PassOutput]
+PassFn = Callable[[Any, Any], PassOutput]  # (CheckpointContext, the pass's options) -> PassOutput
 PASSES: Registry[PassFn] = Registry("analysis pass")
 
 # Passes that run only when asked for by name (expensive): not part of the default `landscape analyze`.
 OPT_IN = {"surface"}
 
-
-def load_passes() -> Registry[PassFn]:
-    """The registry with every built-in pass registered (importing their modules registers them)."""
-    from landscape.analyze import passes, surface  # noqa: F401
-
-    return PASSES
+# Passes that read the round's kept client models (train.keep_clients); a pass whose options say so has a
+# true ``needs_kept_clients`` (the client-plane surface). Rounds without them are skipped, with a note.
+KEPT_CLIENTS = {"flatness"}
 
 
-def default_passes() -> list[str]:
-    return [name for name in load_passes().names() if name not in OPT_IN]
-
-
-def pass_options(name: str, values: dict[str, Any]) -> Any:
-    return load_passes().get(name).make_options(values)
+def needs_kept_clients(name: str, options: Any) -> bool:
+    return name in KEPT_CLIENTS or bool(getattr(options, "needs_kept_clients", False))

@@ -5,21 +5,24 @@ checkpoints, or the work inside a pass, across the ranks: ``split_work``), ``for
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from landscape import parallel
+from landscape.analyze.catalog import load_passes
 from landscape.analyze.context import (
     AnalysisSettings,
     CheckpointContext,
+    ForeignModel,
     Source,
     file_digest,
     find_sources,
     select_rounds,
 )
-from landscape.analyze.registry import PassOutput, load_passes
+from landscape.analyze.registry import PassOutput, needs_kept_clients
 from landscape.analyze.results import (
     SCHEMA_VERSION,
     find_result,
@@ -30,6 +33,8 @@ from landscape.analyze.results import (
     store_result,
 )
 from landscape.errors import LandscapeError
+from landscape.runs import partition_problem
+from landscape.setup import thread_count, using_threads
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class Job:
 
     @property
     def out_dir(self) -> Path:
-        return self.source.analysis_dir / f"round-{self.round:04d}"
+        return self.source.result_dir(self.round)
 
     @property
     def output(self) -> str:
@@ -54,7 +59,6 @@ class Job:
         return result_name(self.name, settings_record(settings, self.options))
 
 
-
 def write_output(job: Job, settings: AnalysisSettings, digest: str, output: PassOutput, seconds: float) -> None:
     record = {
         "pass": job.name,
@@ -64,6 +68,7 @@ def write_output(job: Job, settings: AnalysisSettings, digest: str, output: Pass
         "checkpoint_sha256": digest,
         "settings": settings_record(settings, job.options),
         "seconds": seconds,
+        "threads": thread_count(settings.threads),  # the last bits depend on it: recorded, not a setting
         "summary": output.summary,
         "result": output.scalars,
     }
@@ -76,20 +81,68 @@ class AnalysisReport:
     computed: int = 0
     skipped: int = 0
     settings: dict[str, str] = field(default_factory=dict)  # result name -> its settings other than the defaults
+    notes: list[str] = field(default_factory=list)  # what was skipped or looks wrong, one line each
 
 
-def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any]) -> list[Job]:
-    """Every (run, round, pass) to do, with all input checked before any work starts."""
+def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any],
+         foreign: ForeignModel | None = None) -> list[Job]:
+    """Every (run, round, pass) to do, with all input checked before any work starts. With ``foreign``,
+    ``path`` holds plain state_dicts (every file is analysed)."""
     registry = load_passes()
     for name in passes:
         registry.get(name)
-    sources, single_round = find_sources(Path(path))
+    sources, single_round = find_sources(Path(path), foreign)
     jobs = []
     for source in sources:
+        if foreign is not None:
+            rounds = "all" if rounds == "last" else rounds
         chosen = [single_round] if single_round is not None else select_rounds(source, rounds)
         for r in chosen:
             jobs += [Job(source, r, name, options[name]) for name in passes]
     return jobs
+
+
+def skip_rounds_without_clients(jobs: list[Job]) -> tuple[list[Job], list[str]]:
+    """The jobs less those of passes that need kept client models at rounds that have none (round 0, rounds
+    of a run trained without --keep-clients), and one note per run and pass naming the skipped rounds. A
+    pass that has no round left at all is an error saying how to keep them."""
+    skipped: dict[tuple[str, str], list[int]] = {}
+    kept = []
+    for job in jobs:
+        if needs_kept_clients(job.name, job.options) and not job.source.clients_checkpoint(job.round).is_file():
+            skipped.setdefault((job.source.name, job.name), []).append(job.round)
+        else:
+            kept.append(job)
+    for name in {name for _, name in skipped}:
+        if not any(job.name == name for job in kept):
+            run, rounds = next((run, r) for (run, n), r in skipped.items() if n == name)
+            raise LandscapeError(f"{run} has no client models for {_rounds_text(sorted(set(rounds)))} ({name} needs "
+                                 "them); train with --keep-clients to save them at checkpoints")
+    notes = [f"{run}: {name} skipped at {_rounds_text(sorted(set(rounds)))}, which kept no client models"
+             for (run, name), rounds in skipped.items()]
+    return kept, notes
+
+
+def partition_notes(jobs: list[Job]) -> list[str]:
+    """A note for each run whose partition.json is not the partition its recipe makes (the analysis uses the
+    recipe's, as training did)."""
+    notes, seen = [], set()
+    for job in jobs:
+        source = job.source
+        run_dir = getattr(source, "run_dir", None)
+        if id(source) in seen or run_dir is None or not run_dir.partition.is_file():
+            continue
+        seen.add(id(source))
+        setup = source.setup
+        problem = partition_problem(run_dir.partition, setup.client_indices, len(setup.bundle.train))
+        if problem is not None:
+            notes.append(f"{run_dir.partition} {problem}; the analysis uses the partition the recipe makes "
+                         f"(`landscape train --resume {run_dir.path}` writes partition.json again)")
+    return notes
+
+
+def _rounds_text(rounds: list[int]) -> str:
+    return f"round {rounds[0]}" if len(rounds) == 1 else "rounds " + ", ".join(map(str, rounds))
 
 
 # Passes whose work is split inside the pass (surface: grid cells across ranks, partial grids saved by rank 0):
@@ -177,6 +230,7 @@ def run_analysis(
     options: dict[str, Any],
     force: bool = False,
     progress: bool = True,
+    foreign: ForeignModel | None = None,
 ) -> AnalysisReport:
     """Run ``passes`` on the chosen checkpoints of the runs under ``path``; each result is written as soon as
     it is computed, and results already computed with the same settings are skipped (unless ``force``).
@@ -191,10 +245,11 @@ def run_analysis(
     """
     from tqdm.auto import tqdm
 
-    jobs = plan(path, rounds, passes, options)
+    jobs, notes = skip_rounds_without_clients(plan(path, rounds, passes, options, foreign))
     main = parallel.is_main()
     recorded = parallel.on_main(lambda: _recorded_summaries(jobs, settings, force))
-    report = AnalysisReport()
+    report = AnalysisReport(notes=notes)
+    report.notes += partition_notes([job for job, done in zip(jobs, recorded) if done is None])
     summaries = {i: summary for i, summary in enumerate(recorded) if summary is not None}
     report.skipped = len(summaries)
     queues, together = split_work(jobs, [i for i, s in enumerate(recorded) if s is None], parallel.world_size())
@@ -209,7 +264,9 @@ def run_analysis(
         report.computed += 1
         bar.update(1)
 
+    threads = contextlib.ExitStack()
     try:
+        threads.enter_context(using_threads(settings.threads))  # the settings', never the machine's
         own = queues[parallel.rank()]
         for step in range(max(len(q) for q in queues)):
             outcome = None
@@ -235,6 +292,7 @@ def run_analysis(
             bar.set_postfix_str(f"{jobs[i].source.name} r{jobs[i].round} {jobs[i].name}")
             finish(i, *_run_job(jobs[i], contexts))
     finally:
+        threads.close()
         bar.close()
     rows: dict[tuple[str, int], dict] = {}
     for i, job in enumerate(jobs):

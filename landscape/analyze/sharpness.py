@@ -1,6 +1,6 @@
 """rho-ball sharpness S_rho(x) = max_{||e|| <= rho} F(x + e) - F(x), plain and adaptive (ASAM), global and local.
 
-The maximum is estimated by ``steps`` steps of normalised gradient ascent projected onto the ball (METRICS.md
+The maximum is estimated by ``steps`` steps of normalised gradient ascent projected onto the ball (docs/metrics.md
 "Sharpness"). The ascent runs in the coordinates u = e / T in which the ball is Euclidean (T = 1 for plain
 sharpness, T = |x| + eta for adaptive sharpness):
 

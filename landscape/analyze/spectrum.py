@@ -600,29 +600,35 @@ def hutchpp_trace(op: LinearOperator, *, hvps: int = 99, seed: int = 0, block: i
                         "low_rank_part": low_rank_part, "block": block})
 
 
-def xtrace(op: LinearOperator, *, hvps: int = 60, seed: int = 0, block: int = 10,
+def xtrace(op: LinearOperator, *, hvps: int = 60, seed: int = 0, block: int = 10, probes: str = "rademacher",
            progress: Progress | None = None) -> TraceResult:
     """XTrace (Epperly, Tropp & Webber 2024): every probe serves both as a sketch vector and as a
     Hutchinson probe, by leaving it out of the sketch it is tested against; s = hvps // 2 probes.
 
-    Omega = [w_1 .. w_s] Gaussian; Y = H Omega = Q R (s products); Z = H Q (s more). Leaving w_i out of the
-    sketch removes from range(Q) the one direction Q s_i orthogonal to the other columns of Y: s_i is the
+    Omega = [w_1 .. w_s] random probes; Y = H Omega = Q R (s products); Z = H Q (s more). Leaving w_i out of
+    the sketch removes from range(Q) the one direction Q s_i orthogonal to the other columns of Y: s_i is the
     normalised i-th column of R^{-T} (s_i^T r_j = 0 for j != i). With P_i = Q (I - s_i s_i^T) Q^T:
 
-        T_i = tr(P_i H P_i) + a_i u_i^T H u_i,   u_i = (I - P_i) w_i,   a_i = (dim - s + 1) / ||u_i||^2
+        T_i = tr(P_i H P_i) + a_i u_i^T H u_i,   u_i = (I - P_i) w_i
 
     tr(P_i H P_i) = tr(Q^T Z) - s_i^T (Q^T Z) s_i, and u_i^T H u_i follows from the products already made
-    (H w_i = y_i = Q r_i, H Q = Z): no product beyond the 2s. u_i is independent of P_i, and the scaling a_i
-    puts it on the sphere of radius sqrt(dim - s + 1) of the complement (the paper's normalisation), so each
-    T_i is unbiased for tr(H). The estimate is mean_i T_i, the standard error std(T_i) / sqrt(s) (the paper's
-    error estimate; the T_i share their probes, so it is an estimate, not a bound). Where H Omega is
-    numerically rank-deficient, range(Q) holds all of range(H) and tr(Q^T H Q) is the trace (stderr 0).
+    (H w_i = y_i = Q r_i, H Q = Z): no product beyond the 2s. P_i does not depend on w_i, so with
+    E[w w^T] = I each T_i is unbiased for tr(H). ``probes``: "rademacher" (default; a_i = 1; Rademacher
+    probes, like Hutchinson's, ignore the diagonal's share of the variance) or "gaussian" (a_i = (dim - s + 1)
+    / ||u_i||^2, which puts u_i on the sphere of radius sqrt(dim - s + 1) of the complement: the paper's
+    normalisation, unbiased because a Gaussian u_i's direction is uniform there). The estimate is mean_i T_i,
+    the standard error std(T_i) / sqrt(s) (the paper's error estimate; the T_i share their probes, so it is an
+    estimate, not a bound). Where H Omega is numerically rank-deficient, range(Q) holds all of range(H) and
+    tr(Q^T H Q) is the trace (stderr 0).
     """
     if hvps < 4:
         raise LandscapeError(f"XTrace needs at least 4 Hessian-vector products (2 probes), got {hvps}")
+    if probes not in ("rademacher", "gaussian"):
+        raise LandscapeError(f"XTrace probes must be rademacher or gaussian, got '{probes}'")
     first_count = op.hvp_count
-    probes = hvps // 2
-    omega = _gaussian(op, _generator(seed), probes)
+    distribution, probes = probes, hvps // 2
+    generator = _generator(seed)
+    omega = _gaussian(op, generator, probes) if distribution == "gaussian" else _rademacher(op, generator, probes)
     report = _reporter(op, progress, 2 * probes)
     block = max(block, 1)
     q, r = torch.linalg.qr(_blocked_matmat(op, omega, block, report))
@@ -633,7 +639,7 @@ def xtrace(op: LinearOperator, *, hvps: int = 60, seed: int = 0, block: int = 10
     h = (h + h.T) / 2  # Q^T H Q, symmetric up to rounding
     r = r.double().cpu()
     low_rank_part = float(torch.trace(h))
-    settings = {"probes": "gaussian", "test_vectors": probes, "low_rank_part": low_rank_part, "block": block}
+    settings = {"probes": distribution, "test_vectors": probes, "low_rank_part": low_rank_part, "block": block}
     diagonal = r.diagonal().abs()
     if float(diagonal.min()) <= probes * torch.finfo(op.dtype).eps * float(diagonal.max()):
         return TraceResult("xtrace", low_rank_part, 0.0, probes, op.hvp_count - first_count, seed,
@@ -651,8 +657,11 @@ def xtrace(op: LinearOperator, *, hvps: int = 60, seed: int = 0, block: int = 10
     w_h_s = (w * hs).sum(dim=0)  # w_i^T (Q^T H Q) s_i
     # u_i = w_i - Q w_i + c_i Q s_i:  u^T H u = -r^T w + w^T H w + 2 c (r^T s - w^T H s) + c^2 s^T H s
     quadratic = -r_w + w_h_w + 2 * c * (r_s - w_h_s) + c * c * s_h_s
-    u_sq = omega_sq - (w * w).sum(dim=0) + c * c  # ||u_i||^2
-    scaled = (op.dim - probes + 1) / u_sq * quadratic
+    if distribution == "gaussian":
+        u_sq = omega_sq - (w * w).sum(dim=0) + c * c  # ||u_i||^2
+        scaled = (op.dim - probes + 1) / u_sq * quadratic
+    else:
+        scaled = quadratic
     estimate, stderr = _mean_and_stderr(low_rank_part - s_h_s + scaled)
     return TraceResult("xtrace", estimate, stderr, probes, op.hvp_count - first_count, seed,
                        {**settings, "rank_deficient": False})

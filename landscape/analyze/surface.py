@@ -1,4 +1,4 @@
-"""Loss surfaces: F (and accuracy) on a 1D line or a 2D grid around a checkpoint (METRICS.md "Surfaces").
+"""Loss surfaces: F (and accuracy) on a 1D line or a 2D grid around a checkpoint (docs/metrics.md "Surfaces").
 
 Layout. A 2D surface is stored as arrays ``loss[ix, iy]`` and ``accuracy[ix, iy]`` of shape [nx, ny] with
 named axes ("ix", "iy"):
@@ -468,6 +468,7 @@ class SurfaceOptions:
                                  + ", ".join(DIRECTIONS))
         one_d = self.directions == "interpolate"
         sizes = parse_grid(self.grid, 1 if one_d else 2)
+        check_grid_size(sizes, one_d)
         span = self.span or DEFAULT_SPANS[self.directions]
         if span == "auto":
             if self.directions not in ("pca", "clients"):
@@ -482,6 +483,26 @@ class SurfaceOptions:
         parse_data(self.data)
         if self.clients:
             parse_clients(self.clients)
+
+
+# Host memory a grid cell takes while the surface is computed: its loss and accuracy (float64), the list of
+# cell indices, the partial grid written to disk, with room to spare.
+GRID_BYTES_PER_CELL = 160
+
+
+def check_grid_size(sizes: tuple[int, ...], one_d: bool) -> None:
+    """A 2D grid has at least 3 points per axis (a 1-point "surface" is only the checkpoint), and no grid
+    needs more memory than the machine has free: refused in one line before anything is allocated."""
+    if not one_d and min(sizes) < 3:
+        raise LandscapeError(f"a 2D surface needs at least 3 points per axis (odd), got grid '{'x'.join(map(str, sizes))}'")
+    cells = int(np.prod(sizes, dtype=object))
+    needed = cells * GRID_BYTES_PER_CELL
+    from landscape.analyze.operator import free_memory
+
+    free = free_memory(torch.device("cpu"))
+    if free is not None and needed > free:
+        raise LandscapeError(f"a {'x'.join(map(str, sizes))} grid ({cells:,} cells) needs about {needed / 2**30:,.1f} GiB "
+                             f"of memory, {free / 2**30:,.1f} GiB are free: choose a smaller grid")
 
 
 def parse_data(spec: str) -> int | str:
@@ -515,8 +536,8 @@ def _objective(ctx: CheckpointContext, data: str) -> tuple[Objective, str]:
         split = "training" if ctx.settings.split == "train" else "test"
         return ctx.objective, f"{split} loss (global F)"
     if which == "test":
-        test = ctx.source.setup.bundle.test
-        data_set = AnalysisData(test.x, test.y, ctx.settings.batch_size).place(ctx.device, ctx.dtype)
+        x, y = ctx.source.analysis_set("test")
+        data_set = AnalysisData(x, y, ctx.settings.batch_size).place(ctx.device, ctx.dtype)
         return ctx.objective.with_data(data_set), "test loss (global F on the test set)"
     if not 0 <= which < ctx.num_clients:
         raise LandscapeError(f"client {which} does not exist (the run has {ctx.num_clients} clients)")
@@ -640,7 +661,7 @@ def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
            "checkpoint_sha256": ctx.digest, "analysis": ctx.settings.record(),
            "options": {k: v for k, v in opts.__dict__.items() if k != "save_every"},
            "d1_sha256": tensor_digest(plane.d1), "d2_sha256": None if one_d else tensor_digest(plane.d2)}
-    partial_path = ctx.source.analysis_dir / f"round-{ctx.round:04d}" / f"{opts.output_name}.partial.npz"
+    partial_path = ctx.source.result_dir(ctx.round) / f"{opts.output_name}.partial.npz"
     partial = parallel.on_main(lambda: load_partial(partial_path, key, x_coords, y_coords))  # rank 0 reads it
     grid = evaluate_surface(
         objective, ctx.w, plane.d1, plane.d2, x_coords, y_coords,

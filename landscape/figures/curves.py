@@ -618,7 +618,7 @@ def hessian_summaries(runs: RunsLike, round: int | None = None) -> list[HessianS
         rec = run.pass_record("hessian", round)
         out.append(HessianSummary(
             run, rec.round, np.atleast_1d(rec.array("top.values")), float(rec.value("lambda_ratio")),
-            float(rec.value("trace_hutchpp.estimate", math.nan)),
+            float(rec.value("trace.estimate", rec.value("trace_hutchpp.estimate", math.nan))),
             np.atleast_1d(np.asarray(rec.value("clients.lambda_max", []), dtype=float)),
             np.atleast_1d(rec.array("density_grid")), np.atleast_1d(rec.array("density"))))
     return out

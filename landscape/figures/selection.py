@@ -59,7 +59,7 @@ def _analysis_names() -> set[str]:
 
 
 def _option_names() -> dict[str, set[str]]:
-    from landscape.analyze.registry import load_passes
+    from landscape.analyze.catalog import load_passes
 
     return {entry.name: set(entry.option_defaults()) for entry in load_passes().entries()}
 

@@ -77,6 +77,9 @@ class SurfaceData:
         if self.loss.shape != expected:
             raise LandscapeError(f"surface values have shape {self.loss.shape}, but the coordinates give "
                                  f"{expected} ([ix, iy] layout)")
+        if min(expected) < 2:
+            raise LandscapeError(f"a surface of {'x'.join(map(str, expected))} points cannot be drawn (at least 2 "
+                                 "per axis; the surface pass computes 3 or more)")
 
     def values(self, quantity: str = "loss") -> np.ndarray:
         if quantity == "loss":
@@ -116,8 +119,11 @@ def load_surface(path: str | Path) -> SurfaceData:
     if sidecar.is_file():
         try:
             record = json.loads(sidecar.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise LandscapeError(f"cannot read {sidecar}: {e}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("result", {}), dict):
+            raise LandscapeError(f"{sidecar} is not a surface record (a JSON object with a 'result' table); "
+                                 "rerun the surface pass with --force")
     known = {"loss", "accuracy", "x_coords", "y_coords"}
     surface = SurfaceData(
         arrays["x_coords"].astype(float), arrays["y_coords"].astype(float) if "y_coords" in arrays else None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,10 +35,20 @@ from landscape.runs import (
     RunLock,
     load_checkpoint,
     os_reason,
+    partition_problem,
     save_checkpoint,
     write_text,
 )
-from landscape.setup import DataSetup, build_module, derived_seed, prepare_data, resolve_device, torch_dtype
+from landscape.setup import (
+    DataSetup,
+    build_module,
+    derived_seed,
+    prepare_data,
+    resolve_device,
+    thread_count,
+    torch_dtype,
+    using_threads,
+)
 from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem, ParamLayout
 from landscape.train.schedule import (
     STREAM_CLIENT,
@@ -109,6 +120,7 @@ class Trainer:
         self.num_clients = len(self.client_idx)
         self.per_round = clients_per_round(self.train_cfg, self.num_clients)
         self.recipe_text = recipes.to_toml(recipe)
+        self.threads = thread_count(self.train_cfg.threads)  # recorded in every checkpoint
 
     # -- state ------------------------------------------------------------------------------------------
     def initial_state(self) -> TrainerState:
@@ -127,6 +139,7 @@ class Trainer:
             "client_states": {str(i): cpu(s) for i, s in sorted(state.client_states.items())},
             "rng": {"seed": self.recipe.seed, "scheme": "SeedSequence(seed, stream, round[, client])"},
             "recipe": self.recipe_text,
+            "threads": self.threads,
         }
         if state.swa_model is not None:
             payload["swa_model"] = self.flat.state_dict(state.swa_model, state.buffers)
@@ -141,7 +154,9 @@ class Trainer:
             if difference:
                 raise LandscapeError(f"{path} was written by another recipe ({difference}); it cannot "
                                      "continue this run")
-        checkpoint.check_model(self.flat.state_dict(self.flat.vector(), self.flat.buffers()), self.recipe.model.name)
+        checkpoint.check_model(self.flat.state_dict(self.flat.vector(), self.flat.buffers()), self.recipe.model.name,
+                               self.dtype)
+        check_training_state(ckpt, path, self.num_clients)
         try:
             x, buffers = self.flat.from_state_dict(ckpt["model"])
             swa_model = self.flat.from_state_dict(ckpt["swa_model"])[0] if "swa_model" in ckpt else None
@@ -257,7 +272,7 @@ class Trainer:
         parallel.broadcast_tensors(server_tensors + ([swa_model] if swa_model is not None else []))
         new_state = TrainerState(t + 1, x_new, new_buffers, server_state, client_states, swa_model, swa_count)
 
-        # Flatness distance (METRICS.md): Delta_D = mean_S ||y_{i,K} - x^{t+1}||^2, and normalised.
+        # Flatness distance (docs/metrics.md): Delta_D = mean_S ||y_{i,K} - x^{t+1}||^2, and normalised.
         models = torch.stack([r.model for r in results])
         distance = ((models - x_new) ** 2).sum(dim=1).mean()
         row = {
@@ -315,24 +330,54 @@ class Trainer:
         bar = tqdm(total=total, initial=state.round, desc=self.run_dir.path.name, unit="round",
                    disable=not (progress and main), dynamic_ncols=True, leave=True)
         try:
-            while state.round < total:
-                state, results, row = self.run_round(state)
-                problems = divergence(state, row)
-                if problems:
-                    self.stop_diverged(state, row, problems)
-                if main:
-                    self.run_dir.append_metrics(row)
-                    if state.round % self.train_cfg.checkpoint_every == 0 or state.round == total:
-                        self.save(state, results)
-                postfix = {"loss": f"{row['train_loss']:.3f}"}
-                if "test_acc" in row:
-                    postfix["acc"] = f"{row['test_acc']:.3f}"
-                bar.set_postfix(postfix)
-                bar.update(1)
+            with using_threads(self.train_cfg.threads):  # the recipe's, never the machine's
+                while state.round < total:
+                    state, results, row = self.run_round(state)
+                    problems = divergence(state, row)
+                    if problems:
+                        self.stop_diverged(state, row, problems)
+                    if main:
+                        self.run_dir.append_metrics(row)
+                        if state.round % self.train_cfg.checkpoint_every == 0 or state.round == total:
+                            self.save(state, results)
+                    postfix = {"loss": f"{row['train_loss']:.3f}"}
+                    if "test_acc" in row:
+                        postfix["acc"] = f"{row['test_acc']:.3f}"
+                    bar.set_postfix(postfix)
+                    bar.update(1)
         finally:
             bar.close()
         parallel.barrier()  # the other ranks return once rank 0 has written the last files
         return state
+
+
+def check_training_state(ckpt: dict, path: Path, num_clients: int) -> None:
+    """The parts of a checkpoint that only training reads: its round (the one in its file name), the server
+    state and the clients' states (named tensors each); else a one-line error naming the file."""
+    def problem() -> str | None:
+        found = re.match(r"^round-(\d+)\.pt$", Path(path).name)
+        round_ = ckpt.get("round")
+        if type(round_) is not int:
+            return f"its round is {round_!r}, not a whole number"
+        if found and int(found.group(1)) != round_:
+            return f"it holds round {round_}, its name says round {int(found.group(1))}"
+        server = ckpt.get("server_state")
+        if not isinstance(server, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in server.items()):
+            return "its server state is not a table of named tensors"
+        clients = ckpt.get("client_states")
+        if not isinstance(clients, dict):
+            return "its client states are not a table"
+        for key, state in clients.items():
+            if not (isinstance(key, str) and key.isdigit() and int(key) < num_clients):
+                return f"it holds the state of a client {key!r} this run does not have"
+            if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor)
+                                                       for k, v in state.items()):
+                return f"the state of client {key} is not a table of named tensors"
+        return None
+
+    why = problem()
+    if why is not None:
+        raise LandscapeError(f"{path} is not a complete training checkpoint ({why})")
 
 
 def divergence(state: TrainerState, row: dict) -> list[str]:
@@ -414,6 +459,7 @@ def start_run(recipe: Recipe, out: Path, *, overwrite: bool = False, progress: b
             if overwrite:
                 lifecycle.clear_run_dir(run_dir)
             run_dir.remove_stale_temp_files()
+            run_dir.mark()  # before recipe.toml: a folder this tool made, whatever happens next
             lifecycle.write_run_files(run_dir, recipe, setup)
 
         parallel.on_main(open_run_dir)
@@ -421,34 +467,41 @@ def start_run(recipe: Recipe, out: Path, *, overwrite: bool = False, progress: b
 
 
 def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
-               warn: Callable[[str], None] | None = None) -> TrainerState:
-    """Continue a run from its last good checkpoint, to the recipe's rounds or to ``rounds``.
+               warn: Callable[[str], None] | None = None, threads: int | None = None) -> TrainerState:
+    """Continue a run from its last good checkpoint, to the recipe's rounds or to ``rounds`` (with ``threads``
+    CPU threads from now on, when given: recorded in recipe.toml).
 
     Everything is checked before the directory changes (recipe, checkpoint, model shapes, ``rounds``). Then,
     with the run locked: a damaged newest checkpoint is renamed ``round-NNNN.pt.damaged`` (never deleted)
     and ``warn`` (default: a line on stderr) says which checkpoint the run resumes from; temporary files of
     a killed process are removed; metrics rows after the resumed round are dropped (they are recomputed).
-    Under torchrun rank 0 alone locks, chooses the checkpoint and changes the directory; the other ranks
-    load the checkpoint it chose (the run directory must be on a file system every machine sees).
+    metrics.jsonl keeps every intact row: a damaged line goes to ``metrics.jsonl.damaged``, and the rows of
+    rounds up to the checkpoint that have none are recomputed from an earlier checkpoint (the checkpoints
+    are not touched); a partition.json that is not the recipe's partition is renamed
+    ``partition.json.damaged`` and written again; a thread count other than the checkpoint's is named.
+    Each of these says so through ``warn``. Under torchrun rank 0 alone locks, chooses the checkpoint and
+    changes the directory; the other ranks load the checkpoint it chose (the run directory must be on a
+    file system every machine sees).
     """
     warn = warn or lifecycle.print_warning
     run_dir = RunDir(path)
     with contextlib.ExitStack() as held:
         found: dict[str, ResumePoint] = {}
 
-        def locate() -> tuple[dict, Path | None]:
+        def locate() -> tuple[Recipe, Path | None, lifecycle.MetricsRepair, int]:
             if not run_dir.path.is_dir() or not run_dir.is_run():
                 raise LandscapeError(f"{path} is not a run directory (no recipe.toml); nothing to resume")
-            recipe = recipes.read_recipe(run_dir.recipe)
-            if rounds is not None:
-                recipe = recipe.with_values({"train.rounds": rounds})
+            recorded = recipes.read_recipe(run_dir.recipe)
+            changed = {"train.rounds": rounds, "train.threads": threads}
+            recipe = recorded.with_values({k: v for k, v in changed.items() if v is not None})
             held.enter_context(RunLock(run_dir))
             point = found["point"] = lifecycle.find_resume_point(run_dir)
             if rounds is not None and rounds < point.round:
                 raise LandscapeError(f"--rounds {rounds} is below the last checkpoint's round {point.round}")
-            return recipe, point.path
+            repair = lifecycle.plan_metrics_repair(run_dir, point.round)
+            return recipe, point.path, repair, recorded.train.rounds, recipe != recorded
 
-        recipe, checkpoint_path = parallel.on_main(locate)
+        recipe, checkpoint_path, repair, recorded_rounds, changed = parallel.on_main(locate)
         point = found.get("point")
         if point is None:  # a rank other than 0: the checkpoint rank 0 chose
             checkpoint = load_checkpoint(checkpoint_path) if checkpoint_path is not None else None
@@ -460,6 +513,8 @@ def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
         else:
             state = trainer.initial_state()
             target = "starting again from the initial model (round 0)"
+        recomputed = replay_rows(trainer, repair, point.round, recorded_rounds) if repair.missing else []
+        trained_with = point.checkpoint.get("threads") if point.checkpoint is not None else None
 
         def prepare() -> None:
             # Every check has passed: from here on the directory changes.
@@ -468,12 +523,52 @@ def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
                 warn(f"{lifecycle.relative(run_dir, error.path)} is damaged ({error.reason}); moved to {moved.name}; {target}")
             if point.checkpoint is None and not point.damaged:
                 warn(f"{run_dir.path} has no checkpoint yet (its first process stopped early); {target}")
+            if type(trained_with) is int and trained_with != trainer.threads:
+                warn(f"{point.path.name} was trained with {trained_with} CPU thread{'s' if trained_with > 1 else ''}, "
+                     f"this resume uses {trainer.threads} (train.threads): its rounds may differ in the last bits "
+                     "from a run that kept one count")
             run_dir.remove_stale_temp_files()
+            setup = trainer.setup
             if not run_dir.partition.is_file():
-                lifecycle.write_run_files(run_dir, recipe, trainer.setup, recipe_too=False)
-            run_dir.truncate_metrics(state.round)
-            if rounds is not None:
+                lifecycle.write_run_files(run_dir, recipe, setup, recipe_too=False)
+            else:
+                problem = partition_problem(run_dir.partition, setup.client_indices, len(setup.bundle.train))
+                if problem is not None:
+                    moved = run_dir.set_aside(run_dir.partition)
+                    lifecycle.write_run_files(run_dir, recipe, setup, recipe_too=False)
+                    warn(f"partition.json {problem}; moved to {moved.name} and written again from the recipe "
+                         "(training always uses the recipe's seeded partition)")
+            if repair.damaged:
+                aside = run_dir.set_aside_lines(repair.damaged)
+                numbers = [n for n, _ in repair.damaged]
+                lines = f"line {numbers[0]} is" if len(numbers) == 1 else "lines " + ", ".join(map(str, numbers)) + " are"
+                warn(f"metrics.jsonl {lines} damaged (not a JSON row); moved to {aside.name}")
+            if repair.missing:
+                start = repair.start.name if repair.start is not None else "the initial model"
+                warn(f"metrics.jsonl had no row for {lifecycle.rounds_text(repair.missing)}; recomputed from "
+                     f"{start} (the checkpoints are unchanged)")
+            run_dir.truncate_metrics(state.round, [row for row in recomputed if row["round"] in repair.missing])
+            if changed:  # --rounds, --threads
                 write_text(run_dir.recipe, trainer.recipe_text)
 
         parallel.on_main(prepare)
         return trainer.train(state, progress=progress)
+
+
+def replay_rows(trainer: Trainer, repair: lifecycle.MetricsRepair, until: int, final: int) -> list[dict]:
+    """The metrics rows of ``repair.missing``, recomputed by running the rounds again from ``repair.start``
+    (or the initial model) up to round ``until``; nothing is written. The test set is evaluated where the run
+    evaluated it (every eval_every rounds and at its last round, ``final``)."""
+    checkpoint = load_checkpoint(repair.start) if repair.start is not None else None
+    state = trainer.state_from_checkpoint(checkpoint, repair.start) if checkpoint else trainer.initial_state()
+    rows = []
+    with using_threads(trainer.train_cfg.threads):
+        while state.round < until:
+            state, _, row = trainer.run_round(state)
+            if state.round not in repair.missing:
+                continue
+            if state.round == final and "test_acc" not in row and parallel.is_main():
+                row["test_loss"], row["test_acc"] = trainer.evaluate(state)
+                row["seconds"] = row.pop("seconds")
+            rows.append(row)
+    return rows

@@ -1,4 +1,4 @@
-"""FedNSAM as the public reference code runs it (Liu et al. 2026; variant "official-code" of ALGORITHMS.md).
+"""FedNSAM as the public reference code runs it (Liu et al. 2026; variant "official-code" of docs/algorithms.md).
 
 client: starts at the look-ahead x~ = x^t + lam * m^{t-1};  local-gradient SAM from there (y_0 = x~):
     e = rho * g(y_k) / ||g(y_k)||;  d = g(y_k + e) (same batch);  y_{k+1} = y_k - eta * (d + wd * y_k);

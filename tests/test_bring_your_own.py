@@ -1,0 +1,232 @@
+"""Your own model, data and checkpoint: plain state_dicts analysed through the CLI (--model, --dataset) and the
+function API with the same numbers; user modules named in a recipe's `imports`; analysis recipes (analyze/*.toml);
+and the module graph (no import cycles, analysis loads nothing of training)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import tiny_recipe
+
+import landscape
+from landscape.analyze.recipes import load_analysis_recipe
+from landscape.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+USER_MODULE = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    from landscape.models import MODELS
+
+
+    class TwoLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 12), nn.Tanh(), nn.Linear(12, 10))
+
+        def forward(self, x):
+            return self.body(x)
+
+
+    def make_net():
+        torch.manual_seed(3)
+        return TwoLayer()
+
+
+    def make_data():
+        g = torch.Generator().manual_seed(5)
+        return torch.randn(48, 1, 8, 8, generator=g), torch.randint(0, 10, (48,), generator=g)
+
+
+    @MODELS.register("usernet", summary="a user's model, registered from outside the package")
+    def usernet(input_shape, num_classes, options):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Flatten(), nn.Linear(int(torch.tensor(input_shape).prod()), num_classes))
+''')
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    name = f"userlab_{tmp_path.name.replace('-', '_')}"[:60]
+    (tmp_path / f"{name}.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    yield name
+    from landscape.models import MODELS
+
+    MODELS._entries.pop("usernet", None)  # registered by this test's copy of the module
+    sys.modules.pop(name, None)
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_a_plain_state_dict_through_the_cli_equals_the_function_api(tmp_path, user_module):
+    module = __import__(user_module)
+    net = module.make_net()
+    torch.save(net.state_dict(), tmp_path / "mine.pt")
+    result = invoke("analyze", tmp_path / "mine.pt", "--model", f"{user_module}:make_net", "--dataset",
+                    f"{user_module}:make_data", "--passes", "loss,hessian,sharpness", "--quiet",
+                    "--set", "hessian.top_k=2", "--set", "hessian.trace_hvps=12", "--set", "hessian.density_steps=4",
+                    "--set", "sharpness.rhos=[0.05]", "--set", "sharpness.adaptive=false")
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "analysis" / "mine"
+    hessian = json.loads(next(out.glob("hessian*.json")).read_text())["result"]
+    sharpness = json.loads(next(out.glob("sharpness*.json")).read_text())["result"]
+    data = module.make_data()
+    eigs = landscape.hessian_eigs(net, data, k=2)
+    assert hessian["top"]["values"] == pytest.approx(eigs.values.tolist(), rel=1e-6)
+    assert sharpness["global"]["sharpness"][0] == pytest.approx(
+        float(landscape.sharpness(net, data, rho=0.05).sharpness[0]), rel=1e-6)
+    assert "local" not in sharpness  # a state_dict has no clients
+    # a client-level pass is refused in one line
+    refused = invoke("analyze", tmp_path / "mine.pt", "--model", f"{user_module}:make_net", "--dataset",
+                     f"{user_module}:make_data", "--passes", "incompatibility", "--quiet")
+    assert refused.exit_code == 1 and len(refused.output.strip().splitlines()) == 1
+    assert "needs the clients of a training run" in refused.output
+
+
+def test_a_folder_of_state_dicts_a_registered_data_set_and_float64(tmp_path, user_module):
+    from landscape.data.datasets import load_dataset
+    from landscape.models import build_model
+
+    bundle = load_dataset("digits", root="data", download=False, augment=False, num_clients=1, seed=0, options={})
+    folder = tmp_path / "states"
+    folder.mkdir()
+    for i in range(2):
+        torch.manual_seed(i)
+        torch.save({"state_dict": build_model("mlp", bundle.input_shape, 10).double().state_dict()},
+                   folder / f"epoch{i}.pth")
+    result = invoke("analyze", folder, "--model", "mlp", "--dataset", "digits", "--split", "test", "--passes", "loss",
+                    "--quiet")
+    assert result.exit_code == 0, result.output
+    records = [json.loads(next((folder / "analysis" / f"epoch{i}").glob("loss*.json")).read_text()) for i in range(2)]
+    assert records[0]["result"]["loss"] != records[1]["result"]["loss"]
+    assert records[0]["result"]["samples"] == len(bundle.test.y)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "nosuchpkg_xyz:make", "--dataset", "digits"], "cannot import the module of model factory"),
+    (["--model", "{mod}:missing", "--dataset", "digits"], "has no 'missing'"),
+    (["--model", "{mod}:make_net"], "needs both --model and --dataset"),
+    (["--model", "{mod}:make_net", "--dataset", "{mod}:make_data", "--passes", "surface", "--grid", "3",
+      "--set", "surface.data=client:0"], "client 0 does not exist"),
+])
+def test_bring_your_own_errors_are_one_line(tmp_path, user_module, args, message):
+    module = __import__(user_module)
+    torch.save(module.make_net().state_dict(), tmp_path / "mine.pt")
+    result = invoke("analyze", tmp_path / "mine.pt", *[a.format(mod=user_module) for a in args], "--quiet")
+    assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1, result.output
+    assert message in result.output
+
+
+def test_a_mismatched_state_dict_names_the_tensor(tmp_path, user_module):
+    torch.save({"body.1.weight": torch.zeros(3, 3)}, tmp_path / "bad.pt")
+    result = invoke("analyze", tmp_path / "bad.pt", "--model", f"{user_module}:make_net", "--dataset",
+                    f"{user_module}:make_data", "--passes", "loss", "--quiet")
+    assert result.exit_code == 1 and "does not match the model" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_recipe_imports_the_users_registrations(tmp_path, user_module):
+    from landscape.train import loop
+
+    recipe = tiny_recipe(imports=[user_module], model__name="usernet", train__rounds=1)
+    assert recipe.imports == (user_module,)
+    loop.start_run(recipe, tmp_path / "run", progress=False)
+    assert f'imports = ["{user_module}"]' in (tmp_path / "run" / "recipe.toml").read_text()
+    model = landscape.open_run(tmp_path / "run").model()
+    assert isinstance(model, torch.nn.Sequential)
+    with pytest.raises(landscape.errors.LandscapeError, match="cannot import recipe import 'nosuch_mod_q'"):
+        tiny_recipe(imports=["nosuch_mod_q"])
+
+
+def test_analysis_recipes_load_and_flags_win(tmp_path):
+    for path in sorted((ROOT / "analyze").glob("*.toml")):
+        recipe = load_analysis_recipe(path)
+        assert recipe.passes, path
+    from landscape.train import loop
+
+    loop.start_run(tiny_recipe(model__name="mlp", train__rounds=1), tmp_path / "run", progress=False)
+    (tmp_path / "mine.toml").write_text('passes = ["loss"]\n[settings]\nanalysis_samples = 40\nseed = 2\n')
+    result = invoke("analyze", tmp_path / "run", tmp_path / "mine.toml", "--analysis-samples", "30", "--quiet")
+    assert result.exit_code == 0, result.output
+    record = json.loads(next((tmp_path / "run" / "analysis" / "round-0001").glob("loss*.json")).read_text())
+    assert record["settings"]["analysis"]["analysis_samples"] == 30 and record["settings"]["analysis"]["seed"] == 2
+    (tmp_path / "bad.toml").write_text('[hessian]\ntop_kk = 3\n')
+    bad = invoke("analyze", tmp_path / "run", tmp_path / "bad.toml", "--quiet")
+    assert bad.exit_code == 1 and "unknown option 'top_kk' for hessian" in bad.output
+
+
+def _import_graph() -> dict[str, set[str]]:
+    package = ROOT / "landscape"
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):  # function-level imports count too
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("landscape"):
+                for alias in node.names:
+                    target = f"{node.module}.{alias.name}"
+                    graph[name].add(target if target in modules else node.module)
+            elif isinstance(node, ast.Import):
+                graph[name].update(a.name for a in node.names if a.name in modules)
+        graph[name].discard(name)
+    return graph
+
+
+def test_no_import_cycles_and_analysis_imports_nothing_of_training():
+    graph = _import_graph()
+    seen: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:  # depth-first; a grey node met again is a cycle
+        seen[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if seen.get(nxt) == 1 and nxt != "landscape":
+                raise AssertionError(f"import cycle: {' -> '.join(path[path.index(nxt):] + [nxt])}")
+            if nxt not in seen:
+                visit(nxt, path + [nxt])
+        seen[node] = 2
+
+    for start in sorted(graph):
+        if start not in seen:
+            visit(start, [start])
+    analysis = [m for m in graph if m.startswith(("landscape.analyze", "landscape.figures")) or m in (
+        "landscape.api", "landscape.runs", "landscape.setup")]
+    for module in analysis:
+        assert not any(t.startswith("landscape.train") for t in graph[module]), module
+
+
+def test_analysing_a_run_loads_no_training_module(tmp_path):
+    from landscape.train import loop
+
+    loop.start_run(tiny_recipe(model__name="mlp", train__rounds=1), tmp_path / "run", progress=False)
+    code = textwrap.dedent(f'''
+        import sys
+        from pathlib import Path
+        from landscape.analyze.catalog import pass_options
+        from landscape.analyze.context import AnalysisSettings
+        from landscape.analyze.scheduler import run_analysis
+        import landscape
+        run_analysis(Path({str(tmp_path / "run")!r}), passes=["loss"], settings=AnalysisSettings(device="cpu"),
+                     options={{"loss": pass_options("loss", {{}})}}, progress=False)
+        landscape.open_run({str(tmp_path / "run")!r}).model()
+        print(sorted(m for m in sys.modules if m.startswith("landscape.train")))
+    ''')
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
