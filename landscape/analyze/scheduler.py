@@ -116,8 +116,8 @@ def skip_rounds_without_clients(jobs: list[Job]) -> tuple[list[Job], list[str]]:
     for name in {name for _, name in skipped}:
         if not any(job.name == name for job in kept):
             run, rounds = next((run, r) for (run, n), r in skipped.items() if n == name)
-            raise LandscapeError(f"{run} has no client models for {_rounds_text(sorted(set(rounds)))} ({name} needs "
-                                 "them); train with --keep-clients to save them at checkpoints")
+            raise LandscapeError(f"{run} has no client models for {_rounds_text(sorted(set(rounds)))}; train with "
+                                 "--keep-clients to save them at checkpoints")
     notes = [f"{run}: {name} skipped at {_rounds_text(sorted(set(rounds)))}, which kept no client models"
              for (run, name), rounds in skipped.items()]
     return kept, notes

@@ -59,6 +59,7 @@ from landscape.analyze import directions as dirs
 from landscape.analyze.context import CheckpointContext
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.registry import PASSES, PassOutput
+from landscape.analyze.results import result_name, settings_record
 from landscape.errors import LandscapeError
 from landscape.runs import atomic_write, surface_result_name
 
@@ -452,6 +453,12 @@ class SurfaceOptions:
         """The result files' name: surface (random plane) or surface-<directions>."""
         return surface_result_name(self.directions)
 
+    @property
+    def needs_kept_clients(self) -> bool:
+        """The client plane, and a line to a client's model, read the round's kept client models."""
+        return self.directions == "clients" or (self.directions == "interpolate"
+                                                and (not self.target or self.target.startswith("client:")))
+
     def __post_init__(self) -> None:
         # --set surface.grid=41 arrives as an int and surface.clients=[3,7] as a list: keep one spelling each,
         # so equal settings are recorded (and skipped) equally.
@@ -661,7 +668,10 @@ def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
            "checkpoint_sha256": ctx.digest, "analysis": ctx.settings.record(),
            "options": {k: v for k, v in opts.__dict__.items() if k != "save_every"},
            "d1_sha256": tensor_digest(plane.d1), "d2_sha256": None if one_d else tensor_digest(plane.d2)}
-    partial_path = ctx.source.result_dir(ctx.round) / f"{opts.output_name}.partial.npz"
+    # One partial grid per result, named as the result is (by its settings): surfaces of other settings (another
+    # grid, data, span) never take over each other's partial grid.
+    partial_name = result_name("surface", settings_record(ctx.settings, opts))
+    partial_path = ctx.source.result_dir(ctx.round) / f"{partial_name}.partial.npz"
     partial = parallel.on_main(lambda: load_partial(partial_path, key, x_coords, y_coords))  # rank 0 reads it
     grid = evaluate_surface(
         objective, ctx.w, plane.d1, plane.d2, x_coords, y_coords,
