@@ -315,3 +315,14 @@ def test_report_names_the_settings_it_shows_and_draws_every_surface(runs):
     assert "settings: the defaults where computed" in page
     assert "grid=3" in page and "data=client:1" in page  # the client-1 surface is drawn too, titled by its settings
     assert build_report(runs, selection=Selection.parse(["split=test"])).count("settings: split=test") == 1
+
+
+def test_a_surface_of_other_settings_leaves_the_partial_grid_of_another_alone(runs):
+    folder = runs / "fedavg" / "analysis" / "round-0003"
+    partial = folder / "surface@analysis_samples-64_grid-5.partial.npz"  # an interrupted 5 x 5 global surface
+    partial.write_bytes(b"partial grid of the global surface")
+    result = analyze(runs / "fedavg", "--passes", "surface", "--analysis-samples", "64", "--grid", "3", "--data",
+                     "client:1", "--force")
+    assert "1 computed" in result.output, result.output
+    assert partial.read_bytes() == b"partial grid of the global surface"
+    assert not (folder / "surface@analysis_samples-64_data-client~1_grid-3.partial.npz").exists()  # its own: done
