@@ -326,3 +326,10 @@ def test_a_surface_of_other_settings_leaves_the_partial_grid_of_another_alone(ru
     assert "1 computed" in result.output, result.output
     assert partial.read_bytes() == b"partial grid of the global surface"
     assert not (folder / "surface@analysis_samples-64_data-client~1_grid-3.partial.npz").exists()  # its own: done
+
+
+@pytest.mark.parametrize("key, value", [("data", 0), ("clients", 1), ("target", 3), ("span", 1.0), ("grid", True)])
+def test_surface_options_that_are_not_text_are_refused_in_one_line(key, value):
+    # found by the naming fuzz above: numbers reached str methods (a traceback from --set surface.data=0)
+    with pytest.raises(LandscapeError, match=f"surface {key} must be text"):
+        pass_options("surface", {key: value})

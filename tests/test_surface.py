@@ -341,7 +341,7 @@ def test_random_surface_pass(run, context):
         logits = module.eval()(context.global_data.x)
     expected = F.cross_entropy(logits, context.global_data.y).item()
     assert arrays["loss"][ix, iy] == pytest.approx(expected, rel=1e-5)
-    assert not (run / "analysis" / "round-0004" / "surface.partial.npz").exists()
+    assert not list((run / "analysis" / "round-0004").glob("*.partial.npz"))
 
 
 def test_pca_surface_pass(run):
@@ -414,7 +414,7 @@ def test_the_pass_resumes_an_interrupted_surface(run, monkeypatch):
     options = {"surface": pass_options("surface", {"grid": "7x5", "cells_per_batch": 4, "save_every": 8})}
     with pytest.raises(Interrupted):
         run_analysis(run, passes=["surface"], settings=SETTINGS, options=options, force=True, progress=False)
-    partial = run / "analysis" / "round-0004" / "surface.partial.npz"
+    partial = run / "analysis" / "round-0004" / "surface@analysis_samples-400_grid-7x5.partial.npz"  # as its result
     assert partial.is_file()
     monkeypatch.setattr(surface_module, "save_partial", real_save)
     record, arrays = surface(run, grid="7x5", cells_per_batch=4, save_every=8)
@@ -427,7 +427,7 @@ def test_the_pass_resumes_an_interrupted_surface(run, monkeypatch):
 
 def test_a_partial_from_other_settings_is_not_reused(run):
     # a complete grid of zeros under another key: reusing it would leave zeros in the result
-    surface_module.save_partial(run / "analysis" / "round-0004" / "surface.partial.npz",
+    surface_module.save_partial(run / "analysis" / "round-0004" / "surface@analysis_samples-400_grid-5.partial.npz",
                                 SurfaceGrid(make_axis(5, -1, 1), make_axis(5, -1, 1), np.zeros((5, 5)),
                                             np.zeros((5, 5))), {"other": "settings"})
     record, arrays = surface(run, grid="5")

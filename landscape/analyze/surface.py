@@ -470,6 +470,11 @@ class SurfaceOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LandscapeError(f"surface {name} must be a whole number >= 1, got {value!r}")
+        for name, example in (("grid", "41"), ("span", "-1:1"), ("data", "client:3"), ("clients", "3,7"),
+                              ("target", "client:3")):
+            value = getattr(self, name)
+            if not isinstance(value, str):  # e.g. --set surface.data=0 (a number, not text)
+                raise LandscapeError(f"surface {name} must be text such as '{example}', got {value!r}")
         if self.directions not in DIRECTIONS:
             raise LandscapeError(f"unknown surface directions '{self.directions}'; choose from: "
                                  + ", ".join(DIRECTIONS))
