@@ -357,9 +357,10 @@ def load_client_models(path: Path, reference: dict[str, torch.Tensor], model_nam
 
 
 def surface_result_name(directions: str) -> str:
-    """The file name (without suffix) of a surface in ``analysis/round-NNNN/``: ``surface`` for the random
-    plane, ``surface-<directions>`` (pca, clients, interpolate) for the others, so they never overwrite one
-    another. The analysis writes them under this name and the figures read them by it."""
+    """The output name of a surface: ``surface`` for the random plane, ``surface-<directions>`` (pca, clients,
+    interpolate) for the others, so they never overwrite one another. It is the file name (without suffix) in
+    ``analysis/round-NNNN/`` at the default settings; ``analyze.results.result_name`` adds the settings off
+    their defaults (``surface@grid-21``), and readers go by what each result records."""
     return "surface" if directions == "random" else f"surface-{directions}"
 
 

@@ -450,7 +450,8 @@ class SurfaceOptions:
 
     @property
     def output_name(self) -> str:
-        """The result files' name: surface (random plane) or surface-<directions>."""
+        """The output name: surface (random plane) or surface-<directions>; the result files add the settings
+        off their defaults (``results.result_name``)."""
         return surface_result_name(self.directions)
 
     @property
