@@ -448,7 +448,7 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
 
 def _check_settings(settings: Any, where: Path) -> None:
     choices = {"split": ("train", "test"), "bn_mode": ("eval", "train-batch-stats", "recompute"),
-               "hvp": ("double-backward", "forward-over-reverse"), "dtype": ("float32", "float64")}
+               "hvp": ("double-backward", "forward-over-reverse"), "dtype": ("auto", "float32", "float64")}
     for key, allowed in choices.items():
         if getattr(settings, key) not in allowed:
             raise LandscapeError(f"{where}: analyze.{key} must be one of {', '.join(allowed)} "

@@ -176,7 +176,7 @@ class HessianOptions:
 
     def __post_init__(self) -> None:
         if self.top_k < 1 or self.tol <= 0 or self.trace_hvps < 6 or self.density_runs < 1 or self.density_steps < 2:
-            raise LandscapeError("hessian options: top_k >= 1, tol > 0, trace_hvps >= 6, density_runs >= 1, "
+            raise LandscapeError("hessian options: top_k >= 1, tol > 0, trace_hvps >= 6 (Hutch++), density_runs >= 1, "
                                  "density_steps >= 2")
         if self.trace_method not in TRACE_METHODS:
             raise LandscapeError(f"hessian.trace_method must be one of {', '.join(TRACE_METHODS)} "

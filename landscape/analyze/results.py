@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from landscape.analyze.registry import PASSES
 from landscape.analyze.serial import json_ready, to_plain
 from landscape.errors import LandscapeError
 from landscape.runs import atomic_write, write_text
@@ -107,10 +108,8 @@ def _analysis_defaults() -> dict[str, Any]:
 
 
 def _option_defaults(pass_name: str) -> dict[str, Any]:
-    from landscape.analyze.catalog import load_passes
-
-    registry = load_passes()
-    return to_plain(registry.get(pass_name).option_defaults()) if pass_name in registry else {}
+    # The passes are registered: every caller reached here through the catalog (scheduler, figures, cli).
+    return to_plain(PASSES.get(pass_name).option_defaults()) if pass_name in PASSES else {}
 
 
 def qualified_settings(pass_name: str, settings: Any) -> dict[str, Any]:
@@ -134,11 +133,9 @@ def same_settings(pass_name: str, a: Any, b: Any) -> bool:
 def output_name(pass_name: str, settings: Any) -> str | None:
     """The output a result of ``pass_name`` with these settings belongs to: the pass's name, or the name its
     options give (surface-pca, ...); None when the recorded options are not (or no longer) valid."""
-    from landscape.analyze.catalog import load_passes
-
     options = settings.get("pass") if isinstance(settings, dict) else None
     try:
-        made = load_passes().get(pass_name).make_options(dict(options) if isinstance(options, dict) else {})
+        made = PASSES.get(pass_name).make_options(dict(options) if isinstance(options, dict) else {})
     except (LandscapeError, TypeError, ValueError, AttributeError):  # options of another type than their own
         return None
     return getattr(made, "output_name", pass_name)

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from landscape.analyze import catalog  # noqa: F401 - registers the passes whose settings results name
 from landscape.analyze.results import (
     NOT_NAMED,
     qualified_settings,
