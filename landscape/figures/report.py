@@ -508,7 +508,8 @@ def surfaces_section(runs: Sequence[RunData], page: Page) -> str:
     parts = ['<section id="surfaces"><h2>Loss surfaces</h2>']
     for run, r, path in files:
         title = f"{run.label}, round {r}, {_surface_kind(path)}"
-        name = f"surface-{run.name}-round-{r}-{path.stem}"
+        # The plot is named by the output (surface, surface-pca, ...), not by the settings part of the file name.
+        name = f"surface-{run.name}-round-{r}-{path.stem.partition('@')[0]}"
         try:
             with np.load(path, allow_pickle=False) as f:
                 is_2d = "y_coords" in f.files
