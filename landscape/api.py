@@ -33,7 +33,7 @@ from landscape.analyze.directions import random_plane
 from landscape.analyze.flatness import FlatnessDistanceResult
 from landscape.analyze.flatness import flatness_distance as _flatness_distance
 from landscape.analyze.objective import LossFn, Objective, Problem, as_data
-from landscape.analyze.operator import HessianOperator
+from landscape.analyze.operator import HessianOperator, Progress
 from landscape.analyze.sharpness import SharpnessProfile, asam_weight_mask, sharpness_profile
 from landscape.analyze.spectrum import (
     DEFAULT_TRACE_METHOD,
@@ -92,29 +92,31 @@ def _copy_module(model: nn.Module) -> nn.Module:
 
 
 def hessian_eigs(model: nn.Module | Problem, data: Any = None, k: int = 5, *, tol: float = 1e-3, seed: int = 0,
-                 hvp: str = "double-backward", **settings: Any) -> EigenResult:
+                 hvp: str = "double-backward", progress: Progress | None = None, **settings: Any) -> EigenResult:
     """The k largest eigenvalues of the Hessian of F by Lanczos with verified residuals (``values``
     descending, ``residuals``, ``converged``, ``hvp_count``). A determinism probe (two products) runs first:
     dropout or batch statistics that change between products are refused."""
     p = problem(model, data, **settings)
-    op = HessianOperator(p.objective, p.w, backend=hvp)
+    op = HessianOperator(p.objective, p.w, backend=hvp, progress=progress)
     op.check_determinism(seed)
     return lanczos_topk(op, k, tol=tol, seed=seed)
 
 
 def trace(model: nn.Module | Problem, data: Any = None, *, hvps: int = 60, method: str = DEFAULT_TRACE_METHOD,
-          seed: int = 0, hvp: str = "double-backward", **settings: Any) -> TraceResult:
+          seed: int = 0, hvp: str = "double-backward", progress: Progress | None = None, **settings: Any) -> TraceResult:
     """tr(grad^2 F) by a randomised estimator with ``hvps`` Hessian-vector products (``estimate``,
     ``stderr``); ``method``: xtrace (default), hutch++ or hutchinson."""
     p = problem(model, data, **settings)
-    return trace_estimate(HessianOperator(p.objective, p.w, backend=hvp), hvps=hvps, method=method, seed=seed)
+    op = HessianOperator(p.objective, p.w, backend=hvp, progress=progress)
+    return trace_estimate(op, hvps=hvps, method=method, seed=seed)
 
 
 def density(model: nn.Module | Problem, data: Any = None, *, runs: int = 2, steps: int = 40, seed: int = 0,
-            hvp: str = "double-backward", **settings: Any) -> DensityResult:
+            hvp: str = "double-backward", progress: Progress | None = None, **settings: Any) -> DensityResult:
     """The Hessian's spectral density by stochastic Lanczos quadrature (``runs`` x ``steps`` products)."""
     p = problem(model, data, **settings)
-    return slq_density(HessianOperator(p.objective, p.w, backend=hvp), runs=runs, steps=steps, seed=seed)
+    op = HessianOperator(p.objective, p.w, backend=hvp, progress=progress)
+    return slq_density(op, runs=runs, steps=steps, seed=seed)
 
 
 def sharpness(model: nn.Module | Problem, data: Any = None, rho: float | Sequence[float] = 0.05, *, steps: int = 5,

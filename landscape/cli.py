@@ -235,12 +235,14 @@ def _report(out: Path, rounds: int) -> None:
 @click.option("--data", "surface_data", default=None,
               help="surface pass: global, test or client:<i> (local vs global landscape) [surface.data]")
 @click.option("--force", is_flag=True, help="recompute passes already computed with the same settings")
+@click.option("--dry-run", is_flag=True, help="print the runs, rounds and passes with an estimate of Hessian-vector "
+              "products and seconds (timed by one gradient), then exit")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def analyze_command(path: Path, analysis_recipe: Path | None, rounds: str, passes: str | None,
                     analysis_samples: int, split: str, bn_mode: str, device: str, backend: str, hvp: str,
                     dtype: str, model_spec: str | None, dataset_spec: str | None, seed: int, threads: int,
                     assignments: tuple[str, ...], directions: str | None, grid: str | None, span: str | None,
-                    surface_data: str | None, force: bool, quiet: bool) -> None:
+                    surface_data: str | None, force: bool, dry_run: bool, quiet: bool) -> None:
     """Analyse checkpoints: Hessian spectrum, sharpness, flatness distance, incompatibility, alignment,
     loss surfaces.
 
@@ -300,6 +302,11 @@ def analyze_command(path: Path, analysis_recipe: Path | None, rounds: str, passe
         values[pass_name][option] = value
     options = {name: pass_options(name, values[name]) for name in names}
     settings = AnalysisSettings(**chosen)
+    if dry_run:
+        from landscape.analyze.scheduler import format_plan, plan
+
+        click.echo(format_plan(plan(path, rounds, names, options, foreign), settings))
+        return
     report = run_analysis(path, rounds=rounds, passes=names, settings=settings, options=options, force=force,
                           progress=not quiet, foreign=foreign)
     click.echo(format_summary(report))

@@ -230,3 +230,34 @@ def test_analysing_a_run_loads_no_training_module(tmp_path):
                           check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_analyze_dry_run_estimates_and_computes_nothing(tmp_path):
+    from landscape.train import loop
+
+    loop.start_run(tiny_recipe(model__name="mlp", train__rounds=1), tmp_path / "run", progress=False)
+    result = invoke("analyze", tmp_path / "run", "--dry-run", "--passes", "hessian,surface", "--grid", "5",
+                    "--set", "hessian.clients=-1")
+    assert result.exit_code == 0, result.output
+    assert "one Hessian-vector product" in result.output and "total: about" in result.output
+    hessian_line = next(line for line in result.output.splitlines() if " hessian " in f" {line} ")
+    assert int(hessian_line.split()[3]) > 100  # probe + Lanczos + 2 x 60 trace probes + 80 density steps
+    assert not (tmp_path / "run" / "analysis").exists()
+
+
+def test_a_pass_reports_its_products_to_the_progress_callback(tmp_path):
+    from landscape.analyze.catalog import load_passes, pass_options
+    from landscape.analyze.context import AnalysisSettings, CheckpointContext, find_sources
+    from landscape.train import loop
+
+    loop.start_run(tiny_recipe(model__name="mlp", train__rounds=1), tmp_path / "run", progress=False)
+    (source,), _ = find_sources(tmp_path / "run")
+    ctx = CheckpointContext(source, 1, AnalysisSettings(device="cpu"))
+    from landscape.analyze.scheduler import WorkBar
+
+    work = WorkBar(enabled=True)
+    ctx.progress = work.start("hessian")
+    output = load_passes().get("hessian").factory(ctx, pass_options("hessian", {"clients": -1, "trace_hvps": 12,
+                                                                                "density_steps": 4}))
+    work.close()
+    assert work.base + work.last == output.scalars["hvp_count"]  # every product of every solver, as it happens

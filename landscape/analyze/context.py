@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -316,6 +317,8 @@ class CheckpointContext:
     flat: FlatModel = field(init=False)
     w: Tensor = field(init=False)
     buffers: dict[str, Tensor] = field(init=False)
+    # progress(done, total or None) of the work inside a pass (products, surface cells); set by the scheduler
+    progress: Callable[[int, int | None], None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         path = self.source.checkpoints[self.round]

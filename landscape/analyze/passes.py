@@ -191,10 +191,11 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
 
     seed, backend = ctx.settings.seed, ctx.settings.hvp
     problem = ctx.problem
-    top = api.hessian_eigs(problem, k=opts.top_k, tol=opts.tol, seed=seed, hvp=backend)  # determinism probe first
-    trace = api.trace(problem, hvps=opts.trace_hvps, method=opts.trace_method, seed=seed, hvp=backend)
-    hutchinson = api.trace(problem, hvps=opts.trace_hvps, method="hutchinson", seed=seed, hvp=backend)
-    density = api.density(problem, runs=opts.density_runs, steps=opts.density_steps, seed=seed, hvp=backend)
+    shared = {"seed": seed, "hvp": backend, "progress": ctx.progress}  # progress: every product, on the bar
+    top = api.hessian_eigs(problem, k=opts.top_k, tol=opts.tol, **shared)  # a determinism probe first
+    trace = api.trace(problem, hvps=opts.trace_hvps, method=opts.trace_method, **shared)
+    hutchinson = api.trace(problem, hvps=opts.trace_hvps, method="hutchinson", **shared)
+    density = api.density(problem, runs=opts.density_runs, steps=opts.density_steps, **shared)
     out: dict[str, Any] = {
         "dim": ctx.flat.dim,
         "top": top.summary(),

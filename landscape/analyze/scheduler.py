@@ -214,10 +214,53 @@ class _Contexts:
         return self.ctx
 
 
-def _run_job(job: Job, contexts: _Contexts) -> tuple[PassOutput, str, float]:
+class WorkBar:
+    """A second progress bar for the work inside one pass: Hessian-vector products or surface cells, with the
+    rate and, where the total is known, the time left. Solvers report ``(done, total or None)`` from their own
+    counters; a counter that starts again (the next solver of the pass) adds to what was done."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar = None
+        self.base = self.last = 0
+
+    def start(self, what: str) -> WorkBar | None:
+        if not self.enabled:
+            return None
+        from tqdm.auto import tqdm
+
+        self.close()
+        self.base = self.last = 0
+        self.bar = tqdm(total=None, desc=f"  {what}", unit="step", leave=False, position=1, dynamic_ncols=True)
+        return self
+
+    def __call__(self, done: int, total: int | None) -> None:
+        if self.bar is None:
+            return
+        if done < self.last:
+            self.base += self.last
+        self.last = done
+        if total is not None:
+            self.bar.total = self.base + total
+        self.bar.n = self.base + done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _run_job(job: Job, contexts: _Contexts, work: WorkBar | None = None) -> tuple[PassOutput, str, float]:
     ctx = contexts.get(job)
+    ctx.progress = work.start(job.name) if work is not None else None
     started = time.perf_counter()
-    output = load_passes().get(job.name).factory(ctx, job.options)
+    try:
+        output = load_passes().get(job.name).factory(ctx, job.options)
+    finally:
+        ctx.progress = None
+        if work is not None:
+            work.close()
     return output, ctx.digest, time.perf_counter() - started
 
 
@@ -254,6 +297,7 @@ def run_analysis(
     report.skipped = len(summaries)
     queues, together = split_work(jobs, [i for i, s in enumerate(recorded) if s is None], parallel.world_size())
     contexts = _Contexts(settings)
+    work = WorkBar(progress and main)
     bar = tqdm(total=len(jobs), initial=report.skipped, desc="analyze", unit="pass",
                disable=not (progress and main), dynamic_ncols=True)
 
@@ -274,7 +318,7 @@ def run_analysis(
                 i = own[step]
                 bar.set_postfix_str(f"{jobs[i].source.name} r{jobs[i].round} {jobs[i].name}")
                 if parallel.world_size() == 1:
-                    outcome = (i, *_run_job(jobs[i], contexts), None)
+                    outcome = (i, *_run_job(jobs[i], contexts, work), None)
                 else:
                     try:
                         with parallel.solo():
@@ -290,7 +334,7 @@ def run_analysis(
                 raise LandscapeError(errors[0])
         for i in together:
             bar.set_postfix_str(f"{jobs[i].source.name} r{jobs[i].round} {jobs[i].name}")
-            finish(i, *_run_job(jobs[i], contexts))
+            finish(i, *_run_job(jobs[i], contexts, work))
     finally:
         threads.close()
         bar.close()
@@ -322,4 +366,68 @@ def format_summary(report: AnalysisReport) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     # Which results these are, when some were asked for with settings other than the defaults.
     lines += [f"{name}: {text}" for name, text in sorted(report.settings.items()) if text]
+    return "\n".join(lines)
+
+
+# Work of a pass besides its Hessian-vector products, in full-data gradient equivalents (a surface cell is one
+# forward pass, about 0.4 of a gradient); products are timed on their own.
+CELL_COST = 0.4
+
+
+def planned_work(job: Job) -> tuple[int, float]:
+    """(Hessian-vector products, other work in full-data gradient equivalents) a job will cost, estimated from
+    its options; per-client work is counted on the clients' share of the data (N clients x 1/N of it)."""
+    o = job.options
+    if job.name == "hessian":
+        lanczos = 2 + 2 * o.top_k + 20  # probe, Krylov space (top_k + 10, often up to twice that), verification
+        hvps = lanczos + 2 * o.trace_hvps + o.density_runs * o.density_steps + (50 if o.clients >= 0 else 0)
+        return hvps, 0.0
+    if job.name == "sharpness":
+        return 0, 1 + len(o.rhos) * o.steps * (2 if o.adaptive else 1) + o.steps
+    if job.name == "surface":
+        sizes = [int(n) for n in str(o.grid).split("x") if n.isdigit()] or [1]
+        if len(sizes) == 1 and o.directions != "interpolate":  # "41": 41 x 41 on a plane
+            sizes *= 2
+        cells = 1
+        for n in sizes:
+            cells *= n
+        return 0, CELL_COST * cells
+    return 0, {"loss": 2.0, "incompatibility": 4.0, "alignment": 3.0}.get(job.name, 0.0)
+
+
+def format_plan(jobs: list[Job], settings: AnalysisSettings) -> str:
+    """What ``landscape analyze --dry-run`` prints: every job with its estimated products and seconds, timed by
+    one full-data gradient at the first checkpoint (the estimate is rough: a factor of 2 either way)."""
+    if not jobs:
+        return "nothing to analyse"
+    import torch
+
+    from landscape.analyze.operator import HessianOperator
+
+    with using_threads(settings.threads):
+        ctx = CheckpointContext(jobs[0].source, jobs[0].round, settings)
+        ctx.objective.loss_and_grad(ctx.w)  # warm-up (first-call allocations)
+        started = time.perf_counter()
+        ctx.objective.loss_and_grad(ctx.w)
+        gradient = time.perf_counter() - started
+        op = HessianOperator(ctx.objective, ctx.w, backend=settings.hvp)
+        v = torch.randn(ctx.flat.dim, generator=torch.Generator().manual_seed(0)).to(ctx.w)
+        op.matvec(v)  # builds (and, where it fits, keeps) the gradient graphs
+        started = time.perf_counter()
+        op.matvec(v)
+        product = time.perf_counter() - started
+    head = (f"{len(jobs)} jobs; at the first checkpoint ({ctx.flat.dim:,} parameters, {len(ctx.global_data)} samples, "
+            f"{ctx.device}, {ctx.dtype}) one gradient took {gradient:.3g} s, one Hessian-vector product "
+            f"{product:.3g} s")
+    rows = [("run", "round", "pass", "HVPs", "est. seconds")]
+    total_hvps, total_seconds = 0, 0.0
+    for job in jobs:
+        hvps, gradients = planned_work(job)
+        seconds = hvps * product + gradients * gradient
+        total_hvps, total_seconds = total_hvps + hvps, total_seconds + seconds
+        rows.append((job.source.name, str(job.round), job.name, str(hvps), f"{seconds:.1f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [head] + ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
+    lines.append(f"total: about {total_hvps} Hessian-vector products and {total_seconds:.0f} s "
+                 "(results already computed are skipped, and cost nothing)")
     return "\n".join(lines)

@@ -684,7 +684,7 @@ def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
         loss=None if partial is None else partial.loss,
         accuracy=None if partial is None else partial.accuracy,
         cells_per_batch=opts.cells_per_batch, save_every=opts.save_every,
-        on_checkpoint=lambda g: save_partial(partial_path, g, key), progress=None,
+        on_checkpoint=lambda g: save_partial(partial_path, g, key), progress=ctx.progress,
     )
     if parallel.is_main():
         partial_path.unlink(missing_ok=True)
