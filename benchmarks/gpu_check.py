@@ -6,11 +6,13 @@ clients per round, E = 5 local epochs of batch 50 (K = 50 SAM steps, 100 forward
 and round). Timed after one warm-up round, with the device synchronised:
 
 * training: ``--rounds`` rounds of ``Trainer.run_round`` (test evaluation every round, on 1,000 samples);
-* lambda_1..5: ``lanczos_topk`` (k = 5, tol 1e-3, verified residuals) of the Hessian of F over
+* lambda_1..5: ``lanczos_topk`` (k = 5, tol 1e-3, verified residuals; the gradient graphs kept where
+  they fit, as reported) of the Hessian of F over
   ``--analysis-samples`` training samples (batches of 512, eval mode, float32: curvature never runs in
   bfloat16 or through torch.compile);
 * the surface: ``evaluate_surface`` on a ``--grid`` x ``--grid`` filter-normalised random plane over
-  ``--surface-samples`` samples (16 cells per chunk; per forward pass: the whole chunk on a GPU, one cell on the CPU).
+  ``--surface-samples`` samples (chunks of 16 cells; a GPU evaluates a chunk in one vmapped pass, the CPU
+  cell by cell).
 
 ``--precision bf16`` and ``--compile`` set the recipe's ``train.precision`` and ``train.compile`` (training
 only). Under ``torchrun --standalone --nproc-per-node N`` the clients, the HVP batches and the surface cells
