@@ -301,17 +301,29 @@ def _lanczos(
     beta = 0.0
     scale = 0.0  # largest ||H q|| seen: a lower bound on ||H||, the yardstick for "beta ~ 0"
     while len(alphas) < steps:
-        z = op.matvec(basis.last)
+        q = basis.last
+        z = op.matvec(q)
         if on_step is not None:
             on_step(len(alphas) + 1)
-        # alpha = q^T H q is the last projection coefficient of the first pass; the passes remove alpha q,
-        # beta q_prev and every rounding-error component of the earlier vectors
-        z, coefficients, z_norm = basis.orthogonalise(z)
-        first_pass_alpha = coefficients[-1]
-        coefficients, alpha, beta = torch.cat([coefficients.double(), torch.stack(
-            [first_pass_alpha.double(), torch.linalg.vector_norm(z).double()])]).cpu().split(
-            [coefficients.numel(), 1, 1])
-        alpha, beta = float(alpha), float(beta)
+        # The three-term recurrence removes the large components alpha q and beta q_prev first; the
+        # Gram-Schmidt pass against the whole basis then removes what rounding left in every direction, and
+        # needs a second pass only where it still cancels (rarely, once the recurrence has done the bulk).
+        alpha = torch.dot(q, z)
+        hq_norm = torch.linalg.vector_norm(z)
+        z = z - alpha * q
+        previous = betas[-1] if betas and basis.size > 1 else 0.0
+        if previous:
+            z = z - previous * basis.rows[basis.size - 2]
+        z, coefficients, _ = basis.orthogonalise(z)
+        recurrence = torch.zeros_like(coefficients)
+        recurrence[-1] = alpha
+        if previous:
+            recurrence[-2] = previous
+        # the projections of H q on the basis, alpha, beta and ||H q|| reach the host together
+        coefficients, alpha, beta, z_norm = torch.cat([(coefficients + recurrence).double(), torch.stack(
+            [alpha.double(), torch.linalg.vector_norm(z).double(), hq_norm.double()])]).cpu().split(
+            [coefficients.numel(), 1, 1, 1])
+        alpha, beta, z_norm = float(alpha), float(beta), float(z_norm)
         columns.append(coefficients)
         scale = max(scale, z_norm)
         alphas.append(alpha)
