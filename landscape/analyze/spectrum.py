@@ -612,7 +612,7 @@ def hutchpp_trace(op: LinearOperator, *, hvps: int = 99, seed: int = 0, block: i
                         "low_rank_part": low_rank_part, "block": block})
 
 
-def xtrace(op: LinearOperator, *, hvps: int = 60, seed: int = 0, block: int = 10, probes: str = "rademacher",
+def xtrace(op: LinearOperator, *, hvps: int = 60, seed: int = 0, block: int = 10, probes: str = "gaussian",
            progress: Progress | None = None) -> TraceResult:
     """XTrace (Epperly, Tropp & Webber 2024): every probe serves both as a sketch vector and as a
     Hutchinson probe, by leaving it out of the sketch it is tested against; s = hvps // 2 probes.
@@ -625,10 +625,11 @@ def xtrace(op: LinearOperator, *, hvps: int = 60, seed: int = 0, block: int = 10
 
     tr(P_i H P_i) = tr(Q^T Z) - s_i^T (Q^T Z) s_i, and u_i^T H u_i follows from the products already made
     (H w_i = y_i = Q r_i, H Q = Z): no product beyond the 2s. P_i does not depend on w_i, so with
-    E[w w^T] = I each T_i is unbiased for tr(H). ``probes``: "rademacher" (default; a_i = 1; Rademacher
-    probes, like Hutchinson's, ignore the diagonal's share of the variance) or "gaussian" (a_i = (dim - s + 1)
-    / ||u_i||^2, which puts u_i on the sphere of radius sqrt(dim - s + 1) of the complement: the paper's
-    normalisation, unbiased because a Gaussian u_i's direction is uniform there). The estimate is mean_i T_i,
+    E[w w^T] = I each T_i is unbiased for tr(H). ``probes``: "gaussian" (default; a_i = (dim - s + 1) /
+    ||u_i||^2, which puts u_i on the sphere of radius sqrt(dim - s + 1) of the complement: the paper's
+    normalisation, unbiased because a Gaussian u_i's direction is uniform there) or "rademacher" (a_i = 1).
+    On digits Hessians the Gaussian form had the smaller error at 6 of 8 budgets
+    (``benchmarks/trace_estimators.py``). The estimate is mean_i T_i,
     the standard error std(T_i) / sqrt(s) (the paper's error estimate; the T_i share their probes, so it is an
     estimate, not a bound). Where H Omega is numerically rank-deficient, range(Q) holds all of range(H) and
     tr(Q^T H Q) is the trace (stderr 0).
