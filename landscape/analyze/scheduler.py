@@ -82,6 +82,7 @@ class AnalysisReport:
     skipped: int = 0
     settings: dict[str, str] = field(default_factory=dict)  # result name -> its settings other than the defaults
     notes: list[str] = field(default_factory=list)  # what was skipped or looks wrong, one line each
+    data: str = ""  # the analysis data the values are on (``analysis_data``); "" when not known
 
 
 def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any],
@@ -291,7 +292,7 @@ def run_analysis(
     jobs, notes = skip_rounds_without_clients(plan(path, rounds, passes, options, foreign))
     main = parallel.is_main()
     recorded = parallel.on_main(lambda: _recorded_summaries(jobs, settings, force))
-    report = AnalysisReport(notes=notes)
+    report = AnalysisReport(notes=notes, data=analysis_data(settings))
     report.notes += partition_notes([job for job, done in zip(jobs, recorded) if done is None])
     summaries = {i: summary for i, summary in enumerate(recorded) if summary is not None}
     report.skipped = len(summaries)
@@ -349,23 +350,87 @@ def run_analysis(
     return report
 
 
+def analysis_data(settings: AnalysisSettings) -> str:
+    """The data the analysis values are computed on, in words (what the summary's accuracy is measured on)."""
+    text = ("the test set" if settings.split == "test"
+            else "the training split (the union of the clients' training data)")
+    if settings.analysis_samples:
+        text += f", a seeded subset of {settings.analysis_samples} samples"
+    return text
+
+
+SUMMARY_WIDTH = 120  # the summary table is cut into blocks of columns that fit this many characters
+RUN_WIDTH = 40  # longer run names are written as [1], [2], ... in the table and in full under it
+
+
+def _wrapped(text: str, indent: str = "    ") -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, SUMMARY_WIDTH, subsequent_indent=indent, break_on_hyphens=False,
+                         break_long_words=False)
+
+
 def format_summary(report: AnalysisReport) -> str:
-    """A plain-text table: one line per (run, round), one column per summary value."""
+    """A plain-text table, one line per (run, round), one column per summary value (named by its key in the
+    results' ``summary``), in the order the passes ran. No line is wider than ``SUMMARY_WIDTH``: columns that
+    do not fit go to further blocks (each repeating run and round), run names longer than ``RUN_WIDTH`` are
+    numbered and written out under the table, and the accuracy is said to be the analysis accuracy it is."""
     if not report.rows:
         return "nothing analysed"
-    columns = ["run", "round"] + sorted({k for row in report.rows for k in row} - {"run", "round"})
+    columns: list[str] = []
+    for row in report.rows:
+        columns += [k for k in row if k not in ("run", "round") and k not in columns]
+    names = list(dict.fromkeys(str(row.get("run")) for row in report.rows))
+    numbered = any(len(name) > RUN_WIDTH for name in names)
+    run_cell = {name: f"[{k + 1}]" if numbered else name for k, name in enumerate(names)}
 
     def cell(value: Any) -> str:
         if isinstance(value, float):
             return f"{value:.4g}"
         return "-" if value is None else str(value)
 
+    keys = [["run", "round"]] + [[run_cell[str(row.get("run"))], cell(row.get("round"))] for row in report.rows]
     table = [columns] + [[cell(row.get(c)) for c in columns] for row in report.rows]
+    key_widths = [max(len(r[i]) for r in keys) for i in range(2)]
     widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+
+    def pack(limit: int) -> list[list[int]]:
+        blocks: list[list[int]] = [[]]
+        used = sum(key_widths) + 2
+        for i, width in enumerate(widths):
+            if blocks[-1] and used + 2 + width > limit:
+                blocks.append([])
+                used = sum(key_widths) + 2
+            blocks[-1].append(i)
+            used += 2 + width
+        return blocks
+
+    blocks = pack(SUMMARY_WIDTH)
+    limit = SUMMARY_WIDTH  # the narrowest blocks that are no more: the columns spread evenly over them
+    while limit > 1 and len(pack(limit - 1)) == len(blocks):
+        limit -= 1
+    blocks = pack(limit)
+    lines: list[str] = []
+    for b, block in enumerate(blocks):
+        if b:
+            lines.append("")
+        all_widths = key_widths + [widths[i] for i in block]
+        rows = [k + [r[i] for i in block] for k, r in zip(keys, table)]
+        text = ["  ".join(v.ljust(w) for v, w in zip(r, all_widths)).rstrip() for r in rows]
+        text.insert(1, "  ".join("-" * w for w in all_widths))
+        lines += text
+    if numbered or "acc" in columns or any(report.settings.values()):
+        lines.append("")
+    if numbered:
+        lines += [f"{run_cell[name]} {name}" for name in names]
+    if "acc" in columns:
+        data = report.data or "the analysis data (--split; by default the union of the clients' training data)"
+        lines += _wrapped(f"acc: accuracy of the checkpoint x on {data}, from the loss pass ('accuracy' in "
+                          "its JSON); not the test accuracy training logged (metrics.jsonl 'test_acc')")
     # Which results these are, when some were asked for with settings other than the defaults.
-    lines += [f"{name}: {text}" for name, text in sorted(report.settings.items()) if text]
+    for name, text in sorted(report.settings.items()):
+        if text:
+            lines += _wrapped(f"{name}: {text}")
     return "\n".join(lines)
 
 
