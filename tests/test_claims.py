@@ -1,0 +1,178 @@
+"""Claims (landscape.figures.claims): claim files, one number per run, the paired test and the verdicts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from landscape.errors import LandscapeError
+from landscape.figures import claims
+from landscape.figures.curves import RunData
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fake_run(path: Path, seed: int, distances: list[float]) -> RunData:
+    """A run that logged flatness_distance at rounds 1..len(distances) (no analysis)."""
+    metrics = [{"round": r, "flatness_distance": d, "test_acc": 0.5} for r, d in enumerate(distances, 1)]
+    return RunData(path / f"seed{seed}", {"seed": seed, "algorithm": {"name": "fedsam"}}, metrics, {})
+
+
+def claim_file(tmp_path: Path, body: str, name: str = "c.toml") -> Path:
+    figure = tmp_path / "fig.toml"
+    figure.write_text('name = "fig"\n')
+    path = tmp_path / name
+    path.write_text('claim = "a < b"\nfigure = "fig.toml"\n' + body)
+    return path
+
+
+def test_one_sided_paired_t_matches_the_closed_forms():
+    # two degrees of freedom: P(T > t) = (1 - t / sqrt(t^2 + 2)) / 2
+    d = [1.0, 2.0, 3.0]
+    t, p = claims.one_sided_paired_t(d)
+    assert t == pytest.approx(2.0 / (1.0 / math.sqrt(3)), rel=1e-12)
+    assert p == pytest.approx((1 - t / math.sqrt(t * t + 2)) / 2, rel=1e-10)
+    # one degree of freedom (Cauchy): P(T > t) = 1/2 - atan(t) / pi
+    t1, p1 = claims.one_sided_paired_t([0.5, 1.5])
+    assert t1 == pytest.approx(1.0 / 0.5, rel=1e-12)
+    assert p1 == pytest.approx(0.5 - math.atan(t1) / math.pi, rel=1e-10)
+    # the opposite direction is the complement
+    _, q = claims.one_sided_paired_t([-x for x in d])
+    assert p + q == pytest.approx(1.0)
+    assert claims.one_sided_paired_t([2.0, 2.0, 2.0]) == (math.inf, 0.0)
+    assert claims.one_sided_paired_t([0.0, 0.0]) == (0.0, 1.0)
+    with pytest.raises(LandscapeError, match="two seeds"):
+        claims.one_sided_paired_t([1.0])
+
+
+def test_run_value_averages_the_chosen_rounds(tmp_path):
+    run = fake_run(tmp_path, 0, [5.0, 4.0, 3.0, 2.0, 1.0])
+    assert claims.run_value(run, "flatness_distance", "last")[0] == 1.0
+    value, rounds = claims.run_value(run, "flatness_distance", "last 3")
+    assert value == pytest.approx(2.0) and rounds == [3, 4, 5]
+    assert claims.run_value(run, "flatness_distance", "all")[0] == pytest.approx(3.0)
+    assert claims.run_value(run, "flatness_distance", (1, 5))[0] == pytest.approx(3.0)
+    with pytest.raises(LandscapeError, match="last 9"):
+        claims.run_value(run, "flatness_distance", "last 9")
+    with pytest.raises(LandscapeError, match="round.s. 7"):
+        claims.run_value(run, "flatness_distance", 7)
+    with pytest.raises(LandscapeError, match="neither a metrics.jsonl key"):
+        claims.run_value(run, "no_such_key", "last")
+    with pytest.raises(LandscapeError, match="no hessian analysis"):
+        claims.run_value(run, "lambda_max", "last")
+
+
+def test_surface_width_is_the_area_of_the_level_set():
+    axis = np.linspace(-1, 1, 21)
+    x, y = np.meshgrid(axis, axis, indexing="ij")
+    sharp, flat = 4.0 * (x**2 + y**2) + 0.3, 1.0 * (x**2 + y**2) + 0.3
+    tau = 0.47  # no grid point on the level set itself
+    for curvature, loss in ((4.0, sharp), (1.0, flat)):
+        by_hand = np.mean(curvature * (x**2 + y**2) <= tau)
+        assert claims.surface_width(loss, axis, axis, tau) == pytest.approx(by_hand)
+    assert claims.surface_width(flat, axis, axis, tau) > claims.surface_width(sharp, axis, axis, tau)
+    assert claims.surface_width(flat, axis, axis, 100.0) == 1.0
+
+
+def make_claim(comparisons, level=0.05) -> claims.Claim:
+    return claims.Claim(Path("c.toml"), "c", "text", "", Path("fig.toml"), (0, 1, 2), tuple(comparisons), level)
+
+
+def groups(tmp_path, values: dict[str, list[list[float]]]) -> dict[str, list[RunData]]:
+    return {run_id: [fake_run(tmp_path / run_id, seed, rows) for seed, rows in enumerate(per_seed)]
+            for run_id, per_seed in values.items()}
+
+
+def test_verdicts_held_not_held_inconclusive(tmp_path):
+    compare = claims.Comparison("a", "b", "flatness_distance", "last 2")
+    runs = groups(tmp_path, {
+        "a": [[9, 1.0, 1.2], [9, 1.1, 0.9], [9, 0.8, 1.0]],  # last-2 means 1.1, 1.0, 0.9
+        "b": [[0, 2.0, 2.2], [0, 2.4, 2.0], [0, 1.8, 2.1]],  # 2.1, 2.2, 1.95
+        "c": [[0, 1.0, 1.6], [0, 0.1, 0.5], [0, 2.0, 1.0]],  # 1.3, 0.3, 1.5: no clear order with a
+    })
+    held = claims.evaluate(make_claim([compare]), runs)
+    assert held.verdict == claims.HELD
+    result = held.comparisons[0]
+    np.testing.assert_allclose(result.lower, [1.1, 1.0, 0.9])
+    np.testing.assert_allclose(result.higher, [2.1, 2.2, 1.95])
+    d = np.array([1.0, 1.2, 1.05])
+    t = d.mean() / (d.std(ddof=1) / math.sqrt(3))
+    assert result.t == pytest.approx(t) and result.p == pytest.approx((1 - t / math.sqrt(t * t + 2)) / 2)
+    assert result.seeds == (0, 1, 2) and result.rounds == (2, 3)
+
+    refuted = claims.evaluate(make_claim([claims.Comparison("b", "a", "flatness_distance", "last 2")]), runs)
+    assert refuted.verdict == claims.NOT_HELD and refuted.comparisons[0].verdict == claims.NOT_HELD
+    unclear = claims.evaluate(make_claim([claims.Comparison("a", "c", "flatness_distance", "last 2")]), runs)
+    assert unclear.verdict == claims.INCONCLUSIVE
+    # every comparison must hold; one that does not makes the claim not HELD
+    both = claims.evaluate(make_claim([compare, claims.Comparison("a", "c", "flatness_distance", "last 2")]), runs)
+    assert both.verdict == claims.INCONCLUSIVE
+    assert "HELD" in held.lines()[0] and "t=" in held.lines()[1]
+    table = claims.markdown_table([held, refuted])
+    assert "**HELD**" in table and "**NOT HELD**" in table
+
+
+def test_refutation_is_bonferroni_corrected(tmp_path):
+    # a single opposite comparison with p between level / 2 and level refutes alone, not as one of two
+    runs = groups(tmp_path, {"a": [[1.0], [1.0], [1.0]], "b": [[0.8], [0.55], [0.75]], "c": [[2.0], [2.1], [2.2]]})
+    opposite = claims.Comparison("a", "b", "flatness_distance", "last")
+    alone = claims.evaluate(make_claim([opposite]), runs)
+    p = alone.comparisons[0].p_opposite
+    assert 0.025 < p < 0.05, p
+    assert alone.verdict == claims.NOT_HELD
+    paired = claims.evaluate(make_claim([claims.Comparison("a", "c", "flatness_distance", "last"), opposite]), runs)
+    assert paired.verdict == claims.INCONCLUSIVE
+
+
+def test_one_seed_is_inconclusive(tmp_path):
+    runs = groups(tmp_path, {"a": [[1.0]], "b": [[2.0]]})
+    result = claims.evaluate(make_claim([claims.Comparison("a", "b", "flatness_distance", "last")]), runs)
+    assert result.verdict == claims.INCONCLUSIVE and result.comparisons[0].t is None and result.notes
+
+
+@pytest.mark.parametrize("body, message", [
+    ("", "at least one"),
+    ('[[compare]]\nlower = "a"\nhigher = "a"\nquantity = "q"\nrounds = "last"\n', "same run id"),
+    ('[[compare]]\nlower = "a"\nhigher = "b"\nrounds = "last"\n', "no quantity"),
+    ('[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\n', "no rounds"),
+    ('[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "first"\n', "rounds must be"),
+    ('[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last 0"\n', "rounds must be"),
+    ('seeds = [0, 0]\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', "distinct"),
+    ('level = 0.7\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', "below 0.5"),
+    ('tau = -1\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', "positive"),
+    ('colour = 1\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', "unknown key"),
+    ('[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\nbigger = "c"\n', "unknown key"),
+])
+def test_bad_claim_files_get_one_line(tmp_path, body, message):
+    with pytest.raises(LandscapeError, match=message) as error:
+        claims.load_claim(claim_file(tmp_path, body))
+    assert "\n" not in str(error.value)
+
+
+def test_a_missing_figure_is_named(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('claim = "x"\nfigure = "nowhere.toml"\n[[compare]]\nlower = "a"\nhigher = "b"\n'
+                    'quantity = "q"\nrounds = "last"\n')
+    with pytest.raises(LandscapeError, match="nowhere.toml not found"):
+        claims.load_claim(path)
+
+
+def test_shipped_claims_name_runs_and_quantities_their_figures_have():
+    from landscape.figures import book
+
+    files = sorted((ROOT / "claims").glob("*.toml"))
+    assert len(files) >= 7
+    for path in files:
+        claim = claims.load_claim(path)
+        figure = book.load_figure_recipe(claim.figure)
+        claims.check_run_ids(claim, [spec.id for spec in figure.runs])
+        assert len(claim.seeds) >= 3, path
+        for comparison in claim.comparisons:
+            output = claims.analysis_output(comparison.quantity)
+            if output is not None:  # an analysis quantity: the figure analyses its pass
+                assert output in figure.pass_rounds, (path, comparison.quantity)
+    with pytest.raises(LandscapeError, match="not in"):
+        claims.check_run_ids(claims.load_claim(files[0]), ["x"])
