@@ -518,9 +518,16 @@ def plot_curve_1d(sources: Sequence[str | Path | SurfaceData], out: str | Path, 
 # -- interactive ------------------------------------------------------------------------------------------
 
 
+def value_range(sources: Sequence[str | Path | SurfaceData], quantity: str = "loss") -> tuple[float, float]:
+    """(lowest, highest) finite value of the surfaces together: the colour and z range they share."""
+    _, norm = _color_scale([_as_surface(s).values(quantity) for s in sources], False, 2)
+    return float(norm.vmin), float(norm.vmax)
+
+
 def surface_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[str] | None = None, *,
-                   quantity: str = "loss") -> Any:
-    """A plotly figure: one 3D surface per source, side by side, on one shared colour scale."""
+                   quantity: str = "loss", limits: tuple[float, float] | None = None) -> Any:
+    """A plotly figure: one 3D surface per source, side by side, on one shared colour scale and z range, which
+    is ``limits`` when given (e.g. ``value_range`` of surfaces drawn in other figures), else the sources'."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -529,6 +536,11 @@ def surface_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence
         raise LandscapeError("surface_html needs at least one surface")
     titles = list(titles) if titles else [s.title() or f"surface {k}" for k, s in enumerate(surfaces)]
     _, norm = _color_scale([s.values(quantity) for s in surfaces], False, 2)
+    if limits is not None:
+        low, high = (float(v) for v in limits)
+        if not (np.isfinite(low) and np.isfinite(high) and low < high):
+            raise LandscapeError(f"surface limits must be two finite numbers, low < high; got {limits}")
+        norm = Normalize(low, high)
     fig = make_subplots(rows=1, cols=len(surfaces), specs=[[{"type": "surface"}] * len(surfaces)],
                         subplot_titles=titles, horizontal_spacing=0.02)
     for k, surface in enumerate(surfaces):
