@@ -500,16 +500,51 @@ def _line_surface_figure(path: Path, title: str, color: str) -> Any:
     return _layout(fig, title, rounds=False, xaxis_title="step along the direction", yaxis_title="loss")
 
 
+def _surface_scales(paths: Sequence[Path]) -> tuple[dict[Path, str], dict[str, tuple[float, float]]]:
+    """The quantity each 2D surface shows (its colour-bar label, e.g. training loss (global F)) and, per
+    quantity, the (lowest, highest) value over all of them: the colour scale and z range that the report's 3D
+    plots of that quantity share. Files that cannot be read are left out here (drawing them says why)."""
+    from landscape.figures.surfaces import load_surface
+
+    quantity: dict[Path, str] = {}
+    scales: dict[str, tuple[float, float]] = {}
+    for path in paths:
+        try:
+            surface = load_surface(path)
+        except (LandscapeError, OSError, ValueError, KeyError):
+            continue
+        finite = surface.loss[np.isfinite(surface.loss)]
+        if not surface.is_2d or finite.size == 0:
+            continue
+        label = quantity[path] = surface.quantity_label("loss")
+        low, high = scales.get(label, (math.inf, -math.inf))
+        scales[label] = (min(low, float(finite.min())), max(high, float(finite.max())))
+    for label, (low, high) in scales.items():
+        if high <= low:  # one flat surface: a range around its value, as the figures draw it
+            scales[label] = (low, low + (abs(low) * 1e-6 or 1e-6))
+    return quantity, scales
+
+
 def surfaces_section(runs: Sequence[RunData], page: Page) -> str:
     files = [(run, r, p) for run in runs for r, p in surface_files(run)]
     if not files:
         return ""
     renderer = surface_renderer()
+    quantity, scales = _surface_scales([p for _, _, p in files]) if renderer is not None else ({}, {})
+    counts = {label: list(quantity.values()).count(label) for label in scales}
     parts = ['<section id="surfaces"><h2>Loss surfaces</h2>']
+    if scales:
+        shared = "; ".join(f"{label}: {low:.4g} to {high:.4g} ({counts[label]} surface"
+                           f"{'s' if counts[label] > 1 else ''})" for label, (low, high) in scales.items())
+        text = ("The 3D surfaces share one colour scale and z range, so that runs compare by eye: " if len(scales) == 1
+                else "3D surfaces of one quantity share one colour scale and z range; surfaces of different "
+                     "quantities are on separate scales: ")
+        parts.append(f"<p>{html.escape(text + shared)}.</p>")
     for run, r, path in files:
         title = f"{run.label}, round {r}, {_surface_kind(path)}"
         # The plot is named by the output (surface, surface-pca, ...), not by the settings part of the file name.
         name = f"surface-{run.name}-round-{r}-{path.stem.partition('@')[0]}"
+        caption = f"from {path}"
         try:
             with np.load(path, allow_pickle=False) as f:
                 is_2d = "y_coords" in f.files
@@ -517,12 +552,22 @@ def surfaces_section(runs: Sequence[RunData], page: Page) -> str:
                 parts.append(_note(f"{path}: no surface renderer available (landscape.figures.surfaces."
                                    "surface_figure); the surface is left out"))
                 continue
-            fig = renderer([path], [title]) if is_2d else _line_surface_figure(path, title, to_hex(run.color))
+            if is_2d:
+                label = quantity.get(path, "")
+                fig = renderer([path], [title], limits=scales.get(label))
+                if label and counts[label] == 1 and len(scales) > 1:
+                    caption += f"; on its own scale: the only surface of {label}"
+                elif label:
+                    low, high = scales[label]
+                    caption += f"; colours and z on the scale shared by every surface of {label}: {low:.4g} to {high:.4g}"
+            else:
+                fig = _line_surface_figure(path, title, to_hex(run.color))
+                caption += "; a 1D line, drawn as a curve on its own axis (not on the surfaces' colour scale)"
         except (LandscapeError, OSError, ValueError, KeyError) as e:
             parts.append(_note(f"{path}: cannot draw this surface ({e})"))
             continue
         parts.append(f"<h3>{html.escape(title)}</h3>")
-        parts.append(page.plot(name, fig, f"from {path}"))
+        parts.append(page.plot(name, fig, caption))
     parts.append("</section>")
     return "\n".join(parts)
 
