@@ -16,8 +16,9 @@ optional log-spaced levels, the checkpoint marked, the PCA trajectory or the cli
 with no network) and ``plot_panels`` (several runs side by side on ONE colour scale: same limits, same
 levels, one colour bar). Colour bars and z axes carry about 5 round ticks (``nice_ticks``): the fewest digits
 that tell them apart, one x10^k or offset for very small, large or narrow ranges, powers of ten (or 1-3 / 1-2-5
-mantissas over a decade or two) on log scales. Static files are PNG, or PDF / SVG when the output name ends so. Matplotlib is used
-through ``matplotlib.figure.Figure`` with the Agg canvas only (no pyplot, no global backend switch).
+mantissas over a decade or two) on log scales. Static files are PNG, or PDF / SVG when the output name ends
+so. Matplotlib is used through ``matplotlib.figure.Figure`` with the Agg canvas only (no pyplot, no global
+backend switch).
 """
 
 from __future__ import annotations
