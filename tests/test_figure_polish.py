@@ -146,7 +146,8 @@ def test_report_surfaces_of_two_runs_share_one_colour_scale_and_z_range(tmp_path
         assert spec["layout"]["scene"]["zaxis"]["range"] == pytest.approx([low, high])
         assert spec["data"][0]["type"] == "surface" and spec["data"][0]["coloraxis"] == "coloraxis"
     other = _spec(text, "surface-b-round-3-surface-clients")["layout"]
-    assert (other["coloraxis"]["cmin"], other["coloraxis"]["cmax"]) == pytest.approx((20.0, float((10 * bowl + 20).max())))
+    own = (20.0, float((10 * bowl + 20).max()))
+    assert (other["coloraxis"]["cmin"], other["coloraxis"]["cmax"]) == pytest.approx(own)
     assert "on its own scale: the only surface of training loss of client 3 (F_3)" in text
     assert "surfaces of different quantities are on separate scales" in text
     assert "a 1D line, drawn as a curve on its own axis" in text
