@@ -1,6 +1,7 @@
 """Data sets held in memory as float32 tensors, registered by name.
 
-`digits` (scikit-learn's bundled 8x8 digits) and `synthetic` (FedProx's Synthetic(alpha, beta)) need no files.
+`digits` (scikit-learn's bundled 8x8 digits), `synthetic` (FedProx's Synthetic(alpha, beta)) and `mnist1d`
+(MNIST-1D, made by the `mnist1d` package's generator) need no files.
 `mnist`, `fashion-mnist`, `cifar10` and `cifar100` are read from the on-disk layout torchvision uses, with
 small readers of our own (IDX files; CIFAR python pickles through a restricted unpickler). torchvision is
 used only to fetch missing files when `download=True`.
@@ -8,10 +9,12 @@ used only to fetch missing files when `download=True`.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import http.client
 import importlib
 import pickle
+import random
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
 @dataclass(frozen=True)
 class ArrayDataset:
-    """A whole data set in memory: x float32 (images [N, C, H, W], features [N, D]), y int64 [N]."""
+    """A whole data set in memory: x float32 (images [N, C, H, W], signals [N, C, L], features [N, D]), y int64."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -52,7 +55,7 @@ class DatasetBundle:
     train: ArrayDataset
     test: ArrayDataset
     num_classes: int
-    input_shape: tuple[int, ...]  # (C, H, W) or (D,)
+    input_shape: tuple[int, ...]  # (C, H, W), (C, L) or (D,)
     augmentation: Augmentation | None  # for training batches only; None when off or not applicable
     natural_partition: list[np.ndarray] | None  # per-client train indices when the data set has its own clients
 
@@ -171,6 +174,56 @@ def load_synthetic(root: Path, download: bool, augment: bool, num_clients: int, 
         offset += n_train
     return _bundle("synthetic", np.concatenate(x_train), np.concatenate(y_train), np.concatenate(x_test),
                    np.concatenate(y_test), num_classes=c, natural_partition=natural)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# mnist1d: MNIST-1D of Greydanus 2020, "Scaling down deep learning", generated offline by the `mnist1d` package
+# (its make_dataset, never its get_dataset, which tries to download a pickle first and writes one to the
+# working folder). Default arguments: 5,000 signals of length 40, 10 classes, the first 4,000 for training.
+
+MNIST1D_DEFAULT_SEED = 42  # the package's default, so the data set is the same for every recipe seed
+
+
+@dataclass(frozen=True)
+class Mnist1dOptions:
+    data_seed: int = MNIST1D_DEFAULT_SEED  # the generator's seed (not the recipe's: that splits and initialises)
+
+
+@functools.lru_cache(maxsize=4)
+def _mnist1d_arrays(data_seed: int) -> tuple[np.ndarray, ...]:
+    """(x_train, y_train, x_test, y_test) as the package makes them, read-only (shared by later loads)."""
+    try:
+        from mnist1d.data import get_dataset_args, make_dataset
+    except ImportError as error:
+        raise LandscapeError(f"mnist1d needs the mnist1d package (pip install mnist1d): {error}") from None
+    args = get_dataset_args()
+    args.seed = data_seed
+    # make_dataset seeds and draws from numpy's and Python's global generators: put both back afterwards.
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    try:
+        data = make_dataset(args)
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+    arrays = tuple(np.array(data[key]) for key in ("x", "y", "x_test", "y_test"))
+    for array in arrays:
+        array.setflags(write=False)
+    return arrays
+
+
+@DATASETS.register("mnist1d", options=Mnist1dOptions,
+                   summary="MNIST-1D (Greydanus 2020): 40-long 1D signals, generated offline")
+def load_mnist1d(root: Path, download: bool, augment: bool, num_clients: int, seed: int,
+                 opts: Mnist1dOptions) -> DatasetBundle:
+    value = opts.data_seed
+    _require(isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32,
+             f"dataset.data_seed must be an integer in 0..{2**32 - 1} (got {value!r})")
+    x_train, y_train, x_test, y_test = _mnist1d_arrays(value)
+    # The package standardises all 5,000 signals together; standardising again with the TRAIN set's scalar
+    # mean / std (as digits) makes the composed affine map the train statistics' alone.
+    mean, std = x_train.mean(), x_train.std()
+    return _bundle("mnist1d", ((x_train - mean) / std)[:, None], y_train.copy(), ((x_test - mean) / std)[:, None],
+                   y_test.copy(), num_classes=10)
 
 
 # ---------------------------------------------------------------------------------------------------------

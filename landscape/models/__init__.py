@@ -1,5 +1,7 @@
 """Model zoo: name -> builder(input_shape, num_classes, opts) -> nn.Module returning logits [B, num_classes].
 
+Input shapes are images (C, H, W), signals (C, L) (MNIST-1D; `mlp` and `cnn` take them) or features (D,).
+
 All models are deterministic (no dropout), use standard layers only and keep PyTorch's default initialisation,
 so the caller's torch.manual_seed fully determines the parameters.
 """
@@ -28,7 +30,7 @@ __all__ = ["MODELS", "ModelBuilder", "build_model"]
 def build_model(
     name: str, input_shape: Sequence[int], num_classes: int, options: dict[str, Any] | None = None
 ) -> nn.Module:
-    """Build model `name` for inputs of shape (C, H, W) or (D,) with `num_classes` logits."""
+    """Build model `name` for inputs of shape (C, H, W), (C, L) or (D,) with `num_classes` logits."""
     entry = MODELS.get(name)
     if not input_shape or not all(
         isinstance(d, Integral) and not isinstance(d, bool) and d > 0 for d in input_shape
@@ -103,22 +105,33 @@ def _cnn_side(n: int) -> int:
     return n // 2 // 2  # 3x3 pad-1 convs keep the side; each 2x2 max-pool halves it
 
 
-@MODELS.register("cnn", options=CNNOptions, summary="small 2-conv CNN for digits / MNIST-sized images")
+@MODELS.register("cnn", options=CNNOptions,
+                 summary="small 2-conv CNN for digits / MNIST-sized images, or 1D signals (MNIST-1D)")
 def _build_cnn(input_shape: tuple[int, ...], num_classes: int, opts: CNNOptions) -> nn.Module:
-    c, h, w = _image_shape("cnn", input_shape)
     least = _min_size(_cnn_side)
-    if min(h, w) < least:
-        raise LandscapeError(f"cnn needs input at least {least}x{least} (two 2x2 max-pools), got {h}x{w}")
+    if len(input_shape) == 2:  # a signal (C, L): the same net with 1D convolutions and pools
+        c, length = input_shape
+        if length < least:
+            raise LandscapeError(f"cnn needs a signal at least {least} long (two max-pools of 2), got {length}")
+        conv, pool, flat = nn.Conv1d, nn.MaxPool1d, _cnn_side(length)
+    else:
+        if len(input_shape) != 3:
+            raise LandscapeError(f"cnn needs image input (C, H, W), got input shape {input_shape} "
+                                 "(or a signal (C, L))")
+        c, h, w = input_shape
+        if min(h, w) < least:
+            raise LandscapeError(f"cnn needs input at least {least}x{least} (two 2x2 max-pools), got {h}x{w}")
+        conv, pool, flat = nn.Conv2d, nn.MaxPool2d, _cnn_side(h) * _cnn_side(w)
     return nn.Sequential(
         OrderedDict(
-            conv1=nn.Conv2d(c, opts.width, 3, padding=1),
+            conv1=conv(c, opts.width, 3, padding=1),
             relu1=nn.ReLU(),
-            pool1=nn.MaxPool2d(2),
-            conv2=nn.Conv2d(opts.width, 2 * opts.width, 3, padding=1),
+            pool1=pool(2),
+            conv2=conv(opts.width, 2 * opts.width, 3, padding=1),
             relu2=nn.ReLU(),
-            pool2=nn.MaxPool2d(2),
+            pool2=pool(2),
             flatten=nn.Flatten(),
-            fc1=nn.Linear(2 * opts.width * _cnn_side(h) * _cnn_side(w), opts.hidden),
+            fc1=nn.Linear(2 * opts.width * flat, opts.hidden),
             relu3=nn.ReLU(),
             fc2=nn.Linear(opts.hidden, num_classes),
         )
