@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import click
 
 from landscape import __version__, parallel
-from landscape.errors import LandscapeError
+from landscape.errors import LandscapeError, shown
 
 
 class _Group(click.Group):
@@ -33,7 +34,7 @@ def cli() -> None:
 
     \b
     landscape train train/digits-quick.toml        train from a recipe
-    landscape train --algorithm fedavg --rounds 30  or from flags (defaults: digits, Dirichlet 0.1)
+    landscape train --algorithm fedavg --rounds 30  or from flags (defaults: landscape train --help)
     landscape analyze runs/<name>                   Hessian, sharpness, flatness, alignment of checkpoints
     landscape figures figures/fedsam-hessian.toml   a paper figure (trains and analyses what it needs)
     landscape compare RUN_A RUN_B                   a table and the surfaces side by side
@@ -43,9 +44,11 @@ def cli() -> None:
 
 
 # Flags that set one recipe key each: (option name, recipe key, help). Comma lists (--alpha 0.6,0.1) sweep.
+# The help shows each key's value in the default recipe; the flags themselves default to None (not given), so
+# a recipe file's values stand.
 _RECIPE_FLAGS: list[tuple[str, str, str]] = [
     ("--algorithm", "algorithm.name", "federated algorithm (see `landscape list`)"),
-    ("--dataset", "dataset.name", "data set: digits (default, offline), synthetic, mnist, ..."),
+    ("--dataset", "dataset.name", "data set: digits (offline), synthetic, mnist, ..."),
     ("--model", "model.name", "model: mlp, cnn, lenet5, resnet18"),
     ("--partition", "partition.name", "how the training set is split: iid, dirichlet, pathological, natural"),
     ("--alpha", "partition.alpha", "Dirichlet concentration (smaller = more heterogeneous)"),
@@ -61,15 +64,36 @@ _RECIPE_FLAGS: list[tuple[str, str, str]] = [
     ("--eval-every", "train.eval_every", "evaluate on the test set every N rounds (and at the end)"),
     ("--data-root", "dataset.root", "folder holding torchvision-format data sets"),
     ("--device", "train.device", "auto, cpu, cuda or cuda:N"),
-    ("--threads", "train.threads", "CPU threads (default 1; 0: every core); the last bits depend on it"),
+    ("--threads", "train.threads", "CPU threads (0: every core); the last bits depend on it"),
 ]
 _NO_SWEEP = {"dataset.root", "train.device"}  # values that may hold commas themselves
+
+
+@functools.lru_cache(maxsize=1)
+def _default_recipe() -> Any:
+    from landscape import recipe as recipes
+
+    return recipes.resolve({})
+
+
+class _RecipeOption(click.Option):
+    """A flag setting one recipe key: None unless given, its help showing the key's default-recipe value."""
+
+    def __init__(self, *args: Any, recipe_key: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.recipe_key = recipe_key
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        extra["default"] = str(_default_recipe().get(self.recipe_key))
+        return extra
 
 
 def _recipe_options(f):
     for flag, key, help_text in reversed(_RECIPE_FLAGS):
         sweep = "" if key in _NO_SWEEP else "; a,b,c sweeps"
-        f = click.option(flag, type=str, default=None, help=f"{help_text} [{key}{sweep}]")(f)
+        f = click.option(flag, cls=_RecipeOption, recipe_key=key, type=str, default=None,
+                         help=f"{help_text} [{key}{sweep}]")(f)
     return f
 
 
@@ -81,14 +105,14 @@ def _recipe_options(f):
 @click.option("--swa", is_flag=True, default=None, help="server SWA (Caldarola et al. 2022) on top of the algorithm")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="set any recipe key, e.g. --set train.weight_decay=1e-3 or --set algorithm.fedsam.rho=0.05")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="run directory [default: runs/<generated name>]; for a sweep, the folder of its runs")
 @click.option("--dry-run", is_flag=True, help="print the resolved recipe and the client x class table (or the "
               "sweep's runs), then exit")
 @click.option("--overwrite", is_flag=True, help="replace an existing run directory")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="continue the run in this directory from its last checkpoint (with --rounds to extend it)")
-@click.option("--quiet", is_flag=True, help="no progress bar")
+@click.option("--quiet", is_flag=True, help="no progress bar or progress lines (errors, warnings and results stay)")
 def train_command(recipe_file: Path | None, download: bool | None, keep_clients: bool | None, swa: bool | None,
                   assignments: tuple[str, ...], out: Path | None, dry_run: bool, overwrite: bool,
                   resume_dir: Path | None, quiet: bool, **flags: Any) -> None:
@@ -173,7 +197,7 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
             click.echo(f"{status:<8} {path}")
         return
     for i, ((recipe, path), status) in enumerate(zip(plan, statuses), start=1):
-        _status(f"[{i}/{len(plan)}] {status}: {path}")
+        _status(f"[{i}/{len(plan)}] {status}: {path}", quiet)
         if status == "done":
             continue
         if status == "resume":
@@ -183,9 +207,9 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
         _report(path, state.round)
 
 
-def _status(line: str) -> None:
-    """A progress line on stderr, once (rank 0 under torchrun)."""
-    if parallel.is_main():
+def _status(line: str, quiet: bool) -> None:
+    """A progress line on stderr, once (rank 0 under torchrun); none with --quiet."""
+    if not quiet and parallel.is_main():
         click.echo(line, err=True)
 
 
@@ -197,10 +221,20 @@ def _report(out: Path, rounds: int) -> None:
     click.echo(f"run {out}: {rounds} rounds{tail}")
 
 
+def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """``analyze --rounds``: train's count of rounds is not analyze's choice of checkpoints."""
+    if value is not None:
+        given = shown(value if value.isprintable() else repr(value))
+        raise LandscapeError(f"analyze picks checkpoints with --checkpoints (last, all, or a comma list of rounds), "
+                             f"not --rounds: use --checkpoints {given}")
+
+
 @cli.command("analyze")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.argument("analysis_recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--rounds", default="last", show_default=True, help="last, all, or a comma list of rounds")
+@click.option("--checkpoints", default="last", show_default=True,
+              help="the checkpoints to analyse: last, all, or a comma list of their rounds (10,20)")
+@click.option("--rounds", hidden=True, expose_value=False, callback=_no_rounds_on_analyze)
 @click.option("--passes", default=None,
               help="comma list of passes [default: all but surface; see `landscape list`]")
 @click.option("--analysis-samples", type=int, default=0, show_default=True,
@@ -237,8 +271,8 @@ def _report(out: Path, rounds: int) -> None:
 @click.option("--force", is_flag=True, help="recompute passes already computed with the same settings")
 @click.option("--dry-run", is_flag=True, help="print the runs, rounds and passes with an estimate of Hessian-vector "
               "products and seconds (timed by one gradient), then exit")
-@click.option("--quiet", is_flag=True, help="no progress bar")
-def analyze_command(path: Path, analysis_recipe: Path | None, rounds: str, passes: str | None,
+@click.option("--quiet", is_flag=True, help="no progress bars or notes (errors and the summary stay)")
+def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, passes: str | None,
                     analysis_samples: int, split: str, bn_mode: str, device: str, backend: str, hvp: str,
                     dtype: str, model_spec: str | None, dataset_spec: str | None, seed: int, threads: int,
                     assignments: tuple[str, ...], directions: str | None, grid: str | None, span: str | None,
@@ -248,7 +282,8 @@ def analyze_command(path: Path, analysis_recipe: Path | None, rounds: str, passe
 
     PATH is a run directory, a folder of runs, a run's checkpoints/ folder, a folder of checkpoints, or one
     checkpoint file; with --model and --dataset, a plain state_dict file or a folder of them. ANALYSIS_RECIPE
-    (e.g. analyze/quick.toml) gives the passes, rounds, settings and pass options; flags given here win.
+    (e.g. analyze/quick.toml) gives the passes, rounds (--checkpoints), settings and pass options; flags given
+    here win.
     Results go to analysis/round-NNNN/<pass>.json (+ .npz) with the settings that produced them; passes
     already computed with the same settings are skipped. A summary table is printed at the end. By default
     every pass but `surface` runs; --directions/--grid/--span/--data alone run the surface pass.
@@ -274,8 +309,8 @@ def analyze_command(path: Path, analysis_recipe: Path | None, rounds: str, passe
                   "hvp": hvp, "seed": seed, "dtype": dtype, "threads": threads}
     if recipe is not None:
         chosen.update({k: v for k, v in recipe.settings.items() if not given(k)})
-        if recipe.rounds is not None and not given("rounds"):
-            rounds = recipe.rounds
+        if recipe.rounds is not None and not given("checkpoints"):
+            checkpoints = recipe.rounds
         if recipe.passes is not None and passes is None:
             passes = ",".join(recipe.passes)
     split, analysis_samples = chosen["split"], chosen["analysis_samples"]
@@ -305,12 +340,12 @@ def analyze_command(path: Path, analysis_recipe: Path | None, rounds: str, passe
     if dry_run:
         from landscape.analyze.scheduler import format_plan, plan
 
-        click.echo(format_plan(plan(path, rounds, names, options, foreign), settings))
+        click.echo(format_plan(plan(path, checkpoints, names, options, foreign), settings))
         return
-    report = run_analysis(path, rounds=rounds, passes=names, settings=settings, options=options, force=force,
+    report = run_analysis(path, rounds=checkpoints, passes=names, settings=settings, options=options, force=force,
                           progress=not quiet, foreign=foreign)
     click.echo(format_summary(report))
-    for note in report.notes:
+    for note in [] if quiet else report.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"{report.computed} computed, {report.skipped} already done (same settings)")
 
@@ -320,6 +355,8 @@ def analyze_command(path: Path, analysis_recipe: Path | None, rounds: str, passe
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"),
               show_default=True, help="the HTML file to write")
 @click.option("--title", default="landscape report", show_default=True)
+@click.option("--quiet", is_flag=True, expose_value=False,
+              help="accepted as on every command; report prints no progress or notes, only its result line")
 @click.option("--settings", "settings", multiple=True, metavar="KEY=VALUE",
               help="read the results analysed with these settings (as landscape compare --settings) "
                    "[default: the defaults]. Repeatable")
@@ -343,7 +380,7 @@ def _ensure_run(recipe: dict, path: Path, quiet: bool) -> None:
     from landscape.train import loop
 
     status = lifecycle.owned_run_status(recipe, path)
-    _status(f"train {path}: {status}")
+    _status(f"train {path}: {status}", quiet)
     if status == "new":
         lifecycle.claim_runs_folder(path.parent)
     if status in ("new", "replace"):
@@ -354,7 +391,7 @@ def _ensure_run(recipe: dict, path: Path, quiet: bool) -> None:
 
 @cli.command("figures")
 @click.argument("recipe_file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="folder of the figure's runs (runs/<id>) and files [default: runs/figures/<name>, "
                    "runs/figures/<name>-paper at paper scale]")
 @click.option("--scale", type=click.Choice(["digits", "paper"]), default=None,
@@ -367,7 +404,7 @@ def _ensure_run(recipe: dict, path: Path, quiet: bool) -> None:
               help="a training recipe key for every run (--set train.rounds=10), an analysis setting "
                    "(--set analyze.analysis_samples=500) or a pass option (--set hessian.top_k=10)")
 @click.option("--dry-run", is_flag=True, help="print what would be trained, analysed and drawn, then exit")
-@click.option("--quiet", is_flag=True, help="no progress bars")
+@click.option("--quiet", is_flag=True, help="no progress bars, progress lines or notes (errors and results stay)")
 def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_paths: tuple[Path, ...],
                     device: str, assignments: tuple[str, ...], dry_run: bool, quiet: bool) -> None:
     """Draw a paper figure from a figure recipe (figures/*.toml): train the runs it needs and analyse them
@@ -445,7 +482,7 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
         chosen = ([(plot, drawn) for plot, _ in plots] if run_paths
                   else [(plot, book.figure_runs(fig, plot, loaded)) for plot in fig.plots])
         for run in drawn:
-            for line in run.notes():
+            for line in [] if quiet else run.notes():
                 click.echo(f"note: {line}", err=True)
         return [path for plot, plot_runs in chosen for path in book.render(plot, plot_runs, out, fig.surface_name())]
 
@@ -466,7 +503,7 @@ def _check_settings(settings: Any, where: Path) -> None:
 
 @cli.command("compare")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/compare"),
+@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/compare"),
               show_default=True, help="folder for compare.csv and the surface figures")
 @click.option("--rho", type=float, default=None, help="the radius of the S_rho column [default: 0.05 when computed]")
 @click.option("--quantity", type=click.Choice(["loss", "accuracy"]), default="loss", show_default=True,
@@ -476,8 +513,9 @@ def _check_settings(settings: Any, where: Path) -> None:
 @click.option("--settings", "settings", multiple=True, metavar="KEY=VALUE",
               help="read the results analysed with these settings, e.g. --settings split=test, --settings "
                    "surface.data=client:3 --settings surface.grid=9 [default: the defaults]. Repeatable")
+@click.option("--quiet", is_flag=True, help="no notes on what the runs lack (the table and its lines stay)")
 def compare_command(runs: tuple[Path, ...], out: Path, rho: float | None, quantity: str, directions: str,
-                    settings: tuple[str, ...]) -> None:
+                    settings: tuple[str, ...], quiet: bool) -> None:
     """RUNS side by side (run directories or folders of runs): a table of test accuracy, lambda_max, trace,
     S_rho, Delta_D, Delta_FI and mean gradient cosine at each run's latest analysed round (printed and
     written to compare.csv), and the runs' loss surfaces on one colour scale (surfaces.png|pdf contours,
@@ -492,7 +530,7 @@ def compare_command(runs: tuple[Path, ...], out: Path, rho: float | None, quanti
     click.echo(text_table(result.header, result.rows))
     for line in result.settings:
         click.echo(line)
-    for line in result.missing:
+    for line in [] if quiet else result.missing:
         click.echo(f"note: {line}", err=True)
     click.echo("wrote " + ", ".join(str(p) for p in result.written))
 
@@ -510,9 +548,9 @@ _DEMO_PASS_OPTIONS: dict[str, dict] = {}  # pass options other than the defaults
 
 
 @cli.command("demo")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/demo"),
+@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/demo"),
               show_default=True, help="folder of the demo's runs, figures and report")
-@click.option("--quiet", is_flag=True, help="no progress bars")
+@click.option("--quiet", is_flag=True, help="no progress bars or progress lines (the summary and paths stay)")
 def demo_command(out: Path, quiet: bool) -> None:
     """FedAvg, FedSAM and FedNSAM on digits (Dirichlet 0.1, 20 clients), analysed (every pass and a loss
     surface), the FedSAM-vs-FedNSAM comparison figures and the HTML report. Finished steps are reused."""
@@ -561,7 +599,8 @@ def demo_command(out: Path, quiet: bool) -> None:
 
 @cli.command("list")
 def list_command() -> None:
-    """List everything a recipe can name (algorithms, data sets, models, partitions) and the analysis passes."""
+    """List everything a recipe can name (algorithms, data sets, models, partitions) and the analysis passes,
+    each with its options' defaults as recipe lines (TOML: paste them into the entry's table)."""
     from landscape.analyze.catalog import load_passes
     from landscape.recipe import registries
 
@@ -571,10 +610,25 @@ def list_command() -> None:
         click.echo(header)
         for entry in registry.entries():
             click.echo(f"  {entry.name:<14} {entry.summary}")
-            options = entry.option_defaults()
-            if options:
-                click.echo("  " + " " * 15 + "options: " + ", ".join(f"{k}={v!r}" for k, v in options.items()))
+            for line in _toml_lines(entry.option_defaults()):
+                click.echo(" " * 17 + line)
         click.echo("")
+
+
+def _toml_lines(values: dict, prefix: str = "") -> list[str]:
+    """``key = value`` lines as a recipe writes them (true, "gn", [200, 200], 0.1; tables as dotted keys)."""
+    from landscape.recipe import to_toml
+
+    lines = []
+    for key, value in values.items():
+        if isinstance(value, dict):  # an empty one is the empty inline table
+            lines += _toml_lines(value, f"{prefix}{key}.") if value else [f"{prefix}{key} = {{}}"]
+            continue
+        try:
+            lines.append(to_toml({f"{prefix}{key}": value}).strip())
+        except TypeError:  # e.g. None: TOML has no such value
+            lines.append(f"# {prefix}{key}: {value!r} (no TOML form; not settable in a recipe)")
+    return lines
 
 
 def main() -> None:

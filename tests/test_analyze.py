@@ -75,7 +75,7 @@ def test_a_loose_folder_of_checkpoints_uses_their_recipe(run_copy, tmp_path):
     loose.mkdir()
     for name in ("round-0002.pt", "round-0004.pt"):
         shutil.copy(run_copy / "checkpoints" / name, loose / name)
-    result = analyze(loose, "--passes", "loss", "--rounds", "all")
+    result = analyze(loose, "--passes", "loss", "--checkpoints", "all")
     assert result.exit_code == 0, result.output
     ours = json.loads((loose / "analysis" / "round-0004" / "loss.json").read_text())["result"]["loss"]
     analyze(run_copy, "--passes", "loss")
@@ -112,7 +112,7 @@ def test_no_checkpoints(run_copy):
 
 
 def test_round_that_does_not_exist(run_copy):
-    _one_line_error(analyze(run_copy, "--passes", "loss", "--rounds", "3"),
+    _one_line_error(analyze(run_copy, "--passes", "loss", "--checkpoints", "3"),
                     "round 3 has no checkpoint in run; checkpointed rounds: 0, 2, 4")
 
 

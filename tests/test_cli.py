@@ -1,5 +1,7 @@
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +10,12 @@ import pytest
 from click.testing import CliRunner
 
 from landscape import __version__
-from landscape.cli import cli
+from landscape.cli import _RECIPE_FLAGS, cli
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 FAST = ["--clients", "4", "--participation", "0.5", "--rounds", "2", "--local-steps", "2", "--device", "cpu"]
 
@@ -38,7 +45,39 @@ def test_list_comes_from_the_registries():
     for registry in (DATASETS, PARTITIONS, MODELS, ALGORITHMS):
         for name in registry.names():
             assert f"  {name} " in out
-    assert "alpha=0.1" in out and "norm='gn'" in out
+    assert "alpha = 0.1" in out and 'norm = "gn"' in out and "balanced = false" in out
+    assert "hidden = [200, 200]" in out and "rhos = [0.01, 0.05, 0.1]" in out  # tuples too are TOML arrays
+
+
+def test_list_prints_every_default_as_a_toml_value_to_paste():
+    from landscape.analyze.catalog import load_passes
+    from landscape.recipe import registries
+
+    lines = invoke("list").output.splitlines()
+    checked = 0
+    for registry in [*registries().values(), load_passes()]:
+        for entry in registry.entries():
+            start = next(i for i, line in enumerate(lines) if line.startswith(f"  {entry.name} "))
+            block = []
+            for line in lines[start + 1:]:
+                if not line.startswith(" " * 17):
+                    break
+                block.append(line.strip())
+            parsed = tomllib.loads("\n".join(block))  # a recipe table's lines, as printed
+            want = {k: list(v) if isinstance(v, tuple) else v for k, v in entry.option_defaults().items()}
+            assert parsed == want, entry.name
+            assert all(type(parsed[k]) is type(want[k]) for k in want), entry.name  # 1.0 stays a float
+            checked += len(want)
+    assert checked > 40
+
+
+def test_toml_lines_write_nested_tables_as_dotted_keys():
+    from landscape.cli import _toml_lines
+
+    values = {"a": {"b": 1, "c": {"d": [0.5, 2]}, "e": {}}, "s": 'say "x"', "on": True, "f": 1e-3, "n": None}
+    lines = _toml_lines(values)
+    assert lines[-1] == "# n: None (no TOML form; not settable in a recipe)"
+    assert tomllib.loads("\n".join(lines)) == {k: v for k, v in values.items() if k != "n"}
 
 
 def test_train_writes_a_run_directory(tmp_path):
@@ -211,18 +250,173 @@ def test_demo_and_report(tmp_path, monkeypatch):
         "hessian": {"clients": 2, "trace_hvps": 6, "density_steps": 5, "density_runs": 1, "top_k": 2},
         "sharpness": {"clients": 2, "steps": 1, "adaptive": False}, "incompatibility": {"clients": 2, "batches": 2},
         "alignment": {"clients": 2, "batches": 2}, "loss": {"clients": 2}})
-    result = invoke("demo", "--out", tmp_path / "demo", "--quiet")
+    result = invoke("demo", "-o", tmp_path / "demo", "--quiet")
     assert result.exit_code == 0, result.output
+    assert ": new" not in result.output and "%|" not in result.output  # --quiet: no progress lines or bars
     for name in ("surfaces", "surfaces-3d", "accuracy", "flatness-sharpness", "hessian", "alignment"):
         assert (tmp_path / "demo" / "figures" / f"{name}.png").stat().st_size > 1000
     assert "lambda_max" in result.output and "mean grad cos" in result.output  # the comparison table
     html = (tmp_path / "demo" / "report.html").read_text()
     assert html.count("Plotly.newPlot") >= 3 and "digits-fednsam" in html
     assert f"report:  {tmp_path / 'demo' / 'report.html'}" in result.output
-    again = invoke("demo", "--out", tmp_path / "demo", "--quiet")  # finished steps are reused
+    again = invoke("demo", "--out", tmp_path / "demo")  # finished steps are reused (the lines say so)
     assert again.exit_code == 0 and again.output.count(": done") == 3
     report = invoke("report", tmp_path / "demo" / "digits-fedsam-dir0.1-cnn-c4-s0", "-o", tmp_path / "r.html")
     assert report.exit_code == 0 and (tmp_path / "r.html").stat().st_size > 100_000
     missing = invoke("report", tmp_path / "nope", "-o", tmp_path / "x.html")
     assert missing.exit_code != 0 and missing.output.strip() == f"error: {tmp_path / 'nope'} is not a directory " \
         "(give run directories or folders of runs)"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one meaning per flag: defaults in the help, --checkpoints, -o/--out, --quiet
+
+# Every command but list writes output (analyze into the runs it reads) and may print progress or notes; a new
+# command joins these checks by itself.
+PROGRESS_COMMANDS = sorted(set(cli.commands) - {"list"})
+WRITING_COMMANDS = sorted(set(PROGRESS_COMMANDS) - {"analyze"})
+
+
+def option_help(command: str, flag: str) -> str:
+    """The help of one option of `landscape COMMAND --help`, on one line."""
+    output = invoke(command, "--help").output
+    blocks = re.split(r"\n(?=  -)", output.split("Options:")[1])
+    block = next(b for b in blocks if flag in [word.rstrip(",") for word in b.split()[:2]])
+    return " ".join(block.split())
+
+
+def test_train_help_shows_each_recipe_flags_default_from_the_default_recipe():
+    from landscape.recipe import resolve
+
+    defaults = resolve({})
+    for flag, key, _ in _RECIPE_FLAGS:
+        text = option_help("train", flag)
+        assert f"[default: {defaults.get(key)}]" in text and key in text, text
+    assert "[default: fedavg]" in option_help("train", "--algorithm")
+    assert "[default: 0.1]" in option_help("train", "--alpha")  # the default partition's own option
+
+
+def test_train_help_defaults_follow_the_recipe_not_a_copy(monkeypatch):
+    import landscape.cli as cli_module
+    from landscape import recipe as recipes
+
+    monkeypatch.setattr(recipes.TrainSettings.__dataclass_fields__["lr"], "default", 0.37)
+    monkeypatch.setattr(cli_module, "_default_recipe", cli_module._default_recipe.__wrapped__)
+    assert "[default: 0.37]" in option_help("train", "--lr")
+
+
+def test_recipe_flags_not_given_leave_the_recipe_files_values(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[algorithm]\nname = "fedsam"\n[train]\nlr = 0.05\nrounds = 3\nthreads = 2\n')
+    result = invoke("train", recipe, "--dry-run")
+    assert result.exit_code == 0, result.output
+    for line in ('name = "fedsam"', "lr = 0.05", "rounds = 3", "threads = 2"):
+        assert line in result.output.splitlines()
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two tiny runs with kept client models, trained as a sweep into the folder given by -o."""
+    parent = tmp_path_factory.mktemp("runs")
+    result = invoke("train", *FAST, "--seed", "0,1", "--keep-clients", "-o", parent, "--quiet")
+    assert result.exit_code == 0, result.output
+    runs = sorted(p for p in parent.iterdir() if p.is_dir())
+    assert [p.name for p in runs] == ["digits-fedavg-dir0.1-cnn-c4-s0", "digits-fedavg-dir0.1-cnn-c4-s1"]
+    # --quiet: the result lines only, no "[1/2] new: ..." progress lines and no progress bar
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith(f"run {p}: 2 rounds; test accuracy") for p, line in zip(runs, lines))
+    return runs
+
+
+def copied(runs, tmp_path):
+    return [Path(shutil.copytree(run, tmp_path / run.name)) for run in runs]
+
+
+def test_analyze_checkpoints_picks_the_rounds(two_runs, tmp_path):
+    (run, _) = copied(two_runs, tmp_path)
+    result = invoke("analyze", run, "--checkpoints", "0,2", "--passes", "loss", "--analysis-samples", "50",
+                    "--device", "cpu", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (run / "analysis").iterdir()) == ["round-0000", "round-0002"]
+    assert "2 computed" in result.output
+    help_text = option_help("analyze", "--checkpoints")
+    assert "last, all, or a comma list" in help_text and "[default: last]" in help_text
+    assert "--rounds" not in invoke("analyze", "--help").output
+
+
+@pytest.mark.parametrize("value", ["all", "10,20", "last"])
+def test_analyze_rounds_is_refused_in_one_line_naming_checkpoints(two_runs, tmp_path, value):
+    (run, _) = copied(two_runs, tmp_path)
+    result = invoke("analyze", run, "--rounds", value, "--passes", "loss", "--device", "cpu")
+    assert result.exit_code == 1
+    assert result.output == ("error: analyze picks checkpoints with --checkpoints (last, all, or a comma list of "
+                             f"rounds), not --rounds: use --checkpoints {value}\n")
+    assert not (run / "analysis").exists()
+
+
+def test_bad_checkpoints_name_the_flag(two_runs):
+    result = invoke("analyze", two_runs[0], "--checkpoints", "first", "--passes", "loss", "--device", "cpu")
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert "--checkpoints" in result.output and "(got 'first')" in result.output
+
+
+@pytest.mark.parametrize("command", WRITING_COMMANDS)
+def test_every_writing_command_takes_o_and_out(command):
+    assert "-o, --out" in invoke(command, "--help").output
+
+
+def test_analyze_has_no_output_option():
+    assert not {"-o", "-o,", "--out"} & set(invoke("analyze", "--help").output.split())  # it writes into the runs
+
+
+def test_o_means_out_on_compare_report_and_figures(two_runs, tmp_path):
+    compared = invoke("compare", *two_runs, "-o", tmp_path / "cmp", "--quiet")
+    assert compared.exit_code == 0, compared.output
+    assert (tmp_path / "cmp" / "compare.csv").is_file()
+    report = invoke("report", *two_runs, "-o", tmp_path / "r.html", "--quiet")
+    assert report.exit_code == 0 and report.output == f"report: {tmp_path / 'r.html'}\n"
+    assert (tmp_path / "r.html").stat().st_size > 10_000
+    recipe = Path(__file__).resolve().parents[1] / "figures" / "accuracy.toml"
+    planned = invoke("figures", recipe, "--runs", two_runs[0], "-o", tmp_path / "fig", "--dry-run")
+    assert planned.exit_code == 0, planned.output
+    assert f"{tmp_path / 'fig' / 'accuracy'}.png|pdf" in planned.output
+
+
+@pytest.mark.parametrize("command", PROGRESS_COMMANDS)
+def test_every_command_takes_quiet(command):
+    assert "--quiet" in invoke(command, "--help").output
+
+
+def test_quiet_silences_progress_but_not_results(tmp_path):
+    loud = invoke("train", *FAST, "-o", tmp_path / "loud")
+    quiet = invoke("train", *FAST, "-o", tmp_path / "quiet", "--quiet")
+    assert loud.exit_code == quiet.exit_code == 0
+    assert "2/2 [" in loud.output and "round/s" in loud.output  # the progress bar
+    assert quiet.output.startswith(f"run {tmp_path / 'quiet'}: 2 rounds; test accuracy")
+    assert len(quiet.output.strip().splitlines()) == 1
+    bad = invoke("train", *FAST, "--alpha", "0", "-o", tmp_path / "bad", "--quiet")  # errors stay
+    assert bad.exit_code == 1 and bad.output == "error: partition.alpha must be > 0 (got 0.0)\n"
+
+
+def test_quiet_silences_analyze_notes_and_bars(two_runs, tmp_path):
+    (run, _) = copied(two_runs, tmp_path)
+    args = ["analyze", run, "--checkpoints", "all", "--passes", "flatness", "--device", "cpu"]
+    loud = invoke(*args)
+    assert loud.exit_code == 0, loud.output
+    assert "note: " in loud.output and "skipped at round 0" in loud.output and "analyze:" in loud.output
+    quiet = invoke(*args, "--force", "--quiet")
+    assert quiet.exit_code == 0, quiet.output
+    assert "note:" not in quiet.output and "analyze:" not in quiet.output and "%|" not in quiet.output
+    assert "Delta_D" in quiet.output and quiet.output.endswith("1 computed, 0 already done (same settings)\n")
+
+
+def test_quiet_silences_compare_notes(two_runs, tmp_path):
+    loud = invoke("compare", *two_runs, "-o", tmp_path / "a")
+    quiet = invoke("compare", *two_runs, "-o", tmp_path / "b", "--quiet")
+    assert loud.exit_code == quiet.exit_code == 0
+    assert "note: run digits-fedavg-dir0.1-cnn-c4-s0 has no" in loud.output
+    assert "note:" not in quiet.output
+    kept = [line for line in loud.output.replace(str(tmp_path / "a"), str(tmp_path / "b")).splitlines()
+            if not line.startswith("note:")]
+    assert quiet.output.splitlines() == kept  # the table, its settings line and what was written stay
+    assert quiet.output.endswith(f"wrote {tmp_path / 'b' / 'compare.csv'}\n")

@@ -116,22 +116,22 @@ def test_every_figure_recipe_renders(path, tmp_path):
 def test_figures_trains_and_analyses_only_what_is_missing(tmp_path):
     path = write(tmp_path, BASE.replace('kind = "accuracy"', 'kind = "surfaces"') + '[analyze.surface]\ngrid = "3"\n')
     out = tmp_path / "out"
-    first = invoke("figures", path, "--out", out, "--quiet")
+    first = invoke("figures", path, "--out", out)  # not --quiet: the lines "train <run>: new|done|..." are progress
     assert first.exit_code == 0, first.output
     assert first.output.count(": new") == 2
     surface = result_file(out / "runs" / "b" / "analysis" / "round-0002", "surface")
     stamp = surface.stat().st_mtime_ns
     png = out / "tiny.png"
-    again = invoke("figures", path, "--out", out, "--quiet")
+    again = invoke("figures", path, "--out", out)
     assert again.exit_code == 0 and again.output.count(": done") == 2
     assert surface.stat().st_mtime_ns == stamp and png.is_file()  # analysis reused, figure drawn again
     # a longer run continues from its checkpoint; another learning rate retrains only the runs it changes
-    longer = invoke("figures", path, "--out", out, "--quiet", "--set", "train.rounds=3")
+    longer = invoke("figures", path, "--out", out, "--set", "train.rounds=3")
     assert longer.exit_code == 0 and longer.output.count(": resume") == 2
     assert (out / "runs" / "a" / "checkpoints" / "round-0003.pt").is_file()
     changed = path.read_text().replace('"algorithm.fedsam.rho" = 0.02', '"algorithm.fedsam.rho" = 0.03')
     write(tmp_path, changed)
-    retrain = invoke("figures", path, "--out", out, "--quiet")
+    retrain = invoke("figures", path, "--out", out)
     assert retrain.exit_code == 0, retrain.output
     assert "train " + str(out / "runs" / "a") + ": replace" in retrain.output  # rounds 3 -> 2: not the recipe
     assert "train " + str(out / "runs" / "b") + ": replace" in retrain.output

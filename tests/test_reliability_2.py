@@ -428,7 +428,8 @@ def test_analyze_says_when_partition_json_is_not_the_run_s_partition(run_copy):
 
 
 def test_analyze_all_rounds_of_flatness_skips_rounds_without_kept_clients_with_one_note(run_copy):
-    result = invoke(*analyze_args(run_copy, "--rounds", "all", "--passes", "flatness"))
+    args = [a for a in analyze_args(run_copy, "--checkpoints", "all", "--passes", "flatness") if a != "--quiet"]
+    result = invoke(*args)  # without --quiet, which drops notes
     assert result.exit_code == 0, result.output
     notes = [line for line in result.output.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and "round 0" in notes[0] and "flatness" in notes[0], result.output
@@ -440,7 +441,7 @@ def test_analyze_all_rounds_of_flatness_skips_rounds_without_kept_clients_with_o
 def test_flatness_of_a_run_without_kept_clients_still_says_how_to_keep_them(tmp_path):
     out = tmp_path / "run"
     loop.start_run(recipe6(train__keep_clients=False, train__rounds=2), out, progress=False)
-    line = one_line_error(invoke(*analyze_args(out, "--rounds", "all", "--passes", "flatness")))
+    line = one_line_error(invoke(*analyze_args(out, "--checkpoints", "all", "--passes", "flatness")))
     assert "--keep-clients" in line
 
 

@@ -129,7 +129,7 @@ def analysed(tmp_path_factory) -> Path:
                                  model__hidden=[16])
             loop.start_run(recipe, root / "runs" / algorithm, progress=False)
         for split in ("train", "test"):
-            result = analyze(root / "runs", "--rounds", "2,3", "--passes", "sharpness", "--split", split, *SHARP)
+            result = analyze(root / "runs", "--checkpoints", "2,3", "--passes", "sharpness", "--split", split, *SHARP)
             assert result.exit_code == 0, result.output
         for flags in (["--grid", "5"], ["--grid", "3", "--data", "client:1"]):
             result = analyze(root / "runs", "--passes", "surface", "--analysis-samples", "64", *flags)
@@ -157,7 +157,7 @@ def test_both_analyses_stay_on_disk_and_both_are_skipped_on_a_rerun(runs):
         if json.loads(path.read_text()).get("arrays"):
             assert path.with_suffix(".npz").is_file()
     for split in ("train", "test"):
-        again = analyze(runs, "--rounds", "2,3", "--passes", "sharpness", "--split", split, *SHARP)
+        again = analyze(runs, "--checkpoints", "2,3", "--passes", "sharpness", "--split", split, *SHARP)
         assert "0 computed, 4 already done" in again.output, again.output
     for flags in (["--grid", "5"], ["--grid", "3", "--data", "client:1"]):
         again = analyze(runs, "--passes", "surface", "--analysis-samples", "64", *flags)
@@ -244,7 +244,7 @@ def test_a_curve_over_rounds_never_mixes_settings(runs):
     assert rounds.tolist() == [2] and values.tolist() == [_sharpness_at(run, 2, "train")]
     (note,) = loaded.notes()
     assert "sharpness of round(s) 3 left out" in note and "split=test" in note
-    assert f"`landscape analyze {run} --rounds 3 --passes sharpness" in note
+    assert f"`landscape analyze {run} --checkpoints 3 --passes sharpness" in note
     # Unpinned settings (steps) that differ between rounds: one of them is read, labelled, never both.
     for path, record in stored_results(run / "analysis" / "round-0002"):
         if record["pass"] == "sharpness" and record["settings"]["analysis"]["split"] == "test":

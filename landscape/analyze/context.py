@@ -289,7 +289,8 @@ def select_rounds(source: Source, spec: str) -> list[int]:
     try:
         wanted = [int(r) for r in spec.split(",") if r.strip()]
     except ValueError:
-        raise LandscapeError(f"--rounds takes last, all or a comma list of round numbers (got '{spec}')") from None
+        raise LandscapeError(f"the checkpoints to analyse (--checkpoints; rounds in a recipe) are last, all or a comma "
+                             f"list of round numbers (got '{spec}')") from None
     missing = [r for r in wanted if r not in source.checkpoints]
     if missing:
         raise LandscapeError(

@@ -221,7 +221,7 @@ class RunData:
                 shown = settings_label(chosen.pass_name, chosen.settings)
                 lines.append(f"run {self.name}: {output} of round(s) {rounds} left out, computed there only with "
                              f"{there} (shown: {shown}); `landscape analyze {self.path} "
-                             f"--rounds {','.join(map(str, chosen.left_out))} --passes {chosen.pass_name}"
+                             f"--checkpoints {','.join(map(str, chosen.left_out))} --passes {chosen.pass_name}"
                              + (f" {flags}" if flags else "") + "` computes them")
         return lines
 
@@ -264,7 +264,7 @@ class RunData:
         if round not in rounds:
             raise LandscapeError(
                 f"run {self.name} has no {pass_name} analysis at round {round} (analysed rounds: "
-                f"{', '.join(map(str, rounds))}); run `landscape analyze {self.path} --rounds {round} "
+                f"{', '.join(map(str, rounds))}); run `landscape analyze {self.path} --checkpoints {round} "
                 f"--passes {pass_name}`")
         return self.analyses[round][pass_name]
 
