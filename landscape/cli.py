@@ -5,12 +5,15 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from landscape import __version__, parallel
 from landscape.errors import LandscapeError, shown
+
+if TYPE_CHECKING:
+    from landscape.figures.book import FigureRecipe
 
 
 class _Group(click.Group):
@@ -389,6 +392,57 @@ def _ensure_run(recipe: dict, path: Path, quiet: bool) -> None:
         loop.resume_run(path, rounds=recipe.train.rounds, progress=not quiet, threads=recipe.train.threads)
 
 
+def _figure_analysis(fig: FigureRecipe, device: str) -> tuple[Any, dict[str, Any]]:
+    """A figure recipe's analysis settings and each of its passes' options, checked."""
+    from landscape.analyze.catalog import pass_options
+    from landscape.analyze.context import AnalysisSettings
+
+    try:
+        settings = AnalysisSettings(device=device, **fig.settings)
+    except TypeError as e:
+        raise LandscapeError(f"{fig.path}: bad analysis settings ({e})") from None
+    _check_settings(settings, fig.path)
+    passes = list(fig.pass_rounds)
+    options = {name: pass_options(name, fig.pass_options.get(name, {})) for name in passes}
+    unknown = sorted(set(fig.pass_options) - set(passes))
+    if unknown:
+        raise LandscapeError(f"{fig.path}: options for pass(es) {', '.join(unknown)} that no plot reads")
+    return settings, options
+
+
+def _figure_plan(fig: FigureRecipe, out: Path, device: str) -> dict[str, list[tuple[int | None, Any, Path]]]:
+    """Run id -> (seed, resolved training recipe, run directory) of each of its runs (``FigureRecipe.seed_runs``)."""
+    from landscape import recipe as recipes
+
+    device_key = [("train.device", device)] if device != "auto" else []
+    return {run_id: [(seed, recipes.build(fig.train_recipe, fig.overrides(fig.run(run_id), seed) + device_key), path)
+                     for seed, path in entries]
+            for run_id, entries in fig.seed_runs(out).items()}
+
+
+def _analyse_figure_runs(fig: FigureRecipe, paths: list[Path], settings: Any, options: dict[str, Any], quiet: bool) -> None:
+    from landscape.analyze.scheduler import run_analysis
+
+    for path in paths:
+        for name in fig.pass_rounds:
+            run_analysis(path, rounds=fig.pass_rounds[name], passes=[name], settings=settings,
+                         options={name: options[name]}, progress=not quiet)
+
+
+def prepare_figure_runs(recipe: FigureRecipe, out: Path, *, device: str, quiet: bool) -> dict[str, list[Path]]:
+    """Train and analyse what a figure recipe (``book.FigureRecipe``) needs and is missing, make-like: its runs
+    under ``out/runs`` (one per seed when it has seeds), then each pass at its rounds with the recipe's
+    settings. Returns run id -> its run directories, in the recipe's order (seeds in order)."""
+    settings, options = _figure_analysis(recipe, device)
+    plan = _figure_plan(recipe, out, device)
+    for entries in plan.values():
+        for _, run_recipe, path in entries:
+            _ensure_run(run_recipe, path, quiet)
+    found = {run_id: [path for _, _, path in entries] for run_id, entries in plan.items()}
+    _analyse_figure_runs(recipe, [path for paths in found.values() for path in paths], settings, options, quiet)
+    return found
+
+
 @cli.command("figures")
 @click.argument("recipe_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -403,18 +457,19 @@ def _ensure_run(recipe: dict, path: Path, quiet: bool) -> None:
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="a training recipe key for every run (--set train.rounds=10), an analysis setting "
                    "(--set analyze.analysis_samples=500) or a pass option (--set hessian.top_k=10)")
+@click.option("--seeds", default=None, metavar="S,S,...",
+              help="train every run once per seed (runs/<id>-seed<s>) and draw their mean +- standard error "
+                   "[default: the recipe's seeds key, else one run each]")
 @click.option("--dry-run", is_flag=True, help="print what would be trained, analysed and drawn, then exit")
 @click.option("--quiet", is_flag=True, help="no progress bars, progress lines or notes (errors and results stay)")
 def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_paths: tuple[Path, ...],
-                    device: str, assignments: tuple[str, ...], dry_run: bool, quiet: bool) -> None:
+                    device: str, assignments: tuple[str, ...], seeds: str | None, dry_run: bool, quiet: bool) -> None:
     """Draw a paper figure from a figure recipe (figures/*.toml): train the runs it needs and analyse them
     where that is missing (finished runs and analyses are reused; a run whose recipe changed is retrained),
     then write <file>.png and <file>.pdf (+ <file>.html, interactive 3D, for surfaces) under --out."""
     from landscape import recipe as recipes
-    from landscape.analyze.catalog import load_passes, pass_options
-    from landscape.analyze.context import AnalysisSettings
+    from landscape.analyze.catalog import load_passes
     from landscape.analyze.results import settings_record
-    from landscape.analyze.scheduler import run_analysis
     from landscape.figures import book
     from landscape.figures.curves import load_runs
     from landscape.figures.selection import Selection
@@ -426,17 +481,14 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
         fig.assign(*recipes.parse_assignment(text), load_passes().names())
     if run_paths and fig.forced:
         raise LandscapeError("--set of training keys needs the recipe's runs; with --runs nothing is trained")
+    if seeds is not None:
+        if run_paths:
+            raise LandscapeError("--seeds needs the recipe's runs; with --runs nothing is trained (runs given "
+                                 "that differ only in their seed are aggregated as they are)")
+        fig.set_seeds(book.parse_seeds(seeds, "--seeds"))
     out = out if out is not None else Path("runs/figures") / (fig.name + ("-paper" if fig.scale == "paper" else ""))
-    try:
-        settings = AnalysisSettings(device=device, **fig.settings)
-    except TypeError as e:
-        raise LandscapeError(f"{recipe_file}: bad analysis settings ({e})") from None
-    _check_settings(settings, recipe_file)
+    settings, options = _figure_analysis(fig, device)
     passes = list(fig.pass_rounds)
-    options = {name: pass_options(name, fig.pass_options.get(name, {})) for name in passes}
-    unknown = sorted(set(fig.pass_options) - set(passes))
-    if unknown:
-        raise LandscapeError(f"{recipe_file}: options for pass(es) {', '.join(unknown)} that no plot reads")
 
     if run_paths:  # the given runs, every plot over all of them
         runs = load_runs(list(run_paths))
@@ -449,38 +501,38 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
             for plot in fig.plots:
                 click.echo(f"  plot {plot.kind:<18} {out / plot.file}.png|pdf")
             return
+        _analyse_figure_runs(fig, paths, settings, options, quiet)
     else:
-        device_key = [("train.device", device)] if device != "auto" else []
-        plan = [(spec, recipes.build(fig.train_recipe, fig.overrides(spec) + device_key), out / "runs" / spec.id)
-                for spec in fig.runs]
-        paths = [path for _, _, path in plan]
         if dry_run:
             from landscape import lifecycle
 
-            click.echo(f"figure {fig.name} ({fig.scale} scale): {fig.title}")
-            for spec, recipe, path in plan:
-                click.echo(f"  run {spec.id:<22} {lifecycle.owned_run_status(recipe, path):<8} {path}  "
-                           f"[{recipes.run_name(recipe)}, {recipe.train.rounds} rounds]")
+            seeded = f", {len(fig.seeds)} seeds: {','.join(map(str, fig.seeds))}" if fig.seeds else ""
+            click.echo(f"figure {fig.name} ({fig.scale} scale{seeded}): {fig.title}")
+            for run_id, entries in _figure_plan(fig, out, device).items():
+                for seed, recipe, path in entries:
+                    which = run_id if seed is None else f"{run_id} seed {seed}"
+                    click.echo(f"  run {which:<22} {lifecycle.owned_run_status(recipe, path):<8} {path}  "
+                               f"[{recipes.run_name(recipe)}, {recipe.train.rounds} rounds]")
             for name in passes:
                 click.echo(f"  analyze {name} at rounds {fig.pass_rounds[name]}")
             for plot in fig.plots:
                 click.echo(f"  plot {plot.kind:<18} {out / plot.file}.png|pdf  runs {', '.join(plot.runs)}")
             return
-        for _, recipe, path in plan:
-            _ensure_run(recipe, path, quiet)
-    for path in paths:
-        for name in passes:
-            run_analysis(path, rounds=fig.pass_rounds[name], passes=[name], settings=settings,
-                         options={name: options[name]}, progress=not quiet)
+        by_id = prepare_figure_runs(fig, out, device=device, quiet=quiet)
+        paths = [path for of_id in by_id.values() for path in of_id]
 
     # The figure reads the results of exactly its own settings (other analyses of the runs stay on disk).
     selection = Selection(exact={name: settings_record(settings, options[name]) for name in passes})
 
     def draw() -> list[Path]:
         drawn = load_runs(paths, selection)  # read after the analysis above
-        loaded = dict(zip([spec.id for spec in fig.runs], drawn))
-        chosen = ([(plot, drawn) for plot, _ in plots] if run_paths
-                  else [(plot, book.figure_runs(fig, plot, loaded)) for plot in fig.plots])
+        if run_paths:
+            chosen = [(plot, drawn) for plot, _ in plots]
+        else:
+            loaded, rest = {}, iter(drawn)
+            for run_id, of_id in by_id.items():
+                loaded[run_id] = [next(rest) for _ in of_id]
+            chosen = [(plot, book.figure_runs(fig, plot, loaded)) for plot in fig.plots]
         for run in drawn:
             for line in [] if quiet else run.notes():
                 click.echo(f"note: {line}", err=True)

@@ -8,6 +8,7 @@ recipe's ``scale`` key, or ``landscape figures --scale``, picks one, and that ta
     name = "fednsam-fig1-surfaces"
     title = "Loss surfaces of FedSAM and FedNSAM"
     scale = "digits"                      # or "paper"
+    seeds = [0, 1, 2]                     # (optional) every run once per seed, aggregated in the plots
 
     [train]                               # what every run shares, at both scales
     set = { "train.keep_clients" = true }
@@ -30,6 +31,12 @@ recipe's ``scale`` key, or ``landscape figures --scale``, picks one, and that ta
     recipe = "../train/digits-fedavg.toml"
     [paper.train]                         # ... and the paper's (paths are relative to this file)
     recipe = "../train/cifar100-fednsam.toml"
+
+Seeds. Without ``seeds`` each run is trained once, in ``<out>/runs/<id>``, with the seed its keys give. With
+``seeds = [0, 1, 2]`` (top level, or in ``[digits]`` / ``[paper]``; ``landscape figures --seeds 0,1,2``
+overrides it) every run id is trained once per seed, in ``<out>/runs/<id>-seed<s>`` with the recipe key
+``seed = s`` (over the run's own); all seeds of an id keep its label and colour, and the plots draw their mean
+with the standard error (``landscape.figures.seeds``). ``FigureRecipe.seed_runs`` lists the run folders.
 
 Each plot kind names the passes it reads (and at which rounds by default); ``landscape figures`` (in
 ``landscape.cli``) trains and analyses what is missing and calls ``render``. This module reads only TOML and
@@ -57,7 +64,8 @@ SCALES = ("digits", "paper")
 ANALYSIS_SETTINGS = {"split": str, "analysis_samples": int, "bn_mode": str, "hvp": str, "dtype": str, "seed": int,
                      "batch_size": int}
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TOP_KEYS = {"name", "title", "scale", "train", "runs", "analyze", "plots", *SCALES}
+_TOP_KEYS = {"name", "title", "scale", "seeds", "train", "runs", "analyze", "plots", *SCALES}
+SEED_MAX = 2**32 - 1  # recipes take 32-bit seeds
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,24 @@ class FigureRecipe:
     pass_rounds: dict[str, str]  # pass -> rounds to analyse
     plots: list[PlotSpec] = field(default_factory=list)
     forced: dict[str, Any] = field(default_factory=dict)  # training keys from --set, over every run's own
+    seeds: list[int] | None = None  # each run once per seed (None: once, with its own seed)
+
+    def set_seeds(self, seeds: list[int] | None) -> None:
+        """Train every run once per seed (``landscape figures --seeds`` over the recipe's ``seeds``)."""
+        self.seeds = None if seeds is None else _seeds(seeds, "--seeds")
+
+    def seed_runs(self, out: Path) -> dict[str, list[tuple[int | None, Path]]]:
+        """Run id -> its (seed, run directory) under the figure's folder ``out``, in order: ``(None,
+        out/runs/<id>)`` without seeds, else ``(s, out/runs/<id>-seed<s>)`` per seed."""
+        if self.seeds is None:
+            return {run.id: [(None, Path(out) / "runs" / run.id)] for run in self.runs}
+        found = {run.id: [(s, Path(out) / "runs" / f"{run.id}-seed{s}") for s in self.seeds] for run in self.runs}
+        folders = [path.name for entries in found.values() for _, path in entries]
+        clashes = sorted({name for name in folders if folders.count(name) > 1})
+        if clashes:
+            raise LandscapeError(f"{self.path}: with seeds, run folders {_names(clashes)} would be used twice; "
+                                 "rename a run id")
+        return found
 
     def surface_name(self) -> str:
         """The result name of the figure's surfaces (by the surface pass's directions)."""
@@ -152,9 +178,14 @@ class FigureRecipe:
     def run(self, run_id: str) -> RunSpec:
         return next(r for r in self.runs if r.id == run_id)
 
-    def overrides(self, run: RunSpec) -> list[tuple[str, Any]]:
-        """The recipe keys of one run: the shared ones, the run's own, then those given on the command line."""
-        return list(self.train_set.items()) + list(run.set.items()) + list(self.forced.items())
+    def overrides(self, run: RunSpec, seed: int | None = None) -> list[tuple[str, Any]]:
+        """The recipe keys of one run: the shared ones, the run's own, then those given on the command line
+        (and ``seed``, one of the figure's seeds, over all of them)."""
+        if seed is not None and "seed" in self.forced:
+            raise LandscapeError(f"--set seed={self.forced['seed']} and the figure's seeds: give the seeds with "
+                                 "--seeds")
+        keys = list(self.train_set.items()) + list(run.set.items()) + list(self.forced.items())
+        return keys + ([("seed", seed)] if seed is not None else [])
 
     def assign(self, key: str, value: Any, pass_names: Sequence[str]) -> None:
         """A command-line ``--set``: ``analyze.<setting>``, ``<pass>.<option>`` (``<pass>.rounds`` too) for a
@@ -214,6 +245,26 @@ def _string(value: Any, what: str) -> str:
     return value
 
 
+def _seeds(value: Any, what: str) -> list[int]:
+    """A non-empty list of different seeds, each in 0..2**32-1."""
+    ok = (isinstance(value, list) and value
+          and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= SEED_MAX for v in value))
+    if not ok:
+        raise LandscapeError(f"{what} must be a non-empty list of seeds in 0..{SEED_MAX} (got {value!r})")
+    if len(set(value)) != len(value):
+        raise LandscapeError(f"{what} must not repeat a seed (got {value!r})")
+    return list(value)
+
+
+def parse_seeds(text: str, what: str = "--seeds") -> list[int]:
+    """'0,1,2' -> [0, 1, 2] (``landscape figures --seeds``)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(re.fullmatch(r"\d{1,10}", p) for p in parts):
+        shown = text if text.isprintable() else repr(text)
+        raise LandscapeError(f"{what} takes a comma list of seeds such as 0,1,2 (got {shown})")
+    return _seeds([int(p) for p in parts], what)
+
+
 def _rounds_text(value: Any, what: str) -> str:
     if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                  for v in value):
@@ -239,8 +290,8 @@ def parse_figure_recipe(raw: dict, path: Path, scale: str | None = None) -> Figu
     for other in SCALES:
         wrong = sorted(set(_table(raw, other, where)) - (_TOP_KEYS - {"scale", *SCALES}))
         if wrong:
-            raise LandscapeError(f"{where}: [{other}] may hold train, analyze, runs, plots, name and title "
-                                 f"(got {_names(wrong)})")
+            raise LandscapeError(f"{where}: [{other}] may hold train, analyze, runs, plots, seeds, name and "
+                                 f"title (got {_names(wrong)})")
     chosen = scale or raw.get("scale", "digits")
     if chosen not in SCALES:
         raise LandscapeError(f"{where}: scale must be one of {', '.join(SCALES)} (got {chosen!r})")
@@ -327,19 +378,24 @@ def parse_figure_recipe(raw: dict, path: Path, scale: str | None = None) -> Figu
             pass_rounds[pass_name] = _rounds_text(values.pop("rounds"), f"{where}: analyze.{pass_name}.rounds")
         elif pass_name not in pass_rounds:
             pass_rounds[pass_name] = "last"
+    seeds = _seeds(merged["seeds"], f"{where}: seeds") if "seeds" in merged else None
     return FigureRecipe(path, name, str(merged.get("title", name)), chosen, recipe_path, dict(train_set), runs,
-                        settings, pass_options, pass_rounds, plots)
+                        settings, pass_options, pass_rounds, plots, seeds=seeds)
 
 
-def figure_runs(recipe: FigureRecipe, plot: PlotSpec, runs: dict[str, RunData]) -> list[RunData]:
-    """The plot's runs in its order, each labelled as the recipe says and coloured by its place in the
-    recipe (so a run keeps one colour across the plots of a figure)."""
+def figure_runs(recipe: FigureRecipe, plot: PlotSpec, runs: dict[str, list[RunData]]) -> list[RunData]:
+    """The plot's runs in its order (every seed of a run id), each labelled as the recipe says and coloured
+    by its place in the recipe (so a run keeps one colour across the plots of a figure); the seeds of one id
+    are one group (``landscape.figures.seeds``), whatever else their recipes share."""
     out = []
+    ids = [r.id for r in recipe.runs]
     for run_id in plot.runs:
-        run = runs[run_id]
-        run.label = recipe.run(run_id).label
-        run.index = [r.id for r in recipe.runs].index(run_id)
-        out.append(run)
+        label = recipe.run(run_id).label
+        for run in runs[run_id]:
+            run.label, run.group_label = label, label
+            run.index = ids.index(run_id)
+            run.group = f"id:{run_id}"
+            out.append(run)
     return out
 
 

@@ -7,6 +7,14 @@ latest round its pass analysed; and the runs' loss surfaces (latest analysed rou
 colour scale, as contour maps and 3D panels (PNG + PDF) and as interactive 3D (HTML). The table is printed
 and written as CSV. A run that lacks an analysis shows "-" and the command that computes it is named.
 
+Seeds. Runs that differ only in their recipe's ``seed`` (``landscape.figures.seeds``) are one row: each cell
+the mean over the seeds +- its standard error (``std(ddof=1) / sqrt(n)``; it replaces the passes' own
+Monte-Carlo error there), a column ``n`` after the directory (a compact ``prefix{a,b,c}suffix`` of the run
+folders), and in ``compare.csv`` only, after the table's columns, ``seeds`` and one ``<column> per seed`` column
+per number: each seed's value, ``"; "``-separated in the order of ``seeds`` (``-`` where a seed lacks it; empty
+in a single-seed row). A cell read from fewer seeds than the row has says ``(n=k)``. With no two runs differing
+only in their seed the table and CSV are as they always were (no n, no per-seed columns).
+
 Each quantity is read from results of one set of settings (``landscape.figures.selection``): the defaults
 (training split, BN mode eval, the surface's global data), or those a ``Selection`` asks for (``landscape
 compare --settings split=test``); ``Comparison.settings`` says which, and the surface panels are titled with
@@ -18,14 +26,22 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from landscape.errors import LandscapeError
 from landscape.figures import curves, surfaces
 from landscape.figures.curves import RunData, RunsLike, as_runs
-from landscape.figures.report import ComparisonRow, Quantity, all_rhos, comparison_rows, quantities
+from landscape.figures.report import (
+    ComparisonGroup,
+    ComparisonRow,
+    Quantity,
+    SeedStat,
+    all_rhos,
+    comparison_groups,
+    quantities,
+)
 from landscape.figures.selection import Selection
 from landscape.runs import surface_result_name, write_text
 
@@ -41,6 +57,8 @@ class Comparison:
     missing: list[str]  # one line per run and pass it lacks, with the command
     written: list[Path]
     settings: list[str]  # which settings the table and the surfaces show
+    per_seed_header: list[str] = field(default_factory=list)  # compare.csv's columns after the table's (seeds)
+    per_seed: list[list[str]] = field(default_factory=list)  # their cells, one list per row
 
 
 def _cell(value: Any, se: Any = None) -> str:
@@ -77,6 +95,30 @@ def _format(row: ComparisonRow, shown: list[Quantity]) -> list[str]:
     return cells
 
 
+def _format_group(cg: ComparisonGroup, shown: list[Quantity]) -> tuple[list[str], list[str]]:
+    """A row of several seeds: the table's cells (mean +- SE) and the per-seed cells of the CSV."""
+    rounds = sorted({row.rounds for row in cg.rows if row.rounds is not None})
+    acc = cg.stat(lambda row: None if row.final_acc is None else 100 * row.final_acc)
+    cells = [cg.group.label, cg.group.name, str(cg.group.n), ", ".join(map(str, rounds)) or "-", acc.text()]
+    stats: list[SeedStat] = [acc]
+    for k, q in enumerate(shown):
+        stat, at, at_latest = cg.quantity(k)
+        if stat.mean is None and q.text == "Delta_D":
+            online = cg.stat(lambda row: row.online_distance)
+            if online.mean is not None:
+                cells.append(f"{online.text()} (online, round{'s' if len(rounds) > 1 else ''} "
+                             f"{', '.join(map(str, rounds))})")
+                stats.append(online)
+                continue
+        text = stat.text()
+        if stat.mean is not None and not at_latest:
+            text += f" (round{'s' if len(at) > 1 else ''} {', '.join(map(str, at))})"
+        cells.append(text)
+        stats.append(stat)
+    seeds = "; ".join("-" if s is None else str(s) for s in cg.group.seeds)
+    return cells, [seeds] + [stat.seeds_text() for stat in stats]
+
+
 def text_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
@@ -94,8 +136,21 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
         raise LandscapeError("compare needs at least two runs (run directories or folders of runs)")
     out = Path(out)
     shown = _columns(runs, rho)
-    header = ["run", "directory", "rounds", "test acc (%)"] + [q.text for q in shown]
-    rows = [_format(row, shown) for row in comparison_rows(runs, shown)]
+    found = comparison_groups(runs, shown)
+    seeded = any(cg.group.n > 1 for cg in found)
+    header = ["run", "directory"] + (["n"] if seeded else []) + ["rounds", "test acc (%)"] + [q.text for q in shown]
+    per_seed_header = (["seeds"] + [f"{name} per seed" for name in ["test acc (%)"] + [q.text for q in shown]]
+                       if seeded else [])
+    rows, per_seed = [], []
+    for cg in found:
+        if cg.group.n == 1:
+            cells = _format(cg.rows[0], shown)
+            rows.append(cells[:2] + ["1"] + cells[2:] if seeded else cells)
+            per_seed.append([""] * len(per_seed_header))
+        else:
+            cells, seeds_cells = _format_group(cg, shown)
+            rows.append(cells)
+            per_seed.append(seeds_cells)
     missing = []
     for run in runs:
         needed = {q.pass_name for q in shown} | {"sharpness"}
@@ -104,7 +159,8 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
             missing.append(curves.missing_message(run, lacking))
         missing += run.notes([q.pass_name for q in shown])
     buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerows([header, *rows])
+    csv.writer(buffer, lineterminator="\n").writerows([header + per_seed_header,
+                                                         *(row + extra for row, extra in zip(rows, per_seed))])
     written = [out / "compare.csv"]
     write_text(written[0], buffer.getvalue())
 
@@ -131,4 +187,5 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
             written.append(out / "surfaces.html")
             write_text(written[-1], html.to_html(include_plotlyjs=True, full_html=True))
     outputs = [q.pass_name for q in shown] + [name]
-    return Comparison(runs, header, rows, missing, written, curves.settings_lines(runs, outputs))
+    return Comparison(runs, header, rows, missing, written, curves.settings_lines(runs, outputs), per_seed_header,
+                      per_seed)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,15 @@ from matplotlib.ticker import MaxNLocator
 
 from landscape.analyze.results import qualified_settings, record_output, record_pass, result_name
 from landscape.errors import LandscapeError
+from landscape.figures.seeds import (
+    SeedGroup,
+    flat_recipe,
+    groups,
+    mean_se,
+    recipe_groups,
+    series_mean,
+    without_seed,
+)
 from landscape.figures.selection import Chosen, Selection, caption, choose, settings_label, variant_of
 from landscape.figures.surfaces import save_figure
 from landscape.recipe import read_toml
@@ -192,6 +202,8 @@ class RunData:
     label: str = ""
     index: int = 0  # position in the loaded list: the run's colour
     selection: Selection = field(default_factory=Selection)
+    group: str | None = None  # runs with one group key are seeds of one configuration (landscape.figures.seeds)
+    group_label: str = ""  # the label of that configuration (without the seed)
     analyses: dict[int, dict[str, PassRecord]] = field(init=False)  # round -> output -> the result read
     chosen: dict[str, Chosen] = field(init=False)  # output -> the settings read and the rounds left out
     unwanted: dict[str, list[str]] = field(init=False)  # output -> settings it has, none of them wanted
@@ -340,16 +352,6 @@ def _load_run(path: Path, selection: Selection | None = None) -> RunData:
     return RunData(path, read_toml(run_dir.recipe), metrics, _read_analyses(path), selection=selection or Selection())
 
 
-def _flatten(recipe: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in recipe.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _fmt(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -378,7 +380,7 @@ def run_labels(recipes: Sequence[dict], names: Sequence[str]) -> list[str]:
         group = [i for i, b in enumerate(base) if b == label]
         if len(group) < 2:
             continue
-        flats = [_flatten(recipes[i]) for i in group]
+        flats = [flat_recipe(recipes[i]) for i in group]
         keys = sorted(set().union(*flats) - _LABEL_IGNORES)
         differing = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
         tails = Counter(k.rsplit(".", 1)[-1] for k in differing)
@@ -403,7 +405,21 @@ def load_runs(paths: str | Path | Sequence[str | Path], selection: Selection | N
     runs = [_load_run(d, selection) for d in dirs]
     for i, (run, label) in enumerate(zip(runs, run_labels([r.recipe for r in runs], [r.name for r in runs]))):
         run.label, run.index = label, i
+    mark_seed_groups(runs)
     return runs
+
+
+def mark_seed_groups(runs: Sequence[RunData]) -> None:
+    """Runs that differ only in their recipe's seed become one group (``landscape.figures.seeds``): one
+    ``group`` key, a label without the seed and one colour per group. Nothing changes when no two runs do."""
+    found = recipe_groups([run.recipe for run in runs])
+    if all(len(members) == 1 for members in found):
+        return
+    firsts = [runs[members[0]] for members in found]
+    labels = run_labels([without_seed(run.recipe) for run in firsts], [run.name for run in firsts])
+    for k, (members, label) in enumerate(zip(found, labels)):
+        for i in members:
+            runs[i].index, runs[i].group, runs[i].group_label = k, f"recipe-{k}", label
 
 
 RunsLike = Sequence["RunData | str | Path"] | str | Path
@@ -445,9 +461,12 @@ def settings_lines(runs: Sequence[RunData], outputs: Sequence[str]) -> list[str]
 
 
 def with_settings(title: str, settings: str, sep: str = " ", *, matplotlib: bool = True) -> str:
-    """A title with the settings it shows in brackets (for matplotlib a '$' is escaped: it starts maths)."""
+    """A title with the settings it shows in brackets (for matplotlib a '$' is escaped: it starts maths, and
+    settings on a line of their own are wrapped at 60 characters, so panel titles side by side do not meet)."""
     if matplotlib:
         settings = settings.replace("$", "\\$")
+        if sep == "\n" and len(settings) > 60:
+            settings = "\n".join(textwrap.wrap(settings, 60, break_on_hyphens=False))
     return f"{title}{sep}[{settings}]" if settings else title
 
 
@@ -458,14 +477,46 @@ def _new_figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def _round_axis(ax: Any) -> None:
+def _round_axis(ax: Any, rounds: set[int] | None = None) -> None:
+    """A rounds axis with whole-number ticks; ``rounds``: the rounds drawn there, and when that is one round,
+    that round alone in the middle (points, not a line on a fractional axis)."""
     ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
+    if rounds is not None and len(rounds) == 1:
+        (only,) = rounds
+        ax.set_xticks([only])
+        ax.set_xlim(only - 1, only + 1)
+        return
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _marker(points: int) -> str | None:
     return "o" if points <= 40 else None
+
+
+def _over_rounds(ax: Any, group: SeedGroup, series: Any, *, marker: str | None = None, ms: float = 3,
+                 scale: float = 1.0, legend: bool = True) -> set[int]:
+    """The group's ``series(run) -> (rounds, values)`` over rounds: one seed its line as before; several their
+    mean with a +-SE band (an error bar at a single round). A single round is drawn as a point. Returns the
+    rounds drawn."""
+    rounds, mean, se, _ = series_mean(group, series)
+    if rounds.size == 0:
+        return set()
+    shown = marker if marker is not None else _marker(len(rounds))
+    style = {"color": group.colour, "label": group.legend if legend else None, "ms": ms,
+             "marker": (shown or "o") if len(rounds) == 1 else shown}
+    if se is not None and len(rounds) == 1:
+        ax.errorbar(rounds, scale * mean, yerr=scale * se, capsize=4, ls="none", **style)
+    else:
+        ax.plot(rounds, scale * mean, ls="none" if len(rounds) == 1 else "-", **style)
+        if se is not None:
+            ax.fill_between(rounds, scale * (mean - se), scale * (mean + se), color=group.colour, alpha=0.2, lw=0)
+    return {int(r) for r in rounds}
+
+
+def _seed_note(seed_groups: Sequence[SeedGroup]) -> str:
+    """A caption for figures that aggregate seeds ('' when every group is one run)."""
+    return "mean over seeds, band / bars: standard error" if any(g.n > 1 for g in seed_groups) else ""
 
 
 # -- curves from metrics.jsonl ----------------------------------------------------------------------------
@@ -476,12 +527,13 @@ def accuracy_figure(runs: RunsLike) -> Figure:
     require_metric(runs, "test_acc", "it is logged on evaluation rounds; train with --eval-every N")
     fig = _new_figure(6.4, 4.2)
     ax = fig.add_subplot()
-    for run in runs:
-        rounds, acc = run.series("test_acc")
-        ax.plot(rounds, 100 * acc, marker=_marker(len(rounds)), ms=3, color=run.color, label=run.label)
-    _round_axis(ax)
+    seed_groups = groups(runs)
+    drawn: set[int] = set()
+    for group in seed_groups:
+        drawn |= _over_rounds(ax, group, lambda run: run.series("test_acc"), scale=100.0)
+    _round_axis(ax, drawn)
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("Test accuracy of the global model")
+    ax.set_title(with_settings("Test accuracy of the global model", _seed_note(seed_groups)))
     ax.legend()
     return fig
 
@@ -496,16 +548,17 @@ def metric_figure(runs: RunsLike, key: str, ylabel: str | None = None, *, log: b
     require_metric(runs, key)
     fig = _new_figure(6.4, 4.2)
     ax = fig.add_subplot()
-    for run in runs:
-        rounds, values = run.series(key)
-        ax.plot(rounds, values, marker=_marker(len(rounds)), ms=3, color=run.color, label=run.label)
-    _round_axis(ax)
+    seed_groups = groups(runs)
+    drawn: set[int] = set()
+    for group in seed_groups:
+        drawn |= _over_rounds(ax, group, lambda run: run.series(key))
+    _round_axis(ax, drawn)
     label = ylabel or METRIC_LABELS.get(key, key)
     ax.set_ylabel(label)
     if log:
         ax.set_yscale("log")
     title = label.split(" (")[0]
-    ax.set_title(f"{title[:1].upper()}{title[1:]} over rounds")
+    ax.set_title(with_settings(f"{title[:1].upper()}{title[1:]} over rounds", _seed_note(seed_groups)))
     ax.legend()
     return fig
 
@@ -569,23 +622,27 @@ def flatness_and_sharpness_figure(runs: RunsLike, *, rho: float | None = None) -
     rho = choose_rho(runs, rho)
     fig = _new_figure(14, 4.4)
     ax_d, ax_s, ax_l = fig.subplots(1, 3)
-    for run in runs:
-        rounds, distance = run.series("flatness_distance")
-        ax_d.plot(rounds, distance, marker=_marker(len(rounds)), ms=3, color=run.color, label=run.label)
-        rounds, sharp = global_sharpness_series(run, rho)
-        ax_s.plot(rounds, sharp, marker="o", color=run.color)
-        rounds, lam = lambda_max_series(run)
-        ax_l.plot(rounds, lam, marker="s", color=run.color)
+    seed_groups = groups(runs)
+    drawn: dict[Any, set[int]] = {ax_d: set(), ax_s: set(), ax_l: set()}
+    for group in seed_groups:
+        drawn[ax_d] |= _over_rounds(ax_d, group, lambda run: run.series("flatness_distance"))
+        drawn[ax_s] |= _over_rounds(ax_s, group, lambda run: global_sharpness_series(run, rho), marker="o", ms=6,
+                                    legend=False)
+        drawn[ax_l] |= _over_rounds(ax_l, group, lambda_max_series, marker="s", ms=6, legend=False)
     ax_d.set_title(r"(a) flatness distance $\Delta_D$ (online, every round)")
     ax_d.set_ylabel(r"$\Delta_D$ = mean$_i \|y_{i,K}^t - x^{t+1}\|^2$")
-    ax_s.set_title(with_settings(rf"(b) global sharpness $S_\rho(x^t)$, $\rho$ = {rho:g}", settings_caption(runs, "sharpness"),
-                         "\n"))
+    ax_s.set_title(with_settings(rf"(b) global sharpness $S_\rho(x^t)$, $\rho$ = {rho:g}",
+                                 settings_caption(runs, "sharpness"), "\n"))
     ax_s.set_ylabel(r"$S_\rho$ = max$_{\|e\| \leq \rho}\, F(x+e) - F(x)$ (nats)")
-    ax_l.set_title(with_settings(r"(c) top Hessian eigenvalue $\lambda_1(x^t)$", settings_caption(runs, "hessian"), "\n"))
+    ax_l.set_title(with_settings(r"(c) top Hessian eigenvalue $\lambda_1(x^t)$", settings_caption(runs, "hessian"),
+                                 "\n"))
     ax_l.set_ylabel(r"$\lambda_1(\nabla^2 F)$")
     for ax in (ax_d, ax_s, ax_l):
-        _round_axis(ax)
-    fig.legend(*ax_d.get_legend_handles_labels(), loc="outside lower center", ncols=min(len(runs), 4))
+        _round_axis(ax, drawn[ax])
+    note = _seed_note(seed_groups)
+    if note:
+        fig.suptitle(f"({note})", fontsize="medium")
+    fig.legend(*ax_d.get_legend_handles_labels(), loc="outside lower center", ncols=min(len(seed_groups), 4))
     return fig
 
 
@@ -624,49 +681,87 @@ def hessian_summaries(runs: RunsLike, round: int | None = None) -> list[HessianS
     return out
 
 
+def _seed_bars(ax: Any, groups_values: Sequence[tuple[SeedGroup, list[float]]]) -> bool:
+    """One bar per group: its value (one seed, labelled as before) or the mean over seeds with a +-SE error bar,
+    each seed's value as a hollow dot and "mean +- SE" above. Returns whether seed dots were drawn."""
+    x = np.arange(len(groups_values))
+    stats = [mean_se(values) for _, values in groups_values]
+    bars = ax.bar(x, [mean for mean, _, _ in stats], color=[g.colour for g, _ in groups_values], alpha=0.85)
+    ax.bar_label(bars, labels=[f"{mean:.3g}" if se is None else "" for mean, se, _ in stats], padding=2)
+    dots = False
+    for i, ((mean, se, n), (_, values)) in enumerate(zip(stats, groups_values)):
+        if se is None:
+            continue
+        ax.errorbar([i], [mean], yerr=[se], color="black", capsize=5, lw=1.2, zorder=3)
+        ax.scatter(i + np.linspace(-0.12, 0.12, n), values, s=22, facecolor="white", edgecolor="black", zorder=4,
+                   label="each seed" if not dots else None)
+        dots = True
+        top = max(mean + se, *values)
+        ax.annotate(f"{mean:.3g} ± {se:.2g}", (i, top), xytext=(0, 6), textcoords="offset points", ha="center",
+                    va="bottom")
+    return dots
+
+
 def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
     summaries = hessian_summaries(runs, round)
+    by_run = {id(s.run): s for s in summaries}
+    grouped = [(g, [by_run[id(run)] for run in g.runs]) for g in groups([s.run for s in summaries])]
     fig = _new_figure(15, 4.8)
     ax_max, ax_ratio, ax_density = fig.subplots(1, 3, width_ratios=[1, 1, 1.6])
-    x = np.arange(len(summaries))
-    same_round = len({s.round for s in summaries}) == 1  # then the round goes in the title, once
-    ticks = [s.run.label if same_round else f"{s.run.label}\nround {s.round}" for s in summaries]
-    colors = [s.run.color for s in summaries]
-    bars = ax_max.bar(x, [s.values[0] for s in summaries], color=colors, alpha=0.85)
-    ax_max.bar_label(bars, fmt="%.3g", padding=2)
+    x = np.arange(len(grouped))
+    rounds = {s.round for s in summaries}
+    same_round = len(rounds) == 1  # then the round goes in the title, once
+
+    def tick(group: SeedGroup, members: list[HessianSummary]) -> str:
+        text = group.label + (f"\n(n={group.n})" if group.n > 1 else "")
+        if not same_round:
+            theirs = sorted({s.round for s in members})
+            text += f"\nround{'s' if len(theirs) > 1 else ''} {', '.join(map(str, theirs))}"
+        return text
+
+    ticks = [tick(g, members) for g, members in grouped]
+    dots = _seed_bars(ax_max, [(g, [s.values[0] for s in members]) for g, members in grouped])
     shown_clients = False
-    for i, s in enumerate(summaries):
-        if s.client_lambda_max.size:
-            jitter = np.linspace(-0.25, 0.25, s.client_lambda_max.size) if s.client_lambda_max.size > 1 else 0.0
-            ax_max.scatter(i + jitter, s.client_lambda_max, s=12, color="black", zorder=3,
+    for i, (_, members) in enumerate(grouped):
+        local = np.concatenate([s.client_lambda_max for s in members])  # every seed's clients
+        if local.size:
+            jitter = np.linspace(-0.25, 0.25, local.size) if local.size > 1 else 0.0
+            ax_max.scatter(i + jitter, local, s=12, color="black", zorder=3,
                            label=r"clients' $\lambda_{max}(\nabla^2 F_i)$" if not shown_clients else None)
             shown_clients = True
-    if shown_clients:
-        ax_max.legend(loc="upper left", fontsize="small")
-    ax_max.set_title(r"(a) $\lambda_{max}(\nabla^2 F)$" + (r" (bars) and local $\lambda_{max}$" if shown_clients else ""))
+    if shown_clients or dots:
+        ax_max.legend(loc="best", fontsize="small")
+    ax_max.set_title(r"(a) $\lambda_{max}(\nabla^2 F)$ (lower: flatter)"
+                     + ("\n" + r"bars; dots: the clients' local $\lambda_{max}$" if shown_clients else ""))
     ax_max.set_ylabel(r"$\lambda_{max}$")
     ks = sorted({s.values.size for s in summaries})
     k_text = str(ks[0]) if len(ks) == 1 else "k"
-    bars = ax_ratio.bar(x, [s.ratio for s in summaries], color=colors, alpha=0.85)
-    ax_ratio.bar_label(bars, fmt="%.3g", padding=2)
-    ax_ratio.set_title(rf"(b) $\lambda_1 / \lambda_{{{k_text}}}$ (lower: flatter)")
+    ratio_dots = _seed_bars(ax_ratio, [(g, [s.ratio for s in members]) for g, members in grouped])
+    if ratio_dots:
+        ax_ratio.legend(loc="best", fontsize="small")
+    # Not "lower: flatter": a run can have the smaller ratio and the larger lambda_max (panel a).
+    ax_ratio.set_title(rf"(b) eigenvalue ratio $\lambda_1 / \lambda_{{{k_text}}}$" + "\n(the FedSAM paper's proxy)")
     ax_ratio.set_ylabel(rf"$\lambda_1 / \lambda_{{{k_text}}}$")
     for ax in (ax_max, ax_ratio):
-        tilt = len(summaries) > 3
+        tilt = len(grouped) > 3
         ax.set_xticks(x, ticks, rotation=30 if tilt else 0, ha="right" if tilt else "center",
                       rotation_mode="anchor", fontsize="small")
-        ax.margins(y=0.15)
+        ax.margins(y=0.3 if ax.get_legend() is not None else 0.15)  # room for the legend above the bars
         ax.grid(axis="y", alpha=0.3)
     peak = max((float(np.nanmax(s.density)) for s in summaries if s.density.size), default=1.0)
     floor = peak * 1e-7 if peak > 0 else 1e-12
-    for s in summaries:
-        ax_density.semilogy(s.grid, np.maximum(s.density, floor), color=s.run.color,
-                            label=s.run.label if same_round else f"{s.run.label} (round {s.round})")
+    for group, members in grouped:
+        for k, s in enumerate(members):  # several seeds: each a thin line of the group's colour, one legend entry
+            label = group.legend if same_round else f"{group.legend} (round {s.round})"
+            ax_density.semilogy(s.grid, np.maximum(s.density, floor), color=group.colour,
+                                lw=0.9 if group.n > 1 else None,
+                                label=label if k == 0 or not same_round else None)
     ax_density.set_ylim(bottom=floor)
     if same_round:
-        fig.suptitle(f"Hessian of the global loss at round {summaries[0].round}")
+        fig.suptitle(f"Hessian of the global loss at round {summaries[0].round}"
+                     + (" (bars: mean over seeds +- standard error)" if any(g.n > 1 for g, _ in grouped) else ""))
     ax_density.set_title(with_settings("(c) Hessian spectral density (SLQ)",
-                               settings_caption([s.run for s in summaries], "hessian"), "\n"))
+                                       settings_caption([s.run for s in summaries], "hessian"), "\n"))
     ax_density.set_xlabel(r"eigenvalue $\lambda$")
     ax_density.set_ylabel("density (log scale)")
     ax_density.grid(alpha=0.3)
@@ -708,27 +803,41 @@ def incompatibility_series(run: RunData) -> dict[str, np.ndarray]:
 def incompatibility_figure(runs: RunsLike) -> Figure:
     runs = as_runs(runs)
     require_passes(runs, ["incompatibility"])
-    cols = min(len(runs), 3)
-    rows = math.ceil(len(runs) / cols)
+    seed_groups = groups(runs)
+    cols = min(len(seed_groups), 3)
+    rows = math.ceil(len(seed_groups) / cols)
     fig = _new_figure(4.8 * cols + 0.5, 3.8 * rows + 0.8)
     axes = np.atleast_1d(fig.subplots(rows, cols, sharey=True, squeeze=False)).ravel()
-    for ax, run in zip(axes, runs):
-        data = incompatibility_series(run)
+    for ax, group in zip(axes, seed_groups):
+        data = [incompatibility_series(run) for run in group.runs]
+        by_run = dict(zip((id(run) for run in group.runs), data))
+        drawn: set[int] = set()
         for key, se_key, _, label, style in _INCOMPATIBILITY_PARTS:
-            ax.errorbar(data["rounds"], data[key], yerr=data[se_key] if se_key else None, capsize=3, ms=5,
-                        label=label, **style)
+            if group.n == 1:  # one seed: the pass's Monte-Carlo standard error
+                rounds, values = data[0]["rounds"], data[0][key]
+                error = data[0][se_key] if se_key else None
+            else:  # several: the mean over seeds and its standard error
+                rounds, values, error, _ = series_mean(group, lambda run, k=key, d=by_run: (d[id(run)]["rounds"],
+                                                                                            d[id(run)][k]))
+            ax.errorbar(rounds, values, yerr=error, capsize=3, ms=5, label=label, **style)
+            drawn |= {int(r) for r in rounds}
         ax.axhline(0.0, color="grey", lw=0.8)
-        rhos = sorted(set(data["rho"].tolist()))
+        rhos = sorted({float(r) for d in data for r in d["rho"]})
         rho_text = ", ".join(f"{r:g}" for r in rhos)
-        ax.set_title(with_settings(rf"{run.label} ($\rho$ = {rho_text}, $\Delta_{{FI}} \leq 4\rho^2$)",
-                           run.shown("incompatibility"), "\n"), fontsize="medium")
-        _round_axis(ax)
-    for ax in axes[len(runs):]:
+        ax.set_title(with_settings(rf"{group.legend} ($\rho$ = {rho_text}, $\Delta_{{FI}} \leq 4\rho^2$)",
+                                   group.runs[0].shown("incompatibility"), "\n"), fontsize="medium")
+        _round_axis(ax, drawn)
+    for ax in axes[len(seed_groups):]:
         ax.set_visible(False)
     for ax in axes[::cols]:
         ax.set_ylabel(r"squared perturbation distance $\|\cdot\|^2$")
-    fig.suptitle(r"Flatness incompatibility $\Delta_{FI}$ = heterogeneity + batch part + 2 × cross "
-                 "(error bars: Monte-Carlo standard error)")
+    several = any(g.n > 1 for g in seed_groups)
+    bars = ("error bars: standard error over seeds (n > 1), Monte-Carlo standard error (one seed)"
+            if several and any(g.n == 1 for g in seed_groups)
+            else "mean over seeds, error bars: standard error over seeds" if several
+            else "error bars: Monte-Carlo standard error")
+    fig.suptitle(rf"Flatness incompatibility $\Delta_{{FI}}$ = heterogeneity + batch part + 2 × cross"
+                 + ("\n" if several else " ") + f"({bars})")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize="small")
     return fig
 
@@ -772,28 +881,46 @@ def _client_ticks(ax: Any, clients: list[int]) -> None:
 
 
 def alignment_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
-    """Heatmaps of C_ij = cos(grad F_i, grad F_j), all on the one colour scale [-1, 1] with one colour bar."""
+    """Heatmaps of C_ij = cos(grad F_i, grad F_j), all on the one colour scale [-1, 1] with one colour bar;
+    several seeds of a configuration: the mean matrix over them (n in the title)."""
     matrices = alignment_matrices(runs, round)
-    cols = min(len(matrices), 4)
-    rows = math.ceil(len(matrices) / cols)
+    by_run = {id(m.run): m for m in matrices}
+    grouped = [(g, [by_run[id(run)] for run in g.runs]) for g in groups([m.run for m in matrices])]
+    cols = min(len(grouped), 4)
+    rows = math.ceil(len(grouped) / cols)
     fig = _new_figure(3.9 * cols + 1.2, 3.9 * rows + 0.6)
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     norm = Normalize(vmin=-1.0, vmax=1.0)
     image = None
-    for ax, m in zip(axes, matrices):
-        image = ax.imshow(m.matrix, cmap=COSINE_CMAP, norm=norm, interpolation="nearest")
-        _client_ticks(ax, m.clients)
-        if len(m.clients) <= 8:
-            for (i, j), v in np.ndenumerate(m.matrix):
+    for ax, (group, members) in zip(axes, grouped):
+        shapes = {m.matrix.shape for m in members}
+        if len(shapes) > 1:
+            raise LandscapeError(f"the seeds of {group.label} ({group.name}) have alignment matrices of different "
+                                 f"sizes ({', '.join(f'{a}x{b}' for a, b in sorted(shapes))}); analyse them with "
+                                 "the same alignment.clients")
+        matrix, _, _ = mean_se([m.matrix for m in members])
+        off, off_se, _ = mean_se([m.mean_off_diagonal for m in members])
+        same_clients = all(m.clients == members[0].clients for m in members)
+        clients = members[0].clients if same_clients else list(range(len(matrix)))
+        image = ax.imshow(matrix, cmap=COSINE_CMAP, norm=norm, interpolation="nearest")
+        _client_ticks(ax, clients)
+        if len(clients) <= 8:
+            for (i, j), v in np.ndenumerate(matrix):
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize="x-small",
                         color="white" if abs(v) > 0.6 else "black")
-        ax.set_xlabel("client j")
-        ax.set_ylabel("client i")
-        ax.set_title(with_settings(f"{m.run.label}, round {m.round}\nmean off-diagonal = {m.mean_off_diagonal:.3f}",
-                           m.run.shown("alignment"), "\n"), fontsize="medium")
-    for ax in axes[len(matrices):]:
+        which = "client" if same_clients else "client (position: the seeds analysed other clients)"
+        ax.set_xlabel(f"{which} j")
+        ax.set_ylabel(f"{which} i")
+        theirs = sorted({m.round for m in members})
+        when = f"round{'s' if len(theirs) > 1 else ''} {', '.join(map(str, theirs))}"
+        if group.n == 1:
+            head = f"{group.label}, {when}\nmean off-diagonal = {off:.3f}"
+        else:
+            head = f"{group.label}, {when}, mean of n={group.n} seeds\nmean off-diagonal = {off:.3f} ± {off_se:.2g}"
+        ax.set_title(with_settings(head, group.runs[0].shown("alignment"), "\n"), fontsize="medium")
+    for ax in axes[len(grouped):]:
         ax.set_visible(False)
-    fig.colorbar(image, ax=list(axes[: len(matrices)]), label=r"$\cos(\nabla F_i, \nabla F_j)$", shrink=0.85)
+    fig.colorbar(image, ax=list(axes[: len(grouped)]), label=r"$\cos(\nabla F_i, \nabla F_j)$", shrink=0.85)
     fig.suptitle("Client gradient alignment")
     return fig
 

@@ -12,6 +12,9 @@ gradient-cosine heatmaps; loss surfaces where ``analysis/round-NNNN/surface*.npz
 ``landscape.figures.surfaces.surface_figure``, 1D ones as lines); and per run its recipe and a table of the
 analysis summaries at every analysed round. Inputs are files only, read through ``curves.load_runs``.
 
+Runs that differ only in their recipe's seed (``landscape.figures.seeds``) are one row of the comparison table:
+each cell the mean over the seeds +- its standard error, with a column n; a single-seed run's row is as it was.
+
 Tables and curves read one set of settings per quantity (``landscape.figures.selection``: the defaults
 unless a ``Selection`` says otherwise), named on the page where they are not the ones asked for; every
 computed surface is drawn, each titled with its settings.
@@ -48,6 +51,7 @@ from landscape.figures.curves import (
     settings_lines,
     with_settings,
 )
+from landscape.figures.seeds import SeedGroup, groups, mean_se
 from landscape.figures.selection import Selection, settings_label
 from landscape.runs import write_text
 
@@ -67,6 +71,12 @@ table.recipe td, table.recipe th { text-align: left; } table.recipe th.section {
 .swatch { display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.4em; vertical-align: -0.1em; }
 figure { margin: 0.8em 0; } figcaption { color: #555; font-size: 0.9em; max-width: 70em; }
 .scroll { overflow-x: auto; max-width: 100%; }
+table.comparison { font-size: 0.8em; }
+table.comparison th { white-space: normal; vertical-align: bottom; max-width: 6.5em; }
+table.comparison th, table.comparison td { padding: 0.2em 0.3em; }
+table.comparison td { white-space: normal; } table.comparison td .v { white-space: nowrap; }
+table.comparison td.text { overflow-wrap: anywhere; min-width: 8em; max-width: 14em; }
+table.comparison td small { color: #666; }
 .plot { width: 100%; } .note { color: #8a5a00; } pre { background: #f7f7f7; padding: 0.6em; overflow-x: auto; }
 """
 
@@ -138,8 +148,11 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], css_class: str 
 
 
 def _run_name_cell(run: RunData) -> str:
-    return (f'<span class="swatch" style="background:{to_hex(run.color)}"></span>'
-            f"{html.escape(run.label)}")
+    return _swatch_cell(run.color, run.label)
+
+
+def _swatch_cell(colour: str, label: str) -> str:
+    return f'<span class="swatch" style="background:{to_hex(colour)}"></span>{html.escape(label)}'
 
 
 # -- analysis quantities (per pass record) -------------------------------------------------------------------
@@ -195,7 +208,7 @@ def quantities(rhos: Sequence[float]) -> list[Quantity]:
         Quantity("&Delta;<sub>D</sub> (pass)", "flatness", _get("distance"), "Delta_D"),
         Quantity("&Delta;<sub>FI</sub>", "incompatibility", _get("incompatibility", "incompatibility_se"),
                  "Delta_FI"),
-        Quantity("heterogeneity share", "incompatibility", _get("heterogeneity_share"), "heterogeneity share"),
+        Quantity("hetero&shy;geneity share", "incompatibility", _get("heterogeneity_share"), "heterogeneity share"),
         Quantity("friendly rate", "incompatibility", _get("friendly_rate", "friendly_rate_se"), "friendly rate"),
         Quantity("mean gradient cos", "alignment", _get("gradients.mean_off_diagonal"), "mean grad cos"),
         Quantity("minibatch cos", "alignment", _get("minibatch.mean_cosine", "minibatch.mean_cosine_se"),
@@ -258,26 +271,128 @@ def comparison_rows(runs: Sequence[RunData], shown: Sequence[Quantity]) -> list[
     return rows
 
 
+@dataclass(frozen=True)
+class SeedStat:
+    """One quantity over the seeds of a group: mean, standard error (None for one value), how many seeds have
+    it, and each seed's value (None where a seed lacks it)."""
+
+    mean: float | None
+    se: float | None
+    n: int
+    per_seed: list[float | None]
+
+    def text(self, *, plusmn: str = "+-", digits: str = ".4g") -> str:
+        """'0.1234 +- 0.0056', with '(n=2)' when fewer seeds than the group's have the value; '-' for none."""
+        if self.mean is None:
+            return "-"
+        out = f"{self.mean:{digits}}" + (f" {plusmn} {self.se:.2g}" if self.se is not None else "")
+        return out + (f" (n={self.n})" if self.n < len(self.per_seed) else "")
+
+    def seeds_text(self) -> str:
+        """Each seed's value, '; '-separated ('-' where a seed lacks it): the CSV's per-seed cells."""
+        return "; ".join("-" if v is None else f"{v:.6g}" for v in self.per_seed)
+
+
+def seed_stat(values: Sequence[Any]) -> SeedStat:
+    """``mean_se`` over the values that are there (None: the seed lacks the quantity)."""
+    numbers: list[float | None] = []
+    for value in values:
+        try:
+            numbers.append(None if value is None else float(value))
+        except (TypeError, ValueError):
+            numbers.append(None)
+    have = [v for v in numbers if v is not None]
+    if not have:
+        return SeedStat(None, None, 0, numbers)
+    mean, se, n = mean_se(have)
+    return SeedStat(mean, se, n, numbers)
+
+
+@dataclass(frozen=True)
+class ComparisonGroup:
+    """One configuration's line of a comparison: its seed group and each seed's ``ComparisonRow``."""
+
+    group: SeedGroup
+    rows: list[ComparisonRow]
+
+    def stat(self, read: Callable[[ComparisonRow], Any]) -> SeedStat:
+        return seed_stat([read(row) for row in self.rows])
+
+    def quantity(self, k: int) -> tuple[SeedStat, list[int], bool]:
+        """The ``k``-th shown quantity over the seeds, the rounds it was read at, and whether each seed's is at
+        its latest analysed round."""
+        values = [row.values[k] for row in self.rows]
+        rounds = sorted({v[2] for v in values if v is not None})
+        latest = all(v is None or v[2] == row.latest for v, row in zip(values, self.rows))
+        return seed_stat([v[0] if v is not None else None for v in values]), rounds, latest
+
+
+def comparison_groups(runs: Sequence[RunData], shown: Sequence[Quantity]) -> list[ComparisonGroup]:
+    """``comparison_rows`` grouped by configuration (``seeds.groups``): one group per run unless runs differ
+    only in their seed."""
+    by_run = {id(row.run): row for row in comparison_rows(runs, shown)}
+    return [ComparisonGroup(group, [by_run[id(run)] for run in group.runs]) for group in groups(runs)]
+
+
+def _rounds_note(rounds: Sequence[int]) -> str:
+    return f" (round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))})"
+
+
+def _group_cell(stat: SeedStat) -> str:
+    """A comparison cell of several seeds: mean and +- SE kept on one line each, wrapping between them."""
+    if stat.mean is None:
+        return "-"
+    cell = f'<span class="v">{stat.mean:.4g}</span>'
+    if stat.se is not None:
+        cell += f' <span class="v">&plusmn; {stat.se:.2g}</span>'
+    return cell + (f" <small>(n={stat.n})</small>" if stat.n < len(stat.per_seed) else "")
+
+
 def comparison_table(runs: Sequence[RunData], rho: float | None) -> str:
-    """One row per run: training outcome and the latest value of each analysis quantity."""
+    """One row per run (per configuration, for runs that differ only in their seed: the mean +- standard
+    error over the seeds, and n): training outcome and the latest value of each analysis quantity."""
     shown = [q for q in quantities([rho] if rho is not None else [])
              if any(run.analysed_rounds(q.pass_name) for run in runs)]
-    header = ["run", "directory", "rounds", "final test acc (%)", "best test acc (%)", "final train loss",
-              "&Delta;<sub>D</sub> (online, last round)", "latest analysed round"] + [q.header for q in shown]
+    found = comparison_groups(runs, shown)
+    seeded = any(cg.group.n > 1 for cg in found)
+    header = (["run <small>(directory)</small>"] + (["n"] if seeded else [])
+              + ["rounds", "final test acc (%)", "best test acc (%)", "final train loss",
+                 "&Delta;<sub>D</sub> (online, last round)", "latest analysed round"] + [q.header for q in shown])
     rows = []
-    for row in comparison_rows(runs, shown):
-        cells = [_run_name_cell(row.run), html.escape(row.run.name), _num(row.rounds),
-                 _num(100 * row.final_acc) if row.final_acc is not None else "-",
-                 _num(100 * row.best_acc) if row.best_acc is not None else "-",
-                 _num(row.final_loss), _num(row.online_distance), _num(row.latest)]
-        for value in row.values:
-            if value is None:
-                cells.append("-")
-                continue
-            cell = _num(value[0], value[1])
-            cells.append(cell if value[2] == row.latest else f"{cell} (round {value[2]})")
+    for cg in found:
+        if cg.group.n == 1:
+            (row,) = cg.rows
+            cells = [_dir_cell(_run_name_cell(row.run), row.run.name)] + (["1"] if seeded else []) + [
+                _num(row.rounds), _num(100 * row.final_acc) if row.final_acc is not None else "-",
+                _num(100 * row.best_acc) if row.best_acc is not None else "-",
+                _num(row.final_loss), _num(row.online_distance), _num(row.latest)]
+            for value in row.values:
+                if value is None:
+                    cells.append("-")
+                    continue
+                cell = _num(value[0], value[1])
+                cells.append(cell if value[2] == row.latest else f"{cell} (round {value[2]})")
+            rows.append(cells)
+            continue
+        rounds = sorted({row.rounds for row in cg.rows if row.rounds is not None})
+        latest = sorted({row.latest for row in cg.rows if row.latest is not None})
+        cells = [_dir_cell(_swatch_cell(cg.group.colour, cg.group.label), cg.group.name), str(cg.group.n),
+                 ", ".join(map(str, rounds)) or "-",
+                 _group_cell(cg.stat(lambda row: None if row.final_acc is None else 100 * row.final_acc)),
+                 _group_cell(cg.stat(lambda row: None if row.best_acc is None else 100 * row.best_acc)),
+                 _group_cell(cg.stat(lambda row: row.final_loss)), _group_cell(cg.stat(lambda row: row.online_distance)),
+                 ", ".join(map(str, latest)) or "-"]
+        for k in range(len(shown)):
+            stat, at, at_latest = cg.quantity(k)
+            cell = _group_cell(stat)
+            cells.append(cell if at_latest or stat.mean is None else f"{cell} <small>{_rounds_note(at)}</small>")
         rows.append(cells)
-    return _table(header, rows, "comparison", text_cols=2)
+    return _table(header, rows, "comparison", text_cols=1)
+
+
+def _dir_cell(name_cell: str, directory: str) -> str:
+    """The run's name with its directory below it (one column: the table fits the page)."""
+    return f"{name_cell}<br><small>{html.escape(directory)}</small>"
 
 
 def analysis_table(run: RunData, rhos: Sequence[float]) -> str:
@@ -593,8 +708,11 @@ def build_report(run_dirs: RunsLike, *, title: str = "landscape report", selecti
 
     body.append('<section id="comparison"><h2>Comparison across runs</h2>')
     body.append(comparison_table(runs, rho))
+    seeded = any(group.n > 1 for group in groups(runs))
     body.append("<p>Analysis values are each pass's latest analysed round; &plusmn; is the Monte-Carlo "
-                "standard error where the pass reports one.</p>")
+                "standard error where the pass reports one"
+                + ("; in a row of n &gt; 1 seeds (runs that differ only in their seed) each cell is the mean over "
+                   "the seeds &plusmn; its standard error (std / &radic;n)" if seeded else "") + ".</p>")
     outputs = [output for run in runs for output in run.chosen]
     body.append("<p>" + "<br>".join(html.escape(line) for line in settings_lines(runs, outputs)) + "</p>")
     body += [_note(line) for run in runs for line in run.notes()]
