@@ -14,6 +14,14 @@ Hessian figure: lambda_max and lambda_1 / lambda_k bars, SLQ spectral densities)
 (Delta_FI and its split with standard errors) and ``plot_alignment_heatmaps`` (client x client gradient
 cosines on one colour scale [-1, 1]). A run that lacks the analysis a figure needs raises a LandscapeError
 that names the run and the ``landscape analyze`` command to run. Every run keeps one colour in every figure.
+
+Seeds: runs that differ only in their recipe's seed (``landscape.figures.seeds``; a figure recipe's seeds of
+one run id) are one group with one colour and label. Curves over rounds draw the group's mean with a +-SE band
+(error bars at a single round) and "(n=3)" in the legend; the Hessian bars are means with SE error bars and
+each seed as a hollow dot; spectral densities draw every seed as a thin line of the group's colour; alignment
+heatmaps show the mean cosine matrix (n in the title); incompatibility curves the mean +- SE over seeds. A
+single seed is drawn as before. A curve analysed at one round only is drawn as points on an axis with that
+round alone.
 """
 
 from __future__ import annotations
