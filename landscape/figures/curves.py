@@ -844,7 +844,7 @@ def incompatibility_figure(runs: RunsLike) -> Figure:
             if several and any(g.n == 1 for g in seed_groups)
             else "mean over seeds, error bars: standard error over seeds" if several
             else "error bars: Monte-Carlo standard error")
-    fig.suptitle(rf"Flatness incompatibility $\Delta_{{FI}}$ = heterogeneity + batch part + 2 × cross"
+    fig.suptitle(r"Flatness incompatibility $\Delta_{FI}$ = heterogeneity + batch part + 2 × cross"
                  + ("\n" if several else " ") + f"({bars})")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize="small")
     return fig
