@@ -41,6 +41,7 @@ def cli() -> None:
     landscape analyze runs/<name>                   Hessian, sharpness, flatness, alignment of checkpoints
     landscape figures figures/fedsam-hessian.toml   a paper figure (trains and analyses what it needs)
     landscape compare RUN_A RUN_B                   a table and the surfaces side by side
+    landscape claims claims/*.toml                  check published claims over seeds: HELD / NOT HELD
     landscape demo                                  all of it on digits, in minutes
     landscape list                                  everything that can be named in a recipe
     """
@@ -51,7 +52,7 @@ def cli() -> None:
 # a recipe file's values stand.
 _RECIPE_FLAGS: list[tuple[str, str, str]] = [
     ("--algorithm", "algorithm.name", "federated algorithm (see `landscape list`)"),
-    ("--dataset", "dataset.name", "data set: digits (offline), synthetic, mnist, ..."),
+    ("--dataset", "dataset.name", "data set: digits (offline), mnist1d (generated), synthetic, mnist, ..."),
     ("--model", "model.name", "model: mlp, cnn, lenet5, resnet18"),
     ("--partition", "partition.name", "how the training set is split: iid, dirichlet, pathological, natural"),
     ("--alpha", "partition.alpha", "Dirichlet concentration (smaller = more heterogeneous)"),
@@ -540,6 +541,85 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
 
     written = parallel.on_main(draw)  # under torchrun rank 0 draws; the others wait for it
     click.echo(f"figure {fig.name}: " + ", ".join(str(p) for p in written))
+
+
+@cli.command("claims")
+@click.argument("claim_files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/claims"),
+              show_default=True, help="folder for claims.md (the verdict table) and claims.json (every number)")
+@click.option("--figures-out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/figures"),
+              show_default=True, help="each claim's runs live in <this>/<figure name> (where `landscape figures` "
+                                      "puts them, so the two share runs)")
+@click.option("--seeds", default=None, metavar="S,S,...", help="the seeds of every claim [default: each file's]")
+@click.option("--scale", type=click.Choice(["digits", "paper"]), default=None,
+              help="the figures' scale [default: each figure recipe's]")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (training and analysis)")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="a training key for every run, e.g. --set dataset.name=mnist1d (give another --figures-out)")
+@click.option("--dry-run", is_flag=True, help="print the claims, their comparisons and runs, then exit")
+@click.option("--quiet", is_flag=True, help="no progress bars or progress lines (verdicts and errors stay)")
+def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, seeds: str | None, scale: str | None,
+                   device: str, assignments: tuple[str, ...], dry_run: bool, quiet: bool) -> None:
+    """Check published claims (claims/*.toml) on runs of several seeds: train and analyse the runs of each
+    claim's figure recipe where missing (as `landscape figures` does), then test each comparison with a
+    one-sided paired t-test over seeds and print HELD / NOT HELD / INCONCLUSIVE with the numbers."""
+    from landscape import recipe as recipes
+    from landscape.analyze.catalog import load_passes
+    from landscape.figures import book, claims
+    from landscape.figures.curves import load_runs
+
+    chosen = book.parse_seeds(seeds, "--seeds") if seeds is not None else None
+    for text in assignments:
+        if any(ord(c) < 32 or ord(c) == 127 for c in text):
+            raise LandscapeError(f"--set must not hold control characters (got {text!r})")
+    work = []
+    for path in claim_files:  # every file is checked before anything is trained
+        claim = claims.load_claim(path, chosen)
+        fig = book.load_figure_recipe(claim.figure, scale)
+        for text in assignments:
+            fig.assign(*recipes.parse_assignment(text), load_passes().names())
+        fig.set_seeds(list(claim.seeds))
+        claims.check_run_ids(claim, [spec.id for spec in fig.runs])
+        fig.runs = [spec for spec in fig.runs if spec.id in claim.run_ids()]  # only the runs it compares
+        for comparison in claim.comparisons:
+            output = claims.analysis_output(comparison.quantity)
+            if output is not None and output not in fig.pass_rounds:
+                raise LandscapeError(f"{path}: {comparison.quantity} needs the {output} pass, which "
+                                     f"{claim.figure.name} does not run")
+        work.append((claim, fig, figures_out / (fig.name + ("-paper" if fig.scale == "paper" else ""))))
+    if dry_run:
+        for claim, fig, fig_out in work:
+            click.echo(f"claim {claim.name}: {claim.text}")
+            click.echo(f"  runs of {claim.figure.name} ({fig.scale} scale) in {fig_out}, seeds "
+                       f"{','.join(map(str, claim.seeds))}: {', '.join(claim.run_ids())}")
+            for comparison in claim.comparisons:
+                click.echo(f"  test {comparison.text} over rounds {comparison.rounds}")
+        return
+    results = []
+    for claim, fig, fig_out in work:
+        _status(f"claim {claim.name}: runs of {claim.figure.name} in {fig_out}", quiet)
+        by_id = prepare_figure_runs(fig, fig_out, device=device, quiet=quiet)
+        selection = _figure_selection(fig, device)
+        wanted = {run_id: by_id[run_id] for run_id in claim.run_ids()}
+        loaded = iter(load_runs([p for paths in wanted.values() for p in paths], selection))
+        runs = {run_id: [next(loaded) for _ in paths] for run_id, paths in wanted.items()}
+        results.append(claims.evaluate(claim, runs))
+        for line in results[-1].lines():
+            click.echo(line)
+    written = parallel.on_main(lambda: claims.write_results(results, out))
+    click.echo("claims: " + ", ".join(f"{sum(r.verdict == v for r in results)} {v}"
+                                      for v in (claims.HELD, claims.NOT_HELD, claims.INCONCLUSIVE))
+               + f"; {', '.join(map(str, written))}")
+
+
+def _figure_selection(fig: Any, device: str) -> Any:
+    """The results a figure reads: exactly those of its own analysis settings (other analyses of its runs stay
+    on disk)."""
+    from landscape.analyze.results import settings_record
+    from landscape.figures.selection import Selection
+
+    settings, options = _figure_analysis(fig, device)
+    return Selection(exact={name: settings_record(settings, options[name]) for name in fig.pass_rounds})
 
 
 def _check_settings(settings: Any, where: Path) -> None:

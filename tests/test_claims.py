@@ -176,3 +176,93 @@ def test_shipped_claims_name_runs_and_quantities_their_figures_have():
                 assert output in figure.pass_rounds, (path, comparison.quantity)
     with pytest.raises(LandscapeError, match="not in"):
         claims.check_run_ids(claims.load_claim(files[0]), ["x"])
+
+
+TINY_FIGURE = """
+name = "tiny-claim"
+[[runs]]
+id = "avg"
+label = "FedAvg"
+set = { "algorithm.name" = "fedavg" }
+[[runs]]
+id = "sam"
+label = "FedSAM"
+set = { "algorithm.name" = "fedsam" }
+[[runs]]
+id = "unused"
+label = "FedProx"
+set = { "algorithm.name" = "fedprox" }
+[analyze]
+analysis_samples = 64
+[analyze.hessian]
+top_k = 1
+trace_hvps = 6
+density_runs = 1
+density_steps = 4
+clients = -1
+[[plots]]
+kind = "hessian"
+[digits.train.set]
+"partition.clients" = 4
+"train.rounds" = 3
+"train.local_steps" = 2
+"train.batch_size" = 16
+"train.checkpoint_every" = 1
+"model.name" = "mlp"
+"model.hidden" = [16]
+"""
+
+TINY_CLAIM = """
+claim = "FedSAM lowers the flatness distance and lambda_max against FedAvg"
+figure = "fig.toml"
+seeds = [0, 1]
+[[compare]]
+lower = "sam"
+higher = "avg"
+quantity = "flatness_distance"
+rounds = "last 2"
+[[compare]]
+lower = "sam"
+higher = "avg"
+quantity = "lambda_max"
+rounds = "last"
+"""
+
+
+def test_landscape_claims_trains_analyses_and_tests(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from landscape.cli import cli
+
+    (tmp_path / "fig.toml").write_text(TINY_FIGURE)
+    (tmp_path / "c.toml").write_text(TINY_CLAIM)
+    args = ["claims", str(tmp_path / "c.toml"), "-o", str(tmp_path / "out"), "--figures-out", str(tmp_path / "figs"),
+            "--device", "cpu", "--quiet"]
+    dry = CliRunner().invoke(cli, [*args, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "seeds 0,1: sam, avg" in dry.output and not (tmp_path / "figs").exists()
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    runs = tmp_path / "figs" / "tiny-claim" / "runs"
+    # only the runs the claim compares are trained, one per seed
+    assert sorted(p.name for p in runs.iterdir() if not p.name.startswith(".")) == ["avg-seed0", "avg-seed1", "sam-seed0", "sam-seed1"]
+    (record,) = json.loads((tmp_path / "out" / "claims.json").read_text())
+    distance, top = record["comparisons"]
+    for key, run_id in (("lower_values", "sam"), ("higher_values", "avg")):
+        for seed, value in zip((0, 1), distance[key]):  # the mean of the last two logged rounds, read here
+            rows = [json.loads(line) for line in (runs / f"{run_id}-seed{seed}" / "metrics.jsonl").read_text().splitlines()]
+            logged = [row["flatness_distance"] for row in rows if "flatness_distance" in row]
+            assert value == pytest.approx(np.mean(logged[-2:]), rel=1e-12)
+        for seed, value in zip((0, 1), top[key]):  # lambda_1 of the round-3 hessian result
+            (path,) = (runs / f"{run_id}-seed{seed}" / "analysis" / "round-0003").glob("hessian*.json")
+            assert value == pytest.approx(json.loads(path.read_text())["result"]["top"]["values"][0], rel=1e-12)
+    assert record["verdict"] in (claims.HELD, claims.NOT_HELD, claims.INCONCLUSIVE)
+    assert record["verdict"] in result.output and "t=" in result.output
+    assert "| FedSAM lowers" in (tmp_path / "out" / "claims.md").read_text()
+
+    (tmp_path / "bad.toml").write_text(TINY_CLAIM.replace('lower = "sam"', 'lower = "nobody"', 1))
+    bad = CliRunner().invoke(cli, ["claims", str(tmp_path / "bad.toml"), "--figures-out", str(tmp_path / "x")])
+    assert bad.exit_code == 1 and "nobody" in bad.output and "Traceback" not in bad.output
+    assert not (tmp_path / "x").exists()

@@ -28,7 +28,7 @@ def test_help_lists_only_built_commands():
     result = invoke("--help")
     assert result.exit_code == 0
     commands = {line.split()[0] for line in result.output.split("Commands:")[1].splitlines() if line.strip()}
-    assert commands == {"analyze", "compare", "demo", "figures", "list", "report", "train"}
+    assert commands == {"analyze", "claims", "compare", "demo", "figures", "list", "report", "train"}
 
 
 def test_version():

@@ -75,10 +75,10 @@ set = { "partition.clients" = 8, "train.rounds" = 3 }
 # -- the recipes of figures/ -----------------------------------------------------------------------------
 
 
-def test_the_six_paper_figures_are_there():
+def test_the_paper_figures_are_there():
     names = {p.stem for p in FIGURE_RECIPES}
     assert names == {"fednsam-fig1-surfaces", "fednsam-fig2-flatness", "fedsam-hessian", "fedvssam-incompatibility",
-                     "alignment", "accuracy"}
+                     "alignment", "accuracy", "fedvssam-heterogeneity", "global-guidance-flatness"}
 
 
 @pytest.mark.parametrize("path", FIGURE_RECIPES, ids=lambda p: p.stem)
@@ -302,7 +302,7 @@ def test_figures_never_replaces_a_run_it_did_not_make(tmp_path):
     # the figure's own runs are retrained when their recipe changes (the folder is marked as theirs)
     assert invoke("figures", path, "--out", tmp_path / "own", "--quiet").exit_code == 0
     assert (tmp_path / "own" / "runs" / ".landscape-owned").is_file()
-    changed = invoke("figures", path, "--out", tmp_path / "own", "--quiet", "--set", "train.lr=0.05")
+    changed = invoke("figures", path, "--out", tmp_path / "own", "--set", "train.lr=0.05")  # progress lines on
     assert changed.exit_code == 0 and changed.output.count(": replace") == 2
 
 
