@@ -6,8 +6,8 @@ clients per round, E = 5 local epochs of batch 50 (K = 50 SAM steps, 100 forward
 and round). Timed after one warm-up round, with the device synchronised:
 
 * training: ``--rounds`` rounds of ``Trainer.run_round`` (test evaluation every round, on 1,000 samples);
-* lambda_1..5: ``lanczos_topk`` (k = 5, tol 1e-3, verified residuals; the gradient graphs kept where
-  they fit, as reported) of the Hessian of F over
+* lambda_1..5: ``lanczos_topk`` (k = 5, tol 1e-3, true residuals from the recorded products; the gradient
+  graphs kept where they fit, as reported) of the Hessian of F over
   ``--analysis-samples`` training samples (batches of 512, eval mode, float32: curvature never runs in
   bfloat16 or through torch.compile);
 * the surface: ``evaluate_surface`` on a ``--grid`` x ``--grid`` filter-normalised random plane over

@@ -50,8 +50,8 @@ def test_lanczos_top5_matches_the_dense_eigenvalues(digits_mlp):
     _, _, _, hessian, exact = digits_mlp
     top = exact.flip(0)[:5]
     op = _op(digits_mlp)
-    result = spectrum.lanczos_topk(op, 5, keep_vectors=True, seed=0)
-    assert result.converged.all()
+    result = spectrum.lanczos_topk(op, 5, keep_vectors=True, seed=0, verify=True)
+    assert result.converged.all() and result.residual_source == "hvp"
     assert ((result.values - top).abs() / top.abs()).max() <= 1e-4
     assert (result.residuals <= 1e-3 * result.values.abs()).all()
     # the reported residuals are the true ones: recompute them with the dense Hessian
@@ -293,8 +293,8 @@ def test_trace_estimate_runs_the_named_estimator():
 
 def test_unverified_lanczos_residuals_are_the_true_residuals(digits_mlp):
     _, _, _, hessian, _ = digits_mlp
-    result = spectrum.lanczos_topk(_op(digits_mlp), 5, verify=False, keep_vectors=True, seed=0)
-    assert result.hvp_count == result.iterations  # no verifying products
+    result = spectrum.lanczos_topk(_op(digits_mlp), 5, keep_vectors=True, seed=0)  # the default: verify=False
+    assert result.hvp_count == result.iterations and result.residual_source == "lanczos"  # no verifying products
     vectors = result.vectors
     dense = torch.linalg.vector_norm(hessian @ vectors - vectors * result.values, dim=0)
     torch.testing.assert_close(result.residuals, dense, rtol=1e-6, atol=1e-12)
