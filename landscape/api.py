@@ -93,9 +93,9 @@ def _copy_module(model: nn.Module) -> nn.Module:
 
 def hessian_eigs(model: nn.Module | Problem, data: Any = None, k: int = 5, *, tol: float = 1e-3, seed: int = 0,
                  hvp: str = "double-backward", progress: Progress | None = None, **settings: Any) -> EigenResult:
-    """The k largest eigenvalues of the Hessian of F by Lanczos with verified residuals (``values``
-    descending, ``residuals``, ``converged``, ``hvp_count``). A determinism probe (two products) runs first:
-    dropout or batch statistics that change between products are refused."""
+    """The k largest eigenvalues of the Hessian of F by Lanczos (``values`` descending, ``residuals``: the true
+    ||Hv - lambda v|| from the recorded products, ``converged``, ``hvp_count``). A determinism probe (two
+    products) runs first: dropout or batch statistics that change between products are refused."""
     p = problem(model, data, **settings)
     op = HessianOperator(p.objective, p.w, backend=hvp, progress=progress)
     op.check_determinism(seed)
