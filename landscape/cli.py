@@ -677,6 +677,7 @@ _DEMO_OVERRIDES: list[tuple[str, Any]] = [
 _DEMO_ALGORITHMS = ["fedavg", "fedsam", "fednsam"]
 _DEMO_SURFACE = {"directions": "random", "grid": "21", "span": "-1:1"}
 _DEMO_PASS_OPTIONS: dict[str, dict] = {}  # pass options other than the defaults (the tests make them cheap)
+_DEMO_CURVE_ROUNDS = "10,20"  # checkpoints before the last (30) where the demo also computes S_rho
 
 
 @cli.command("demo")
@@ -689,7 +690,7 @@ def demo_command(out: Path, quiet: bool) -> None:
     from landscape import recipe as recipes
     from landscape.analyze.catalog import default_passes, pass_options
     from landscape.analyze.context import AnalysisSettings
-    from landscape.analyze.scheduler import AnalysisReport, format_summary, run_analysis
+    from landscape.analyze.scheduler import AnalysisReport, analysis_data, format_summary, run_analysis
     from landscape.figures import curves
     from landscape.figures.compare import compare, text_table
     from landscape.figures.report import write_report
@@ -704,7 +705,11 @@ def demo_command(out: Path, quiet: bool) -> None:
     settings = AnalysisSettings(device="cpu")
     rows = []
     for path in paths:
-        rows += run_analysis(path, passes=names, settings=settings, options=options, progress=not quiet).rows
+        last = run_analysis(path, passes=names, settings=settings, options=options, progress=not quiet).rows
+        # S_rho at the earlier checkpoints too: the sharpness curve of the flatness-sharpness figure
+        earlier = run_analysis(path, rounds=_DEMO_CURVE_ROUNDS, passes=["sharpness"], settings=settings,
+                               options={"sharpness": options["sharpness"]}, progress=not quiet).rows
+        rows += sorted(earlier + last, key=lambda row: row.get("round", 0))
     figures = out / "figures"
 
     def draw() -> tuple[Any, Path]:
@@ -717,7 +722,7 @@ def demo_command(out: Path, quiet: bool) -> None:
                                         title="landscape demo: FedAvg, FedSAM, FedNSAM on digits")
 
     comparison, report = parallel.on_main(draw)  # under torchrun rank 0 draws; the others wait for it
-    click.echo(format_summary(AnalysisReport(rows=rows)))
+    click.echo(format_summary(AnalysisReport(rows=rows, data=analysis_data(settings))))
     click.echo("")
     click.echo(text_table(comparison.header, comparison.rows))
     for line in comparison.settings:

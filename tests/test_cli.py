@@ -246,6 +246,7 @@ def test_demo_and_report(tmp_path, monkeypatch):
     monkeypatch.setattr(cli_module, "_DEMO_OVERRIDES", [*tiny, ("partition.clients", 4), ("train.rounds", 2),
                                                          ("train.local_steps", 2), ("train.checkpoint_every", 1)])
     monkeypatch.setattr(cli_module, "_DEMO_SURFACE", {"directions": "random", "grid": "3", "span": "-1:1"})
+    monkeypatch.setattr(cli_module, "_DEMO_CURVE_ROUNDS", "1")
     monkeypatch.setattr(cli_module, "_DEMO_PASS_OPTIONS", {
         "hessian": {"clients": 2, "trace_hvps": 6, "density_steps": 5, "density_runs": 1, "top_k": 2},
         "sharpness": {"clients": 2, "steps": 1, "adaptive": False}, "incompatibility": {"clients": 2, "batches": 2},
@@ -256,6 +257,8 @@ def test_demo_and_report(tmp_path, monkeypatch):
     for name in ("surfaces", "surfaces-3d", "accuracy", "flatness-sharpness", "hessian", "alignment"):
         assert (tmp_path / "demo" / "figures" / f"{name}.png").stat().st_size > 1000
     assert "lambda_max" in result.output and "mean grad cos" in result.output  # the comparison table
+    for run in (tmp_path / "demo").glob("digits-*"):  # S_rho at an earlier checkpoint too: a curve, not a point
+        assert {p.parent.name for p in run.glob("analysis/round-*/sharpness*.json")} == {"round-0001", "round-0002"}
     html = (tmp_path / "demo" / "report.html").read_text()
     assert html.count("Plotly.newPlot") >= 3 and "digits-fednsam" in html
     assert f"report:  {tmp_path / 'demo' / 'report.html'}" in result.output
