@@ -581,11 +581,16 @@ def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, 
         fig.set_seeds(list(claim.seeds))
         claims.check_run_ids(claim, [spec.id for spec in fig.runs])
         fig.runs = [spec for spec in fig.runs if spec.id in claim.run_ids()]  # only the runs it compares
+        needed = set()
         for comparison in claim.comparisons:
             output = claims.analysis_output(comparison.quantity)
             if output is not None and output not in fig.pass_rounds:
                 raise LandscapeError(f"{path}: {comparison.quantity} needs the {output} pass, which "
                                      f"{claim.figure.name} does not run")
+            needed |= {output} - {None}
+        # only the passes it reads (with the figure's options and rounds, so `landscape figures` reuses them)
+        fig.pass_rounds = {name: rounds for name, rounds in fig.pass_rounds.items() if name in needed}
+        fig.pass_options = {name: opts for name, opts in fig.pass_options.items() if name in needed}
         work.append((claim, fig, figures_out / (fig.name + ("-paper" if fig.scale == "paper" else ""))))
     if dry_run:
         for claim, fig, fig_out in work:

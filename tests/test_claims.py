@@ -200,8 +200,12 @@ trace_hvps = 6
 density_runs = 1
 density_steps = 4
 clients = -1
+[analyze.sharpness]
+steps = 1
 [[plots]]
 kind = "hessian"
+[[plots]]
+kind = "flatness-sharpness"
 [digits.train.set]
 "partition.clients" = 4
 "train.rounds" = 3
@@ -248,6 +252,8 @@ def test_landscape_claims_trains_analyses_and_tests(tmp_path):
     runs = tmp_path / "figs" / "tiny-claim" / "runs"
     # only the runs the claim compares are trained, one per seed
     assert sorted(p.name for p in runs.iterdir() if not p.name.startswith(".")) == ["avg-seed0", "avg-seed1", "sam-seed0", "sam-seed1"]
+    # only the passes it reads: the figure's sharpness pass is not run
+    assert not list(runs.glob("*/analysis/round-*/sharpness*.json")) and list(runs.glob("*/analysis/*/hessian*"))
     (record,) = json.loads((tmp_path / "out" / "claims.json").read_text())
     distance, top = record["comparisons"]
     for key, run_id in (("lower_values", "sam"), ("higher_values", "avg")):
