@@ -14,6 +14,11 @@ analysis summaries at every analysed round. Inputs are files only, read through 
 
 Runs that differ only in their recipe's seed (``landscape.figures.seeds``) are one row of the comparison table:
 each cell the mean over the seeds +- its standard error, with a column n; a single-seed run's row is as it was.
+The plotly figures draw such a group the same way: over rounds one mean line in the group's colour with a
++-SE band (an upper and a lower trace filled between them; a single round: an error bar) and "(n=3)" in the
+legend, each seed's value in the mean's hover text; spectral densities each seed as a thin line in the group's
+colour; gradient cosines the mean matrix over seeds that analysed the same clients (n in the title). A
+single-seed run is drawn exactly as before.
 
 Tables and curves read one set of settings per quantity (``landscape.figures.selection``: the defaults
 unless a ``Selection`` says otherwise), named on the page where they are not the ones asked for; every
@@ -32,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.colors import to_hex
+from matplotlib.colors import to_hex, to_rgba
 
 from landscape.errors import LandscapeError
 from landscape.figures.curves import (
@@ -51,7 +56,7 @@ from landscape.figures.curves import (
     settings_lines,
     with_settings,
 )
-from landscape.figures.seeds import SeedGroup, groups, mean_se
+from landscape.figures.seeds import SeedGroup, groups, mean_se, series_mean
 from landscape.figures.selection import Selection, settings_label
 from landscape.runs import write_text
 
@@ -444,18 +449,74 @@ def _layout(fig: Any, title: str, *, rounds: bool = True, **more: Any) -> Any:
     return fig
 
 
+SEED_BAND_ALPHA = 0.2
+SEED_NOTE = "mean over seeds, band: ± standard error"
+
+
+def _translucent(colour: Any, alpha: float = SEED_BAND_ALPHA) -> str:
+    r, g, b, _ = to_rgba(colour)
+    return f"rgba({round(255 * r)}, {round(255 * g)}, {round(255 * b)}, {alpha:g})"
+
+
+def _seed_note(title: str, seed_groups: Sequence[SeedGroup], note: str = SEED_NOTE) -> str:
+    """The title with how seeds are drawn, when some group has several; as it is otherwise."""
+    return f"{title} ({note})" if any(g.n > 1 for g in seed_groups) else title
+
+
+def _seed_band(group: SeedGroup, series: Callable[[RunData], tuple[np.ndarray, np.ndarray]], *, name: str,
+               colour: Any, scale: float = 1.0, legendgroup: str | None = None, showlegend: bool = True,
+               mode: str = "lines+markers", marker: dict | None = None, dash: str | None = None) -> list[Any]:
+    """A group of several seeds over rounds (``seeds.series_mean`` at the rounds every seed has): an upper
+    (mean + SE) and a lower (mean - SE, filled up to the upper) trace, translucent and without a legend entry,
+    then the mean line; one legendgroup for the three. The mean's hover names the mean, SE, n and each seed's
+    value; at a single round the SE is also an error bar. [] when the seeds share no round."""
+    import plotly.graph_objects as go
+
+    rounds, mean, se, n = series_mean(group, series)
+    if rounds.size == 0:
+        return []
+    per_seed = []
+    for run in group.runs:  # each seed's own values at those rounds, for the hover text
+        theirs, values = series(run)
+        where = {int(r): i for i, r in enumerate(np.asarray(theirs).tolist())}
+        per_seed.append(np.asarray(values, dtype=float)[[where[int(r)] for r in rounds]])
+    seeds_text = ", ".join(str(s) for s in group.seeds)
+    custom = [[float(scale * se[i]), "; ".join(f"{scale * v[i]:.4g}" for v in per_seed)] for i in range(rounds.size)]
+    legendgroup = legendgroup if legendgroup is not None else name
+    edge = {"color": to_hex(colour), "width": 0}
+    band = {"x": rounds, "mode": "lines", "legendgroup": legendgroup, "showlegend": False, "hoverinfo": "skip"}
+    line = {"color": to_hex(colour), **({"dash": dash} if dash else {})}
+    error = {"type": "data", "array": scale * se, "visible": True} if rounds.size == 1 else None
+    return [
+        go.Scatter(y=scale * (mean + se), name=f"{name}: mean + SE", line=edge, **band),
+        go.Scatter(y=scale * (mean - se), name=f"{name}: mean − SE", line=edge, fill="tonexty",
+                   fillcolor=_translucent(colour), **band),
+        go.Scatter(x=rounds, y=scale * mean, mode=mode, name=name, legendgroup=legendgroup, showlegend=showlegend,
+                   line=line, marker=marker, error_y=error, customdata=custom,
+                   hovertemplate=(f"round %{{x}}<br>mean %{{y:.4g}} ± %{{customdata[0]:.2g}} (SE, n={n})"
+                                  f"<br>seeds {html.escape(seeds_text)}: %{{customdata[1]}}<extra>{name}</extra>")),
+    ]
+
+
 def curve_figure(runs: Sequence[RunData], key: str) -> Any:
     import plotly.graph_objects as go
 
     fig = go.Figure()
     scale = 100.0 if key == "test_acc" else 1.0
-    for run in runs:
+    seed_groups = groups(runs)
+    for group in seed_groups:
+        if group.n > 1:
+            fig.add_traces(_seed_band(group, lambda run: run.series(key), name=group.legend, colour=group.colour,
+                                      scale=scale, marker={"size": 4}))
+            continue
+        (run,) = group.runs
         rounds, values = run.series(key)
         fig.add_trace(go.Scatter(x=rounds, y=scale * values, mode="lines+markers", name=run.label,
                                  line={"color": to_hex(run.color)}, marker={"size": 4}))
     ylabel = "test accuracy (%)" if key == "test_acc" else _plain(METRIC_LABELS.get(key, key))
     name = ylabel.split(" (")[0]
-    return _layout(fig, f"{name[:1].upper()}{name[1:]} over rounds", xaxis_title="round", yaxis_title=ylabel)
+    return _layout(fig, _seed_note(f"{name[:1].upper()}{name[1:]} over rounds", seed_groups), xaxis_title="round",
+                   yaxis_title=ylabel)
 
 
 def _plain(label: str) -> str:
@@ -482,9 +543,18 @@ def sharpness_figure(runs: Sequence[RunData], rho: float | None) -> Any:
               if rho is not None else "S<sub>ρ</sub>(x<sup>t</sup>): the runs share no ρ",
               _titled("λ<sub>1</sub>(x<sup>t</sup>)", settings_caption(with_l, "hessian")))
     fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.1)
+    sharp = {id(run) for run in with_s}
+    seed_groups = []
     for col, group, series, symbol in ((1, with_s, lambda run: global_sharpness_series(run, rho), "circle"),
                                        (2, with_l, lambda_max_series, "square")):
-        for run in group:
+        for seeds in groups(group):
+            seed_groups.append(seeds)
+            if seeds.n > 1:  # one legend entry per group: in the first panel that draws it
+                fig.add_traces(_seed_band(seeds, series, name=seeds.legend, colour=seeds.colour,
+                                          showlegend=col == 1 or not any(id(run) in sharp for run in seeds.runs),
+                                          marker={"symbol": symbol, "size": 7}), rows=1, cols=col)
+                continue
+            (run,) = seeds.runs
             rounds, values = series(run)
             fig.add_trace(go.Scatter(x=rounds, y=values, mode="lines+markers", name=run.label, legendgroup=run.label,
                                      showlegend=run not in with_s or col == 1, line={"color": to_hex(run.color)},
@@ -492,7 +562,8 @@ def sharpness_figure(runs: Sequence[RunData], rho: float | None) -> Any:
     fig.update_xaxes(title_text="round")
     fig.update_yaxes(title_text="S<sub>ρ</sub>: F(x + e*) − F(x), ‖e*‖ ≤ ρ", row=1, col=1)
     fig.update_yaxes(title_text="λ<sub>1</sub>(∇²F)", row=1, col=2)
-    return _layout(fig, "Global sharpness at the analysed rounds")
+    return _layout(fig, _seed_note("Global sharpness at the analysed rounds", seed_groups,
+                                   "mean over seeds, band or bar: ± standard error"))
 
 
 def density_figure(runs: Sequence[RunData]) -> Any:
@@ -502,10 +573,25 @@ def density_figure(runs: Sequence[RunData]) -> Any:
     peak = max((float(np.nanmax(s.density)) for s in summaries if s.density.size), default=1.0)
     floor = peak * 1e-7 if peak > 0 else 1e-12
     fig = go.Figure()
-    for s in summaries:
+    by_run = {id(s.run): s for s in summaries}
+    seed_groups = groups([s.run for s in summaries])
+    for group in seed_groups:
+        members = [by_run[id(run)] for run in group.runs]
+        if group.n > 1:  # each seed a thin line of the group's colour, one legend entry for the group
+            theirs = sorted({s.round for s in members})
+            name = f"{group.legend} (round{'s' if len(theirs) > 1 else ''} {', '.join(map(str, theirs))})"
+            for k, (s, seed) in enumerate(zip(members, group.seeds)):
+                fig.add_trace(go.Scatter(
+                    x=s.grid, y=np.maximum(s.density, floor), mode="lines", name=name, legendgroup=group.legend,
+                    showlegend=k == 0, line={"color": to_hex(group.colour), "width": 1},
+                    hovertemplate=(f"seed {html.escape(str(seed))}, round {s.round}<br>λ = %{{x:.4g}}, "
+                                   f"density %{{y:.3g}}<extra>{group.legend}</extra>")))
+            continue
+        (s,) = members
         fig.add_trace(go.Scatter(x=s.grid, y=np.maximum(s.density, floor), mode="lines",
                                  name=f"{s.run.label} (round {s.round})", line={"color": to_hex(s.run.color)}))
-    title = _titled("Hessian spectral density (SLQ), latest analysed round",
+    title = _titled(_seed_note("Hessian spectral density (SLQ), latest analysed round", seed_groups,
+                               "one thin line per seed"),
                     settings_caption([s.run for s in summaries], "hessian"))
     return _layout(fig, title, rounds=False,
                    xaxis_title="eigenvalue λ",
@@ -522,10 +608,18 @@ def incompatibility_figure(runs: Sequence[RunData]) -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    group = [run for run in runs if run.analysed_rounds("incompatibility")]
-    titles = [_titled(run.label, run.shown("incompatibility")) for run in group]
-    fig = make_subplots(rows=1, cols=len(group), shared_yaxes=True, subplot_titles=titles, horizontal_spacing=0.04)
-    for col, run in enumerate(group, start=1):
+    seed_groups = groups([run for run in runs if run.analysed_rounds("incompatibility")])
+    titles = [_titled(g.legend, g.runs[0].shown("incompatibility")) for g in seed_groups]
+    fig = make_subplots(rows=1, cols=len(seed_groups), shared_yaxes=True, subplot_titles=titles,
+                        horizontal_spacing=0.04)
+    for col, group in enumerate(seed_groups, start=1):
+        if group.n > 1:  # each part's mean over the seeds, in the part's colour, with a +-SE band
+            by_run = {id(run): incompatibility_series(run) for run in group.runs}
+            for key, _, name, color, dash in _FI_PARTS:
+                fig.add_traces(_seed_band(group, lambda run, k=key, d=by_run: (d[id(run)]["rounds"], d[id(run)][k]),
+                                          name=name, colour=color, showlegend=col == 1, dash=dash), rows=1, cols=col)
+            continue
+        (run,) = group.runs
         data = incompatibility_series(run)
         for key, se_key, name, color, dash in _FI_PARTS:
             error = {"type": "data", "array": data[se_key], "visible": True} if se_key else None
@@ -534,8 +628,10 @@ def incompatibility_figure(runs: Sequence[RunData]) -> Any:
                           row=1, col=col)
     fig.update_xaxes(title_text="round")
     fig.update_yaxes(title_text="squared perturbation distance", row=1, col=1)
-    return _layout(fig, "Flatness incompatibility Δ<sub>FI</sub> = heterogeneity + batch part + 2 × cross "
-                        "(error bars: Monte-Carlo SE)")
+    several = [g.n > 1 for g in seed_groups]
+    bars = ("error bars: Monte-Carlo SE; bands: ± SE over seeds" if any(several) and not all(several)
+            else "mean over seeds, bands: ± SE over seeds" if any(several) else "error bars: Monte-Carlo SE")
+    return _layout(fig, f"Flatness incompatibility Δ<sub>FI</sub> = heterogeneity + batch part + 2 × cross ({bars})")
 
 
 def cosine_figure(runs: Sequence[RunData]) -> Any:
@@ -543,13 +639,37 @@ def cosine_figure(runs: Sequence[RunData]) -> Any:
     from plotly.subplots import make_subplots
 
     matrices = alignment_matrices([run for run in runs if run.analysed_rounds("alignment")])
-    titles = [_titled(f"{m.run.label}, round {m.round}<br>mean off-diagonal {m.mean_off_diagonal:.3f}",
-                      m.run.shown("alignment")) for m in matrices]
-    fig = make_subplots(rows=1, cols=len(matrices), subplot_titles=titles, horizontal_spacing=0.06)
-    for col, m in enumerate(matrices, start=1):
-        ids = [str(c) for c in m.clients]
-        fig.add_trace(go.Heatmap(z=m.matrix, x=ids, y=ids, coloraxis="coloraxis",
-                                 hovertemplate="client i=%{y}, j=%{x}: cos=%{z:.3f}<extra></extra>"), row=1, col=col)
+    by_run = {id(m.run): m for m in matrices}
+    panels: list[tuple[str, Any]] = []  # (title, heatmap)
+    for group in groups([m.run for m in matrices]):
+        members = [by_run[id(run)] for run in group.runs]
+        if group.n > 1 and all(m.clients == members[0].clients for m in members):
+            # the mean matrix over the seeds; each cell's hover: its SE and each seed's cosine
+            matrix, se, n = mean_se([m.matrix for m in members])
+            off, off_se, _ = mean_se([m.mean_off_diagonal for m in members])
+            theirs = sorted({m.round for m in members})
+            when = f"round{'s' if len(theirs) > 1 else ''} {', '.join(map(str, theirs))}"
+            seeds_text = html.escape(", ".join(str(s) for s in group.seeds))
+            text = [[f"± {se[i, j]:.2g} (SE, n={n})<br>seeds {seeds_text}: "
+                     + "; ".join(f"{m.matrix[i, j]:.3f}" for m in members) for j in range(matrix.shape[1])]
+                    for i in range(matrix.shape[0])]
+            ids = [str(c) for c in members[0].clients]
+            panels.append((_titled(f"{group.label}, {when}, mean of n={n} seeds<br>mean off-diagonal "
+                                   f"{off:.3f} ± {off_se:.2g}", group.runs[0].shown("alignment")),
+                           go.Heatmap(z=matrix, x=ids, y=ids, text=text, coloraxis="coloraxis",
+                                      hovertemplate="client i=%{y}, j=%{x}: mean cos=%{z:.3f} %{text}<extra></extra>")))
+            continue
+        for m, seed in zip(members, group.seeds):  # one seed, or seeds that analysed other clients: each its own
+            ids = [str(c) for c in m.clients]
+            label = m.run.label if group.n == 1 else f"{m.run.label}, seed {seed}"
+            panels.append((_titled(f"{label}, round {m.round}<br>mean off-diagonal {m.mean_off_diagonal:.3f}",
+                                   m.run.shown("alignment")),
+                           go.Heatmap(z=m.matrix, x=ids, y=ids, coloraxis="coloraxis",
+                                      hovertemplate="client i=%{y}, j=%{x}: cos=%{z:.3f}<extra></extra>")))
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[title for title, _ in panels],
+                        horizontal_spacing=0.06)
+    for col, (_, heatmap) in enumerate(panels, start=1):
+        fig.add_trace(heatmap, row=1, col=col)
         fig.update_xaxes(type="category", title_text="client j", tickangle=0, tickfont={"size": 9}, row=1, col=col)
         fig.update_yaxes(type="category", autorange="reversed", title_text="client i" if col == 1 else None,
                          scaleanchor="x" if col == 1 else f"x{col}", row=1, col=col)
