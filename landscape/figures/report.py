@@ -439,8 +439,11 @@ def _toml_text(value: Any) -> str:
 
 def _layout(fig: Any, title: str, *, rounds: bool = True, **more: Any) -> Any:
     """Shared look; ``rounds``: the x axes count rounds (whole-number ticks when there are few)."""
+    # room above the plots for every line of the title, and a line more for subplot titles
+    subplot_titles = any(a.text for a in (fig.layout.annotations or ()))
+    top = 36 + 22 * (title.count("<br>") + 1) + (22 if subplot_titles else 0)
     layout = {"title": {"text": title}, "height": PLOT_HEIGHT, "template": "plotly_white",
-              "margin": {"l": 60, "r": 20, "t": 60, "b": 50}, "legend": {"orientation": "h", "y": -0.2}}
+              "margin": {"l": 60, "r": 20, "t": max(60, top), "b": 50}, "legend": {"orientation": "h", "y": -0.2}}
     fig.update_layout({**layout, **more})
     if rounds:
         xs = [float(v) for trace in fig.data for v in np.atleast_1d(trace.x if trace.x is not None else [])]
