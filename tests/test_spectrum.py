@@ -329,8 +329,11 @@ def test_solvers_report_progress(digits_mlp):
         return calls, lambda done, total: calls.append((done, total))
 
     calls, progress = recorder()
-    result = spectrum.lanczos_topk(_op(digits_mlp), 2, seed=0, progress=progress)
+    result = spectrum.lanczos_topk(_op(digits_mlp), 2, seed=0, progress=progress, verify=True)
     assert [done for done, _ in calls] == list(range(1, result.iterations + 1)) + [result.hvp_count]
+    calls, progress = recorder()
+    result = spectrum.lanczos_topk(_op(digits_mlp), 2, seed=0, progress=progress)  # no verifying products
+    assert [done for done, _ in calls] == list(range(1, result.iterations + 1)) == list(range(1, result.hvp_count + 1))
     assert {total for _, total in calls} == {None}
     for name, call in (("hutchinson", lambda p: spectrum.hutchinson_trace(_op(digits_mlp), samples=25, progress=p)),
                        ("hutch++", lambda p: spectrum.hutchpp_trace(_op(digits_mlp), hvps=24, block=4, progress=p)),
