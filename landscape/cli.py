@@ -351,6 +351,8 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
     click.echo(format_summary(report))
     for note in [] if quiet else report.notes:
         click.echo(f"note: {note}", err=True)
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
     click.echo(f"{report.computed} computed, {report.skipped} already done (same settings)")
 
 

@@ -81,7 +81,8 @@ class AnalysisReport:
     computed: int = 0
     skipped: int = 0
     settings: dict[str, str] = field(default_factory=dict)  # result name -> its settings other than the defaults
-    notes: list[str] = field(default_factory=list)  # what was skipped or looks wrong, one line each
+    notes: list[str] = field(default_factory=list)  # what was skipped, one line each
+    warnings: list[str] = field(default_factory=list)  # inputs that look wrong: said even with --quiet
     data: str = ""  # the analysis data the values are on (``analysis_data``); "" when not known
 
 
@@ -124,8 +125,8 @@ def skip_rounds_without_clients(jobs: list[Job]) -> tuple[list[Job], list[str]]:
     return kept, notes
 
 
-def partition_notes(jobs: list[Job]) -> list[str]:
-    """A note for each run whose partition.json is not the partition its recipe makes (the analysis uses the
+def partition_warnings(jobs: list[Job]) -> list[str]:
+    """A warning for each run whose partition.json is not the partition its recipe makes (the analysis uses the
     recipe's, as training did)."""
     notes, seen = [], set()
     for job in jobs:
@@ -293,7 +294,7 @@ def run_analysis(
     main = parallel.is_main()
     recorded = parallel.on_main(lambda: _recorded_summaries(jobs, settings, force))
     report = AnalysisReport(notes=notes, data=analysis_data(settings))
-    report.notes += partition_notes([job for job, done in zip(jobs, recorded) if done is None])
+    report.warnings += partition_warnings([job for job, done in zip(jobs, recorded) if done is None])
     summaries = {i: summary for i, summary in enumerate(recorded) if summary is not None}
     report.skipped = len(summaries)
     queues, together = split_work(jobs, [i for i, s in enumerate(recorded) if s is None], parallel.world_size())

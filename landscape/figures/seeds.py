@@ -20,14 +20,14 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from landscape.errors import LandscapeError
 
-if TYPE_CHECKING:
-    from landscape.figures.curves import RunData
+# A run is a ``curves.RunData`` (not imported: curves imports this module, and the package has no import cycle).
+RunData = Any
 
 # Recipe keys that do not make two runs different experiments (besides the seed itself).
 GROUP_IGNORES = frozenset({"name", "seed", "train.device", "train.threads", "dataset.root", "dataset.download"})
