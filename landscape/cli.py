@@ -472,10 +472,8 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     then write <file>.png and <file>.pdf (+ <file>.html, interactive 3D, for surfaces) under --out."""
     from landscape import recipe as recipes
     from landscape.analyze.catalog import load_passes
-    from landscape.analyze.results import settings_record
     from landscape.figures import book
     from landscape.figures.curves import load_runs
-    from landscape.figures.selection import Selection
 
     fig = book.load_figure_recipe(recipe_file, scale)
     for text in assignments:
@@ -525,7 +523,7 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
         paths = [path for of_id in by_id.values() for path in of_id]
 
     # The figure reads the results of exactly its own settings (other analyses of the runs stay on disk).
-    selection = Selection(exact={name: settings_record(settings, options[name]) for name in passes})
+    selection = _figure_selection(fig, device)
 
     def draw() -> list[Path]:
         drawn = load_runs(paths, selection)  # read after the analysis above
