@@ -32,10 +32,9 @@ def invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    """FedAvg at seeds 0, 1, 2 and FedSAM at seed 0 (3 rounds), every pass analysed at round 3 only."""
-    root = tmp_path_factory.mktemp("seeds")
+def seeded_runs(root: Path, rounds: str) -> Path:
+    """FedAvg at seeds 0, 1, 2 and FedSAM at seed 0 (3 rounds) in ``root/runs``, every pass analysed at
+    ``rounds``."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -44,11 +43,17 @@ def root(tmp_path_factory) -> Path:
                                  model__name="mlp", model__hidden=[16])
             loop.start_run(recipe, root / "runs" / f"{algorithm}-s{seed}", progress=False)
         options = {name: pass_options(name, FAST[name]) for name in FAST}
-        run_analysis(root / "runs", rounds="3", passes=list(FAST), options=options,
+        run_analysis(root / "runs", rounds=rounds, passes=list(FAST), options=options,
                      settings=AnalysisSettings(device="cpu", analysis_samples=100), progress=False)
     finally:
         torch.set_num_threads(threads)
     return root
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """The seeded runs, every pass analysed at round 3 only."""
+    return seeded_runs(tmp_path_factory.mktemp("seeds"), "3")
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from conftest import result_file, tiny_recipe
-from test_figures_seeds import FAST
+from conftest import result_file
+from test_figures_seeds import seeded_runs
 from test_report import decode, plot_divs, plot_spec
 
-from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import AnalysisSettings
-from landscape.analyze.scheduler import run_analysis
 from landscape.figures import curves, report
-from landscape.train import loop
 
 GROUP = "FedAvg alpha=0.5"
 SINGLE = "FedSAM alpha=0.5"
@@ -32,20 +27,7 @@ PLOTS = {"accuracy", "train_loss", "flatness_distance", "global_sharpness", "spe
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     """FedAvg at seeds 0, 1, 2 and FedSAM at seed 0 (3 rounds), every pass analysed at rounds 2 and 3."""
-    root = tmp_path_factory.mktemp("report-seeds")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for algorithm, seed in (("fedavg", 0), ("fedavg", 1), ("fedavg", 2), ("fedsam", 0)):
-            recipe = tiny_recipe(train__keep_clients=True, train__rounds=3, algorithm__name=algorithm, seed=seed,
-                                 model__name="mlp", model__hidden=[16])
-            loop.start_run(recipe, root / "runs" / f"{algorithm}-s{seed}", progress=False)
-        options = {name: pass_options(name, FAST[name]) for name in FAST}
-        run_analysis(root / "runs", rounds=",".join(map(str, ROUNDS)), passes=list(FAST), options=options,
-                     settings=AnalysisSettings(device="cpu", analysis_samples=100), progress=False)
-    finally:
-        torch.set_num_threads(threads)
-    return root
+    return seeded_runs(tmp_path_factory.mktemp("report-seeds"), ",".join(map(str, ROUNDS)))
 
 
 @pytest.fixture(scope="module")
