@@ -291,7 +291,7 @@ class ComparisonResult:
     p_opposite: float | None
     verdict: str
 
-    def summary(self, level: float) -> str:
+    def summary(self) -> str:
         lo, lo_se, n = mean_se(self.lower)
         hi, hi_se, _ = mean_se(self.higher)
         parts = [f"{self.comparison.lower} {_num(lo, lo_se)} vs {self.comparison.higher} {_num(hi, hi_se)}",
@@ -345,7 +345,7 @@ class ClaimResult:
         out = [f"{self.verdict}: {self.claim.text} [{self.claim.name}]"]
         for r in self.comparisons:
             out.append(f"  {r.verdict:<12} {r.comparison.text} ({_rounds_text(r.comparison.rounds)}): "
-                       f"{r.summary(self.claim.level)}")
+                       f"{r.summary()}")
         return out
 
     def to_dict(self) -> dict[str, Any]:
