@@ -38,3 +38,12 @@ def result_file(folder, pass_name: str):
 
     (path,) = [p for p, record in stored_results(folder) if record.get("pass") == pass_name]
     return path
+
+
+def one_line_error(result) -> str:
+    """The CLI's answer to bad input: exit 1, one line on stderr, no traceback."""
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import tiny_recipe
+from conftest import one_line_error, tiny_recipe
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
@@ -56,14 +56,6 @@ def recipe6() -> dict:
 def invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
-
-def one_line_error(result) -> str:
-    """The CLI's answer to bad input: exit 1, one line on stderr, no traceback."""
-    assert result.exit_code == 1, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    return lines[0]
 
 
 def snapshot(path: Path) -> dict[str, bytes]:
