@@ -186,9 +186,10 @@ def _flat_vector(model: nn.Module | Tensor | Mapping[str, Tensor], reference: Fl
 def flatness_distance(global_model: nn.Module | Tensor,
                       client_models: Sequence[nn.Module | Tensor | Mapping[str, Tensor]]
                       | Mapping[int, nn.Module | Tensor | Mapping[str, Tensor]]) -> FlatnessDistanceResult:
-    """Delta_D = mean_i ||y_i - x||^2 between the clients' local models y_i and the global model x (and its
-    normalised form), from modules, flat parameter vectors or state_dicts (then ``global_model`` must be a
-    module)."""
+    """Delta_D = mean_i ||y_i - ybar||^2 of the clients' local models y_i around their mean ybar (the FedNSAM
+    paper's flatness distance) and its normalised form; the result also holds ``distance_to_global`` =
+    mean_i ||y_i - x||^2 to the global model x. From modules, flat parameter vectors or state_dicts (then
+    ``global_model`` must be a module)."""
     reference = FlatModel(global_model) if isinstance(global_model, nn.Module) else None
     x = _flat_vector(global_model, reference)
     items = client_models.items() if isinstance(client_models, Mapping) else enumerate(client_models)

@@ -364,6 +364,17 @@ def surface_result_name(directions: str) -> str:
     return "surface" if directions == "random" else f"surface-{directions}"
 
 
+def _current_row(row: dict) -> dict:
+    """A metrics row under today's names (``RunDir.read_metrics``)."""
+    if "flatness_distance" not in row or "flatness_distance_to_global" in row:
+        return row
+    row = dict(row)
+    row["flatness_distance_to_global"] = row.pop("flatness_distance")
+    if "flatness_distance_normalized" in row:
+        row["flatness_distance_to_global_normalized"] = row.pop("flatness_distance_normalized")
+    return row
+
+
 class RunDir:
     """Paths of one run directory."""
 
@@ -456,8 +467,10 @@ class RunDir:
 
     def read_metrics(self) -> list[dict]:
         """The per-round rows of metrics.jsonl (event rows such as a divergence are left out: see
-        ``read_events``)."""
-        return [r for r in self._read_rows() if "event" not in r]
+        ``read_events``). A row written before the flatness distance was taken around the clients' mean
+        (it has ``flatness_distance`` but no ``flatness_distance_to_global``) logged the distance to the new
+        global model under that name: it is read under its own name, ``flatness_distance_to_global``."""
+        return [_current_row(r) for r in self._read_rows() if "event" not in r]
 
     def read_events(self) -> list[dict]:
         """The event rows of metrics.jsonl: ``{"round": t, "event": "diverged", "algorithm": ..., ...}``."""

@@ -36,8 +36,13 @@ def test_flatness_distance_direct():
     ys = {3: torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64), 1: torch.tensor([2.0, 2.0, 2.0], dtype=torch.float64)}
     r = flatness_distance(x, ys)
     assert r.clients == [1, 3]
-    np.testing.assert_array_equal(r.client_distance, [5.0, 5.0])
-    assert r.distance == 5.0 and r.global_norm_sq == 5.0 and r.distance_normalized == 1.0
+    # around the clients' mean ybar = (1.5, 1, 1.5): ||y_i - ybar||^2 = 0.25 + 1 + 0.25 for both
+    np.testing.assert_array_equal(r.client_distance, [1.5, 1.5])
+    assert r.distance == 1.5 and r.mean_norm_sq == 5.5 and r.distance_normalized == pytest.approx(1.5 / 5.5)
+    # the distance to the given global model x is another quantity: Delta_D + ||ybar - x||^2
+    np.testing.assert_array_equal(r.client_distance_to_global, [5.0, 5.0])
+    assert r.distance_to_global == 5.0 and r.global_norm_sq == 5.0 and r.distance_to_global_normalized == 1.0
+    assert r.global_offset_sq == 3.5 and r.distance + r.global_offset_sq == r.distance_to_global
     with pytest.raises(LandscapeError, match="at least one client model"):
         flatness_distance(x, {})
     with pytest.raises(LandscapeError, match="client 0's model has 2 parameters"):
@@ -58,6 +63,9 @@ def test_flatness_distance_recomputed_from_saved_clients_equals_the_logged_value
         r = flatness_distance(x, clients)
         assert r.distance == pytest.approx(row["flatness_distance"], rel=1e-12)
         assert r.distance_normalized == pytest.approx(row["flatness_distance_normalized"], rel=1e-12)
+        assert r.distance_to_global == pytest.approx(row["flatness_distance_to_global"], rel=1e-12)
+        assert r.distance_to_global_normalized == pytest.approx(row["flatness_distance_to_global_normalized"],
+                                                                rel=1e-12)
     with pytest.raises(LandscapeError, match="not a clients checkpoint"):
         client_models(flat, load_checkpoint(run.checkpoint(1)))
 
@@ -236,3 +244,39 @@ def test_bad_settings_are_named(digits):
         flatness_incompatibility(glob, clients, w, RHO, batch_size=0, batches=4)
     with pytest.raises(LandscapeError, match="at least one client objective"):
         flatness_incompatibility(glob, {}, w, RHO, batch_size=16, batches=4)
+
+
+@pytest.mark.parametrize("algorithm, extra", [("fednsam", {"algorithm__fednsam__lam": 0.85}),
+                                              ("fedsam", {})])
+def test_paper_flatness_distance_and_the_distance_to_the_new_global_model(tmp_path, algorithm, extra):
+    """FedNSAM: x^{t+1} = x^t + lam m^{t-1} + Delta_bar = ybar + lam m^{t-1}, so the distance to the new global
+    model exceeds the paper's Delta_D (around the clients' mean) by exactly lam^2 ||m^{t-1}||^2; FedSAM with
+    server_lr 1 averages: the two are equal."""
+    recipe = tiny_recipe(algorithm__name=algorithm, train__dtype="float64", train__rounds=3,
+                         train__checkpoint_every=1, **extra)
+    loop.start_run(recipe, tmp_path / "run", progress=False)
+    run = RunDir(tmp_path / "run")
+    rows = {row["round"]: row for row in run.read_metrics()}
+    for t in (2, 3):
+        gap = rows[t]["flatness_distance_to_global"] - rows[t]["flatness_distance"]
+        if algorithm == "fedsam":
+            assert gap == pytest.approx(0.0, abs=1e-12 * rows[t]["flatness_distance"])
+            continue
+        m_before = load_checkpoint(run.checkpoint(t - 1))["server_state"]["m"]  # m^{t-1}, broadcast in round t
+        expected = 0.85**2 * float((m_before.double() ** 2).sum())
+        assert expected > 0.1 * rows[t]["flatness_distance"]  # the term is not negligible here
+        assert gap == pytest.approx(expected, rel=1e-9)
+
+
+def test_rows_of_the_former_definition_are_read_under_their_true_name(tmp_path):
+    """Before the paper's Delta_D, the distance to x^{t+1} was logged as flatness_distance: such a row must not
+    be read as the paper's quantity."""
+    run = RunDir(tmp_path / "old")
+    run.path.mkdir()
+    run.append_metrics({"round": 1, "flatness_distance": 2.0, "flatness_distance_normalized": 0.5})
+    run.append_metrics({"round": 2, "flatness_distance": 1.0, "flatness_distance_normalized": 0.1,
+                        "flatness_distance_to_global": 3.0})
+    old, new = run.read_metrics()
+    assert "flatness_distance" not in old and "flatness_distance_normalized" not in old
+    assert old["flatness_distance_to_global"] == 2.0 and old["flatness_distance_to_global_normalized"] == 0.5
+    assert new["flatness_distance"] == 1.0 and new["flatness_distance_to_global"] == 3.0

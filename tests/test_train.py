@@ -47,8 +47,12 @@ def test_fedavg_round_matches_the_equations_in_float64(tmp_path):
     torch.testing.assert_close(new_state.x, expected, rtol=1e-12, atol=1e-14)
     for r, y in zip(results, finals):
         torch.testing.assert_close(r.model, y, rtol=1e-12, atol=1e-14)
-    distance = np.mean([float(((y - expected) ** 2).sum()) for y in finals])
+    y_bar = torch.stack(finals).mean(0)  # Delta_D around the clients' mean (the FedNSAM paper's)
+    distance = np.mean([float(((y - y_bar) ** 2).sum()) for y in finals])
     assert row["flatness_distance"] == pytest.approx(distance, rel=1e-12)
+    to_global = np.mean([float(((y - expected) ** 2).sum()) for y in finals])  # server_lr 0.7: another number
+    assert row["flatness_distance_to_global"] == pytest.approx(to_global, rel=1e-12)
+    assert to_global > distance * 1.01
     assert row["update_norm"] == pytest.approx(float((expected - x).norm()), rel=1e-12)
     assert row["uplink_floats"] == 650
 

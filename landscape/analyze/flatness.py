@@ -1,7 +1,10 @@
 """Flatness distance and flatness incompatibility (docs/metrics.md "Flatness distance", "Flatness incompatibility").
 
-Flatness distance: Delta_D = (1/|S|) sum_{i in S} ||y_i - x||^2 over saved client models y_i of a round and the
-new global model x (parameters only), also divided by ||x||^2; the trainer logs the same number online.
+Flatness distance (the FedNSAM paper's): Delta_D = (1/|S|) sum_{i in S} ||y_i - ybar||^2 over the saved client
+models y_i of a round, ybar = (1/|S|) sum_i y_i their mean (parameters only), also divided by ||ybar||^2. The
+distance to the new global model x^{t+1} is another quantity (it differs wherever the server does not simply
+average: server momentum, server_lr != 1): distance_to_global = (1/|S|) sum_i ||y_i - x^{t+1}||^2
+= Delta_D + ||ybar - x^{t+1}||^2. The trainer logs both online.
 
 Flatness incompatibility at x with radius rho (all perturbations have norm rho, or 0 for a zero gradient):
 
@@ -57,10 +60,15 @@ _STREAM_ANALYSIS_BATCHES = 101  # keeps the analysis minibatch streams apart fro
 @dataclass(frozen=True)
 class FlatnessDistanceResult:
     clients: list[int]  # ascending; client_distance is indexed like this list
-    distance: float  # Delta_D = mean_i ||y_i - x||^2
-    distance_normalized: float  # Delta_D / ||x||^2
-    global_norm_sq: float  # ||x||^2
-    client_distance: np.ndarray  # ||y_i - x||^2
+    distance: float  # Delta_D = mean_i ||y_i - ybar||^2, ybar = mean_i y_i (the FedNSAM paper's definition)
+    distance_normalized: float  # Delta_D / ||ybar||^2
+    mean_norm_sq: float  # ||ybar||^2
+    client_distance: np.ndarray  # ||y_i - ybar||^2
+    distance_to_global: float  # mean_i ||y_i - x^{t+1}||^2 (another quantity: the new global model's distance)
+    distance_to_global_normalized: float  # distance_to_global / ||x^{t+1}||^2
+    global_norm_sq: float  # ||x^{t+1}||^2
+    global_offset_sq: float  # ||ybar - x^{t+1}||^2 = distance_to_global - distance
+    client_distance_to_global: np.ndarray  # ||y_i - x^{t+1}||^2
 
 
 def client_models(flat: FlatModel, clients_checkpoint: Mapping[str, Any]) -> dict[int, Tensor]:
@@ -82,18 +90,26 @@ def check_client_vectors(reference: Tensor, vectors: Mapping[int, Tensor], what:
 
 
 def flatness_distance(global_w: Tensor, client_ws: Mapping[int, Tensor]) -> FlatnessDistanceResult:
-    """Delta_D = (1/|S|) sum_i ||y_i - x||^2 (float64), x = ``global_w`` the aggregated model of the round."""
+    """Delta_D = (1/|S|) sum_i ||y_i - ybar||^2 around the clients' mean ybar (float64), and the distance of the
+    same clients to ``global_w`` = x^{t+1}, the new global model of the round (module docstring)."""
     clients = check_client_vectors(global_w, client_ws, "flatness distance")
     x = global_w.detach().double()
-    dist = torch.stack([((client_ws[c].detach().to(x.device).double() - x) ** 2).sum() for c in clients])
-    norm_sq = (x**2).sum()
-    mean = dist.mean()
+    ys = torch.stack([client_ws[c].detach().to(x.device).double() for c in clients])
+    y_bar = ys.mean(dim=0)
+    dist = ((ys - y_bar) ** 2).sum(dim=1)
+    dist_global = ((ys - x) ** 2).sum(dim=1)
+    mean_norm_sq, norm_sq = (y_bar**2).sum(), (x**2).sum()
     return FlatnessDistanceResult(
         clients=[int(c) for c in clients],
-        distance=float(mean),
-        distance_normalized=float(mean / norm_sq),
-        global_norm_sq=float(norm_sq),
+        distance=float(dist.mean()),
+        distance_normalized=float(dist.mean() / mean_norm_sq),
+        mean_norm_sq=float(mean_norm_sq),
         client_distance=dist.cpu().numpy(),
+        distance_to_global=float(dist_global.mean()),
+        distance_to_global_normalized=float(dist_global.mean() / norm_sq),
+        global_norm_sq=float(norm_sq),
+        global_offset_sq=float(((y_bar - x) ** 2).sum()),
+        client_distance_to_global=dist_global.cpu().numpy(),
     )
 
 

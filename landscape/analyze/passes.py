@@ -91,14 +91,16 @@ def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput
     return PassOutput(out, arrays, summary)
 
 
-@PASSES.register("flatness", summary="flatness distance Delta_D from the round's kept client models")
+@PASSES.register("flatness", summary="flatness distance Delta_D around the mean of the round's kept clients")
 def flatness_pass(ctx: CheckpointContext, opts: None) -> PassOutput:
     from landscape import api
 
-    # Delta_D^t = mean_i ||y_{i,K}^t - x^t||^2 against the training global model (not the SWA average).
+    # Delta_D^t = mean_i ||y_{i,K}^t - ybar^t||^2 around the clients' mean (the FedNSAM paper's); the distance to
+    # the training global model x^{t+1} (not the SWA average) under its own name.
     result = api.flatness_distance(ctx.global_w, ctx.kept_clients())
     scalars, arrays = split_result(result)
-    return PassOutput(scalars, arrays, {"Delta_D": float(result.distance)})
+    return PassOutput(scalars, arrays, {"Delta_D": float(result.distance),
+                                        "Delta_D_to_global": float(result.distance_to_global)})
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from landscape.analyze.serial import json_ready, to_plain
 from landscape.errors import LandscapeError
 from landscape.runs import atomic_write, write_text
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: Delta_D around the clients' mean, trainable parameters only, calibrated SEs
 
 
 def settings_record(settings: Any, options: Any) -> dict:

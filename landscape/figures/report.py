@@ -524,8 +524,10 @@ def curve_figure(runs: Sequence[RunData], key: str) -> Any:
 
 def _plain(label: str) -> str:
     """A METRIC_LABELS entry without matplotlib mathtext (plotly would hand '$' to MathJax, not loaded here)."""
-    for tex, text in ((r"$\Delta_D$", "Δ<sub>D</sub>"), (r"$\|y_i - x\|^2$", "‖y<sub>i</sub> − x‖²"),
-                      (r"$\Delta_D / \|x\|^2$", "Δ<sub>D</sub> / ‖x‖²"),
+    for tex, text in ((r"$\Delta_D$", "Δ<sub>D</sub>"), (r"$\|y_i - \bar y\|^2$", "‖y<sub>i</sub> − ȳ‖²"),
+                      (r"$\Delta_D / \|\bar y\|^2$", "Δ<sub>D</sub> / ‖ȳ‖²"),
+                      (r"$\|y_i - x^{t+1}\|^2$", "‖y<sub>i</sub> − x<sup>t+1</sup>‖²"),
+                      (r"$\|x^{t+1}\|^2$", "‖x<sup>t+1</sup>‖²"),
                       (r"$\|x^{t+1} - x^t\|$", "‖x<sup>t+1</sup> − x<sup>t</sup>‖")):
         label = label.replace(tex, text)
     return label.replace("$", "")
@@ -847,7 +849,7 @@ def build_report(run_dirs: RunsLike, *, title: str = "landscape report", selecti
         if group:
             caption = {"test_acc": "test accuracy on the evaluation rounds (metrics.jsonl)",
                        "train_loss": "mean local training loss of the round's clients (metrics.jsonl)",
-                       "flatness_distance": "flatness distance Δ_D = mean_i ‖y_i − x^(t+1)‖², logged online"}[key]
+                       "flatness_distance": "flatness distance Δ_D = mean_i ‖y_i − ȳ‖² (ȳ the clients' mean), logged online"}[key]
             body.append(page.plot(name, curve_figure(group, key), caption))
         else:
             body.append(_note(f"no run has '{key}' in metrics.jsonl"))

@@ -272,9 +272,12 @@ class Trainer:
         parallel.broadcast_tensors(server_tensors + ([swa_model] if swa_model is not None else []))
         new_state = TrainerState(t + 1, x_new, new_buffers, server_state, client_states, swa_model, swa_count)
 
-        # Flatness distance (docs/metrics.md): Delta_D = mean_S ||y_{i,K} - x^{t+1}||^2, and normalised.
+        # Flatness distance (docs/metrics.md), the FedNSAM paper's: Delta_D = mean_S ||y_{i,K} - ybar||^2 around the
+        # clients' mean ybar; the distance to the new global model x^{t+1} is logged under its own name.
         models = torch.stack([r.model for r in results])
-        distance = ((models - x_new) ** 2).sum(dim=1).mean()
+        y_bar = models.mean(dim=0)
+        distance = ((models - y_bar) ** 2).sum(dim=1).mean()
+        to_global = ((models - x_new) ** 2).sum(dim=1).mean()
         row = {
             "round": t + 1,
             "lr": lr,
@@ -283,7 +286,9 @@ class Trainer:
             .mean()
             .item(),
             "flatness_distance": distance.item(),
-            "flatness_distance_normalized": (distance / (x_new**2).sum()).item(),
+            "flatness_distance_normalized": (distance / (y_bar**2).sum()).item(),
+            "flatness_distance_to_global": to_global.item(),
+            "flatness_distance_to_global_normalized": (to_global / (x_new**2).sum()).item(),
             "update_norm": (x_new - state.x).norm().item(),
             "uplink_floats": sum(r.uplink_floats for r in results) / len(results),
         }
