@@ -159,6 +159,7 @@ def test_slq_density_integrates_to_one_and_its_mean_is_the_trace(digits_mlp):
     dim = hessian.shape[0]
     assert density.trace == pytest.approx(density.mean * dim, rel=1e-12)
     assert abs(density.trace - float(torch.trace(hessian))) <= 3 * density.trace_stderr
+    assert density.trace_stderr_dof == 11 and density.summary()["trace_stderr_dof"] == 11
     # Gauss quadrature: the nodes lie inside the spectrum, the extreme ones approach its ends
     slack = 1e-12
     assert float(exact[0]) - slack <= float(density.nodes.min()) < 0.0 < float(density.nodes.max())
@@ -177,6 +178,18 @@ def test_slq_recovers_a_spectrum_with_few_distinct_eigenvalues():
                                                                                    dtype=torch.float64))
     assert density.hvp_count <= 2 * 4  # each run stops once its Krylov space is invariant
     assert density.trace == pytest.approx(float(torch.trace(diagonal)), rel=1e-12)
+    assert density.runs == 2 and density.trace_stderr_dof == 1
+    single = spectrum.slq_density(MatrixOperator(diagonal), runs=1, steps=10, seed=3)
+    assert single.trace_stderr_dof == 0 and single.trace_stderr == math.inf  # no spread to measure, not 0
+
+
+def test_slq_default_runs_give_the_trace_stderr_three_degrees_of_freedom():
+    from landscape.analyze.passes import HessianOptions
+
+    assert HessianOptions().density_runs == 4
+    density = spectrum.slq_density(MatrixOperator(torch.diag(torch.arange(1.0, 21.0, dtype=torch.float64))),
+                                   runs=HessianOptions().density_runs, steps=5, seed=0)
+    assert density.runs == 4 and density.trace_stderr_dof == 3
 
 
 def test_client_lambda_max_is_each_clients_dense_top_eigenvalue(digits_mlp):
@@ -246,7 +259,13 @@ def test_xtrace_equals_its_leave_one_out_definition(probes):
         omega = (2 * torch.randint(0, 2, (40, 8), generator=generator, dtype=torch.int8) - 1).double()
     samples = _leave_one_out_xtrace(matrix, omega, normalise=probes == "gaussian")
     assert result.estimate == pytest.approx(float(samples.mean()), rel=1e-10)
-    assert result.stderr == pytest.approx(float(samples.std() / math.sqrt(8)), rel=1e-8)
+    assert result.settings["paper_stderr"] == pytest.approx(float(samples.std() / math.sqrt(8)), rel=1e-8)
+    # the reported stderr: the delete-one jackknife, each t_(i) a whole XTrace of the 7 other probes, the long way
+    left_out = torch.stack([_leave_one_out_xtrace(matrix, torch.cat([omega[:, :i], omega[:, i + 1 :]], dim=1),
+                                                  normalise=probes == "gaussian").mean() for i in range(8)])
+    jackknife = math.sqrt(7 / 8 * float(((left_out - left_out.mean()) ** 2).sum()))
+    assert result.stderr == pytest.approx(jackknife, rel=1e-8)
+    assert result.stderr_method == "jackknife" and result.stderr_dof == 7
     assert result.hvp_count == op.hvp_count == 16 and result.samples == 8
     assert not result.settings["rank_deficient"] and result.settings["probes"] == probes
 
@@ -275,6 +294,43 @@ def test_xtrace_is_within_three_standard_errors_and_exact_on_low_rank(digits_mlp
     result = spectrum.xtrace(MatrixOperator(low_rank), hvps=21)  # an odd budget uses 2 * 10 products
     assert result.hvp_count == 20 and result.settings["rank_deficient"]
     assert result.estimate == pytest.approx(float(torch.trace(low_rank)), rel=1e-10) and result.stderr == 0.0
+    assert result.stderr_method == "exact" and result.stderr_dof == 0
+
+
+def test_xtrace_jackknife_on_an_ill_conditioned_sketch():
+    # rank 9 + 1e-10 I with 10 probes: R is nearly singular and the pairwise O(s^3) formula gives nan; the
+    # QR-per-probe path must give the dense leave-one-out jackknife
+    generator = torch.Generator().manual_seed(0)
+    factor = torch.randn(40, 9, dtype=torch.float64, generator=generator)
+    matrix = factor @ factor.T + 1e-10 * torch.diag(torch.rand(40, dtype=torch.float64, generator=generator))
+    result = spectrum.xtrace(MatrixOperator(matrix), hvps=20, seed=1)
+    omega = torch.randn(40, 10, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    left_out = torch.stack([_leave_one_out_xtrace(matrix, torch.cat([omega[:, :i], omega[:, i + 1 :]], dim=1),
+                                                  normalise=True).mean() for i in range(10)])
+    assert not result.settings["rank_deficient"]
+    assert result.stderr == pytest.approx(math.sqrt(0.9 * float(((left_out - left_out.mean()) ** 2).sum())),
+                                          rel=1e-8)
+
+
+def test_trace_standard_errors_are_calibrated_over_seeds():
+    # a fixed 100 x 100 matrix with a decaying spectrum 10 / k and its last 20 eigenvalues negative
+    basis, _ = torch.linalg.qr(torch.randn(100, 100, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
+    eigenvalues = 10 / torch.arange(1, 101, dtype=torch.float64)
+    eigenvalues[-20:] *= -0.3
+    matrix = basis @ torch.diag(eigenvalues) @ basis.T
+    exact = float(torch.trace(matrix))
+    kinds = {"xtrace": ("jackknife", 14), "hutch++": ("conditional", 9), "hutchinson": ("sample", 29)}
+    for method, (kind, dof) in kinds.items():
+        results = [spectrum.trace_estimate(MatrixOperator(matrix), hvps=30, method=method, seed=seed)
+                   for seed in range(200)]
+        assert {(r.stderr_method, r.stderr_dof) for r in results} == {(kind, dof)}, method
+        z = torch.tensor([(r.estimate - exact) / r.stderr for r in results], dtype=torch.float64)
+        # 0.3% of a normal z lies beyond 3 (0.6% of a Student t with 9 degrees of freedom)
+        assert float((z.abs() < 3).double().mean()) >= 0.98, method
+        assert 0.5 <= float(z.std()) <= 1.25, method  # measured: 0.70 (jackknife), 0.95, 1.07
+        if method == "xtrace":  # the paper's error estimate treats the T_i as independent: too small
+            paper = torch.tensor([(r.estimate - exact) / r.settings["paper_stderr"] for r in results])
+            assert float((paper.abs() < 3).double().mean()) < 0.96 and float(paper.std()) > 1.3  # 0.935, 1.54
 
 
 def test_trace_estimate_runs_the_named_estimator():
