@@ -1,11 +1,14 @@
 """Gradient, minibatch and update alignment against direct cosine computations."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import tiny_recipe
 
+from landscape import recipe as recipes
 from landscape import setup
 from landscape.analyze.alignment import (
     cosine_matrix,
@@ -13,8 +16,10 @@ from landscape.analyze.alignment import (
     minibatch_alignment,
     update_alignment,
 )
+from landscape.analyze.context import AnalysisSettings, CheckpointContext, find_sources
 from landscape.analyze.flatness import client_minibatch_indices, client_models
 from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.passes import AlignmentOptions, alignment_pass
 from landscape.data.datasets import load_dataset
 from landscape.data.partitions import make_partition
 from landscape.errors import LandscapeError
@@ -151,6 +156,103 @@ def test_update_alignment_from_a_saved_round(tmp_path):
     # FedAvg with server_lr 1: x^3 - x^2 = Delta_bar, so the server step is the mean client update.
     np.testing.assert_allclose(r.server_cosine, r.mean_cosine, atol=1e-12)
     assert r.server_update_norm == pytest.approx(r.mean_update_norm, rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def saved_rounds(tmp_path_factory):
+    """Three-round float64 runs keeping every round's clients, checkpointed every round: {algorithm: run dir}."""
+    root = tmp_path_factory.mktemp("update-alignment")
+    runs = {}
+    for name in ("fedacg", "fednsam-code", "fedavg"):
+        recipe = tiny_recipe(algorithm__name=name, model__name="mlp", train__keep_clients=True, train__rounds=3,
+                             train__dtype="float64", train__participation=0.75, train__local_steps=4)
+        loop.start_run(recipe, root / name, progress=False)
+        runs[name] = root / name
+    return runs
+
+
+def _pass_updates(run_path, round):
+    """The ``updates`` scalars of the alignment pass on ``round`` of the run."""
+    (source,), _ = find_sources(run_path)
+    ctx = CheckpointContext(source, round, AnalysisSettings(device="cpu"))
+    return alignment_pass(ctx, AlignmentOptions(batches=2)).scalars["updates"]
+
+
+def _saved_round(run_path, round):
+    """(recipe, x^{t-1}, its checkpoint, x^t, the round's client models y_i) read from the run's files."""
+    run = RunDir(run_path)
+    resolved = recipes.read_recipe(run.recipe)
+    flat = FlatModel(setup.build_module(resolved, setup.prepare_data(resolved).bundle).double())
+    previous = load_checkpoint(run.checkpoint(round - 1))
+    x_prev = flat.from_state_dict(previous["model"])[0]
+    x_new = flat.from_state_dict(load_checkpoint(run.checkpoint(round))["model"])[0]
+    return resolved, x_prev, previous, x_new, client_models(flat, load_checkpoint(run.clients_checkpoint(round)))
+
+
+def _check_update_cosines(r, start, ys, x_prev, x_new):
+    """The pass's update cosines against cosines of Delta_i = y_i - start computed here."""
+    clients = r["clients"]
+    deltas = [ys[c] - start for c in clients]
+    bar = torch.stack(deltas).mean(dim=0)
+    for i in range(len(clients)):
+        for j in range(len(clients)):
+            assert r["cosine_matrix"][i][j] == pytest.approx(1.0 if i == j else _cos(deltas[i], deltas[j]),
+                                                             abs=1e-12)
+        assert r["mean_cosine"][i] == pytest.approx(_cos(deltas[i], bar), abs=1e-12)
+        assert r["update_norm"][i] == pytest.approx(float(deltas[i].norm()), rel=1e-12)
+        assert r["server_cosine"][i] == pytest.approx(_cos(deltas[i], x_new - x_prev), abs=1e-12)
+    assert r["mean_update_norm"] == pytest.approx(float(bar.norm()), rel=1e-12)
+    assert r["server_mean_cosine"] == pytest.approx(_cos(bar, x_new - x_prev), abs=1e-12)
+    assert r["server_update_norm"] == pytest.approx(float((x_new - x_prev).norm()), rel=1e-12)
+    assert r["start_offset_norm"] == pytest.approx(float((start - x_prev).norm()), rel=1e-12, abs=1e-300)
+    return deltas
+
+
+@pytest.mark.parametrize("name", ["fedacg", "fednsam-code"])
+def test_update_cosines_are_measured_from_the_look_ahead_the_clients_started_at(saved_rounds, name):
+    recipe, x_prev, previous, x_new, ys = _saved_round(saved_rounds[name], 3)
+    lam = recipe.algorithm.options["lam"]
+    m = previous["server_state"]["m"].double()  # the server momentum after round 2, a flat vector like x
+    start = x_prev + lam * m  # x~ = x^2 + lam m, the look-ahead both rules send their clients from
+    assert float(m.norm()) > 0
+    r = _pass_updates(saved_rounds[name], 3)
+    deltas = _check_update_cosines(r, start, ys, x_prev, x_new)
+    # The server's rules, from the same start: x^3 = x~ + Delta_bar (eta_g = 1), so x~ is where clients began.
+    torch.testing.assert_close(x_new, start + torch.stack(deltas).mean(dim=0), rtol=0, atol=1e-12)
+    assert r["start_offset_norm"] == pytest.approx(lam * float(m.norm()), rel=1e-12)
+    # Measured from x^2 instead, the shared offset lam m pulls every cosine up: not what the clients did.
+    from_global = [ys[c] - x_prev for c in r["clients"]]
+    old = np.mean([_cos(a, b) for k, a in enumerate(from_global) for b in from_global[k + 1:]])
+    assert old - r["mean_off_diagonal"] > 0.05
+
+
+def test_update_cosines_of_fedavg_are_those_from_the_previous_global_model(saved_rounds):
+    _, x_prev, _, x_new, ys = _saved_round(saved_rounds["fedavg"], 3)
+    r = _pass_updates(saved_rounds["fedavg"], 3)
+    _check_update_cosines(r, x_prev, ys, x_prev, x_new)
+    assert r["start_offset_norm"] == 0.0
+    np.testing.assert_allclose(r["server_cosine"], r["mean_cosine"], atol=1e-12)  # x^3 - x^2 = Delta_bar
+    direct = update_alignment(x_prev, ys, x_new)
+    np.testing.assert_array_equal(np.array(r["cosine_matrix"]), direct.cosine_matrix)
+
+
+def test_update_cosines_without_the_previous_checkpoint_say_so(tmp_path):
+    recipe = tiny_recipe(algorithm__name="fedacg", model__name="mlp", train__keep_clients=True, train__rounds=2,
+                         train__checkpoint_every=2)
+    loop.start_run(recipe, tmp_path / "run", progress=False)
+    r = _pass_updates(tmp_path / "run", 2)
+    assert r == {"available": False, "reason": "needs --keep-clients and a checkpoint of round 1 (train with "
+                 "--checkpoint-every 1 around this round)"}
+
+
+def test_a_previous_checkpoint_without_the_broadcast_state_is_named(saved_rounds, tmp_path):
+    shutil.copytree(saved_rounds["fedacg"], tmp_path / "run")
+    path = RunDir(tmp_path / "run").checkpoint(2)
+    payload = load_checkpoint(path)
+    del payload["server_state"]["m"]
+    torch.save(payload, path)
+    with pytest.raises(LandscapeError, match=r"round-0002.pt lacks the server state 'm' that fedacg broadcasts"):
+        _pass_updates(tmp_path / "run", 3)
 
 
 def test_zero_vectors_have_zero_cosines():

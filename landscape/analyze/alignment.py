@@ -6,11 +6,15 @@
 - ``minibatch_alignment``: within one client, the mean cosine between the gradients of distinct minibatch
   draws (the friendly-adversary view), per client and overall, with Monte-Carlo standard errors. The draws
   and the standard errors are those of ``flatness_incompatibility`` (same seed, same minibatches).
-- ``update_alignment``: from the saved client models y_i of round t, Delta_i = y_i - x^{t-1}, where x^{t-1}
-  is the model the clients STARTED from: checkpoint ``round-(t-1).pt``, not ``round-t.pt`` (that one holds
-  x^t, after aggregation). cos(Delta_i, Delta_j), cos(Delta_i, Delta_bar) with Delta_bar = mean_i Delta_i,
-  and, when x^t is given, cos(Delta_i, x^t - x^{t-1}) (the server's actual step; equal to Delta_bar's
-  direction for FedAvg, different under server momentum or corrections).
+- ``update_alignment``: from the saved client models y_i of round t, Delta_i = y_i - s^t, where s^t is the
+  model the clients STARTED their local steps from: the algorithm's broadcast of x^{t-1} and its server state
+  (checkpoint ``round-(t-1).pt``, not ``round-t.pt``, which holds x^t, after aggregation). s^t = x^{t-1} for
+  FedAvg and every rule that sends the global model; the look-ahead x^{t-1} + lam m for fedacg and
+  fednsam-code, whose clients upload exactly this Delta_i. cos(Delta_i, Delta_j), cos(Delta_i, Delta_bar)
+  with Delta_bar = mean_i Delta_i, and, when x^t is given, cos(Delta_i, x^t - x^{t-1}): the client's own
+  update against the server's actual step from the old global model (equal to Delta_bar's direction for
+  FedAvg; under FedACG's momentum the step is m^t = lam m^{t-1} + eta_g Delta_bar, so it is the cosine with
+  the momentum step, and cos(Delta_bar, x^t - x^{t-1}) says how far that step is the fresh mean update).
 
 Cosines are computed in float64; cos(v, .) of a zero vector v is 0 (its diagonal entry too).
 """
@@ -143,40 +147,55 @@ def minibatch_alignment(
 @dataclass(frozen=True)
 class UpdateAlignmentResult:
     clients: list[int]
-    cosine_matrix: np.ndarray  # [N, N] cos(Delta_i, Delta_j), Delta_i = y_i - x^{t-1}
+    cosine_matrix: np.ndarray  # [N, N] cos(Delta_i, Delta_j), Delta_i = y_i - s^t (the clients' start point)
     mean_cosine: np.ndarray  # [N] cos(Delta_i, Delta_bar), Delta_bar = mean_i Delta_i
     mean_off_diagonal: float  # mean_{i != j} cos(Delta_i, Delta_j) (NaN for one client)
     mean_cosine_to_mean: float  # mean_i cos(Delta_i, Delta_bar)
     update_norm: np.ndarray  # [N] ||Delta_i||
     mean_update_norm: float  # ||Delta_bar||
+    start_offset_norm: float  # ||s^t - x^{t-1}|| (0 where the clients start from the global model)
     server_cosine: np.ndarray  # [N] cos(Delta_i, x^t - x^{t-1}); NaN when x^t is not given
+    server_mean_cosine: float  # cos(Delta_bar, x^t - x^{t-1}); NaN when x^t is not given
     server_update_norm: float  # ||x^t - x^{t-1}||; NaN when x^t is not given
 
 
-def update_alignment(
-    start_w: Tensor, client_ws: Mapping[int, Tensor], new_global_w: Tensor | None = None
-) -> UpdateAlignmentResult:
-    """Alignment of the client updates Delta_i = y_i - ``start_w`` of one round.
+def _check_same_size(w: Tensor, start_w: Tensor, what: str) -> None:
+    if w.shape != start_w.shape:
+        raise LandscapeError(f"the {what} has {w.numel()} parameters, the start model {start_w.numel()}")
 
-    ``start_w`` must be x^{t-1}, the model the round's clients started from (checkpoint round t-1), and
-    ``client_ws`` their final models y_i (``round-t.clients.pt``); ``new_global_w`` optionally x^t.
+
+def update_alignment(
+    start_w: Tensor,
+    client_ws: Mapping[int, Tensor],
+    new_global_w: Tensor | None = None,
+    previous_global_w: Tensor | None = None,
+) -> UpdateAlignmentResult:
+    """Alignment of the client updates Delta_i = y_i - ``start_w`` of one round t.
+
+    ``start_w`` must be s^t, the model the round's clients started from (``CheckpointContext.broadcast_start``:
+    the algorithm's broadcast of checkpoint round t-1), and ``client_ws`` their final models y_i
+    (``round-t.clients.pt``); ``new_global_w`` optionally x^t; ``previous_global_w`` x^{t-1}, the global model
+    the server stepped from (None: the clients started from it, x^{t-1} = ``start_w``).
     """
     clients = check_client_vectors(start_w, client_ws, "update alignment")
-    x = start_w.detach().double()
-    deltas = torch.stack([client_ws[c].detach().to(x.device).double() - x for c in clients])
+    s = start_w.detach().double()
+    deltas = torch.stack([client_ws[c].detach().to(s.device).double() - s for c in clients])
     delta_bar = deltas.mean(dim=0)
     c = cosine_matrix(deltas)
     to_mean = cosines_to(deltas, delta_bar)
     n = len(clients)
-    if new_global_w is None:
-        server, server_norm = np.full(n, np.nan), float("nan")
+    if previous_global_w is None:
+        x_prev = s
     else:
-        if new_global_w.shape != start_w.shape:
-            raise LandscapeError(
-                f"the new global model has {new_global_w.numel()} parameters, the start model {start_w.numel()}"
-            )
-        step = new_global_w.detach().to(x.device).double() - x
+        _check_same_size(previous_global_w, start_w, "previous global model")
+        x_prev = previous_global_w.detach().to(s.device).double()
+    if new_global_w is None:
+        server, server_mean, server_norm = np.full(n, np.nan), float("nan"), float("nan")
+    else:
+        _check_same_size(new_global_w, start_w, "new global model")
+        step = new_global_w.detach().to(s.device).double() - x_prev  # x^t - x^{t-1}
         server, server_norm = cosines_to(deltas, step), float(step.norm())
+        server_mean = float(cosines_to(delta_bar.reshape(1, -1), step)[0])
     return UpdateAlignmentResult(
         clients=[int(k) for k in clients],
         cosine_matrix=c,
@@ -185,6 +204,8 @@ def update_alignment(
         mean_cosine_to_mean=float(to_mean.mean()),
         update_norm=deltas.norm(dim=1).cpu().numpy(),
         mean_update_norm=float(delta_bar.norm()),
+        start_offset_norm=float((s - x_prev).norm()),
         server_cosine=server,
+        server_mean_cosine=server_mean,
         server_update_norm=server_norm,
     )

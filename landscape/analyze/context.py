@@ -402,8 +402,43 @@ class CheckpointContext:
         return {i: self.flat.from_state_dict(state)[0] for i, state in kept.items()}
 
     def previous_global(self) -> Tensor | None:
-        """x^{t-1}, the model this round's clients started from, when that round was checkpointed."""
+        """x^{t-1}, the global model of training before this round (checkpoint ``round-(t-1)``; never x_swa),
+        when that round was checkpointed. The clients started from it only where the algorithm broadcasts it
+        unchanged: ``broadcast_start`` gives the point they did start from."""
         path = self.source.checkpoints.get(self.round - 1)
         if path is None:
             return None
         return self.load_global(path, analysed=False)
+
+    def broadcast_start(self) -> Tensor | None:
+        """s^t, the model this round's clients started their local steps from, when round t-1 was checkpointed:
+        s^t = A.start_point(A.broadcast(x^{t-1}, server_state^{t-1}, t-1)), with A the run's algorithm rebuilt
+        from its recipe (``build_algorithm``, as the trainer builds it) and x^{t-1} and its server state from
+        checkpoint ``round-(t-1)``. It is x^{t-1} for FedAvg and every rule that sends the global model, the
+        look-ahead x^{t-1} + lam m^{t-2} for fedacg and fednsam-code. Computed on the CPU in the checkpoint's
+        dtype (the training arithmetic), then placed like ``w``."""
+        path = self.source.checkpoints.get(self.round - 1)
+        if path is None:
+            return None
+        if self.source.recipe is None:
+            raise LandscapeError(f"{self.source.name} is a plain state_dict: it has no algorithm to start clients")
+        # The algorithm rules (never the training loop): what the server sent is defined by them alone.
+        from landscape.train.algorithms import ParamLayout, build_algorithm
+
+        ckpt = Checkpoint.load(path)
+        ckpt.check_model(self.reference_state, self.source.model_name)
+        state = ckpt.model_state
+        x = torch.cat([state[n].reshape(-1) for n in self.flat.names])
+        server_state = ckpt.payload.get("server_state")
+        if not isinstance(server_state, dict):
+            raise LandscapeError(f"{path} holds no server state: the clients' start point of round {self.round} "
+                                 "cannot be rebuilt")
+        algorithm = build_algorithm(self.source.recipe, ParamLayout(tuple(self.flat.names),
+                                                                    tuple(map(tuple, self.flat.shapes))))
+        try:
+            start = algorithm.start_point(algorithm.broadcast(x, server_state, self.round - 1))
+        except KeyError as missing:
+            raise LandscapeError(f"{path} lacks the server state {missing} that {self.source.recipe.algorithm.name} "
+                                 f"broadcasts: the clients' start point of round {self.round} cannot be rebuilt"
+                                 ) from None
+        return start.to(self.device, self.dtype)

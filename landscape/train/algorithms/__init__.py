@@ -3,8 +3,11 @@
 An algorithm is a client rule, a server rule and their state (the optax / Flower split):
 
 - ``init_server_state(x)``: the server's state tensors (momentum, control variates, ...).
-- ``broadcast(x, server_state, round)``: what the server sends down (always ``"x"``, the model the clients start
-  from: the global model, or e.g. FedACG's lookahead x^t + lam*m).
+- ``broadcast(x, server_state, round)``: what the server sends down (always ``"x"``: the global model, or e.g.
+  FedACG's lookahead x^t + lam*m).
+- ``start_point(message)``: the model the clients start their local steps from, given the broadcast:
+  ``message["x"]``, unless the client rule starts elsewhere (fednsam-code: x^t + lam*m from ``"x"`` and ``"m"``).
+  The alignment pass measures the client updates Delta_i = y_i - start_point from it.
 - ``client_update(message, client_state, problem)``: the local rule; returns the client's final model, what it
   sends up (``upload``, counted as uplink floats) and its new persistent state.
 - ``aggregate(x, server_state, results, round, lr)``: the server rule; returns the new global model and state.
@@ -24,6 +27,7 @@ import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -114,6 +118,10 @@ class Algorithm(ABC):
     def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
         return {"x": x}
 
+    def start_point(self, message: dict[str, Tensor]) -> Tensor:
+        """The model the clients start their local steps from, given the server's ``broadcast``."""
+        return message["x"]
+
     @abstractmethod
     def client_update(
         self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
@@ -147,6 +155,15 @@ def local_sgd(
 
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+
+
+def build_algorithm(recipe: Any, layout: ParamLayout) -> Algorithm:
+    """The algorithm of ``recipe`` (a resolved ``landscape.recipe.Recipe``; not imported here: the recipe module
+    imports this registry) with its options: the trainer's, and the alignment pass's to rebuild a broadcast."""
+    entry = ALGORITHMS.get(recipe.algorithm.name)
+    options = entry.make_options(dict(recipe.algorithm.options))
+    return entry.factory(options, num_clients=recipe.partition.clients, server_lr=recipe.train.server_lr,
+                         layout=layout)
 
 
 def _import_all() -> None:

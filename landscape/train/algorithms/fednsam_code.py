@@ -56,10 +56,13 @@ class FedNSAMCodeOptions:
 class FedNSAMCode(FedNSAM):
     """FedNSAM's server state and broadcast (m, sent with x); the public code's client and server rules."""
 
+    def start_point(self, message: dict[str, Tensor]) -> Tensor:
+        return message["x"] + self.options.lam * message["m"]  # x~ = x^t + lam m^{t-1}
+
     def client_update(
         self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
     ) -> ClientResult:
-        start = message["x"] + self.options.lam * message["m"]  # x~ = x^t + lam m^{t-1}
+        start = self.start_point(message)  # x~ = x^t + lam m^{t-1}
         y, loss = local_sgd(problem, start, sam_direction(problem, self.options.rho))  # local SAM from x~
         # Delta_i = y_{i,K} - x~
         return ClientResult(problem.client, y, upload={"delta": y - start}, train_loss=loss)
