@@ -4,6 +4,13 @@ Federated SAM rules are written over the whole parameter vector (one global L2 n
 ``y + e``, averages of client models). ``FlatModel`` lets every rule be written that way: the module's
 parameters become views of a single 1-D tensor ``w`` passed through ``torch.func.functional_call``, so the
 module itself is never mutated and autograd flows straight to ``w``.
+
+``w`` holds the **trainable** parameters only (``requires_grad=True`` when the ``FlatModel`` is built), in
+``named_parameters()`` order: what PyHessian differentiates and what an optimizer would be given. A parameter
+with ``requires_grad=False`` is a constant of the model, like a buffer: it is never perturbed, differentiated,
+trained or averaged, and it travels with the buffers (``buffers()``, ``from_state_dict``, ``state_dict``), so a
+state dict still holds every parameter. ``dim`` is the number of trainable entries, ``frozen_dim`` that of the
+frozen ones. For a model whose parameters are all trainable the layout is every parameter, as before.
 """
 
 from __future__ import annotations
@@ -13,16 +20,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from landscape.errors import LandscapeError
+
 
 class FlatModel:
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         named = list(module.named_parameters())
-        self.names = [n for n, _ in named]
-        self.shapes = [p.shape for _, p in named]
-        self.numels = [p.numel() for _, p in named]
+        trainable = [(n, p) for n, p in named if p.requires_grad]
+        # the layout of w: the trainable parameters, fixed here (a flag changed later does not move it)
+        self.names = [n for n, _ in trainable]
+        self.shapes = [p.shape for _, p in trainable]
+        self.numels = [p.numel() for _, p in trainable]
+        # constants of the model, carried with the buffers: module buffers and frozen parameters
         self.buffer_names = [n for n, _ in module.named_buffers()]
+        self.frozen_names = [n for n, p in named if not p.requires_grad]
         self.dim = sum(self.numels)
+        self.frozen_dim = sum(p.numel() for _, p in named if not p.requires_grad)
+        if self.dim == 0:
+            what = "every parameter has requires_grad=False" if named else "it has no parameters"
+            raise LandscapeError(f"the model has no trainable parameters ({what})")
         self._forward = self._call_module
 
     def compile(self) -> None:
@@ -33,37 +50,49 @@ class FlatModel:
         return functional_call(self.module, tensors, (x,))
 
     # -- conversions ------------------------------------------------------------------------------------
+    def _constants(self) -> dict[str, Tensor]:
+        """The module's own constant tensors: its buffers, then its frozen parameters."""
+        parameters = dict(self.module.named_parameters())
+        return {**dict(self.module.named_buffers()), **{n: parameters[n] for n in self.frozen_names}}
+
     def vector(self) -> Tensor:
-        """The module's current parameters as one new flat tensor."""
-        return torch.cat([p.detach().reshape(-1) for p in self.module.parameters()]).clone()
+        """The module's current trainable parameters (the layout of w) as one new flat tensor."""
+        parameters = dict(self.module.named_parameters())
+        return torch.cat([parameters[n].detach().reshape(-1) for n in self.names]).clone()
 
     def buffers(self) -> dict[str, Tensor]:
-        """Copies of the module's buffers (BatchNorm running statistics); empty for GroupNorm models."""
-        return {n: b.detach().clone() for n, b in self.module.named_buffers()}
+        """Copies of the module's constants: its buffers (BatchNorm running statistics) and its frozen
+        parameters; empty for a GroupNorm model whose parameters are all trainable."""
+        return {n: b.detach().clone() for n, b in self._constants().items()}
 
     def params(self, w: Tensor) -> dict[str, Tensor]:
-        """Name -> view of ``w`` with the parameter's shape."""
+        """Name -> view of ``w`` with the parameter's shape (the trainable parameters)."""
         return {n: t.view(s) for n, t, s in zip(self.names, w.split(self.numels), self.shapes)}
 
     def state_dict(self, w: Tensor, buffers: dict[str, Tensor]) -> dict[str, Tensor]:
-        """A ``module.state_dict()``-shaped dict (CPU copies) for ``w`` and ``buffers``."""
+        """A ``module.state_dict()``-shaped dict (CPU copies) for ``w`` and ``buffers`` (which carry the frozen
+        parameters): every parameter and buffer of the module."""
         tensors = {**self.params(w), **buffers}
         return {k: tensors[k].detach().to("cpu", copy=True) for k in self.module.state_dict()}
 
     def from_state_dict(self, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        """(w, buffers) on the module's device and dtype from a state dict written by ``state_dict``."""
+        """(w, buffers) on the module's device and dtype from a state dict written by ``state_dict`` (or by
+        ``module.state_dict()``): w from the trainable parameters, ``buffers`` the state's buffers and frozen
+        parameters (their values are the state's, not the module's)."""
         ref = next(self.module.parameters())
         w = torch.cat([state[n].reshape(-1) for n in self.names]).to(ref.device, ref.dtype)
-        own = dict(self.module.named_buffers())
-        buffers = {n: state[n].to(own[n].device, own[n].dtype) for n in self.buffer_names}
+        own = self._constants()
+        buffers = {n: state[n].to(own[n].device, own[n].dtype) for n in own}
         return w, buffers
 
     def load_into_module(self, w: Tensor, buffers: dict[str, Tensor]) -> nn.Module:
-        """Copy ``w`` and ``buffers`` into the module's own tensors and return the module."""
+        """Copy ``w`` and ``buffers`` (buffers and frozen parameters) into the module's own tensors and return
+        the module."""
         with torch.no_grad():
-            for p, t in zip(self.module.parameters(), w.split(self.numels)):
-                p.copy_(t.view_as(p))
-            own = dict(self.module.named_buffers())
+            parameters = dict(self.module.named_parameters())
+            for n, t in zip(self.names, w.split(self.numels)):
+                parameters[n].copy_(t.view_as(parameters[n]))
+            own = self._constants()
             for n, b in buffers.items():
                 own[n].copy_(b)
         return self.module

@@ -6,6 +6,9 @@ parameter vector of a checkpoint. ``Objective`` evaluates F, its gradient and mi
 with batches weighted by their size and with no weight-decay term. The model is used through
 ``torch.func.functional_call`` (``landscape.flat.FlatModel``), so its parameters, ``requires_grad`` flags
 and ``.grad`` fields are never touched; its training flag is set per evaluation and restored afterwards.
+w holds the trainable parameters only (``requires_grad=True``); frozen parameters are constants of F at the
+values in ``buffers`` (with the BatchNorm buffers), so F, its gradient and its Hessian are functions of the
+trainable parameters alone.
 
 BatchNorm modes (docs/metrics.md): ``eval`` (running statistics of the checkpoint), ``train-batch-stats`` (each
 batch normalised by its own statistics; the running statistics are not changed) and ``recompute`` (running
@@ -310,7 +313,10 @@ def recompute_bn_statistics(
     fresh = {k: v.clone() for k, v in buffers.items()}
     bns = [m for m in flat.module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     saved = [(m, m.momentum) for m in bns]
+    buffer_names = set(flat.buffer_names)  # frozen parameters, also in ``buffers``, are not statistics
     for name, value in fresh.items():
+        if name not in buffer_names:
+            continue
         if name.endswith(("running_mean", "num_batches_tracked")):
             value.zero_()
         elif name.endswith("running_var"):

@@ -121,7 +121,8 @@ def pyhessian_lambda_max_and_trace(
     ``trace_iters``-probe Hutchinson trace through its HVP (0: no trace), of mean CE over ``data`` at ``w``.
 
     ``module`` is deep-copied, moved to ``device`` (default: w's) in w's dtype, and loaded with ``w`` and
-    ``buffers`` (default: the module's own buffers); the caller's module is never modified.
+    ``buffers`` (default: the module's own buffers and frozen parameters); the caller's module is never modified.
+    ``w`` holds the trainable parameters (``FlatModel``): PyHessian differentiates those with requires_grad.
     """
     from pyhessian import hessian as PyHessian  # imported on use: only this backend needs it
 
@@ -131,10 +132,11 @@ def pyhessian_lambda_max_and_trace(
         )
     device = torch.device(device) if device is not None else w.device
     model = copy.deepcopy(module).to(device=device, dtype=w.dtype)
-    model.requires_grad_(True)  # w holds every parameter; PyHessian differentiates those with requires_grad
+    # w holds the trainable parameters (FlatModel), exactly those PyHessian differentiates (requires_grad)
     flat = FlatModel(model)
     if w.shape != (flat.dim,):
-        raise LandscapeError(f"w must be a flat vector of the model's {flat.dim} parameters, got shape {tuple(w.shape)}")
+        raise LandscapeError(f"w must be a flat vector of the model's {flat.dim} trainable parameters, got shape "
+                             f"{tuple(w.shape)}")
     flat.load_into_module(w.detach().to(device), flat.buffers() if buffers is None else buffers)
     batches = [
         (x.to(device, w.dtype) if x.is_floating_point() else x.to(device), y.to(device)) for x, y in data.batches()
