@@ -182,3 +182,60 @@ def test_interpolation_direction_lands_on_the_target():
     torch.testing.assert_close(x + d, target)
     with pytest.raises(LandscapeError, match="between models of 7 and 3 parameters"):
         interpolation_direction(x, torch.zeros(3))
+
+
+# -- planes that compare across models (issue 19, item 3) --------------------------------------------------
+
+
+def _gaussian_weights_only(flat, seed):
+    """The documented draw rebuilt here: N(0, 1) float32 from a CPU generator, dim <= 1 tensors zeroed."""
+    g = torch.randn(flat.dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float32).double()
+    return torch.cat([t if len(s) > 1 else torch.zeros_like(t) for t, s in zip(g.split(flat.numels), flat.shapes)])
+
+
+def test_euclidean_directions_have_the_stated_length_and_are_one_vector_for_every_model(cnn):
+    flat, w = cnn
+    torch.manual_seed(1)
+    other = FlatModel(build_model("cnn", (1, 8, 8), 10, {"width": 4, "hidden": 16})).vector()
+    assert not torch.equal(w, other)
+    a = random_plane(flat, w, 4, normalization="euclidean", length=2.5)
+    b = random_plane(flat, 1.66 * other, 4, normalization="euclidean", length=2.5)
+    assert torch.equal(a.d1, b.d1) and torch.equal(a.d2, b.d2)  # the weights play no part
+    assert a.normalization == "euclidean" and a.length == 2.5
+    for d, seed in ((a.d1, a.seeds[0]), (a.d2, a.seeds[1])):
+        assert d.double().norm().item() == pytest.approx(2.5, rel=1e-6)
+        g = _gaussian_weights_only(flat, seed)
+        np.testing.assert_allclose(d.double().numpy(), (2.5 * g / g.norm()).numpy(), rtol=1e-6, atol=1e-12)
+    ortho = random_plane(flat, w, 4, normalization="euclidean", length=2.5, orthogonalize=True)
+    assert abs(float(ortho.d1.double() @ ortho.d2.double())) < 1e-5
+    assert ortho.d2.double().norm().item() == pytest.approx(2.5, rel=1e-6)
+
+
+def test_filter_planes_grow_with_the_weights_and_comparable_planes_do_not(cnn):
+    """The artefact: a model whose weights are c times another's gets a filter-normalised plane c times as
+    long (one axis unit reaches c times as far), so a plane's 'width' carries the weight norm. Euclidean
+    directions, or filter directions normalised to one reference model, are the same vector for both."""
+    flat, w = cnn
+    c = 1.66
+    small, large = random_plane(flat, w, 0), random_plane(flat, c * w, 0)
+    np.testing.assert_allclose(large.d1.double().numpy(), c * small.d1.double().numpy(), rtol=1e-5, atol=1e-9)
+    assert large.d1.double().norm() / small.d1.double().norm() == pytest.approx(c, rel=1e-6)
+    for kwargs in ({"normalization": "euclidean", "length": 3.0},
+                   {"normalization": "filter-reference", "reference": w}):
+        p, q = random_plane(flat, w, 0, **kwargs), random_plane(flat, c * w, 0, **kwargs)
+        assert torch.equal(p.d1, q.d1) and torch.equal(p.d2, q.d2), kwargs
+    to_reference = random_plane(flat, c * w, 0, normalization="filter-reference", reference=w)
+    assert torch.equal(to_reference.d1, small.d1)  # normalised to w: w's own filter-normalised plane
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"normalization": "layer"}, "unknown normalization 'layer'; choose from: filter, euclidean"),
+    ({"normalization": "euclidean", "length": 0.0}, "length must be a finite number > 0"),
+    ({"normalization": "euclidean", "length": float("nan")}, "length must be a finite number > 0"),
+    ({"normalization": "filter-reference"}, "needs the reference model"),
+    ({"normalization": "filter-reference", "reference": torch.zeros(3)}, "reference model must be a flat"),
+])
+def test_bad_normalizations_are_refused(cnn, kwargs, message):
+    flat, w = cnn
+    with pytest.raises(LandscapeError, match=message):
+        random_plane(flat, w, 0, **kwargs)

@@ -165,3 +165,113 @@ def test_bad_files_are_explained(tmp_path):
     np.savez(tmp_path / "swapped.npz", loss=np.zeros((5, 7)), x_coords=np.zeros(7), y_coords=np.zeros(5))
     with pytest.raises(LandscapeError, match=r"shape \(5, 7\), but the coordinates give \(7, 5\)"):
         load_surface(tmp_path / "swapped.npz")
+
+
+# -- surfaces of several models: one plane, or each model's own (issue 19, item 3) ----------------------------
+
+
+def _planes(tmp_path, metas, same=True):
+    xs, ys = grid(5, 5)
+    rng = np.random.default_rng(0)
+    d1, d2 = rng.normal(size=8), rng.normal(size=8)
+    paths = []
+    for k, meta in enumerate(metas):
+        extra = {"d1": d1 if same else d1 + k, "d2": d2}
+        values = 1.0 + (k + 1) * xs[:, None] ** 2 + ys[None, :] ** 2
+        paths.append(write_surface(tmp_path / f"m{k}", values, xs, ys, result=meta, run=f"m{k}", extra=extra))
+    return paths
+
+
+def test_side_by_side_planes_say_whether_they_are_one_plane_and_print_each_weight_norm(tmp_path):
+    from landscape.figures.surfaces import compare_planes
+
+    per_model = _planes(tmp_path / "f", [{"weight_norm": 10.0}, {"normalization": "filter", "weight_norm": 16.6}])
+    planes = compare_planes(per_model, ["FedSAM", "FedNSAM"])
+    assert planes.normalizations == ("filter", "filter") and not planes.comparable
+    assert planes.weight_norms == (10.0, 16.6)
+    assert "per-model filter-normalised" in planes.text and "||x||: FedSAM = 10, FedNSAM = 16.6" in planes.text
+    fig, _ = __import__("landscape.figures.surfaces", fromlist=["panels_figure"]).panels_figure(
+        per_model, ["FedSAM", "FedNSAM"])
+    assert "per-model filter-normalised" in fig.get_supxlabel()
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["FedSAM\n||x|| = 10", "FedNSAM\n||x|| = 16.6"]
+    html = surface_figure(per_model, ["FedSAM", "FedNSAM"])
+    assert any("per-model filter-normalised" in a.text for a in html.layout.annotations)
+    assert any("||x|| = 16.6" in a.text for a in html.layout.annotations)  # the subplot titles
+
+    euclid = {"normalization": "euclidean", "length": 2.0}
+    one = compare_planes(_planes(tmp_path / "e", [{**euclid, "weight_norm": 10.0}, {**euclid, "weight_norm": 16.6}]))
+    assert one.comparable and one.same_plane
+    assert one.text.startswith("euclidean directions of length 2: one plane for every model (identical d1, d2)")
+    other = compare_planes(_planes(tmp_path / "o", [euclid, {**euclid, "length": 3.0}]))
+    assert not other.comparable and "planes of different settings (euclidean length 2.0, euclidean length 3.0)" in other.text
+    mixed = compare_planes(_planes(tmp_path / "x", [euclid, {}]))
+    assert not mixed.comparable and "planes of different normalisations (euclidean, filter)" in mixed.text
+    assert "||x|| not recorded" in mixed.text
+
+
+def _fake_run(root, name, algorithm, norm, surfaces):
+    """A run directory with only what compare reads: its recipe and surface results (as the pass writes)."""
+    from landscape.analyze.catalog import pass_options
+    from landscape.analyze.context import AnalysisSettings
+    from landscape.analyze.results import result_name, settings_record
+
+    run = root / name
+    out = run / "analysis" / "round-0010"
+    out.mkdir(parents=True)
+    (run / "recipe.toml").write_text(f'seed = 0\n[algorithm]\nname = "{algorithm}"\n'
+                                     '[partition]\nname = "dirichlet"\nalpha = 0.1\n')
+    (run / "metrics.jsonl").write_text("")
+    xs, ys = grid(5, 5)
+    for options, d1 in surfaces:
+        opts = pass_options("surface", options)
+        settings = settings_record(AnalysisSettings(), opts)
+        stem = result_name("surface", settings)
+        values = 1.0 + norm * xs[:, None] ** 2 + ys[None, :] ** 2
+        arrays = {"loss": values, "accuracy": 0 * values + 0.5, "x_coords": xs, "y_coords": ys, "d1": d1, "d2": d1[::-1]}
+        np.savez(out / f"{stem}.npz", **arrays)
+        result = {"directions": "random", "normalization": opts.normalization,
+                  "length": opts.length if opts.normalization == "euclidean" else None, "weight_norm": norm,
+                  "quantity": "training loss (global F)"}
+        (out / f"{stem}.json").write_text(json.dumps({"schema_version": 1, "pass": "surface", "run": name, "round": 10,
+                                                      "settings": settings, "result": result,
+                                                      "arrays": sorted(arrays)}))
+    return run
+
+
+def test_compare_draws_one_plane_for_every_run_where_every_run_has_it(tmp_path, monkeypatch):
+    from landscape.figures import surfaces
+    from landscape.figures.compare import compare
+
+    monkeypatch.setattr(surfaces, "save_figure", lambda fig, out: out)  # the files are not what is tested
+
+    d = np.arange(6.0)
+    euclid = {"normalization": "euclidean", "length": 2.0}
+    a = _fake_run(tmp_path, "a", "fedsam", 10.0, [({}, d), (euclid, d)])
+    b = _fake_run(tmp_path, "b", "fednsam", 16.6, [({}, 1.66 * d), (euclid, d)])
+    result = compare([a, b], tmp_path / "cmp")
+    assert "surface read with length=2, normalization=euclidean" in result.settings
+    line = next(text for text in result.settings if text.startswith("surfaces: "))
+    assert "one plane for every model (identical d1, d2)" in line and "= 10, " in line and "= 16.6" in line
+    assert not any("filter-normalised to each model" in m for m in result.missing)
+
+    (b / "analysis" / "round-0010" / "surface@length-2_normalization-euclidean.json").unlink()
+    result = compare([a, b], tmp_path / "cmp2")
+    line = next(text for text in result.settings if text.startswith("surfaces: "))
+    assert "per-model filter-normalised" in line
+    assert any("--set surface.normalization=filter-reference --set surface.reference=round:0" in m
+               for m in result.missing)
+
+
+def test_the_report_says_what_the_runs_planes_compare_and_prints_each_weight_norm(tmp_path):
+    import html
+
+    from landscape.figures.curves import load_runs
+    from landscape.figures.report import Page, surfaces_section
+
+    d = np.arange(6.0)
+    a = _fake_run(tmp_path, "a", "fedsam", 10.0, [({}, d)])
+    b = _fake_run(tmp_path, "b", "fednsam", 16.6, [({}, 1.66 * d)])
+    text = html.unescape(surfaces_section(load_runs([a, b]), Page()))
+    assert "Random planes of the runs: per-model filter-normalised planes (Li et al. 2018)" in text
+    assert "||x|| = 16.6; filter-normalised to this model's own weights" in text
+    assert "random plane filter-normalised to this model (Li et al. 2018)" in text  # the plot's title

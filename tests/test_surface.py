@@ -13,9 +13,9 @@ import landscape.analyze.surface as surface_module
 from landscape import setup
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import AnalysisSettings, CheckpointContext, find_sources
-from landscape.analyze.directions import filter_normalized_direction, random_plane
+from landscape.analyze.directions import direction_seed, filter_normalized_direction, random_plane
 from landscape.analyze.objective import AnalysisData, Objective
-from landscape.analyze.results import result_name, settings_record
+from landscape.analyze.results import result_name, same_settings, settings_record
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.surface import (
     SurfaceGrid,
@@ -483,3 +483,98 @@ def test_surfaces_of_other_directions_stand_side_by_side(run):
 
     loaded = load_runs(run)[0]
     assert loaded.analysed_rounds("surface") == loaded.analysed_rounds("surface-pca") == [4]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# planes that compare across models (issue 19, item 3)
+
+
+def test_a_euclidean_surface_cell_is_F_at_x_plus_a_d1_plus_b_d2_rebuilt_here(run, context):
+    record, arrays = surface(run, grid="5x3", normalization="euclidean", length=3.0)
+    result = record["result"]
+    assert result["normalization"] == "euclidean" and result["length"] == 3.0 and result["reference"] is None
+    assert result["weight_norm"] == pytest.approx(context.w.double().norm().item(), rel=1e-12)
+    assert result["d1_norm"] == pytest.approx(3.0, rel=1e-6) and result["d2_norm"] == pytest.approx(3.0, rel=1e-6)
+    # the directions rebuilt from the documented draw: N(0, 1) of direction_seed(0, k), dim <= 1 zeroed, norm 3
+    flat = context.flat
+    rebuilt = []
+    for k in (0, 1):
+        g = torch.randn(flat.dim, generator=torch.Generator().manual_seed(direction_seed(0, k))).double()
+        g = torch.cat([t if len(s) > 1 else 0 * t for t, s in zip(g.split(flat.numels), flat.shapes)])
+        rebuilt.append(3.0 * g / g.norm())
+    np.testing.assert_allclose(arrays["d1"], rebuilt[0].numpy(), rtol=1e-5, atol=1e-7)
+    module = setup.build_module(context.source.recipe, context.source.setup.bundle)
+    ix, iy = 4, 0
+    u = context.w.double() + arrays["x_coords"][ix] * rebuilt[0] + arrays["y_coords"][iy] * rebuilt[1]
+    torch.nn.utils.vector_to_parameters(u.float(), module.parameters())
+    with torch.no_grad():
+        expected = F.cross_entropy(module.eval()(context.global_data.x), context.global_data.y).item()
+    assert arrays["loss"][ix, iy] == pytest.approx(expected, rel=1e-5)
+    assert arrays["loss"][ix, iy] != pytest.approx(result["centre_loss"], rel=1e-3)  # a real step away
+    out = run / "analysis" / "round-0004"
+    assert (out / "surface@analysis_samples-400_grid-5x3_length-3_normalization-euclidean.json").is_file()
+
+
+def test_a_filter_reference_surface_is_normalised_to_the_named_checkpoint(run, context):
+    record, arrays = surface(run, grid="3", normalization="filter-reference", reference="round:0")
+    x0 = context.flat.from_state_dict(load_checkpoint(run / "checkpoints" / "round-0000.pt")["model"])[0]
+    expected = filter_normalized_direction(context.flat, x0, direction_seed(0, 0))
+    np.testing.assert_array_equal(arrays["d1"], expected.numpy())
+    result = record["result"]
+    assert result["normalization"] == "filter-reference" and result["reference"] == "round:0"
+    assert result["reference_weight_norm"] == pytest.approx(x0.double().norm().item(), rel=1e-12)
+    assert result["weight_norm"] == pytest.approx(context.w.double().norm().item(), rel=1e-12)
+    with pytest.raises(LandscapeError, match="has no checkpoint of round 9"):
+        surface(run, grid="3", normalization="filter-reference", reference="round:9")
+
+
+def test_the_default_normalization_keeps_the_names_and_settings_of_existing_results():
+    defaults = settings_record(AnalysisSettings(), pass_options("surface", {}))
+    assert result_name("surface", defaults) == "surface"
+    written_before = {"analysis": defaults["analysis"],
+                      "pass": {k: v for k, v in defaults["pass"].items()
+                               if k not in ("normalization", "length", "reference")}}
+    assert same_settings("surface", written_before, defaults)
+    assert pass_options("surface", {"normalization": "euclidean", "length": 10}).length == 10.0
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"normalization": "unit"}, "unknown surface normalization 'unit'; choose from: filter, euclidean"),
+    ({"length": 5.0}, "surface length is the norm of euclidean directions"),
+    ({"normalization": "euclidean", "length": -1}, "surface length must be a finite number > 0"),
+    ({"normalization": "euclidean", "length": "10"}, "surface length must be a finite number > 0"),
+    ({"directions": "pca", "normalization": "euclidean"}, "is for random directions"),
+    ({"normalization": "filter-reference"}, "needs reference = \"round:<r>\""),
+    ({"normalization": "filter-reference", "reference": "round:x"}, "must be round:<r>"),
+    ({"reference": "round:0"}, "set normalization = \"filter-reference\" with it"),
+])
+def test_bad_normalization_options_are_refused_in_one_line(options, message):
+    with pytest.raises(LandscapeError, match=message):
+        pass_options("surface", options)
+
+
+def test_filter_normalised_surfaces_ignore_a_function_preserving_rescale_and_euclidean_ones_do_not():
+    """Li et al.'s reason for filter normalisation: a ReLU net with layer 1 scaled by c and layer 2 by 1/c
+    is the same function, and its filter-normalised surface is the same surface. Euclidean directions measure
+    the Euclidean geometry that lambda_max and S_rho measure, in which the rescaled net is another point."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 3)).double()
+    g = torch.Generator().manual_seed(1)
+    data = AnalysisData(torch.randn(60, 5, generator=g, dtype=torch.float64),
+                        torch.randint(0, 3, (60,), generator=g), batch_size=32)
+    flat = FlatModel(net)
+    w = flat.vector()
+    c = 3.0
+    w1, b1, w2, b2 = w.split(flat.numels)
+    scaled = torch.cat([c * w1, c * b1, w2 / c, b2])
+    objective = Objective(flat, {}, data)
+    assert objective.loss(scaled).item() == pytest.approx(objective.loss(w).item(), rel=1e-12)
+    axes = make_axis(5, -1, 1), make_axis(5, -1, 1)
+
+    def grid(x, **kwargs):
+        plane = random_plane(flat, x, 0, **kwargs)
+        return evaluate_surface(objective, x, plane.d1, plane.d2, *axes).loss
+
+    np.testing.assert_allclose(grid(scaled), grid(w), rtol=1e-9)
+    euclidean = {"normalization": "euclidean", "length": 1.0}
+    assert np.max(np.abs(grid(scaled, **euclidean) - grid(w, **euclidean))) > 1e-2

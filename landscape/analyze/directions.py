@@ -8,6 +8,12 @@ Four ways to pick the plane (or line) a surface is drawn on, each a plain functi
   slice of the model, d_slice * ||w_slice|| / (||d_slice|| + 1e-10); tensors with dim <= 1 (biases, norm-layer
   scales) are zeroed. With ``ignore_1d=False`` they are kept and scaled the same way as whole tensors,
   d * ||w_t|| / (||d_t|| + 1e-10) (the reference code instead copies w into them; we keep one normaliser).
+* ``euclidean_direction``: the same seeded Gaussian draw (dim <= 1 tensors zeroed with ``ignore_1d``),
+  scaled as a whole to one stated Euclidean length, d = length * g / ||g||. It does not depend on the
+  model's weights, so two models of one architecture get the same vector from the same seed and one unit of
+  a surface axis is the same distance in parameter space for both (the geometry of lambda_max and S_rho).
+  ``random_plane(..., normalization="filter-reference", reference=x_ref)`` filter-normalises to one named
+  reference model x_ref instead of each model's own weights (also the same vector for every model).
 * ``pca_plane``: the top-2 principal directions of the optimisation trajectory x^t - x^T over saved
   checkpoints (Li et al. Sec. 7), with explained-variance ratios and the trajectory's coordinates.
 * ``client_plane``: the plane through the global model x and two client models y_a, y_b (Gram-Schmidt), with
@@ -26,6 +32,7 @@ model's dtype and device.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,16 +62,25 @@ def _normalise_like(d: Tensor, w: Tensor) -> Tensor:
     return d64 * (w64.norm() / (d64.norm() + FILTER_EPS))
 
 
+def _check_flat(flat: FlatModel, w: Tensor, what: str = "w") -> None:
+    if w.dim() != 1 or w.numel() != flat.dim:
+        raise LandscapeError(f"{what} must be a flat vector of {flat.dim} parameters, got shape {tuple(w.shape)}")
+
+
+def _gaussian(flat: FlatModel, seed: int) -> Tensor:
+    """The standard normal draw of a direction: float32, the model's full dimension, a CPU generator."""
+    generator = torch.Generator(device="cpu").manual_seed(int(seed))
+    return torch.randn(flat.dim, generator=generator, dtype=torch.float32)
+
+
 def filter_normalized_direction(flat: FlatModel, w: Tensor, seed: int, *, ignore_1d: bool = True) -> Tensor:
     """A Gaussian direction with each filter scaled to the norm of the same filter of ``w`` (Li et al. 2018).
 
     ``flat`` gives the tensors' names, shapes and sizes; ``w`` is the flat model. Tensors with dim > 1 are
     normalised per dim-0 slice; tensors with dim <= 1 are zeroed (``ignore_1d``) or normalised as a whole.
     """
-    if w.dim() != 1 or w.numel() != flat.dim:
-        raise LandscapeError(f"w must be a flat vector of {flat.dim} parameters, got shape {tuple(w.shape)}")
-    generator = torch.Generator(device="cpu").manual_seed(int(seed))
-    gaussian = torch.randn(flat.dim, generator=generator, dtype=torch.float32)
+    _check_flat(flat, w)
+    gaussian = _gaussian(flat, seed)
     parts = []
     for d_t, w_t, shape in zip(gaussian.split(flat.numels), w.detach().cpu().split(flat.numels), flat.shapes):
         d_t, w_t = d_t.view(shape), w_t.view(shape)
@@ -75,9 +91,39 @@ def filter_normalized_direction(flat: FlatModel, w: Tensor, seed: int, *, ignore
     return torch.cat(parts).to(w.device, w.dtype)
 
 
+def euclidean_direction(flat: FlatModel, seed: int, length: float, *, ignore_1d: bool = True,
+                        like: Tensor | None = None) -> Tensor:
+    """The seeded Gaussian g of ``filter_normalized_direction`` (the same draw), its dim <= 1 tensors zeroed
+    with ``ignore_1d``, scaled as a whole to Euclidean norm ``length``: d = length * g / ||g|| (in float64).
+
+    It does not depend on any model's weights: every model of one architecture gets the same vector from the
+    same seed. Returned in ``like``'s dtype and device (default float32 on the CPU).
+    """
+    if isinstance(length, bool) or not isinstance(length, (int, float)) or not math.isfinite(length) \
+            or length <= 0:
+        raise LandscapeError(f"a euclidean direction's length must be a finite number > 0, got {length!r}")
+    if like is not None:
+        _check_flat(flat, like, "like")
+    gaussian = _gaussian(flat, seed).double()
+    if ignore_1d:
+        gaussian = torch.cat([g if len(shape) > 1 else torch.zeros_like(g)
+                              for g, shape in zip(gaussian.split(flat.numels), flat.shapes)])
+    norm = gaussian.norm()
+    if norm == 0:
+        raise LandscapeError("the model has no tensor of dim > 1 to draw a direction in (ignore_1d zeroes "
+                             "the others); set ignore_1d = false")
+    d = gaussian * (float(length) / norm)
+    return d if like is None else d.to(like.device, like.dtype)
+
+
+NORMALIZATIONS = ("filter", "euclidean", "filter-reference")
+
+
 @dataclass(frozen=True)
 class RandomPlane:
-    """Two filter-normalised random directions (d2 optionally Gram-Schmidt-orthogonalised against d1)."""
+    """Two seeded random directions (d2 optionally Gram-Schmidt-orthogonalised against d1), normalised by
+    ``normalization``: "filter" (to the model's own filters, Li et al. 2018), "euclidean" (each of norm
+    ``length``, the same for every model) or "filter-reference" (to a reference model's filters)."""
 
     d1: Tensor
     d2: Tensor
@@ -86,19 +132,41 @@ class RandomPlane:
     ignore_1d: bool
     orthogonalized: bool
     cosine_before: float  # cos(d1, d2) as drawn (about 0 in high dimension)
+    normalization: str = "filter"
+    length: float | None = None  # euclidean: ||d1|| = ||d2|| = length; None otherwise
 
 
 def random_plane(flat: FlatModel, w: Tensor, seed: int, *, orthogonalize: bool = False,
-                 ignore_1d: bool = True) -> RandomPlane:
-    """d1, d2 filter-normalised from two seeded streams of ``seed``.
+                 ignore_1d: bool = True, normalization: str = "filter", length: float = 1.0,
+                 reference: Tensor | None = None) -> RandomPlane:
+    """d1, d2 from two seeded streams of ``seed``, normalised by ``normalization``:
+
+    - "filter": ``filter_normalized_direction`` to the filters of ``w`` (Li et al. 2018; per model);
+    - "euclidean": ``euclidean_direction`` of norm ``length`` (independent of ``w``: one plane for every model
+      of the architecture);
+    - "filter-reference": ``filter_normalized_direction`` to the filters of ``reference`` (one plane for
+      every model normalised to that reference).
 
     With ``orthogonalize``, d2 is made orthogonal to d1 AFTER normalising (d2 - <d2, d1>/||d1||^2 d1) and then
-    rescaled to its own norm before the projection, so both axes keep the model's scale (the per-filter norms
-    of d2 then hold only approximately; in high dimension the correction is tiny anyway).
+    rescaled to its own norm before the projection, so both axes keep their scale (``length`` in the euclidean
+    mode; the per-filter norms of d2 then hold only approximately; in high dimension the correction is tiny).
+    The directions are in ``w``'s dtype and device.
     """
+    if normalization not in NORMALIZATIONS:
+        raise LandscapeError(f"unknown normalization '{normalization}'; choose from: " + ", ".join(NORMALIZATIONS))
+    _check_flat(flat, w)
     seeds = (direction_seed(seed, 0), direction_seed(seed, 1))
-    d1 = filter_normalized_direction(flat, w, seeds[0], ignore_1d=ignore_1d)
-    d2 = filter_normalized_direction(flat, w, seeds[1], ignore_1d=ignore_1d)
+    if normalization == "euclidean":
+        d1, d2 = (euclidean_direction(flat, s, length, ignore_1d=ignore_1d, like=w) for s in seeds)
+    else:
+        if normalization == "filter-reference":
+            if reference is None:
+                raise LandscapeError("normalization 'filter-reference' needs the reference model")
+            _check_flat(flat, reference, "the reference model")
+            base = reference.detach().to(w.device, w.dtype)
+        else:
+            base = w
+        d1, d2 = (filter_normalized_direction(flat, base, s, ignore_1d=ignore_1d) for s in seeds)
     a, b = d1.double(), d2.double()
     cosine = float(a @ b / (a.norm() * b.norm()).clamp_min(torch.finfo(torch.float64).tiny))
     if orthogonalize:
@@ -106,7 +174,8 @@ def random_plane(flat: FlatModel, w: Tensor, seed: int, *, orthogonalize: bool =
             raise LandscapeError("cannot orthogonalise: d1 is zero (the model has no tensor of dim > 1)")
         residual = b - (b @ a) / (a @ a) * a
         d2 = (residual * (b.norm() / residual.norm())).to(w.dtype)
-    return RandomPlane(d1, d2, int(seed), seeds, ignore_1d, orthogonalize, cosine)
+    return RandomPlane(d1, d2, int(seed), seeds, ignore_1d, orthogonalize, cosine, normalization,
+                       float(length) if normalization == "euclidean" else None)
 
 
 @dataclass(frozen=True)

@@ -443,6 +443,12 @@ class SurfaceOptions:
     data: str = "global"  # global (the analysis data) | test (the test set) | client:<i> (F_i)
     orthogonalize: bool = False  # random: Gram-Schmidt d2 against d1 after normalising
     ignore_1d: bool = True  # random: zero the dim <= 1 tensors (biases, norm scales)
+    # random: "filter" (Li et al. 2018: each model's own filters; the paper's figure, not comparable across
+    # models), "euclidean" (each direction of norm `length`, the same vector for every model of the
+    # architecture) or "filter-reference" (filter-normalised to the model `reference` names)
+    normalization: str = "filter"
+    length: float = 1.0  # euclidean: ||d1|| = ||d2|| = length (one axis unit = this distance in parameters)
+    reference: str = ""  # filter-reference: "round:<r>" (this run's x^r; round:0 = the shared init) or a file
     clients: str = ""  # clients: two client ids "3,7"; "" = the first two kept clients
     target: str = ""  # interpolate: "client:<i>" or a checkpoint file; "" = the first kept client
     cells_per_batch: int = 16  # cells evaluated together (vmap) where the BN mode allows
@@ -496,6 +502,46 @@ class SurfaceOptions:
         parse_data(self.data)
         if self.clients:
             parse_clients(self.clients)
+        self._check_normalization()
+
+    def _check_normalization(self) -> None:
+        length = self.length
+        if isinstance(length, bool) or not isinstance(length, (int, float)) or not math.isfinite(length) \
+                or length <= 0:
+            raise LandscapeError(f"surface length must be a finite number > 0, got {length!r}")
+        object.__setattr__(self, "length", float(length))  # --set surface.length=10 arrives as an int
+        if not isinstance(self.reference, str):
+            raise LandscapeError(f"surface reference must be text such as 'round:0', got {self.reference!r}")
+        if self.normalization not in dirs.NORMALIZATIONS:
+            raise LandscapeError(f"unknown surface normalization '{self.normalization}'; choose from: "
+                                 + ", ".join(dirs.NORMALIZATIONS))
+        if self.normalization != "filter" and self.directions != "random":
+            raise LandscapeError(f"surface normalization '{self.normalization}' is for random directions; "
+                                 f"{self.directions} directions are not normalised to a model")
+        if self.length != 1.0 and self.normalization != "euclidean":
+            raise LandscapeError("surface length is the norm of euclidean directions: set normalization = "
+                                 "\"euclidean\" with it")
+        if self.normalization == "filter-reference":
+            if not self.reference:
+                raise LandscapeError("surface normalization 'filter-reference' needs reference = "
+                                     "\"round:<r>\" (e.g. round:0, the run's initial model) or a checkpoint file")
+            if self.reference.startswith("round:"):
+                parse_reference_round(self.reference)
+        elif self.reference:
+            raise LandscapeError("surface reference is the model that filter-reference directions are "
+                                 "normalised to: set normalization = \"filter-reference\" with it")
+
+
+def parse_reference_round(spec: str) -> int:
+    """"round:<r>" -> r (a checkpointed round of the analysed run)."""
+    try:
+        value = int(spec.split(":", 1)[1])
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise LandscapeError(f"surface reference must be round:<r> (e.g. round:0) or a checkpoint file, "
+                             f"got '{spec}'")
+    return value
 
 
 # Host memory a grid cell takes while the surface is computed: its loss and accuracy (float64), the list of
@@ -612,16 +658,46 @@ class _Plane:
     points: np.ndarray | None = None  # [n, 2] coordinates a span 'auto' must cover
 
 
+def _reference_model(ctx: CheckpointContext, reference: str) -> tuple[Tensor, str]:
+    """The model filter-reference directions are normalised to, and how the result names it: this run's
+    checkpoint of a round (its training model x^r, not x_swa) or a checkpoint file (as its run analyses it)."""
+    if reference.startswith("round:"):
+        r = parse_reference_round(reference)
+        if r not in ctx.source.checkpoints:
+            raise LandscapeError(f"surface reference {reference}: run {ctx.source.name} has no checkpoint of "
+                                 f"round {r} (it has rounds {', '.join(map(str, sorted(ctx.source.checkpoints)))})")
+        return ctx.load_global(ctx.source.checkpoints[r], analysed=False), reference
+    path = Path(reference)
+    if not path.is_file():
+        raise LandscapeError(f"surface reference {path} is not a file (give round:<r> or a checkpoint file)")
+    return ctx.load_global(path), str(path)
+
+
+def _random_plane(ctx: CheckpointContext, opts: SurfaceOptions) -> _Plane:
+    zeroed = "zeroed" if opts.ignore_1d else "scaled as whole tensors"
+    reference, named = (_reference_model(ctx, opts.reference) if opts.normalization == "filter-reference"
+                        else (None, ""))
+    plane = dirs.random_plane(ctx.flat, ctx.w, ctx.settings.seed, orthogonalize=opts.orthogonalize,
+                              ignore_1d=opts.ignore_1d, normalization=opts.normalization, length=opts.length,
+                              reference=reference)
+    text = {"filter": f"filter (Li et al. 2018): to this model's own filters; dim <= 1 tensors {zeroed}",
+            "euclidean": f"euclidean: ||d|| = {opts.length:g}, the same for every model; dim <= 1 tensors "
+                         + ("zeroed" if opts.ignore_1d else "kept"),
+            "filter-reference": f"filter (Li et al. 2018) to the reference model {named}'s filters; dim <= 1 "
+                                f"tensors {zeroed}"}[opts.normalization]
+    scalars = {"normalisation": text, "normalization": opts.normalization,
+               "length": plane.length, "reference": named or None,
+               "orthogonalize": opts.orthogonalize, "ignore_1d": opts.ignore_1d,
+               "direction_seed": plane.seed, "generator_seeds": list(plane.seeds),
+               "cosine_d1_d2_drawn": plane.cosine_before}
+    if reference is not None:
+        scalars["reference_weight_norm"] = float(reference.double().norm())
+    return _Plane(plane.d1, plane.d2, scalars)
+
+
 def _plane(ctx: CheckpointContext, opts: SurfaceOptions) -> _Plane:
     if opts.directions == "random":
-        plane = dirs.random_plane(ctx.flat, ctx.w, ctx.settings.seed, orthogonalize=opts.orthogonalize,
-                                  ignore_1d=opts.ignore_1d)
-        return _Plane(plane.d1, plane.d2, {
-            "normalisation": "filter (Li et al. 2018; dim <= 1 tensors " + ("zeroed)" if opts.ignore_1d else
-                                                                             "scaled as whole tensors)"),
-            "orthogonalize": opts.orthogonalize, "ignore_1d": opts.ignore_1d,
-            "direction_seed": plane.seed, "generator_seeds": list(plane.seeds),
-            "cosine_d1_d2_drawn": plane.cosine_before})
+        return _random_plane(ctx, opts)
     if opts.directions == "pca":
         rounds, models = _trajectory(ctx)
         plane = dirs.pca_plane(models, ctx.w)
@@ -651,7 +727,8 @@ def _plane(ctx: CheckpointContext, opts: SurfaceOptions) -> _Plane:
 
 
 @PASSES.register("surface", options=SurfaceOptions,
-                 summary="1D / 2D loss surfaces: filter-normalised random, PCA, client plane, interpolation")
+                 summary="1D / 2D loss surfaces: random (filter-normalised or euclidean), PCA, client plane, "
+                         "interpolation")
 def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
     objective, quantity = _objective(ctx, opts.data)
     plane = _plane(ctx, opts)
@@ -715,6 +792,7 @@ def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
         "cells_evaluated": grid.cells_evaluated,
         "cells_resumed": int(grid.loss.size) - grid.cells_evaluated,
         "batched": bool(opts.cells_per_batch > 1 and _vectorizable(objective)),
+        "weight_norm": float(ctx.w.double().norm()),
         "d1_norm": float(plane.d1.double().norm()),
     }
     arrays = {"loss": grid.loss, "accuracy": grid.accuracy, "x_coords": grid.x_coords,

@@ -15,6 +15,16 @@ per number: each seed's value, ``"; "``-separated in the order of ``seeds`` (``-
 in a single-seed row). A cell read from fewer seeds than the row has says ``(n=k)``. With no two runs differing
 only in their seed the table and CSV are as they always were (no n, no per-seed columns).
 
+Surfaces that compare. A filter-normalised plane (Li et al. 2018, the surface pass's default) is scaled to each
+model's own filters, so the panels' axes are another distance for every model and their widths also compare
+weight norms. Where every run with a surface has one of a mode whose directions do not depend on the model
+(``surface.normalization`` = ``euclidean``, one stated length, tried first, or ``filter-reference``, one
+reference model), with the same length or reference for all, those are drawn instead (``comparable_surfaces``);
+otherwise the per-model ones are, and a note names the command that computes comparable ones. A line under
+the table (``Comparison.settings``), the panels' caption and their titles say which, with every model's weight
+norm ||x|| (``landscape.figures.surfaces.compare_planes``). A ``--settings`` filter on ``normalization`` (or
+a figure recipe's exact settings) is followed as given.
+
 Each quantity is read from results of one set of settings (``landscape.figures.selection``): the defaults
 (training split, BN mode eval, the surface's global data), or those a ``Selection`` asks for (``landscape
 compare --settings split=test``); ``Comparison.settings`` says which, and the surface panels are titled with
@@ -23,6 +33,7 @@ the settings they show where those are not the ones asked for.
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import math
@@ -47,6 +58,36 @@ from landscape.runs import surface_result_name, write_text
 
 # The columns the papers compare, by the plain name of report.quantities (S_rho is added by radius).
 COLUMNS = ["lambda_max", "trace", "Delta_FI", "mean grad cos"]
+# Surface normalisations whose planes do not depend on the model, in the order compare tries them.
+COMPARABLE = ("euclidean", "filter-reference")
+COMPARABLE_HINT = "--set surface.normalization=filter-reference --set surface.reference=round:0"
+
+
+def _asks_normalization(selection: Selection) -> bool:
+    return bool(selection.exact) or any(key in ("normalization", "surface.normalization")
+                                        for key, _ in selection.filters)
+
+
+def comparable_surfaces(runs: list[RunData], name: str) -> tuple[list[RunData], str | None]:
+    """The runs read again for their surfaces ``name`` in the first mode of ``COMPARABLE`` that every one of
+    them has with one length (euclidean) or reference (filter-reference), and that mode; ``(runs, None)`` when
+    there is none, or when the selection names the normalization itself (it is followed as given). The other
+    outputs of the copies are read as the runs' selection says; the runs themselves are not changed."""
+    if not runs or name != "surface" or _asks_normalization(runs[0].selection):
+        return runs, None
+    for mode in COMPARABLE:
+        picked = []
+        for run in runs:
+            selection = Selection(run.selection.filters + (("surface.normalization", mode),))
+            again = copy.copy(run).select(selection)
+            if not again.analysed_rounds(name):
+                break
+            picked.append(again)
+        else:
+            sources = [run.pass_record(name).path.with_suffix(".npz") for run in picked]
+            if surfaces.compare_planes(sources).comparable:
+                return picked, mode
+    return runs, None
 
 
 @dataclass
@@ -172,11 +213,20 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
             others = f" (it has {name} with {'; '.join(run.unwanted[name])})" if name in run.unwanted else ""
             missing.append(f"run {run.name} has no {name} analysis{others}; run `landscape analyze {run.path} "
                            f"--directions {directions}" + (f" {flags}" if flags else "") + "`")
+    surface_lines: list[str] = []
     if with_surface:
+        with_surface, mode = comparable_surfaces(with_surface, name)
         sources = [run.pass_record(name).path.with_suffix(".npz") for run in with_surface]
         titles = [curves.with_settings(f"{run.label}, round {run.analysed_rounds(name)[-1]}", run.shown(name))
                   for run in with_surface]
         flat = [s for s in sources if not surfaces.load_surface(s).is_2d]
+        if not flat and len(sources) > 1:
+            planes = surfaces.compare_planes(sources, [run.label for run in with_surface])
+            surface_lines.append(f"surfaces: {planes.text}")
+            if mode is None and "filter" in planes.normalizations and not _asks_normalization(runs[0].selection):
+                missing.append("the surfaces are filter-normalised to each model's own weights; planes that "
+                               "compare across models: `landscape analyze RUN --passes surface "
+                               f"{COMPARABLE_HINT}` (or normalization=euclidean with a length) for each run")
         if flat:
             missing.append(f"{', '.join(map(str, flat))}: 1D surfaces; compare draws 2D ones")
         else:
@@ -186,6 +236,9 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
             html = surfaces.surface_figure(sources, titles, quantity=quantity)
             written.append(out / "surfaces.html")
             write_text(written[-1], html.to_html(include_plotlyjs=True, full_html=True))
-    outputs = [q.pass_name for q in shown] + [name]
-    return Comparison(runs, header, rows, missing, written, curves.settings_lines(runs, outputs), per_seed_header,
-                      per_seed)
+    outputs = [q.pass_name for q in shown]
+    lines = curves.settings_lines(runs, outputs)
+    caption = curves.settings_caption(with_surface, name)
+    if caption:
+        lines.append(f"{name} read with {caption}")
+    return Comparison(runs, header, rows, missing, written, lines + surface_lines, per_seed_header, per_seed)

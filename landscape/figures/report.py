@@ -719,8 +719,15 @@ def _surface_kind(path: Path) -> str:
     except (OSError, ValueError, AttributeError):
         return path.name
     kind = meta.get("directions") if isinstance(meta, dict) else None
-    names = {"random": "filter-normalised random plane", "pca": "PCA plane of the trajectory",
-             "clients": "plane of two client models"}
+    from landscape.figures.surfaces import normalization_of
+
+    random = "random plane"
+    if kind == "random":
+        random = {"filter": "random plane filter-normalised to this model (Li et al. 2018)",
+                  "euclidean": f"euclidean random plane (||d1|| = ||d2|| = {meta.get('length')})",
+                  "filter-reference": f"random plane filter-normalised to {meta.get('reference')}",
+                  }.get(normalization_of(meta) or "filter", random)
+    names = {"random": random, "pca": "PCA plane of the trajectory", "clients": "plane of two client models"}
     text = f"line to {meta.get('target', 'the target')}" if kind == "interpolate" else names.get(kind, path.name)
     try:
         record = json.loads(path.with_suffix(".json").read_text())
@@ -765,6 +772,39 @@ def _surface_scales(paths: Sequence[Path]) -> tuple[dict[Path, str], dict[str, t
     return quantity, scales
 
 
+def _plane_caption(path: Path) -> str:
+    """'; ||x|| = 23.4; ...' for a 2D surface's caption: the model's weight norm and, for a per-model
+    filter-normalised plane, that its axis units are that model's own (not comparable across runs)."""
+    from landscape.figures.surfaces import load_surface, normalization_of, weight_norm_text
+
+    try:
+        surface = load_surface(path)
+    except (LandscapeError, OSError, ValueError, KeyError):
+        return ""
+    text = f"; {weight_norm_text(surface)}" if weight_norm_text(surface) else ""
+    if normalization_of(surface.meta) == "filter":
+        text += "; filter-normalised to this model's own weights: its axis units are not another run's"
+    return text
+
+
+def _random_planes_line(files: Sequence[tuple[RunData, int, Path]]) -> str:
+    """What the random planes of different runs compare (``surfaces.compare_planes``), '' for fewer than two."""
+    from landscape.figures.surfaces import compare_planes, load_surface
+
+    found = []
+    for run, r, path in files:
+        try:
+            surface = load_surface(path)
+        except (LandscapeError, OSError, ValueError, KeyError):
+            continue
+        if surface.is_2d and surface.meta.get("directions") == "random":
+            found.append((f"{run.label} (round {r})", surface))
+    if len({label.rsplit(' (round', 1)[0] for label, _ in found}) < 2:
+        return ""
+    planes = compare_planes([s for _, s in found], [label for label, _ in found])
+    return f"Random planes of the runs: {planes.text}."
+
+
 def surfaces_section(runs: Sequence[RunData], page: Page) -> str:
     files = [(run, r, p) for run in runs for r, p in surface_files(run)]
     if not files:
@@ -780,6 +820,9 @@ def surfaces_section(runs: Sequence[RunData], page: Page) -> str:
                 else "3D surfaces of one quantity share one colour scale and z range; surfaces of different "
                      "quantities are on separate scales: ")
         parts.append(f"<p>{html.escape(text + shared)}.</p>")
+    planes_line = _random_planes_line(files)
+    if planes_line:
+        parts.append(f"<p>{html.escape(planes_line)}</p>")
     for run, r, path in files:
         title = f"{run.label}, round {r}, {_surface_kind(path)}"
         # The plot is named by the output (surface, surface-pca, ...), not by the settings part of the file name.
@@ -800,6 +843,7 @@ def surfaces_section(runs: Sequence[RunData], page: Page) -> str:
                 elif label:
                     low, high = scales[label]
                     caption += f"; colours and z on the scale shared by every surface of {label}: {low:.4g} to {high:.4g}"
+                caption += _plane_caption(path)
             else:
                 fig = _line_surface_figure(path, title, to_hex(run.color))
                 caption += "; a 1D line, drawn as a curve on its own axis (not on the surfaces' colour scale)"

@@ -17,7 +17,10 @@ with no network) and ``plot_panels`` (several runs side by side on ONE colour sc
 levels, one colour bar). Colour bars and z axes carry about 5 round ticks (``nice_ticks``): the fewest digits
 that tell them apart, one x10^k or offset for very small, large or narrow ranges, powers of ten (or 1-3 / 1-2-5
 mantissas over a decade or two) on log scales. Static files are PNG, or PDF / SVG when the output name ends
-so. Matplotlib is used through ``matplotlib.figure.Figure`` with the Agg canvas only (no pyplot, no global
+so. Several models side by side: ``compare_planes`` says whether their surfaces lie on one plane (euclidean
+or filter-reference directions, the stored d1 / d2 equal) or each on its model's own filter-normalised plane,
+with each model's weight norm ||x||; the panels and the HTML put ||x|| under each title and that line under
+the panels. Matplotlib is used through ``matplotlib.figure.Figure`` with the Agg canvas only (no pyplot, no global
 backend switch).
 """
 
@@ -142,11 +145,26 @@ def _as_surface(source: str | Path | SurfaceData) -> SurfaceData:
     return source if isinstance(source, SurfaceData) else load_surface(source)
 
 
+def normalization_of(meta: dict[str, Any]) -> str | None:
+    """How a random plane was normalised: filter (per model; also every record written before the option
+    existed), euclidean or filter-reference; None for other directions (or no record)."""
+    if meta.get("directions") != "random":
+        return None
+    return str(meta.get("normalization") or "filter")
+
+
 def axis_labels(meta: dict[str, Any]) -> tuple[str, str]:
     """The names of the two directions, as the figures write them."""
     kind = meta.get("directions")
     if kind == "random":
         ortho = ", orthogonalised" if meta.get("orthogonalize") else ""
+        normalization = normalization_of(meta)
+        if normalization == "euclidean":
+            length = f"{float(meta.get('length', float('nan'))):g}"
+            return f"d1 (random, ||d1|| = {length})", f"d2 (random, ||d2|| = {length}{ortho})"
+        if normalization == "filter-reference":
+            to = f"filter-normalised to {meta.get('reference', 'a reference')}"
+            return f"d1 (random, {to})", f"d2 (random, {to}{ortho})"
         return "d1 (filter-normalised random)", f"d2 (filter-normalised random{ortho})"
     if kind == "pca":
         ratios = list(meta.get("explained_variance", [])) + [float("nan")] * 2
@@ -165,6 +183,79 @@ def image_arrays(surface: SurfaceData, quantity: str = "loss") -> tuple[np.ndarr
         raise LandscapeError("this surface is a 1D line; draw it with plot_curve_1d")
     x_grid, y_grid = np.meshgrid(surface.x_coords, surface.y_coords, indexing="xy")
     return x_grid, y_grid, surface.values(quantity).T
+
+
+# -- comparing surfaces of several models -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlaneComparison:
+    """Whether surfaces drawn side by side share one plane, so that their axes are one distance in parameter
+    space and their widths compare the models; with every model's weight norm ||x|| to print beside them.
+
+    ``normalizations``: each surface's (``normalization_of``: filter | euclidean | filter-reference, None for
+    pca / clients / interpolate or a bare NPZ). ``weight_norms``: each surface's ``weight_norm`` record (None
+    where it was written before the pass recorded it). ``comparable``: every surface a random plane of a mode
+    whose directions do not depend on the model (euclidean, filter-reference) with the same settings.
+    ``same_plane``: the stored d1 (and d2) are equal for all of them (None when some NPZ lacks them)."""
+
+    normalizations: tuple[str | None, ...]
+    weight_norms: tuple[float | None, ...]
+    comparable: bool
+    same_plane: bool | None
+    text: str  # one line for a caption or under a table
+
+
+def weight_norm_text(surface: SurfaceData) -> str:
+    """'||x|| = 23.41' from the surface's record ('' when it does not hold one)."""
+    norm = surface.meta.get("weight_norm")
+    return f"||x|| = {float(norm):.4g}" if isinstance(norm, (int, float)) else ""
+
+
+def compare_planes(sources: Sequence[str | Path | SurfaceData], labels: Sequence[str] | None = None
+                   ) -> PlaneComparison:
+    """What a side-by-side picture of these surfaces compares (``PlaneComparison``), with a line that says it:
+    per-model filter normalisation (Li et al. 2018) scales each plane with its own model's filters, so a plane
+    of a model with c times the weights reaches c times as far per axis unit; euclidean directions (one stated
+    length) and filter directions normalised to one reference model are the same vector for every model."""
+    surfaces = [_as_surface(s) for s in sources]
+    labels = list(labels) if labels else [s.title() or f"surface {k}" for k, s in enumerate(surfaces)]
+    modes = tuple(normalization_of(s.meta) for s in surfaces)
+    norms = tuple(float(s.meta["weight_norm"]) if isinstance(s.meta.get("weight_norm"), (int, float)) else None
+                  for s in surfaces)
+    settings = {(m, s.meta.get("length") if m == "euclidean" else s.meta.get("reference"))
+                for m, s in zip(modes, surfaces)}
+    comparable = all(m in ("euclidean", "filter-reference") for m in modes) and len(settings) == 1
+    names = [k for k in ("d1", "d2") if all(k in s.extra for s in surfaces)]
+    same = (None if "d1" not in names else
+            all(np.array_equal(s.extra[k], surfaces[0].extra[k]) for s in surfaces for k in names))
+    given = [f"{label} = {norm:.4g}" for label, norm in zip(labels, norms) if norm is not None]
+    norms_text = ("||x||: " + ", ".join(given)) if given else "||x|| not recorded (rerun the surface pass)"
+    if comparable:
+        mode, setting = next(iter(settings))
+        what = (f"euclidean directions of length {float(setting):g}" if mode == "euclidean"
+                else f"directions filter-normalised to {setting}")
+        plane = {True: "one plane for every model (identical d1, d2)", False: "but the planes differ "
+                 "(other seeds or architectures)", None: "one setting for every model"}[same]
+        text = f"{what}: {plane}; {norms_text}"
+    elif all(m == "filter" for m in modes):
+        text = ("per-model filter-normalised planes (Li et al. 2018): each axis unit scales with that model's "
+                f"own filters, so the widths also compare weight norms; {norms_text}")
+    elif all(m in ("euclidean", "filter-reference") for m in modes):
+        shown = ", ".join(sorted(f"{m} {'length' if m == 'euclidean' else 'to'} {v}" for m, v in settings))
+        text = f"planes of different settings ({shown}): the axes are not one distance; {norms_text}"
+    else:
+        shown = ", ".join(sorted({m or "not a random plane" for m in modes}))
+        text = f"planes of different normalisations ({shown}): the axes are not one distance; {norms_text}"
+    return PlaneComparison(modes, norms, comparable, same, text)
+
+
+def _panel_titles(surfaces: list[SurfaceData], titles: list[str]) -> list[str]:
+    """Titles with each model's ||x|| under them, when there is more than one panel."""
+    if len(surfaces) < 2:
+        return titles
+    return [f"{title}\n{weight_norm_text(s)}" if weight_norm_text(s) else title
+            for title, s in zip(titles, surfaces)]
 
 
 # -- shared helpers ---------------------------------------------------------------------------------------
@@ -418,6 +509,8 @@ def panels_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[
     if len(titles) != len(surfaces):
         raise LandscapeError(f"{len(titles)} titles for {len(surfaces)} surfaces")
     level_values, norm = _color_scale([s.values(quantity) for s in surfaces], log_levels, levels)
+    planes = compare_planes(surfaces, titles) if len(surfaces) > 1 else None
+    titles = _panel_titles(surfaces, titles)
     width = 5.6 if kind == "3d" else 4.6  # 3D panels: room for the z label beside each box
     fig = Figure(figsize=(width * len(surfaces) + 1.2, 4.6 if kind == "3d" else 4.4), layout="constrained")
     if kind == "3d":
@@ -438,6 +531,8 @@ def panels_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[
         axes.append(ax)
     _colorbar(fig, mappable, axes, surfaces[0].quantity_label(quantity), shrink=0.85,
               pad=0.08 if kind == "3d" else 0.05)  # room for the z label
+    if planes is not None:  # what the panels' axes are: one plane, or each model's own filter norms
+        fig.supxlabel(planes.text, fontsize=8, wrap=True)
     return fig, panels
 
 
@@ -538,6 +633,8 @@ def surface_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence
     if not surfaces:
         raise LandscapeError("surface_html needs at least one surface")
     titles = list(titles) if titles else [s.title() or f"surface {k}" for k, s in enumerate(surfaces)]
+    planes = compare_planes(surfaces, titles) if len(surfaces) > 1 else None
+    titles = [t.replace("\n", "<br>") for t in _panel_titles(surfaces, titles)]
     _, norm = _color_scale([s.values(quantity) for s in surfaces], False, 2)
     if limits is not None:
         low, high = (float(v) for v in limits)
@@ -565,6 +662,10 @@ def surface_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence
                       height=600, width=max(680, 540 * len(surfaces)),
                       legend={"orientation": "h", "x": 0.0, "y": -0.02, "yanchor": "top"},
                       margin={"l": 10, "r": 10, "t": 60, "b": 60})
+    if planes is not None:
+        fig.add_annotation(text=planes.text, showarrow=False, xref="paper", yref="paper", x=0.0, y=-0.08,
+                           xanchor="left", yanchor="top", font={"size": 11})
+        fig.update_layout(margin={"b": 90})
     return fig
 
 
