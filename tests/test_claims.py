@@ -77,8 +77,12 @@ def test_surface_width_is_the_area_of_the_level_set():
     assert claims.surface_width(flat, axis, axis, 100.0) == 1.0
 
 
-def make_claim(comparisons, level=0.05) -> claims.Claim:
-    return claims.Claim(Path("c.toml"), "c", "text", "", Path("fig.toml"), (0, 1, 2), tuple(comparisons), level)
+SEEDS5 = (0, 1, 2, 3, 4)
+
+
+def make_claim(comparisons, level=0.05, seeds=SEEDS5, name="c") -> claims.Claim:
+    return claims.Claim(Path(f"{name}.toml"), name, f"text {name}", "", Path("fig.toml"), seeds, tuple(comparisons),
+                        level)
 
 
 def groups(tmp_path, values: dict[str, list[list[float]]]) -> dict[str, list[RunData]]:
@@ -86,38 +90,119 @@ def groups(tmp_path, values: dict[str, list[list[float]]]) -> dict[str, list[Run
             for run_id, per_seed in values.items()}
 
 
+def test_sign_flip_p_is_the_exact_permutation_test():
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    cases = [rng.normal(0.3, 1.0, n) for n in (2, 3, 5, 8, 12)]
+    cases += [np.array([0.5, 0.0, 0.2, -0.1, 0.0]), np.array([1.0, 1.0, -1.0, 2.0])]  # zeros and tied sums
+    for d in cases:
+        p, q = claims.sign_flip_p(d)
+        for alternative, mine in (("greater", p), ("less", q)):
+            exact = stats.permutation_test((d,), np.mean, permutation_type="samples", alternative=alternative,
+                                           n_resamples=np.inf).pvalue
+            assert mine == pytest.approx(exact, abs=1e-15), (d, alternative)
+    # the smallest p is 2^-n, reached when every difference points the same way
+    assert claims.sign_flip_p([0.1, 0.2, 0.3, 0.4, 0.5]) == (1 / 32, 1.0)
+    assert claims.sign_flip_p([-0.1, -0.2, -0.3]) == (1.0, 1 / 8)
+    # 20 differences, by brute force over all 2^20 sign patterns
+    d = rng.normal(0.2, 1.0, 20)
+    signs = 1 - 2 * ((np.arange(2**20)[:, None] >> np.arange(20)) & 1)
+    sums = signs @ d
+    assert claims.sign_flip_p(d)[0] == pytest.approx(np.mean(sums >= d.sum() - 1e-9), abs=1e-15)
+    with pytest.raises(LandscapeError, match="at most 40"):
+        claims.sign_flip_p(np.ones(41))
+    with pytest.raises(LandscapeError, match="finite"):
+        claims.sign_flip_p([1.0, math.nan])
+
+
+def test_detectable_difference_solves_the_noncentral_t_power():
+    from scipy import stats
+
+    for n, sd, level in ((2, 1.0, 0.05), (3, 0.5, 0.05), (5, 0.03, 0.05), (10, 2.0, 0.01)):
+        delta = claims.detectable_difference(sd, n, level)
+        critical = stats.t.ppf(1 - level, n - 1)
+        power = stats.nct.sf(critical, n - 1, delta * math.sqrt(n) / sd)
+        assert power == pytest.approx(0.8, abs=1e-9)
+        assert stats.nct.sf(critical, n - 1, 0.99 * delta * math.sqrt(n) / sd) < 0.8
+    # at large n the t-test is the z-test: delta -> (z_0.95 + z_0.8) sd / sqrt(n)
+    z = stats.norm.ppf(0.95) + stats.norm.ppf(0.8)
+    assert claims.detectable_difference(1.0, 2000, 0.05) == pytest.approx(z / math.sqrt(2000), rel=1e-3)
+    assert claims.detectable_difference(0.0, 5, 0.05) == 0.0
+    for sd, n, level in ((-1.0, 5, 0.05), (1.0, 1, 0.05), (1.0, 5, 0.9), (math.nan, 5, 0.05)):
+        with pytest.raises(LandscapeError):
+            claims.detectable_difference(sd, n, level)
+
+
+def test_holm_matches_a_hand_computation():
+    # sorted 0.005, 0.01, 0.03, 0.04 -> 4 * 0.005, 3 * 0.01, 2 * 0.03, max(1 * 0.04, 0.06)
+    assert claims.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02], abs=1e-15)
+    assert claims.holm([0.6, 0.2]) == pytest.approx([0.6, 0.4])
+    assert claims.holm([0.9, 0.8, 0.7]) == pytest.approx([1.0, 1.0, 1.0])  # capped at 1, monotone
+    assert claims.holm([0.02]) == [0.02] and claims.holm([]) == []
+    with pytest.raises(LandscapeError, match="in \\[0, 1\\]"):
+        claims.holm([0.1, math.nan])
+
+
+def test_every_number_of_a_comparison_matches_scipy(tmp_path):
+    from scipy import stats
+
+    low, high = [1.1, 1.0, 0.9, 1.1, 0.9], [2.1, 2.2, 1.95, 2.0, 1.3]
+    runs = groups(tmp_path, {"a": [[v] for v in low], "b": [[v] for v in high]})
+    claim = make_claim([claims.Comparison("a", "b", "flatness_distance", "last")])
+    (r,) = claims.evaluate(claim, runs).comparisons
+    greater = stats.ttest_rel(high, low, alternative="greater")
+    assert r.t == pytest.approx(greater.statistic, rel=1e-12) and r.p == pytest.approx(greater.pvalue, rel=1e-10)
+    assert r.p_opposite == pytest.approx(stats.ttest_rel(high, low, alternative="less").pvalue, rel=1e-10)
+    d = np.subtract(high, low)
+    for alternative, mine in (("greater", r.p_signflip), ("less", r.p_signflip_opposite)):
+        assert mine == pytest.approx(stats.permutation_test((d,), np.mean, permutation_type="samples",
+                                                            alternative=alternative, n_resamples=np.inf).pvalue)
+    interval = stats.ttest_rel(high, low).confidence_interval(0.95)
+    assert r.mean_difference == pytest.approx(d.mean()) and r.ci95 == pytest.approx(interval, rel=1e-10)
+    power = stats.nct.sf(stats.t.ppf(0.95, 4), 4, r.detectable_difference * math.sqrt(5) / d.std(ddof=1))
+    assert power == pytest.approx(0.8, abs=1e-9)
+    # alone, Holm's step is the identity; every seed higher: p_sign-flip = 1/32 < 0.05
+    assert r.p_holm == r.p and r.family == 1 and r.p_signflip == 1 / 32 and r.verdict == claims.HELD
+
+
 def test_verdicts_held_not_held_inconclusive(tmp_path):
     compare = claims.Comparison("a", "b", "flatness_distance", "last 2")
     runs = groups(tmp_path, {
-        "a": [[9, 1.0, 1.2], [9, 1.1, 0.9], [9, 0.8, 1.0]],  # last-2 means 1.1, 1.0, 0.9
-        "b": [[0, 2.0, 2.2], [0, 2.4, 2.0], [0, 1.8, 2.1]],  # 2.1, 2.2, 1.95
-        "c": [[0, 1.0, 1.6], [0, 0.1, 0.5], [0, 2.0, 1.0]],  # 1.3, 0.3, 1.5: no clear order with a
+        "a": [[9, 1.0, 1.2], [9, 1.1, 0.9], [9, 0.8, 1.0], [9, 1.2, 1.0], [9, 0.9, 0.9]],  # 1.1, 1.0, 0.9, 1.1, 0.9
+        "b": [[0, 2.0, 2.2], [0, 2.4, 2.0], [0, 1.8, 2.1], [0, 2.0, 2.0], [0, 2.2, 2.3]],  # 2.1, 2.2, 1.95, 2, 2.25
+        "c": [[0, 1.0, 1.6], [0, 0.1, 0.5], [0, 2.0, 1.0], [0, 0.4, 0.6], [0, 1.5, 1.7]],  # no clear order with a
     })
     held = claims.evaluate(make_claim([compare]), runs)
     assert held.verdict == claims.HELD
     result = held.comparisons[0]
-    np.testing.assert_allclose(result.lower, [1.1, 1.0, 0.9])
-    np.testing.assert_allclose(result.higher, [2.1, 2.2, 1.95])
-    d = np.array([1.0, 1.2, 1.05])
-    t = d.mean() / (d.std(ddof=1) / math.sqrt(3))
-    assert result.t == pytest.approx(t) and result.p == pytest.approx((1 - t / math.sqrt(t * t + 2)) / 2)
-    assert result.seeds == (0, 1, 2) and result.rounds == (2, 3)
+    np.testing.assert_allclose(result.lower, [1.1, 1.0, 0.9, 1.1, 0.9])
+    np.testing.assert_allclose(result.higher, [2.1, 2.2, 1.95, 2.0, 2.25])
+    d = np.array([1.0, 1.2, 1.05, 0.9, 1.35])
+    t = d.mean() / (d.std(ddof=1) / math.sqrt(5))
+    assert result.t == pytest.approx(t)
+    assert result.seeds == SEEDS5 and result.rounds == (2, 3)
 
     refuted = claims.evaluate(make_claim([claims.Comparison("b", "a", "flatness_distance", "last 2")]), runs)
     assert refuted.verdict == claims.NOT_HELD and refuted.comparisons[0].verdict == claims.NOT_HELD
+    assert refuted.comparisons[0].reason.startswith("refuted")
     unclear = claims.evaluate(make_claim([claims.Comparison("a", "c", "flatness_distance", "last 2")]), runs)
+    (r,) = unclear.comparisons
     assert unclear.verdict == claims.INCONCLUSIVE
+    assert r.reason == f"no evidence at n=5, detectable difference {r.detectable_difference:.2g}"
     # every comparison must hold; one that does not makes the claim not HELD
     both = claims.evaluate(make_claim([compare, claims.Comparison("a", "c", "flatness_distance", "last 2")]), runs)
     assert both.verdict == claims.INCONCLUSIVE
-    assert "HELD" in held.lines()[0] and "t=" in held.lines()[1]
+    assert "HELD" in held.lines()[0] and "t=" in held.lines()[2] and "p_Holm" in held.lines()[2]
+    assert "no evidence at n=5" in unclear.lines()[2]
     table = claims.markdown_table([held, refuted])
-    assert "**HELD**" in table and "**NOT HELD**" in table
+    assert "**HELD**" in table and "**NOT HELD**" in table and "p_sign-flip" in table
 
 
-def test_refutation_is_bonferroni_corrected(tmp_path):
-    # a single opposite comparison with p between level / 2 and level refutes alone, not as one of two
-    runs = groups(tmp_path, {"a": [[1.0], [1.0], [1.0]], "b": [[0.8], [0.55], [0.75]], "c": [[2.0], [2.1], [2.2]]})
+def test_refutation_is_holm_corrected(tmp_path):
+    # a single opposite comparison with p between level / 2 and level is refuted alone, not as one of two
+    runs = groups(tmp_path, {"a": [[1.0]] * 5, "b": [[0.95], [0.7], [0.95], [0.6], [0.9]],
+                             "c": [[2.0], [2.1], [2.2], [2.0], [2.3]]})
     opposite = claims.Comparison("a", "b", "flatness_distance", "last")
     alone = claims.evaluate(make_claim([opposite]), runs)
     p = alone.comparisons[0].p_opposite
@@ -125,12 +210,54 @@ def test_refutation_is_bonferroni_corrected(tmp_path):
     assert alone.verdict == claims.NOT_HELD
     paired = claims.evaluate(make_claim([claims.Comparison("a", "c", "flatness_distance", "last"), opposite]), runs)
     assert paired.verdict == claims.INCONCLUSIVE
+    assert paired.comparisons[1].p_holm_opposite == pytest.approx(2 * p) and paired.comparisons[1].family == 2
 
 
-def test_one_seed_is_inconclusive(tmp_path):
+def test_holm_runs_over_every_claim_of_a_call(tmp_path):
+    from scipy import stats
+
+    # two claims, each HELD alone (p_t about 0.03 and 0.04, every seed higher), not both under Holm's step
+    runs = groups(tmp_path, {"a": [[1.0]] * 5, "b": [[1.05], [1.3], [1.05], [1.4], [1.1]],
+                             "c": [[1.1], [1.3], [1.05], [1.45], [1.05]]})
+    first = claims.evaluate(make_claim([claims.Comparison("a", "b", "flatness_distance", "last")], name="one"), runs)
+    second = claims.evaluate(make_claim([claims.Comparison("a", "c", "flatness_distance", "last")], name="two"), runs)
+    assert first.verdict == second.verdict == claims.HELD
+    p = [stats.ttest_rel([h[0] for h in rows], [1.0] * 5, alternative="greater").pvalue
+         for rows in ([[1.05], [1.3], [1.05], [1.4], [1.1]], [[1.1], [1.3], [1.05], [1.45], [1.05]])]
+    assert 0.025 < min(p) and max(p) < 0.05, p
+    together = claims.decide([first, second])
+    by_hand = [max(2 * min(p), max(p)) if q == max(p) else 2 * min(p) for q in p]
+    for result, expected in zip(together, by_hand):
+        (r,) = result.comparisons
+        assert r.p_holm == pytest.approx(expected, rel=1e-10) and r.family == 2
+        assert result.verdict == claims.INCONCLUSIVE and r.reason.startswith("no evidence at n=5, detectable")
+        assert "t-test alone" not in r.reason
+    # the raw p-values are those of the claims alone
+    assert [r.comparisons[0].p for r in together] == [first.comparisons[0].p, second.comparisons[0].p]
+    record = together[0].to_dict()["comparisons"][0]
+    assert record["p_holm"] == together[0].comparisons[0].p_holm and record["holm_family"] == 2
+
+
+def test_few_seeds_cannot_reach_the_sign_flip_level(tmp_path):
+    # three seeds, far apart: the t-test is sure (p ~ 1e-4) but the sign-flip p is at least 1/8
+    runs = groups(tmp_path, {"a": [[1.0], [1.1], [0.9]], "b": [[5.0], [5.2], [4.9]]})
+    result = claims.evaluate(make_claim([claims.Comparison("a", "b", "flatness_distance", "last")],
+                                        seeds=(0, 1, 2)), runs)
+    (r,) = result.comparisons
+    assert r.p < 1e-3 and r.p_signflip == 1 / 8 and result.verdict == claims.INCONCLUSIVE
+    assert "cannot reach p < 0.05 with 3 seeds" in r.reason and "0.125" in r.reason
+
+
+def test_one_seed_and_non_finite_values_are_untested(tmp_path):
     runs = groups(tmp_path, {"a": [[1.0]], "b": [[2.0]]})
     result = claims.evaluate(make_claim([claims.Comparison("a", "b", "flatness_distance", "last")]), runs)
     assert result.verdict == claims.INCONCLUSIVE and result.comparisons[0].t is None and result.notes
+    assert result.comparisons[0].family == 0 and "n=1" in result.comparisons[0].reason
+    runs = groups(tmp_path, {"a": [[1.0], [1.0], [math.nan]], "b": [[2.0], [2.0], [2.0]]})
+    result = claims.evaluate(make_claim([claims.Comparison("a", "b", "flatness_distance", "last")]), runs)
+    (r,) = result.comparisons
+    assert r.t is None and r.p_holm is None and "seed 2 of a is nan" in r.reason
+    assert result.verdict == claims.INCONCLUSIVE and "seed 2 of a is nan" in result.lines()[2]
 
 
 @pytest.mark.parametrize("body, message", [
@@ -142,6 +269,8 @@ def test_one_seed_is_inconclusive(tmp_path):
     ('[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last 0"\n', "rounds must be"),
     ('seeds = [0, 0]\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', "distinct"),
     ('level = 0.7\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', "below 0.5"),
+    ('seeds = ' + str(list(range(41))) + '\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\n'
+     'rounds = "last"\n', "at most 40 seeds"),
     ('tau = -1\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', "positive"),
     ('colour = 1\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', "unknown key"),
     ('[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\nbigger = "c"\n', "unknown key"),
@@ -264,9 +393,15 @@ def test_landscape_claims_trains_analyses_and_tests(tmp_path):
         for seed, value in zip((0, 1), top[key]):  # lambda_1 of the round-3 hessian result
             (path,) = (runs / f"{run_id}-seed{seed}" / "analysis" / "round-0003").glob("hessian*.json")
             assert value == pytest.approx(json.loads(path.read_text())["result"]["top"]["values"][0], rel=1e-12)
-    assert record["verdict"] in (claims.HELD, claims.NOT_HELD, claims.INCONCLUSIVE)
-    assert record["verdict"] in result.output and "t=" in result.output
-    assert "| FedSAM lowers" in (tmp_path / "out" / "claims.md").read_text()
+    # two seeds: the sign-flip test cannot reach 0.05 (its smallest p is 1/4), so nothing can hold
+    assert record["verdict"] == claims.INCONCLUSIVE and record["verdict"] in result.output and "t=" in result.output
+    assert "Holm's step over the 2 tested comparison(s)" in result.output and "cannot reach" in result.output
+    for row in (distance, top):
+        assert row["holm_family"] == 2 and row["n"] == 2 and row["p_signflip"] in (0.25, 0.5, 0.75, 1.0)
+        assert {"p_holm", "p_holm_opposite", "p_signflip_opposite", "ci95", "detectable_difference",
+                "mean_difference"} <= set(row) and row["reason"].startswith("no evidence at n=2, detectable")
+    table = (tmp_path / "out" / "claims.md").read_text()
+    assert "| FedSAM lowers" in table and "p_Holm" in table and "p_sign-flip" in table
 
     (tmp_path / "bad.toml").write_text(TINY_CLAIM.replace('lower = "sam"', 'lower = "nobody"', 1))
     bad = CliRunner().invoke(cli, ["claims", str(tmp_path / "bad.toml"), "--figures-out", str(tmp_path / "x")])
