@@ -15,6 +15,7 @@ from pathlib import Path
 
 from landscape import parallel
 from landscape import recipe as recipes
+from landscape.data.partitions import heterogeneity
 from landscape.errors import LandscapeError
 from landscape.recipe import Recipe
 from landscape.runs import (
@@ -78,7 +79,8 @@ def write_run_files(run_dir: RunDir, recipe: Recipe, setup: DataSetup, recipe_to
     if recipe_too:
         write_text(run_dir.recipe, recipes.to_toml(recipe))
     settings = {"name": recipe.partition.name, **recipe.partition.options, "seed": recipe.seed}
-    record = partition_record(setup.client_indices, setup.histogram, settings)
+    record = partition_record(setup.client_indices, setup.histogram, settings,
+                              heterogeneity(setup.histogram).record())
     write_text(run_dir.partition, json.dumps(record) + "\n")
 
 

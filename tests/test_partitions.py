@@ -12,6 +12,7 @@ from landscape.data.partitions import (
     PARTITIONS,
     class_histogram,
     format_partition_table,
+    heterogeneity,
     make_partition,
     mean_label_entropy,
 )
@@ -39,8 +40,8 @@ CASES = [
     ("iid", {}),
     ("dirichlet", {"alpha": 0.5}),
     ("dirichlet", {"alpha": 0.05, "min_samples": 1}),
-    ("dirichlet", {"alpha": 0.5, "balanced": True}),
-    ("dirichlet", {"alpha": 0.01, "balanced": True}),
+    ("dirichlet-client", {"alpha": 0.5}),
+    ("dirichlet-client", {"alpha": 0.01}),
     ("pathological", {}),
     ("pathological", {"classes_per_client": 3}),
 ]
@@ -73,12 +74,12 @@ def test_pathological_clients_hold_exactly_c_classes(digits_labels, clients, c):
         assert held.max() - held.min() <= 1
 
 
-@pytest.mark.parametrize("balanced", [True, False])
-def test_label_entropy_falls_with_alpha(digits_labels, balanced):
-    alphas = [100.0, 1.0, 0.1, 0.01] if balanced else [100.0, 1.0, 0.1]
+@pytest.mark.parametrize("name", ["dirichlet-client", "dirichlet"])
+def test_label_entropy_falls_with_alpha(digits_labels, name):
+    alphas = [100.0, 1.0, 0.1, 0.01] if name == "dirichlet-client" else [100.0, 1.0, 0.1]
+    more = {} if name == "dirichlet-client" else {"min_samples": 1}
     entropies = [
-        mean_label_entropy(class_histogram(digits_labels, split(digits_labels, "dirichlet", alpha=a,
-                                                                 balanced=balanced, min_samples=1), 10))
+        mean_label_entropy(class_histogram(digits_labels, split(digits_labels, name, alpha=a, **more), 10))
         for a in alphas
     ]
     assert all(a > b for a, b in itertools.pairwise(entropies)), entropies
@@ -96,8 +97,8 @@ def test_same_seed_same_partition_other_seed_different(digits_labels, name, opti
 
 @pytest.mark.parametrize("alpha", [0.01, 0.1, 10.0])
 @pytest.mark.parametrize("clients", [10, 13, 100])
-def test_balanced_dirichlet_sizes_differ_by_at_most_one(digits_labels, alpha, clients):
-    sizes = [len(p) for p in split(digits_labels, "dirichlet", clients=clients, alpha=alpha, balanced=True)]
+def test_dirichlet_client_sizes_differ_by_at_most_one(digits_labels, alpha, clients):
+    sizes = [len(p) for p in split(digits_labels, "dirichlet-client", clients=clients, alpha=alpha)]
     assert max(sizes) - min(sizes) <= 1
     assert sum(sizes) == len(digits_labels)
 
@@ -108,7 +109,7 @@ def test_natural_size_dirichlet_respects_min_samples(digits_labels):
 
 
 def test_a_single_client_gets_everything(digits_labels):
-    for name, options in [("iid", {}), ("dirichlet", {}), ("dirichlet", {"balanced": True}),
+    for name, options in [("iid", {}), ("dirichlet", {}), ("dirichlet-client", {}),
                           ("pathological", {"classes_per_client": 10})]:
         assert_exact_cover(split(digits_labels, name, clients=1, **options), len(digits_labels))
 
@@ -120,9 +121,9 @@ def test_iid_sizes_are_near_equal(digits_labels):
 
 @pytest.mark.parametrize("alpha", [0, -1.0])
 def test_alpha_must_be_positive(digits_labels, alpha):
-    for balanced in (True, False):
+    for name in ("dirichlet", "dirichlet-client"):
         with pytest.raises(LandscapeError, match=rf"partition.alpha must be > 0 \(got {alpha}\)"):
-            split(digits_labels, "dirichlet", alpha=alpha, balanced=balanced)
+            split(digits_labels, name, alpha=alpha)
 
 
 def test_unreachable_min_samples_says_what_to_change(digits_labels):
@@ -168,7 +169,7 @@ def test_natural_errors(digits_labels):
 
 
 def test_unknown_partition_and_option(digits_labels):
-    with pytest.raises(LandscapeError, match="unknown partition 'shards'; choose from: dirichlet, iid, natural"):
+    with pytest.raises(LandscapeError, match="unknown partition 'shards'; choose from: dirichlet, dirichlet-client, iid, natural"):
         split(digits_labels, "shards")
     with pytest.raises(LandscapeError, match="unknown option 'beta' for dirichlet"):
         split(digits_labels, "dirichlet", beta=1.0)
@@ -204,3 +205,58 @@ def test_table_for_many_clients_and_classes():
     assert len(lines) == 102
     assert len({len(line) for line in lines}) == 1  # columns aligned
     assert lines[-1].split()[-1] == str(hist.sum())
+
+
+def _reference_sampler(labels: np.ndarray, clients: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
+    """The FL-Simulator / FedNSAM loop, written out independently: pick any client, redraw a full one; draw a class
+    by inverse CDF of its prior, redraw a used-up one (drawn here directly from the prior restricted to the
+    classes left, the same law: the literal redraw loop can spin for ages on a prior whose mass sits on used-up
+    classes). Returns the [clients, classes] histogram."""
+    priors = rng.dirichlet([alpha] * 10, size=clients)
+    amount = np.bincount(labels, minlength=10)
+    need = np.full(clients, len(labels) // clients)
+    hist = np.zeros((clients, 10), dtype=np.int64)
+    while need.sum():
+        k = rng.integers(clients)
+        if need[k] == 0:
+            continue
+        need[k] -= 1
+        masked = np.where(amount > 0, priors[k], 0.0)
+        c = int(np.argmax(rng.uniform() * masked.sum() <= np.cumsum(masked)))
+        amount[c] -= 1
+        hist[k, c] += 1
+    return hist
+
+
+def test_dirichlet_client_is_the_reference_codes_sampler_in_distribution():
+    """The same law as the reference loop: per-client label histograms of 300 seeded draws of each agree in the
+    mean class share of the client's most and least common class, and in the TV heterogeneity (2-sample KS)."""
+    from scipy import stats
+
+    labels = np.repeat(np.arange(10), 30)  # 300 samples, 10 clients of 30
+    ours, theirs = [], []
+    for seed in range(300):
+        ours.append(heterogeneity(class_histogram(labels, split(labels, "dirichlet-client", seed=seed, alpha=0.3),
+                                                  10)).label_tv)
+        theirs.append(heterogeneity(_reference_sampler(labels, 10, 0.3, np.random.default_rng(10_000 + seed)))
+                      .label_tv)
+    assert stats.ks_2samp(ours, theirs).pvalue > 0.01
+    # and it is not the per-class convention, whose heterogeneity at one alpha differs
+    per_class = [heterogeneity(class_histogram(labels, split(labels, "dirichlet", seed=s, alpha=0.3, min_samples=1),
+                                               10)).label_tv for s in range(300)]
+    assert stats.ks_2samp(ours, per_class).pvalue < 1e-6
+
+
+def test_heterogeneity_by_hand():
+    hist = np.array([[3, 1], [0, 4], [2, 2]])  # global p = (5/12, 7/12)
+    h = heterogeneity(hist)
+    tvs = [abs(3 / 4 - 5 / 12), abs(0 - 5 / 12), abs(2 / 4 - 5 / 12)]  # TV of 2 classes = |p_1 - q_1|
+    assert h.label_tv == pytest.approx(np.mean(tvs)) and h.label_tv_max == pytest.approx(max(tvs))
+    assert (h.size_min, h.size_max, h.size_mean, h.size_cv) == (4, 4, 4.0, 0.0)
+    h = heterogeneity(np.array([[1, 0], [0, 3]]))
+    assert h.size_cv == pytest.approx(np.std([1, 3]) / 2) and h.label_tv == pytest.approx((0.75 + 0.25) / 2)
+
+
+def test_balanced_is_refused_with_the_new_name(digits_labels):
+    with pytest.raises(LandscapeError, match='partition.name = "dirichlet-client"'):
+        split(digits_labels, "dirichlet", balanced=True)

@@ -57,7 +57,7 @@ def test_int_accepted_for_float_and_stored_as_float():
         ([("dataset.name", "imagenet")], "unknown dataset 'imagenet'; choose from: cifar10, cifar100, digits"),
         ([("model.name", "vit")], "unknown model 'vit'; choose from: cnn, lenet5, mlp, resnet18"),
         ([("algorithm.name", "fedfoo")], "unknown algorithm 'fedfoo'; choose from: "),
-        ([("partition.name", "zipf")], "unknown partition 'zipf'; choose from: dirichlet, iid, natural, pathological"),
+        ([("partition.name", "zipf")], "unknown partition 'zipf'; choose from: dirichlet, dirichlet-client, iid, natural, pathological"),
         ([("seed", -1)], "seed must be in 0..4294967295 (got -1)"),
         ([("seed", 2**32)], "seed must be in 0..4294967295 (got 4294967296)"),
         ([("train", 3)], "recipe key 'train' is a table"),

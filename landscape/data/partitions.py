@@ -2,6 +2,16 @@
 
 Every partition is a list of sorted int64 index arrays, one per client; every training sample lies in exactly
 one client, and the same seed gives the same split.
+
+Two Dirichlet conventions are in use in the literature, and they give different heterogeneity at one alpha:
+
+- ``dirichlet-client`` (the reference code of FedNSAM ``data_from_dirichlet``, FL-Simulator ``DatasetObject``,
+  which FedSMOO, FedGAMMA, FedLESAM and FedVSSAM build on, and the fedsam code's alpha splits of Hsu et al. 2020):
+  every client draws its own class proportions p_i ~ Dir(alpha * 1_C) and all clients have (near) equal sizes.
+- ``dirichlet`` (Hsu et al. 2019 / Yurochkin et al. 2019, NIID-Bench's "hetero-dir"): each class c is split over
+  the clients by q_c ~ Dir(alpha * 1_N); client sizes vary widely.
+
+``heterogeneity`` measures a partition so that runs under the two can be told apart.
 """
 
 from __future__ import annotations
@@ -50,21 +60,22 @@ def iid(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.G
 @dataclass(frozen=True)
 class DirichletOptions:
     alpha: float = 0.1  # concentration: small = few classes per client, large -> IID
-    balanced: bool = False  # equal client sizes (per-client proportions) or natural sizes (per-class split)
-    min_samples: int = 2  # natural sizes: redraw until every client has this many
+    balanced: bool = False  # kept so that recipes written before dirichlet-client still read; true is refused
+    min_samples: int = 2  # redraw until every client has this many
 
 
 DIRICHLET_ATTEMPTS = 1000
 
 
 @PARTITIONS.register("dirichlet", options=DirichletOptions,
-                     summary="Dirichlet(alpha) label skew (Hsu et al. 2019); balanced or natural sizes")
+                     summary="per-class split: class c over the clients by q_c ~ Dir(alpha); natural sizes")
 def dirichlet(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator,
               opts: DirichletOptions, natural: list[np.ndarray] | None) -> list[np.ndarray]:
     if not opts.alpha > 0:
         raise LandscapeError(f"partition.alpha must be > 0 (got {opts.alpha})")
     if opts.balanced:
-        return _dirichlet_balanced(labels, num_clients, num_classes, rng, opts.alpha)
+        raise LandscapeError('partition.balanced = true is partition.name = "dirichlet-client" now (per-client '
+                             "proportions, equal sizes, drawn as the papers' reference code draws them)")
     if opts.min_samples < 1:
         raise LandscapeError(f"partition.min_samples must be >= 1 (got {opts.min_samples})")
     if opts.min_samples * num_clients > len(labels):
@@ -88,34 +99,57 @@ def dirichlet(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.ra
     )
 
 
-def _dirichlet_balanced(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator,
-                        alpha: float) -> list[np.ndarray]:
-    """Equal sizes: client i draws its quota from p_i ~ Dir(alpha * 1_C), without reusing a sample.
+@dataclass(frozen=True)
+class DirichletClientOptions:
+    alpha: float = 0.1  # concentration of each client's class proportions p_i ~ Dir(alpha * 1_C)
 
-    Drawing a quota sample by sample from p_i restricted to classes with samples left is the same as drawing
-    it as a multinomial and redrawing the part that overflows a class among the classes still available.
-    """
-    proportions = rng.dirichlet(np.full(num_classes, alpha), size=num_clients)
+
+@PARTITIONS.register("dirichlet-client", options=DirichletClientOptions,
+                     summary="per-client proportions p_i ~ Dir(alpha), equal sizes (FedNSAM, FL-Simulator code)")
+def dirichlet_client(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator,
+                     opts: DirichletClientOptions, natural: list[np.ndarray] | None) -> list[np.ndarray]:
+    """The reference codes' sampler: p_i ~ Dir(alpha * 1_C) per client, sizes n // N (the first n % N clients one
+    more, so that every sample is used; the reference code drops those). Then, one sample at a time, a client is
+    picked uniformly among those still short of their size, and it takes a sample of class c drawn from p_i
+    restricted to the classes with samples left (the reference code's "redraw if the class is used up"), the
+    samples of each class taken in a seeded random order."""
+    if not opts.alpha > 0:
+        raise LandscapeError(f"partition.alpha must be > 0 (got {opts.alpha})")
+    proportions = rng.dirichlet(np.full(num_classes, opts.alpha), size=num_clients)
+    proportions = np.nan_to_num(proportions)  # a tiny alpha can underflow a whole row to 0/0
     pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
-    left = np.array([len(p) for p in pools])
-    quotas = np.full(num_clients, len(labels) // num_clients)
-    quotas[: len(labels) % num_clients] += 1
-    clients = []
-    for p, quota in zip(proportions, quotas):
-        counts = np.zeros(num_classes, dtype=np.int64)
-        need = int(quota)
-        while need > 0:
-            available = left - counts
-            weights = np.where(available > 0, np.nan_to_num(p), 0.0)
-            if weights.sum() <= 0:  # all of p_i's mass sits on used-up classes: draw among what is left
-                weights = available.astype(float)
-            draw = rng.multinomial(need, weights / weights.sum())
-            counts += np.minimum(draw, available)
-            need = int(quota - counts.sum())
-        taken = [pool[len(pool) - left[c]: len(pool) - left[c] + counts[c]] for c, pool in enumerate(pools)]
-        left -= counts
-        clients.append(np.concatenate(taken))
-    return clients
+    left = np.array([len(p) for p in pools], dtype=np.int64)
+    need = np.full(num_clients, len(labels) // num_clients, dtype=np.int64)
+    need[: len(labels) % num_clients] += 1
+    taken: list[list[int]] = [[] for _ in range(num_clients)]
+    for client in _client_order(need, rng):
+        weights = np.where(left > 0, proportions[client], 0.0)
+        if not weights.sum() > 0:  # p_i's mass sits on used-up classes only: draw among what is left
+            weights = left.astype(np.float64)
+        c = int(np.searchsorted(np.cumsum(weights), rng.random() * weights.sum(), side="right"))
+        c = min(c, num_classes - 1)
+        while left[c] == 0:  # rounding at the top of the cumulative sum: the last class with samples left
+            c -= 1
+        left[c] -= 1
+        taken[client].append(int(pools[c][left[c]]))
+    return [np.asarray(t, dtype=np.int64) for t in taken]
+
+
+def _client_order(need: np.ndarray, rng: np.random.Generator) -> list[int]:
+    """The order in which clients take their samples: at each step a client drawn uniformly among those still
+    short of their size (the reference code draws any client and redraws a full one: the same distribution)."""
+    need = need.copy()
+    active = [int(i) for i in np.flatnonzero(need > 0)]
+    order: list[int] = []
+    while active:
+        k = int(rng.integers(len(active)))
+        client = active[k]
+        order.append(client)
+        need[client] -= 1
+        if need[client] == 0:
+            active[k] = active[-1]
+            active.pop()
+    return order
 
 
 @dataclass(frozen=True)
@@ -175,6 +209,41 @@ def mean_label_entropy(hist: np.ndarray) -> float:
     p = hist / hist.sum(axis=1, keepdims=True)
     terms = np.where(p > 0, -p * np.log(np.where(p > 0, p, 1.0)), 0.0)
     return float(terms.sum(axis=1).mean())
+
+
+@dataclass(frozen=True)
+class Heterogeneity:
+    """How heterogeneous a partition is, comparable across partition conventions.
+
+    ``label_tv``: mean over clients of the total-variation distance TV(p_i, p) = 1/2 sum_c |p_ic - p_c| of client
+    i's label distribution p_i from the global one p (the union of the clients), in [0, 1 - min_c p_c];
+    ``label_tv_max`` the largest; ``size_*``: client sizes, ``size_cv`` = std / mean (ddof 0)."""
+
+    label_tv: float
+    label_tv_max: float
+    size_min: int
+    size_max: int
+    size_mean: float
+    size_cv: float
+
+    def record(self) -> dict:
+        return {"label_tv": self.label_tv, "label_tv_max": self.label_tv_max, "size_min": self.size_min,
+                "size_max": self.size_max, "size_mean": self.size_mean, "size_cv": self.size_cv}
+
+    def text(self) -> str:
+        return (f"heterogeneity: mean label TV distance from the global distribution {self.label_tv:.3f} "
+                f"(max {self.label_tv_max:.3f}); client sizes {self.size_min}-{self.size_max}, "
+                f"mean {self.size_mean:.1f}, CV {self.size_cv:.2f}")
+
+
+def heterogeneity(hist: np.ndarray) -> Heterogeneity:
+    """The ``Heterogeneity`` of a [clients, classes] histogram."""
+    hist = np.asarray(hist, dtype=np.float64)
+    sizes = hist.sum(axis=1)
+    p = hist.sum(axis=0) / hist.sum()
+    tv = 0.5 * np.abs(hist / sizes[:, None] - p).sum(axis=1)
+    return Heterogeneity(float(tv.mean()), float(tv.max()), int(sizes.min()), int(sizes.max()), float(sizes.mean()),
+                         float(sizes.std() / sizes.mean()))
 
 
 def format_partition_table(hist: np.ndarray) -> str:
