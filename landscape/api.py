@@ -13,7 +13,10 @@ Each function takes the model (an ``nn.Module``: it is never modified, its param
 once) and the data (a ``(inputs, targets)`` pair of tensors, a map-style ``Dataset`` or a ``DataLoader``: read
 once into memory and then used in fixed batches, so every number is deterministic), and returns a frozen
 result. ``loss`` is the cross-entropy unless named (``"mse"``) or given as a callable ``(outputs, targets) ->
-mean loss``. The model's device and dtype are used unless ``device`` / ``dtype`` say otherwise.
+mean loss``. The model's device and dtype are used unless ``device`` / ``dtype`` say otherwise. Only the
+trainable parameters (``requires_grad=True``) are analysed: the flat vector w, the Hessian's dimension and every
+direction are theirs; frozen parameters are constants at their values (``Problem.flat.dim``,
+``Problem.flat.frozen_dim``: the two counts).
 
 ``landscape analyze`` runs the same functions: its passes build one ``Problem`` per checkpoint (the model at
 the checkpoint's weights, the analysis data, the BN mode) and pass it where a model goes, with no data.
@@ -119,15 +122,19 @@ def density(model: nn.Module | Problem, data: Any = None, *, runs: int = 2, step
     return slq_density(op, runs=runs, steps=steps, seed=seed)
 
 
-def sharpness(model: nn.Module | Problem, data: Any = None, rho: float | Sequence[float] = 0.05, *, steps: int = 5,
-              adaptive: bool = False, eta: float = 0.01, seed: int = 0, **settings: Any) -> SharpnessProfile:
-    """S_rho = max_{||e|| <= rho} F(w + e) - F(w) for each radius, by ``steps`` projected normalised ascent
-    steps (1 = the SAM estimate); ``adaptive``: the ASAM ball ||e / (|w| + eta)|| <= rho (weights only)."""
+def sharpness(model: nn.Module | Problem, data: Any = None, rho: float | Sequence[float] = 0.05, *, steps: int = 50,
+              tol: float = 1e-3, starts: int = 8, adaptive: bool = False, eta: float = 0.01, seed: int = 0,
+              **settings: Any) -> SharpnessProfile:
+    """S_rho = max_{||e|| <= rho} F(w + e) - F(w) for each radius: the best of ``starts`` Armijo projected
+    ascents (from w and from seeded random points on the sphere), each at most ``steps`` trial points and
+    stopped when the estimated remaining gain is below ``tol`` * S_rho (``converged``, ``steps_used``,
+    ``last_gain``, ``ball_fraction`` per radius); ``steps = starts = 1`` is the SAM estimate. ``adaptive``:
+    the ASAM ball ||e / (|w| + eta)|| <= rho (weights only)."""
     p = problem(model, data, **settings)
     rhos = [float(rho)] if isinstance(rho, (int, float)) else [float(r) for r in rho]
     mask = asam_weight_mask(p.flat) if adaptive else None
-    return sharpness_profile(p.objective, p.w, rhos, steps=steps, adaptive=adaptive, eta=eta, weight_mask=mask,
-                             seed=seed)
+    return sharpness_profile(p.objective, p.w, rhos, steps=steps, tol=tol, starts=starts, adaptive=adaptive,
+                             eta=eta, weight_mask=mask, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -147,7 +154,7 @@ def surface(model: nn.Module | Problem, data: Any = None, *, grid: int | tuple[i
             span: tuple[float, float] = (-1.0, 1.0), dims: int = 2,
             directions: tuple[Tensor, ...] | None = None, seed: int = 0, **settings: Any) -> Surface:
     """The loss surface on filter-normalised random directions (Li et al. 2018; BatchNorm and bias
-    coordinates zero), or on ``directions`` (flat vectors of the model's parameter count): a ``dims``-D grid
+    coordinates zero), or on ``directions`` (flat vectors of the model's trainable parameter count): a ``dims``-D grid
     of ``grid`` points per axis (odd, so that w is a grid point) over ``span`` in each direction."""
     from landscape.analyze.surface import evaluate_surface, make_axis
 

@@ -54,7 +54,8 @@ _RECIPE_FLAGS: list[tuple[str, str, str]] = [
     ("--algorithm", "algorithm.name", "federated algorithm (see `landscape list`)"),
     ("--dataset", "dataset.name", "data set: digits (offline), mnist1d (generated), synthetic, mnist, ..."),
     ("--model", "model.name", "model: mlp, cnn, lenet5, resnet18"),
-    ("--partition", "partition.name", "how the training set is split: iid, dirichlet, pathological, natural"),
+    ("--partition", "partition.name",
+     "how the training set is split: iid, dirichlet, dirichlet-client, pathological, natural"),
     ("--alpha", "partition.alpha", "Dirichlet concentration (smaller = more heterogeneous)"),
     ("--clients", "partition.clients", "number of clients N"),
     ("--participation", "train.participation", "fraction of clients sampled per round, in (0, 1]"),
@@ -171,7 +172,7 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
         recipe = runs[0][0]
         out = out if out is not None else Path("runs") / (recipe.name or recipes.run_name(recipe))
         if dry_run:
-            from landscape.data.partitions import format_partition_table
+            from landscape.data.partitions import format_partition_table, heterogeneity
             from landscape.setup import prepare_data
 
             setup = prepare_data(recipe)
@@ -179,6 +180,7 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
             click.echo(recipes.to_toml(recipe))
             click.echo(f"# run directory: {out}")
             click.echo(format_partition_table(setup.histogram))
+            click.echo(heterogeneity(setup.histogram).text())
             return
         state = loop.start_run(recipe, out, overwrite=overwrite, progress=not quiet)
         _report(out, state.round)
@@ -561,8 +563,9 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
 def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, seeds: str | None, scale: str | None,
                    device: str, assignments: tuple[str, ...], dry_run: bool, quiet: bool) -> None:
     """Check published claims (claims/*.toml) on runs of several seeds: train and analyse the runs of each
-    claim's figure recipe where missing (as `landscape figures` does), then test each comparison with a
-    one-sided paired t-test over seeds and print HELD / NOT HELD / INCONCLUSIVE with the numbers."""
+    claim's figure recipe where missing (as `landscape figures` does), then test each comparison over seeds
+    (one-sided paired t-test, exact sign-flip test, Holm's step over every comparison of this call) and print
+    HELD / NOT HELD / INCONCLUSIVE with the numbers."""
     from landscape import recipe as recipes
     from landscape.analyze.catalog import load_passes
     from landscape.figures import book, claims
@@ -609,7 +612,12 @@ def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, 
         loaded = iter(load_runs([p for paths in wanted.values() for p in paths], selection))
         runs = {run_id: [next(loaded) for _ in paths] for run_id, paths in wanted.items()}
         results.append(claims.evaluate(claim, runs))
-        for line in results[-1].lines():
+    results = claims.decide(results)  # Holm's step over every comparison of every claim file given
+    family = max((r.family for result in results for r in result.comparisons), default=0)
+    click.echo(f"claims: Holm's step over the {family} tested comparison(s) of this call; a comparison is HELD "
+               f"when p_Holm (of the one-sided paired t-test) and p_sign-flip (exact) are below the level")
+    for result in results:
+        for line in result.lines():
             click.echo(line)
     written = parallel.on_main(lambda: claims.write_results(results, out))
     click.echo("claims: " + ", ".join(f"{sum(r.verdict == v for r in results)} {v}"
@@ -674,13 +682,16 @@ def compare_command(runs: tuple[Path, ...], out: Path, rho: float | None, quanti
 
 # The demo: the recipe of train/digits-fedavg.toml, for three algorithms, with client models kept.
 _DEMO_OVERRIDES: list[tuple[str, Any]] = [
-    ("dataset.name", "digits"), ("partition.name", "dirichlet"), ("partition.clients", 20), ("partition.alpha", 0.1),
+    ("dataset.name", "digits"), ("partition.name", "dirichlet-client"), ("partition.clients", 20),
+    ("partition.alpha", 0.1),
     ("model.name", "cnn"), ("train.rounds", 30), ("train.participation", 0.25), ("train.local_epochs", 5),
     ("train.batch_size", 32), ("train.lr", 0.1), ("train.checkpoint_every", 10), ("train.keep_clients", True),
     ("train.device", "cpu"),
 ]
 _DEMO_ALGORITHMS = ["fedavg", "fedsam", "fednsam"]
-_DEMO_SURFACE = {"directions": "random", "grid": "21", "span": "-1:1"}
+# one plane for the three runs (filter-normalised to their shared initial model): their surfaces compare basins
+_DEMO_SURFACE = {"directions": "random", "grid": "21", "span": "-1:1", "normalization": "filter-reference",
+                 "reference": "round:0"}
 _DEMO_PASS_OPTIONS: dict[str, dict] = {}  # pass options other than the defaults (the tests make them cheap)
 _DEMO_CURVE_ROUNDS = "10,20"  # checkpoints before the last (30) where the demo also computes S_rho
 

@@ -683,11 +683,12 @@ def partition_problem(path: Path, client_indices: list[np.ndarray], num_samples:
 
 
 def partition_record(
-    client_indices: list[np.ndarray], histogram: np.ndarray, settings: dict
+    client_indices: list[np.ndarray], histogram: np.ndarray, settings: dict, heterogeneity: dict
 ) -> dict:
     return {
         "settings": settings,
         "num_clients": len(client_indices),
+        "heterogeneity": heterogeneity,
         "clients": [
             {"client": i, "size": len(idx), "histogram": histogram[i].tolist(), "indices": idx.tolist()}
             for i, idx in enumerate(client_indices)

@@ -11,6 +11,7 @@ from conftest import tiny_recipe
 import landscape
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import AnalysisSettings, find_sources
+from landscape.analyze.results import SCHEMA_VERSION
 from landscape.analyze.scheduler import run_analysis
 from landscape.cli import cli
 from landscape.errors import LandscapeError
@@ -39,7 +40,7 @@ def test_loss_pass_writes_json_with_schema_and_settings(run_copy):
     result = analyze(run_copy, "--passes", "loss")
     assert result.exit_code == 0, result.output
     record = json.loads((run_copy / "analysis" / "round-0004" / "loss.json").read_text())
-    assert record["schema_version"] == 1 and record["pass"] == "loss" and record["round"] == 4
+    assert record["schema_version"] == SCHEMA_VERSION and record["pass"] == "loss" and record["round"] == 4
     assert record["settings"]["analysis"]["bn_mode"] == "eval" and record["settings"]["pass"] == {"clients": 0}
     assert len(record["checkpoint_sha256"]) == 64
     # F and accuracy over the union of the clients' training data, computed independently here

@@ -89,7 +89,8 @@ def test_sharpness_surface_and_flatness_distance():
     other = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
     result = landscape.flatness_distance(model, [other, model.state_dict()])
     d = float(((FlatModel(other).vector() - flat.vector()) ** 2).sum()) / 2
-    assert result.distance == pytest.approx(d, rel=1e-12)
+    assert result.distance_to_global == pytest.approx(d, rel=1e-12)  # mean of ||y_i - x||^2, y = (other, x)
+    assert result.distance == pytest.approx(d / 2, rel=1e-12)  # around their mean: each is half-way, 1/4 of it
 
 
 def test_bad_input_is_a_one_line_error():

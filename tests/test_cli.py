@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -95,6 +96,11 @@ def test_train_writes_a_run_directory(tmp_path):
         assert key in rows[-1]
     part = json.loads((out / "partition.json").read_text())
     assert part["num_clients"] == 4 and part["settings"]["name"] == "dirichlet"
+    from landscape.data.partitions import heterogeneity
+
+    hist = np.array([c["histogram"] for c in part["clients"]])
+    assert part["heterogeneity"] == heterogeneity(hist).record()
+    assert part["heterogeneity"]["size_min"] == min(c["size"] for c in part["clients"])
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["round-0000.pt", "round-0002.pt"]
 
 
@@ -105,8 +111,11 @@ def test_recipe_file_and_flags(tmp_path):
     assert result.exit_code == 0, result.output
     assert "seed = 4" in result.output and "clients = 5" in result.output
     assert "run directory: runs/digits-fedavg-dir0.1-cnn-c5-s4" in result.output
-    table = result.output.split("client")[-1].splitlines()[1:]
+    table, heterogeneity = result.output.split("heterogeneity: ")
+    table = table.split("client")[-1].splitlines()[1:]
     assert [line.split()[0] for line in table if line.strip()] == ["0", "1", "2", "3", "4", "total"]
+    assert heterogeneity.startswith("mean label TV distance from the global distribution 0.")
+    assert "client sizes" in heterogeneity and "CV" in heterogeneity
 
 
 def test_dry_run_writes_nothing(tmp_path):
@@ -120,7 +129,8 @@ def test_dry_run_writes_nothing(tmp_path):
 BAD_INPUT = [
     (["--dataset", "imagenet"], "unknown dataset 'imagenet'; choose from: cifar10, cifar100, digits, fashion-mnist"),
     (["--model", "vit"], "unknown model 'vit'; choose from: cnn, lenet5, mlp, resnet18"),
-    (["--partition", "zipf"], "unknown partition 'zipf'; choose from: dirichlet, iid, natural, pathological"),
+    (["--partition", "zipf"],
+     "unknown partition 'zipf'; choose from: dirichlet, dirichlet-client, iid, natural, pathological"),
     (["--algorithm", "fedfoo"], "unknown algorithm 'fedfoo'; choose from: "),
     (["--alpha", "0"], "partition.alpha must be > 0 (got 0.0)"),
     (["--alpha", "-0.5"], "partition.alpha must be > 0 (got -0.5)"),
@@ -264,7 +274,7 @@ def test_demo_and_report(tmp_path, monkeypatch):
     assert f"report:  {tmp_path / 'demo' / 'report.html'}" in result.output
     again = invoke("demo", "--out", tmp_path / "demo")  # finished steps are reused (the lines say so)
     assert again.exit_code == 0 and again.output.count(": done") == 3
-    report = invoke("report", tmp_path / "demo" / "digits-fedsam-dir0.1-cnn-c4-s0", "-o", tmp_path / "r.html")
+    report = invoke("report", tmp_path / "demo" / "digits-fedsam-dirc0.1-cnn-c4-s0", "-o", tmp_path / "r.html")
     assert report.exit_code == 0 and (tmp_path / "r.html").stat().st_size > 100_000
     missing = invoke("report", tmp_path / "nope", "-o", tmp_path / "x.html")
     assert missing.exit_code != 0 and missing.output.strip() == f"error: {tmp_path / 'nope'} is not a directory " \

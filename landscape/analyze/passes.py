@@ -58,7 +58,9 @@ def _training_batch_size(ctx: CheckpointContext, value: int) -> int:
 @dataclass(frozen=True)
 class SharpnessOptions:
     rhos: tuple[float, ...] = (0.01, 0.05, 0.1)  # radii of the global S_rho profile
-    steps: int = 5  # projected normalised ascent steps (1 = the SAM estimate)
+    steps: int = 50  # the most trial points of each Armijo projected ascent (steps = starts = 1: SAM)
+    tol: float = 1e-3  # stop when the estimated remaining gain is below tol * S_rho (0: run all steps)
+    starts: int = 8  # ascents from the centre and starts - 1 seeded random points on the sphere; the best
     adaptive: bool = True  # also the ASAM-ball profile (|x| + eta, weights only, as FedASAM trains)
     eta: float = 0.01
     local_rho: float = 0.05  # radius of the per-client S_rho on F_i
@@ -72,19 +74,19 @@ def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput
     from landscape.analyze.sharpness import local_sharpness
 
     seed = ctx.settings.seed
-    profile = api.sharpness(ctx.problem, rho=list(opts.rhos), steps=opts.steps, seed=seed)
+    ascent = {"steps": opts.steps, "tol": opts.tol, "starts": opts.starts, "seed": seed}
+    profile = api.sharpness(ctx.problem, rho=list(opts.rhos), **ascent)
     scalars, arrays = split_result(profile, "global.")
     out = {"global": scalars}
     if opts.adaptive:
-        adaptive = api.sharpness(ctx.problem, rho=list(opts.rhos), steps=opts.steps, adaptive=True, eta=opts.eta,
-                                 seed=seed)
+        adaptive = api.sharpness(ctx.problem, rho=list(opts.rhos), adaptive=True, eta=opts.eta, **ascent)
         out["adaptive"], more = split_result(adaptive, "adaptive.")
         arrays.update(more)
     summary = {f"S_rho({rho:g})": float(s) for rho, s in zip(profile.rhos, profile.sharpness)}
     if ctx.num_clients == 0:  # a plain state_dict: the global profiles only
         return PassOutput(out, arrays, summary)
     local = local_sharpness(_client_objectives(ctx, opts.clients, "local sharpness"), ctx.objective, ctx.w,
-                            opts.local_rho, steps=opts.steps, seed=seed)
+                            opts.local_rho, **ascent)
     out["local"], more = split_result(local, "local.")
     arrays.update(more)
     summary["local_gap"] = float(local.gap)
@@ -147,11 +149,14 @@ def alignment_pass(ctx: CheckpointContext, opts: AlignmentOptions) -> PassOutput
     out["gradients"], arrays = split_result(gradients, "gradients.")
     out["minibatch"], more = split_result(minibatch, "minibatch.")
     arrays.update(more)
-    # Update cosines need this round's kept client models and the model they started from (round t - 1).
-    start = ctx.previous_global()
+    # Update cosines need this round's kept client models and the model they started from: the algorithm's
+    # broadcast of checkpoint round t - 1 (x^{t-1}, or a look-ahead x^{t-1} + lam m); the server's step is
+    # measured from x^{t-1} to the training model x^t.
     kept = ctx.source.clients_checkpoint(ctx.round).is_file()
-    if kept and start is not None:
-        out["updates"], more = split_result(update_alignment(start, ctx.kept_clients(), ctx.global_w), "updates.")
+    start = ctx.broadcast_start() if kept else None
+    if start is not None:
+        result = update_alignment(start, ctx.kept_clients(), ctx.global_w, ctx.previous_global())
+        out["updates"], more = split_result(result, "updates.")
         arrays.update(more)
     else:
         out["updates"] = {"available": False, "reason": "needs --keep-clients and a checkpoint of round "
@@ -172,7 +177,7 @@ class HessianOptions:
     tol: float = 1e-3  # relative residual ||Hv - lambda v|| <= tol * |lambda|
     trace_hvps: int = 60  # budget of the trace estimator; Hutchinson (the baseline) runs on as many probes
     trace_method: str = DEFAULT_TRACE_METHOD  # xtrace, hutch++ or hutchinson (benchmarks/trace_estimators.py)
-    density_runs: int = 2  # SLQ: n_v runs x m steps
+    density_runs: int = 4  # SLQ: n_v runs x m steps; its trace_stderr has n_v - 1 degrees of freedom
     density_steps: int = 40
     clients: int = 0  # per-client lambda_max(grad^2 F_i) for all clients (0), a seeded sample, or none (-1)
 

@@ -49,7 +49,7 @@ from landscape.setup import (
     torch_dtype,
     using_threads,
 )
-from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem, ParamLayout
+from landscape.train.algorithms import ClientResult, LocalProblem, ParamLayout, build_algorithm
 from landscape.train.schedule import (
     STREAM_CLIENT,
     clients_per_round,
@@ -57,13 +57,6 @@ from landscape.train.schedule import (
     sample_clients,
     swa_cycle_ends,
 )
-
-
-def build_algorithm(recipe: Recipe, layout: ParamLayout) -> Algorithm:
-    entry = ALGORITHMS.get(recipe.algorithm.name)
-    options = entry.make_options(dict(recipe.algorithm.options))
-    return entry.factory(options, num_clients=recipe.partition.clients, server_lr=recipe.train.server_lr,
-                         layout=layout)
 
 
 def check_local_work(train: TrainSettings) -> None:
@@ -264,6 +257,7 @@ class Trainer:
                 client_states[result.client] = {k: v.to("cpu") for k, v in result.state.items()}
         x_new, server_state = self.algorithm.aggregate(state.x, state.server_state, results, t, lr)
         new_buffers = average_buffers(client_buffers) if client_buffers and state.buffers else state.buffers
+        new_buffers.update({n: state.buffers[n] for n in self.flat.frozen_names})  # constants: never averaged
         swa_model, swa_count = state.swa_model, state.swa_count
         if swa_cycle_ends(self.train_cfg, t):  # x_swa = (n * x_swa + x^{t+1}) / (n + 1)
             swa_model = x_new.clone() if swa_model is None else (swa_count * swa_model + x_new) / (swa_count + 1)
