@@ -114,9 +114,10 @@ def trace(model: nn.Module | Problem, data: Any = None, *, hvps: int = 60, metho
     return trace_estimate(op, hvps=hvps, method=method, seed=seed)
 
 
-def density(model: nn.Module | Problem, data: Any = None, *, runs: int = 2, steps: int = 40, seed: int = 0,
+def density(model: nn.Module | Problem, data: Any = None, *, runs: int = 4, steps: int = 40, seed: int = 0,
             hvp: str = "double-backward", progress: Progress | None = None, **settings: Any) -> DensityResult:
-    """The Hessian's spectral density by stochastic Lanczos quadrature (``runs`` x ``steps`` products)."""
+    """The Hessian's spectral density by stochastic Lanczos quadrature (``runs`` x ``steps`` products; the
+    trace it implies has a standard error with ``runs`` - 1 degrees of freedom, as the hessian pass's default)."""
     p = problem(model, data, **settings)
     op = HessianOperator(p.objective, p.w, backend=hvp, progress=progress)
     return slq_density(op, runs=runs, steps=steps, seed=seed)

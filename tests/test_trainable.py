@@ -186,7 +186,7 @@ def test_a_state_dict_through_the_cli_keeps_its_frozen_values(tmp_path, user_mod
     record = json.loads(next((tmp_path / "analysis" / "mine").glob("hessian*.json")).read_text())["result"]
     x, y = module.make_data()
     exact = torch.linalg.eigvalsh(_dense_hessian(net, x, y)).flip(0)
-    assert record["dim"] == TRAINABLE
+    assert record["dim"] == TRAINABLE and record["frozen"] == FROZEN
     assert record["top"]["values"] == pytest.approx(exact[:2].tolist(), rel=1e-6)
 
 

@@ -204,7 +204,8 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
     hutchinson = api.trace(problem, hvps=opts.trace_hvps, method="hutchinson", **shared)
     density = api.density(problem, runs=opts.density_runs, steps=opts.density_steps, **shared)
     out: dict[str, Any] = {
-        "dim": ctx.flat.dim,
+        "dim": ctx.flat.dim,  # the trainable entries: the Hessian's dimension
+        "frozen": ctx.flat.frozen_dim,  # requires_grad=False entries, held constant
         "top": top.summary(),
         "lambda_ratio": top.top_ratio,
         "trace": trace.summary(),
