@@ -217,7 +217,8 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
     if with_surface:
         with_surface, mode = comparable_surfaces(with_surface, name)
         sources = [run.pass_record(name).path.with_suffix(".npz") for run in with_surface]
-        titles = [curves.with_settings(f"{run.label}, round {run.analysed_rounds(name)[-1]}", run.shown(name))
+        titles = [curves.with_settings(f"{run.label}, round {run.analysed_rounds(name)[-1]}", run.shown(name), "\n",
+                                       width=45)  # panels side by side: ~45 characters of title each
                   for run in with_surface]
         flat = [s for s in sources if not surfaces.load_surface(s).is_2d]
         if not flat and len(sources) > 1:

@@ -470,13 +470,14 @@ def settings_lines(runs: Sequence[RunData], outputs: Sequence[str]) -> list[str]
     return lines
 
 
-def with_settings(title: str, settings: str, sep: str = " ", *, matplotlib: bool = True) -> str:
+def with_settings(title: str, settings: str, sep: str = " ", *, matplotlib: bool = True, width: int = 60) -> str:
     """A title with the settings it shows in brackets (for matplotlib a '$' is escaped: it starts maths, and
-    settings on a line of their own are wrapped at 60 characters, so panel titles side by side do not meet)."""
+    settings on a line of their own are wrapped at ``width`` characters, so panel titles side by side do not
+    meet)."""
     if matplotlib:
         settings = settings.replace("$", "\\$")
-        if sep == "\n" and len(settings) > 60:
-            settings = "\n".join(textwrap.wrap(settings, 60, break_on_hyphens=False))
+        if sep == "\n" and len(settings) > width:
+            settings = "\n".join(textwrap.wrap(settings, width, break_on_hyphens=False))
     return f"{title}{sep}[{settings}]" if settings else title
 
 

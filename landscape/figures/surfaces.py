@@ -250,6 +250,12 @@ def compare_planes(sources: Sequence[str | Path | SurfaceData], labels: Sequence
     return PlaneComparison(modes, norms, comparable, same, text)
 
 
+def _short_labels(titles: Sequence[str]) -> list[str]:
+    """Panel titles without the settings they show ('label, round 30 [grid=21, ...]' -> 'label, round 30'), for
+    the caption line that names every panel's ||x||."""
+    return [title.split("\n")[0].split(" [")[0] for title in titles]
+
+
 def _panel_titles(surfaces: list[SurfaceData], titles: list[str]) -> list[str]:
     """Titles with each model's ||x|| under them, when there is more than one panel."""
     if len(surfaces) < 2:
@@ -509,7 +515,7 @@ def panels_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[
     if len(titles) != len(surfaces):
         raise LandscapeError(f"{len(titles)} titles for {len(surfaces)} surfaces")
     level_values, norm = _color_scale([s.values(quantity) for s in surfaces], log_levels, levels)
-    planes = compare_planes(surfaces, titles) if len(surfaces) > 1 else None
+    planes = compare_planes(surfaces, _short_labels(titles)) if len(surfaces) > 1 else None
     titles = _panel_titles(surfaces, titles)
     width = 5.6 if kind == "3d" else 4.6  # 3D panels: room for the z label beside each box
     fig = Figure(figsize=(width * len(surfaces) + 1.2, 4.6 if kind == "3d" else 4.4), layout="constrained")
@@ -532,7 +538,8 @@ def panels_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[
     _colorbar(fig, mappable, axes, surfaces[0].quantity_label(quantity), shrink=0.85,
               pad=0.08 if kind == "3d" else 0.05)  # room for the z label
     if planes is not None:  # what the panels' axes are: one plane, or each model's own filter norms
-        fig.supxlabel(planes.text, fontsize=8, wrap=True)
+        # above 3D panels (their axis labels reach below the boxes, where the layout does not see them)
+        (fig.suptitle if kind == "3d" else fig.supxlabel)(planes.text, fontsize=8, wrap=True)
     return fig, panels
 
 
@@ -633,7 +640,7 @@ def surface_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence
     if not surfaces:
         raise LandscapeError("surface_html needs at least one surface")
     titles = list(titles) if titles else [s.title() or f"surface {k}" for k, s in enumerate(surfaces)]
-    planes = compare_planes(surfaces, titles) if len(surfaces) > 1 else None
+    planes = compare_planes(surfaces, _short_labels(titles)) if len(surfaces) > 1 else None
     titles = [t.replace("\n", "<br>") for t in _panel_titles(surfaces, titles)]
     _, norm = _color_scale([s.values(quantity) for s in surfaces], False, 2)
     if limits is not None:
