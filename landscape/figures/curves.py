@@ -641,7 +641,7 @@ def flatness_and_sharpness_figure(runs: RunsLike, *, rho: float | None = None) -
                                     legend=False)
         drawn[ax_l] |= _over_rounds(ax_l, group, lambda_max_series, marker="s", ms=6, legend=False)
     ax_d.set_title(r"(a) flatness distance $\Delta_D$ (online, every round)")
-    ax_d.set_ylabel(r"$\Delta_D$ = mean$_i \|y_{i,K}^t - x^{t+1}\|^2$")
+    ax_d.set_ylabel(r"$\Delta_D$ = mean$_i \|y_{i,K}^t - \bar y^t\|^2$")
     ax_s.set_title(with_settings(rf"(b) global sharpness $S_\rho(x^t)$, $\rho$ = {rho:g}",
                                  settings_caption(runs, "sharpness"), "\n"))
     ax_s.set_ylabel(r"$S_\rho$ = max$_{\|e\| \leq \rho}\, F(x+e) - F(x)$ (nats)")
