@@ -406,7 +406,8 @@ def _figure_analysis(fig: FigureRecipe, device: str) -> tuple[Any, dict[str, Any
         settings = AnalysisSettings(device=device, **fig.settings)
     except TypeError as e:
         raise LandscapeError(f"{fig.path}: bad analysis settings ({e})") from None
-    _check_settings(settings, fig.path)
+    except LandscapeError as e:
+        raise LandscapeError(f"{fig.path}: {e}") from None
     passes = list(fig.pass_rounds)
     options = {name: pass_options(name, fig.pass_options.get(name, {})) for name in passes}
     unknown = sorted(set(fig.pass_options) - set(passes))
@@ -633,17 +634,6 @@ def _figure_selection(fig: Any, device: str) -> Any:
 
     settings, options = _figure_analysis(fig, device)
     return Selection(exact={name: settings_record(settings, options[name]) for name in fig.pass_rounds})
-
-
-def _check_settings(settings: Any, where: Path) -> None:
-    choices = {"split": ("train", "test"), "bn_mode": ("eval", "train-batch-stats", "recompute"),
-               "hvp": ("double-backward", "forward-over-reverse"), "dtype": ("auto", "float32", "float64")}
-    for key, allowed in choices.items():
-        if getattr(settings, key) not in allowed:
-            raise LandscapeError(f"{where}: analyze.{key} must be one of {', '.join(allowed)} "
-                                 f"(got {getattr(settings, key)!r})")
-    if settings.analysis_samples < 0 or settings.batch_size < 1:
-        raise LandscapeError(f"{where}: analyze.analysis_samples must be >= 0 and analyze.batch_size >= 1")
 
 
 @cli.command("compare")

@@ -132,7 +132,8 @@ class TrainSettings:
     )
     # CPU threads of torch while training (0: every core this process may use). The numbers of a round differ
     # in the last bits with the count; 1 is fastest for small federated clients and the same on every machine.
-    threads: int = field(default=1, metadata=_check(_non_negative, "must be >= 0 (0: every core)"))
+    threads: int = field(default=1, metadata=_check(lambda v: 0 <= v <= 4096,
+                                                    "must be in 0..4096 (0: every core)"))
 
 
 # imports: modules of the user's own that register models, data sets, partitions or algorithms when imported

@@ -7,6 +7,7 @@ reference defaults. The recipe layer uses it to validate keys and to write every
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -48,6 +49,36 @@ class Entry(Generic[T]):
                 f"unknown option '{unknown[0]}' for {self.name}; allowed: {', '.join(allowed) or '(none)'}"
             )
         return self.options(**values)
+
+    def make_checked_options(self, values: dict[str, Any]) -> Any:
+        """``make_options`` with every value checked against the kind of its default (``check_kind``) after
+        the options' own checks, and a number where a tuple goes read as a one-element tuple (analysis pass
+        options: ``--set sharpness.rhos=0.05``)."""
+        defaults = self.option_defaults()
+        values = {k: (v,) if isinstance(defaults.get(k), tuple) and not isinstance(v, (list, tuple)) else v
+                  for k, v in values.items()}
+        options = self.make_options(values)
+        for key in values:
+            check_kind(f"{self.name}.{key}", getattr(options, key), defaults.get(key))
+        return options
+
+
+def check_kind(where: str, value: Any, default: Any) -> None:
+    """An option value against the kind of its default, after the options dataclass's own checks (every
+    analysis pass option gets it): true or false for a bool, a whole number for an int, a finite
+    number for a float, items of the kind of the default's first item for a list or tuple. A default of None
+    or a string takes what the dataclass took."""
+    if isinstance(default, (list, tuple)):
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            check_kind(where, item, default[0] if default else None)
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise LandscapeError(f"{where} must be true or false (got {value!r})")
+    if isinstance(default, int) and not isinstance(default, bool) and not (number and isinstance(value, int)):
+        raise LandscapeError(f"{where} must be a whole number (got {value!r})")
+    if isinstance(default, float) and not (number and math.isfinite(value)):
+        raise LandscapeError(f"{where} must be a finite number (got {value!r})")
 
 
 class Registry(Generic[T]):

@@ -230,7 +230,7 @@ def test_local_sharpness_per_client_and_gap(digits):
 def test_bad_settings_are_named():
     quad = Quadratic(_spd([1.0, 2.0]), torch.zeros(2, dtype=torch.float64))
     w = torch.zeros(2, dtype=torch.float64)
-    with pytest.raises(LandscapeError, match="rho must be > 0"):
+    with pytest.raises(LandscapeError, match="rho must be a finite number > 0"):
         rho_sharpness(quad, w, 0.0)
     with pytest.raises(LandscapeError, match="steps must be an integer >= 1"):
         rho_sharpness(quad, w, 0.1, steps=0)

@@ -20,4 +20,4 @@ def default_passes() -> list[str]:
 
 
 def pass_options(name: str, values: dict[str, Any]) -> Any:
-    return load_passes().get(name).make_options(values)
+    return load_passes().get(name).make_checked_options(values)

@@ -69,6 +69,11 @@ class AnalysisData:
     device: torch.device | None = None
     dtype: torch.dtype | None = None
 
+    def __post_init__(self) -> None:
+        size = self.batch_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise LandscapeError(f"batch_size must be a whole number >= 1 (got {size!r})")
+
     def __len__(self) -> int:
         return int(self.y.shape[0])
 

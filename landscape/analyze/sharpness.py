@@ -178,8 +178,8 @@ def asam_weight_mask(flat: FlatModel) -> Tensor:
 
 
 def _check_settings(rho: float, steps: int, eta: float, tol: float, starts: int) -> None:
-    if not rho > 0:
-        raise LandscapeError(f"rho must be > 0 (got {rho})")
+    if not (rho > 0 and math.isfinite(rho)):
+        raise LandscapeError(f"rho must be a finite number > 0 (got {rho})")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise LandscapeError(f"steps must be an integer >= 1 (got {steps!r})")
     if not eta >= 0:
@@ -260,7 +260,11 @@ def _ascent(
     grads = 0
     for k in range(1, steps + 1):
         trial = u + (s * rho) * _unit(d, fallback)
-        trial = trial * min(1.0, rho / float(trial.norm()))  # Proj_rho
+        length = float(trial.norm())
+        if not math.isfinite(length):  # the ball's points overflow the dtype: no maximum can be measured
+            raise LandscapeError(f"rho = {rho:g} overflows the parameters' dtype: the loss is not finite on the "
+                                 "ball (a smaller rho measures it)")
+        trial = trial * min(1.0, rho / length)  # Proj_rho
         e = trial if scale is None else scale * trial
         if k < steps:
             loss, grad = objective.loss_and_grad(w + e)
@@ -268,6 +272,9 @@ def _ascent(
         else:
             loss, grad = objective.loss(w + e), None
         loss = _loss64(loss)
+        if not math.isfinite(loss):  # an ascent point where F overflows: the maximum is not measured
+            raise LandscapeError(f"F(x + e) = {loss:g} at the radius rho = {rho:g}: the loss is not finite on the "
+                                 "ball (a smaller rho measures it)")
         values[k - 1] = loss - loss0
         if loss - loss0 > best["value"]:
             best = {"value": loss - loss0, "loss": loss, "u": trial, "step": k}
@@ -365,6 +372,9 @@ def sharpness_profile(
     scale, scaled = _scale(w, adaptive, eta, weight_mask)
     loss0, grad0 = objective.loss_and_grad(w)
     loss0 = _loss64(loss0)
+    if not (math.isfinite(loss0) and bool(torch.isfinite(grad0).all())):
+        raise LandscapeError(f"F(x) = {loss0:g} or its gradient is not finite (a weight or an input is nan or inf): "
+                             "no sharpness can be measured there")
     directions = _unit_directions(w, seed, starts)
     runs = [_multistart(objective, w, rho, steps, float(tol), scale, loss0, grad0, directions) for rho in rhos]
 

@@ -1,0 +1,93 @@
+"""Inputs validated where they enter (issue 20's silently wrong cases): analysis settings, pass options and the
+sharpness of non-finite points give one-line errors, never a zero or a result under a wrong name."""
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import one_line_error, tiny_recipe
+from torch import nn
+
+import landscape
+from landscape.analyze.catalog import pass_options
+from landscape.analyze.context import AnalysisSettings
+from landscape.cli import cli
+from landscape.errors import LandscapeError
+from landscape.train import loop
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"batch_size": -1}, "batch_size must be a whole number >= 1 (got -1)"),
+    ({"batch_size": 0}, "batch_size must be a whole number >= 1 (got 0)"),
+    ({"split": "val"}, "split must be one of train, test (got 'val')"),
+    ({"seed": -1}, "seed must be a whole number in 0..4294967295 (got -1)"),
+    ({"analysis_samples": 2.5}, "analysis_samples must be a whole number >= 0 (got 2.5)"),
+    ({"threads": 100000}, "threads must be a whole number in 0..4096 (got 100000)"),
+    ({"bn_mode": "train"}, "bn_mode must be one of eval, train-batch-stats, recompute"),
+])
+def test_bad_analysis_settings_are_refused_where_they_enter(settings, message):
+    with pytest.raises(LandscapeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        AnalysisSettings(**settings)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("validation") / "run"
+    loop.start_run(tiny_recipe(train__rounds=1), path, progress=False)
+    return path
+
+
+@pytest.mark.parametrize("recipe, message", [
+    ("[settings]\nbatch_size = -1\n", "batch_size must be a whole number >= 1 (got -1)"),
+    ("[settings]\nbatch_size = 0\n", "batch_size must be a whole number >= 1 (got 0)"),
+    ('[settings]\nsplit = "val"\n', "split must be one of train, test (got 'val')"),
+    ("[settings]\nseed = -1\n", "seed must be a whole number in 0..4294967295 (got -1)"),
+    ("[hessian]\ntop_k = 2.5\n", "hessian.top_k must be a whole number (got 2.5)"),
+    ("[sharpness]\nrhos = [inf]\n", "sharpness.rhos must be a finite number (got inf)"),
+])
+def test_bad_analysis_recipes_are_one_line_even_in_a_dry_run(run_dir, tmp_path, recipe, message):
+    path = tmp_path / "a.toml"
+    path.write_text('passes = ["loss", "hessian", "sharpness"]\n' + recipe)
+    result = CliRunner().invoke(cli, ["analyze", str(run_dir), str(path), "--dry-run"])
+    assert message in one_line_error(result)
+    assert not (run_dir / "analysis").exists()
+
+
+def test_a_negative_seed_flag_is_refused(run_dir):
+    result = CliRunner().invoke(cli, ["analyze", str(run_dir), "--passes", "loss", "--seed", "-1"])
+    assert "seed must be a whole number in 0..4294967295 (got -1)" in one_line_error(result)
+
+
+def test_a_number_where_a_list_goes_is_a_one_element_list():
+    assert pass_options("sharpness", {"rhos": 0.05}).rhos == (0.05,)
+    with pytest.raises(LandscapeError, match=r"hessian.top_k must be a whole number \(got 3.0\)"):
+        pass_options("hessian", {"top_k": 3.0})
+
+
+def _tiny():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3)).double()
+    x = torch.randn(12, 4, dtype=torch.float64)
+    return model, x, torch.arange(12) % 3
+
+
+def test_the_api_refuses_a_negative_batch_size():
+    model, x, y = _tiny()
+    with pytest.raises(LandscapeError, match=r"batch_size must be a whole number >= 1 \(got -1\)"):
+        landscape.hessian_eigs(model, (x, y), k=2, batch_size=-1)
+
+
+def test_sharpness_of_a_nan_weight_or_an_overflowing_ball_is_an_error_not_zero():
+    model, x, y = _tiny()
+    with pytest.raises(LandscapeError, match="rho must be a finite number > 0"):
+        landscape.sharpness(model, (x, y), rho=float("inf"))
+    with pytest.raises(LandscapeError, match="is not finite on the ball"):
+        landscape.sharpness(model, (x, y), rho=1e308, starts=1)
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("nan")
+    with pytest.raises(LandscapeError, match=r"F\(x\) = nan or its gradient is not finite"):
+        landscape.sharpness(model, (x, y), rho=0.05)
+
+
+def test_a_training_thread_count_beyond_any_machine_is_one_line(tmp_path):
+    result = CliRunner().invoke(cli, ["train", "--threads", "100000", "--dry-run", "-o", str(tmp_path / "r")])
+    assert "train.threads must be in 0..4096 (0: every core) (got 100000)" in one_line_error(result)
