@@ -29,28 +29,7 @@ plane (the ``surface`` output, filter-normalised random directions) whose loss l
 comparison key, default 0.5 nats) of the loss at the centre x. ``rounds``: ``"last"``, ``"last N"`` (the mean of
 the last N), ``"all"``, a round number or a list of rounds; a run lacking one of them is an error that names it.
 
-The statistics (``compare_pair``, then ``decide`` over every comparison of one ``landscape claims`` call): the
-runs of the two ids are paired by seed (the same seed draws the same partition, initialisation and client
-sampling), d_s = higher_s - lower_s, and the claimed direction is mean(d) > 0. Per comparison, at n seeds:
-
-- ``t``, ``p``, ``p_opposite``: the one-sided paired t-test (n - 1 degrees of freedom) that mean(d) > 0, and
-  that mean(d) < 0;
-- ``p_signflip``, ``p_signflip_opposite``: the exact sign-flip permutation test (Fisher 1935, Pitman 1937) of
-  the same mean over all 2^n sign patterns (distribution-free: it assumes only that each d_s is symmetric
-  about 0 under the null); its smallest p is 2^-n (1/32 = 0.031 at n = 5, 1/8 at n = 3);
-- ``ci95``: the two-sided 95% t interval of the mean paired difference, mean(d) +- t_{0.975, n-1} SE;
-- ``detectable_difference``: the smallest true mean difference the one-sided t-test at ``level`` detects with
-  power 0.8 at this n and the observed sd of d (noncentral t; before the Holm step, so a lower bound);
-- ``p_holm``, ``p_holm_opposite``: Holm's step-down adjustment of ``p`` (and, as a second family, of
-  ``p_opposite``) over the m comparisons of the call that have a test (``family`` = m).
-
-A comparison HOLDS when p_holm < ``level`` (default 0.05) and p_signflip < ``level``, is NOT HELD when
-p_holm_opposite < ``level`` and p_signflip_opposite < ``level``, and is INCONCLUSIVE otherwise ("no evidence at
-n=5, detectable difference X"; with fewer than two seeds or a non-finite value there is no test). The Holm step
-on the t-test controls the family-wise error rate of each family at ``level``; the sign-flip condition only
-removes verdicts (at n = 5 it asks every seed to agree; below n = 5 no verdict is reachable at 0.05). A claim
-is HELD when every comparison holds (an intersection-union test: no further correction), NOT HELD when some
-comparison is NOT HELD, and INCONCLUSIVE otherwise. Every verdict carries the per-seed values and all numbers.
+The statistics of each comparison and the verdict rule: ``landscape.figures.claim_statistics``.
 """
 
 from __future__ import annotations
@@ -66,141 +45,31 @@ from typing import Any
 import numpy as np
 
 from landscape.errors import LandscapeError
+from landscape.figures.claim_files import DEFAULT_TAU, LAST_N, Claim, Comparison, check_run_ids, load_claim
+from landscape.figures.claim_statistics import (
+    MAX_SEEDS,
+    POWER,
+    detectable_difference,
+    holm,
+    one_sided_paired_t,
+    sign_flip_p,
+)
 from landscape.figures.curves import RunData
 from landscape.figures.report import quantities
 from landscape.figures.seeds import mean_se
-from landscape.recipe import read_toml
 from landscape.runs import write_text
+
+__all__ = [  # the claims API, with what it takes from claim_files and claim_statistics
+    "DEFAULT_TAU", "HELD", "INCONCLUSIVE", "MAX_SEEDS", "NOT_HELD", "SURFACE_WIDTH", "Claim", "ClaimResult",
+    "Comparison", "ComparisonResult", "analysis_output", "check_run_ids", "compare_pair", "decide",
+    "detectable_difference", "evaluate", "holm", "load_claim", "markdown_table", "one_sided_paired_t", "run_value",
+    "sign_flip_p", "surface_width", "write_results",
+]
 
 HELD, NOT_HELD, INCONCLUSIVE = "HELD", "NOT HELD", "INCONCLUSIVE"
 SURFACE_WIDTH = "surface width"
-DEFAULT_TAU = 0.5  # nats above the centre's loss: the level set whose area ``surface width`` measures
 CONFIDENCE = 0.95  # the two-sided t interval of the mean paired difference
-POWER = 0.8  # the power at which ``detectable_difference`` is computed
-MAX_SEEDS = 40  # the exact sign-flip test enumerates all 2^n sign patterns
-_TOP_KEYS = {"claim", "source", "figure", "seeds", "quantity", "rounds", "level", "tau", "compare"}
-_COMPARE_KEYS = {"lower", "higher", "quantity", "rounds", "tau"}
-_LAST_N = re.compile(r"^last\s+(\d+)$")
 _RHO = re.compile(r"^S_rho\(([^)]+)\)$")
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """``lower`` should have the lower ``quantity`` than ``higher`` (run ids of the claim's figure recipe)."""
-
-    lower: str
-    higher: str
-    quantity: str
-    rounds: str | int | tuple[int, ...]
-    tau: float = DEFAULT_TAU
-
-    @property
-    def text(self) -> str:
-        return f"{self.quantity}: {self.lower} < {self.higher}"
-
-
-@dataclass(frozen=True)
-class Claim:
-    path: Path
-    name: str  # the file's stem
-    text: str
-    source: str
-    figure: Path
-    seeds: tuple[int, ...]
-    comparisons: tuple[Comparison, ...]
-    level: float = 0.05
-
-    def run_ids(self) -> list[str]:
-        ids: list[str] = []
-        for c in self.comparisons:
-            ids += [i for i in (c.lower, c.higher) if i not in ids]
-        return ids
-
-
-def _rounds(value: Any, where: str) -> str | int | tuple[int, ...]:
-    if isinstance(value, bool):
-        raise LandscapeError(f"{where}: rounds must be \"last\", \"last N\", \"all\", a round or a list of rounds")
-    if isinstance(value, int) and value >= 0:
-        return value
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                 for v in value):
-        return tuple(value)
-    if isinstance(value, str):
-        text = " ".join(value.split())
-        match = _LAST_N.match(text)
-        if text in ("last", "all") or (match and int(match.group(1)) >= 1):
-            return text
-    raise LandscapeError(f"{where}: rounds must be \"last\", \"last N\", \"all\", a round or a list of rounds "
-                         f"(got {value!r})")
-
-
-def _positive(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise LandscapeError(f"{what} must be a positive number (got {value!r})")
-    return float(value)
-
-
-def load_claim(path: str | Path, seeds: Sequence[int] | None = None) -> Claim:
-    """Read and check a claim file; ``seeds`` replaces the file's."""
-    path = Path(path)
-    raw = read_toml(path)
-    unknown = sorted(set(raw) - _TOP_KEYS)
-    if unknown:
-        raise LandscapeError(f"{path}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_TOP_KEYS))})")
-    for key in ("claim", "figure"):
-        if not isinstance(raw.get(key), str) or not raw[key].strip():
-            raise LandscapeError(f"{path}: `{key}` must be a non-empty string")
-    figure = (path.parent / raw["figure"]).resolve()
-    if not figure.is_file():
-        raise LandscapeError(f"{path}: figure recipe {raw['figure']} not found (looked for {figure})")
-    chosen = list(seeds) if seeds is not None else raw.get("seeds", [0])
-    if (not isinstance(chosen, list) or not chosen
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in chosen)
-            or len(set(chosen)) != len(chosen)):
-        raise LandscapeError(f"{path}: seeds must be a list of distinct non-negative integers (got {chosen!r})")
-    if len(chosen) > MAX_SEEDS:
-        raise LandscapeError(f"{path}: at most {MAX_SEEDS} seeds (the exact sign-flip test enumerates 2^n sign "
-                             f"patterns; got {len(chosen)})")
-    level = _positive(raw.get("level", 0.05), f"{path}: level")
-    if level >= 0.5:
-        raise LandscapeError(f"{path}: level must be below 0.5 (got {level})")
-    tau = _positive(raw.get("tau", DEFAULT_TAU), f"{path}: tau")
-    entries = raw.get("compare")
-    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
-        raise LandscapeError(f"{path}: a claim needs at least one [[compare]] table")
-    comparisons = []
-    for i, entry in enumerate(entries, 1):
-        where = f"{path}: [[compare]] {i}"
-        unknown = sorted(set(entry) - _COMPARE_KEYS)
-        if unknown:
-            raise LandscapeError(f"{where}: unknown key(s) {', '.join(unknown)} "
-                                 f"(known: {', '.join(sorted(_COMPARE_KEYS))})")
-        for key in ("lower", "higher"):
-            if not isinstance(entry.get(key), str) or not entry[key]:
-                raise LandscapeError(f"{where}: `{key}` must name a run id of the figure recipe")
-        if entry["lower"] == entry["higher"]:
-            raise LandscapeError(f"{where}: lower and higher name the same run id {entry['lower']!r}")
-        quantity = entry.get("quantity", raw.get("quantity"))
-        if not isinstance(quantity, str) or not quantity.strip():
-            raise LandscapeError(f"{where}: no quantity (set `quantity` in the comparison or at the top)")
-        if "rounds" not in entry and "rounds" not in raw:
-            raise LandscapeError(f"{where}: no rounds (set `rounds` in the comparison or at the top)")
-        comparisons.append(Comparison(entry["lower"], entry["higher"], quantity.strip(),
-                                      _rounds(entry.get("rounds", raw.get("rounds")), where),
-                                      _positive(entry.get("tau", tau), f"{where}: tau")))
-    return Claim(path, path.stem, raw["claim"].strip(), str(raw.get("source", "")).strip(), figure,
-                 tuple(chosen), tuple(comparisons), level)
-
-
-def check_run_ids(claim: Claim, known: Sequence[str]) -> None:
-    """One line naming the ids a claim compares that its figure recipe does not define."""
-    missing = [i for i in claim.run_ids() if i not in known]
-    if missing:
-        raise LandscapeError(f"{claim.path}: run id(s) {', '.join(missing)} are not in {claim.figure.name} "
-                             f"(its runs: {', '.join(known)})")
-
-
-# -- one number per run -----------------------------------------------------------------------------------------
 
 
 def _pick(rounds_have: Sequence[int], spec: str | int | tuple[int, ...], run: RunData, what: str) -> list[int]:
@@ -212,7 +81,7 @@ def _pick(rounds_have: Sequence[int], spec: str | int | tuple[int, ...], run: Ru
     if spec == "last":
         return have[-1:]
     if isinstance(spec, str):
-        n = int(_LAST_N.match(spec).group(1))  # checked by _rounds
+        n = int(LAST_N.match(spec).group(1))  # checked by _rounds
         if len(have) < n:
             raise LandscapeError(f"run {run.path} has {what} at {len(have)} round(s), the claim asks for the last {n}")
         return have[-n:]
@@ -288,89 +157,6 @@ def run_value(run: RunData, quantity: str, rounds: str | int | tuple[int, ...], 
 
 
 # -- the test ---------------------------------------------------------------------------------------------------
-
-
-def one_sided_paired_t(differences: Sequence[float]) -> tuple[float, float]:
-    """(t, p) of the one-sided paired t-test that the mean of ``differences`` is > 0 (n - 1 degrees of freedom).
-    A zero spread gives t = +-inf and p = 0 or 1 by the sign of the mean (p = 1 for a zero mean)."""
-    from scipy.stats import t as student_t
-
-    d = np.asarray(differences, dtype=float)
-    if d.size < 2:
-        raise LandscapeError("a paired t-test needs at least two seeds")
-    mean, se, _ = mean_se(d)
-    if se == 0:
-        return (math.inf, 0.0) if mean > 0 else ((-math.inf, 1.0) if mean < 0 else (0.0, 1.0))
-    t = mean / se
-    return float(t), float(student_t.sf(t, d.size - 1))
-
-
-def _signed_sums(values: np.ndarray) -> np.ndarray:
-    """sum(eps * values) for all 2^len(values) sign patterns eps (one entry per pattern)."""
-    sums = np.zeros(1)
-    for value in values:
-        sums = np.concatenate((sums + value, sums - value))
-    return sums
-
-
-def sign_flip_p(differences: Sequence[float]) -> tuple[float, float]:
-    """Exact one-sided p-values of the sign-flip permutation test (Fisher 1935, Pitman 1937) of the mean paired
-    difference: over all 2^n sign patterns eps in {-1, +1}^n, the fraction with sum(eps * d) >= sum(d) (the
-    direction mean > 0) and the fraction with sum(eps * d) <= sum(d) (mean < 0). Sums within 1e-9 sum|d| of
-    the observed one count as ties (in both). The smallest p is 2^-n. The 2^n sums are enumerated exactly as
-    the pairs of two halves' sums (meet in the middle), up to ``MAX_SEEDS`` differences."""
-    d = np.asarray(differences, dtype=float)
-    if d.ndim != 1 or not d.size or not np.all(np.isfinite(d)):
-        raise LandscapeError(f"the sign-flip test needs one or more finite differences (got {d.tolist()})")
-    if d.size > MAX_SEEDS:
-        raise LandscapeError(f"the exact sign-flip test takes at most {MAX_SEEDS} differences (got {d.size})")
-    first, second = _signed_sums(d[: d.size // 2]), np.sort(_signed_sums(d[d.size // 2:]))
-    observed, tie = float(d.sum()), 1e-9 * float(np.abs(d).sum())
-    at_least = first.size * second.size - int(np.searchsorted(second, observed - tie - first, side="left").sum())
-    at_most = int(np.searchsorted(second, observed + tie - first, side="right").sum())
-    return at_least / 2.0**d.size, at_most / 2.0**d.size
-
-
-def detectable_difference(sd: float, n: int, level: float, power: float = POWER) -> float:
-    """The smallest true mean difference delta that the one-sided paired t-test at ``level`` detects with
-    probability ``power`` at ``n`` seeds when the differences have standard deviation ``sd``: delta =
-    ncp * sd / sqrt(n), where the noncentrality ncp solves P(T'_{n-1, ncp} > t_{1-level, n-1}) = power (T'
-    noncentral t, t the central t quantile; solved with Brent's method). 0 for sd = 0."""
-    from scipy.optimize import brentq
-    from scipy.stats import nct
-    from scipy.stats import t as student_t
-
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise LandscapeError(f"a detectable difference needs at least two seeds (got n={n!r})")
-    if not math.isfinite(sd) or sd < 0:
-        raise LandscapeError(f"a detectable difference needs a finite standard deviation >= 0 (got {sd!r})")
-    if not 0 < level < power < 1:
-        raise LandscapeError(f"a detectable difference needs 0 < level < power < 1 (got {level!r}, {power!r})")
-    if sd == 0:
-        return 0.0
-    critical = float(student_t.isf(level, n - 1))
-
-    def shortfall(ncp: float) -> float:
-        return float(nct.sf(critical, n - 1, ncp)) - power
-
-    high = 1.0
-    while shortfall(high) <= 0:
-        high *= 2.0
-    return float(brentq(shortfall, 0.0, high, xtol=1e-12)) * sd / math.sqrt(n)
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's (1979) step-down adjusted p-values: with p_(1) <= ... <= p_(m) the sorted p-values,
-    p~_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)), returned in the input's order. Rejecting every hypothesis
-    with p~ < level controls the family-wise error rate at level."""
-    p = np.asarray(p_values, dtype=float)
-    if p.ndim != 1 or not np.all((p >= 0) & (p <= 1)):
-        raise LandscapeError(f"Holm's adjustment needs p-values in [0, 1] (got {p.tolist()})")
-    order = np.argsort(p, kind="stable")
-    adjusted = np.empty_like(p)
-    adjusted[order] = np.maximum.accumulate(np.minimum(1.0, (p.size - np.arange(p.size)) * p[order]))
-    return adjusted.tolist()
-
 
 @dataclass(frozen=True)
 class ComparisonResult:
