@@ -234,19 +234,25 @@ def _stop_test(gains: list[float], value: float, tol: float) -> tuple[float, flo
     return gamma, remaining, bool(value > 0 and gamma <= tol and remaining <= tol)
 
 
-def _ascent(
-    objective: Any,
-    w: Tensor,
-    rho: float,
-    steps: int,
-    tol: float,
-    scale: Tensor | None,
-    loss0: float,
-    start: tuple[Tensor, float, Tensor],
-    fallback: Tensor,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Ball:
+    """One radius's ascent problem: F (``objective``) around w, the ball of radius rho (scaled by T = ``scale``
+    for the adaptive ball), F(w) = ``loss0``, and the ascent's step budget and tolerance."""
+
+    objective: Any
+    w: Tensor
+    rho: float
+    steps: int
+    tol: float
+    scale: Tensor | None
+    loss0: float
+
+
+def _ascent(ball: _Ball, start: tuple[Tensor, float, Tensor], fallback: Tensor) -> dict[str, Any]:
     """The Armijo projected ascent of the module docstring for one radius from ``start`` = (u_0, F(x + T u_0),
     grad F(x + T u_0)); S and e* over this start's trial points (and u_0 itself)."""
+    objective, w, rho, steps, tol, scale, loss0 = (ball.objective, ball.w, ball.rho, ball.steps, ball.tol,
+                                                   ball.scale, ball.loss0)
     u, f, grad = start  # the current iterate u_j and F there
     d = grad if scale is None else scale * grad  # gradient in u at u_j
     s = 1.0
@@ -313,24 +319,13 @@ def _ascent(
     }
 
 
-def _multistart(
-    objective: Any,
-    w: Tensor,
-    rho: float,
-    steps: int,
-    tol: float,
-    scale: Tensor | None,
-    loss0: float,
-    grad0: Tensor,
-    directions: list[Tensor],
-) -> dict[str, Any]:
+def _multistart(ball: _Ball, grad0: Tensor, directions: list[Tensor]) -> dict[str, Any]:
     """The ascent from the centre (trial 1 = SAM) and from rho v_i for each random direction v_i; the best."""
-    runs = [_ascent(objective, w, rho, steps, tol, scale, loss0, (torch.zeros_like(w), loss0, grad0),
-                    directions[0])]
+    runs = [_ascent(ball, (torch.zeros_like(ball.w), ball.loss0, grad0), directions[0])]
     for v in directions[1:]:
-        u0 = rho * v
-        loss, grad = objective.loss_and_grad(w + (u0 if scale is None else scale * u0))
-        run = _ascent(objective, w, rho, steps, tol, scale, loss0, (u0, _loss64(loss), grad), directions[0])
+        u0 = ball.rho * v
+        loss, grad = ball.objective.loss_and_grad(ball.w + (u0 if ball.scale is None else ball.scale * u0))
+        run = _ascent(ball, (u0, _loss64(loss), grad), directions[0])
         run["gradients"] += 1  # the start point
         runs.append(run)
     values = np.array([r["sharpness"] for r in runs])
@@ -340,7 +335,7 @@ def _multistart(
         values=np.stack([r["values"] for r in runs]),
         best_start=best,
         start_sharpness=values,
-        starts_at_best=int((values >= values[best] * (1 - tol)).sum()) if values[best] > 0 else len(runs),
+        starts_at_best=int((values >= values[best] * (1 - ball.tol)).sum()) if values[best] > 0 else len(runs),
         gradients=sum(r["gradients"] for r in runs),
         losses=sum(r["losses"] for r in runs),
     )
@@ -376,7 +371,7 @@ def sharpness_profile(
         raise LandscapeError(f"F(x) = {loss0:g} or its gradient is not finite (a weight or an input is nan or inf): "
                              "no sharpness can be measured there")
     directions = _unit_directions(w, seed, starts)
-    runs = [_multistart(objective, w, rho, steps, float(tol), scale, loss0, grad0, directions) for rho in rhos]
+    runs = [_multistart(_Ball(objective, w, rho, steps, float(tol), scale, loss0), grad0, directions) for rho in rhos]
 
     def column(key: str, dtype: Any = np.float64) -> np.ndarray:
         return np.array([r[key] for r in runs], dtype=dtype)
