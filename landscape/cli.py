@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,19 @@ def _recipe_options(f):
     return f
 
 
+def _trusting(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """--trust-imports: the recorded recipes read by this command have their imports imported (for the
+    command's duration: ``landscape.imports.trusted_imports``)."""
+    if value:
+        from landscape.imports import trusted_imports
+
+        ctx.with_resource(trusted_imports(True))
+
+
+def _trust_imports_option(help_text: str):
+    return click.option("--trust-imports", is_flag=True, expose_value=False, callback=_trusting, help=help_text)
+
+
 @cli.command("train")
 @click.argument("recipe_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @_recipe_options
@@ -118,6 +132,8 @@ def _recipe_options(f):
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="continue the run in this directory from its last checkpoint (with --rounds to extend it)")
 @click.option("--quiet", is_flag=True, help="no progress bar or progress lines (errors, warnings and results stay)")
+@_trust_imports_option("with --resume: import the modules the run's recipe names in `imports` (their code runs; "
+                       "a recipe file you name is always imported)")
 def train_command(recipe_file: Path | None, download: bool | None, keep_clients: bool | None, swa: bool | None,
                   assignments: tuple[str, ...], out: Path | None, dry_run: bool, overwrite: bool,
                   resume_dir: Path | None, quiet: bool, **flags: Any) -> None:
@@ -230,7 +246,7 @@ def _report(out: Path, rounds: int) -> None:
 def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     """``analyze --rounds``: train's count of rounds is not analyze's choice of checkpoints."""
     if value is not None:
-        given = shown(value if value.isprintable() else repr(value))
+        given = shown(shlex.quote(value) if value.isprintable() else repr(value))
         raise LandscapeError(f"analyze picks checkpoints with --checkpoints (last, all, or a comma list of rounds), "
                              f"not --rounds: use --checkpoints {given}")
 
@@ -278,6 +294,8 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
 @click.option("--dry-run", is_flag=True, help="print the runs, rounds and passes with an estimate of Hessian-vector "
               "products and seconds (timed by one gradient), then exit")
 @click.option("--quiet", is_flag=True, help="no progress bars or notes (errors and the summary stay)")
+@_trust_imports_option("import the modules the runs' recipes name in `imports` (their code runs); without it, a "
+                       "run whose model, data set or partition comes from them is refused")
 def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, passes: str | None,
                     analysis_samples: int, split: str, bn_mode: str, device: str, backend: str, hvp: str,
                     dtype: str, model_spec: str | None, dataset_spec: str | None, seed: int, threads: int,
@@ -324,8 +342,14 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
         raise LandscapeError(f"--analysis-samples must be >= 0 (got {analysis_samples})")
     surface_flags = {"directions": directions, "grid": grid, "span": span, "data": surface_data}
     surface_flags = {k: v for k, v in surface_flags.items() if v is not None}
-    if passes:
+    if passes is not None:
         names = [p.strip() for p in passes.split(",") if p.strip()]
+        if not names:
+            from landscape.analyze.catalog import load_passes
+
+            raise LandscapeError(f"--passes {shown(passes)!r} names no pass; give a comma list of: "
+                                 f"{', '.join(load_passes().names())} (or leave --passes out for the "
+                                 "default)")
     elif surface_flags:
         names = ["surface"]
     else:  # a state_dict has no clients: the passes that need none
@@ -426,6 +450,13 @@ def _figure_plan(fig: FigureRecipe, out: Path, device: str) -> dict[str, list[tu
             for run_id, entries in fig.seed_runs(out).items()}
 
 
+def _figure_training(fig: FigureRecipe, out: Path, device: str) -> dict[str, list[tuple[int | None, Any]]]:
+    """Run id -> (seed, training settings) of each of its runs: what the figure's rounds are checked against
+    before anything is trained."""
+    return {run_id: [(seed, recipe.train) for seed, recipe, _ in entries]
+            for run_id, entries in _figure_plan(fig, out, device).items()}
+
+
 def _analyse_figure_runs(fig: FigureRecipe, paths: list[Path], settings: Any, options: dict[str, Any], quiet: bool) -> None:
     from landscape.analyze.scheduler import run_analysis
 
@@ -468,6 +499,8 @@ def prepare_figure_runs(recipe: FigureRecipe, out: Path, *, device: str, quiet: 
                    "[default: the recipe's seeds key, else one run each]")
 @click.option("--dry-run", is_flag=True, help="print what would be trained, analysed and drawn, then exit")
 @click.option("--quiet", is_flag=True, help="no progress bars, progress lines or notes (errors and results stay)")
+@_trust_imports_option("with --runs: import the modules their recipes name in `imports` to analyse what they lack "
+                       "(their code runs)")
 def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_paths: tuple[Path, ...],
                     device: str, assignments: tuple[str, ...], seeds: str | None, dry_run: bool, quiet: bool) -> None:
     """Draw a paper figure from a figure recipe (figures/*.toml): train the runs it needs and analyse them
@@ -493,6 +526,8 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     out = out if out is not None else Path("runs/figures") / (fig.name + ("-paper" if fig.scale == "paper" else ""))
     settings, options = _figure_analysis(fig, device)
     passes = list(fig.pass_rounds)
+    if not run_paths:  # the rounds it analyses are checkpoints its runs will have
+        book.check_pass_rounds(fig, _figure_training(fig, out, device))
 
     if run_paths:  # the given runs, every plot over all of them
         runs = load_runs(list(run_paths))
@@ -570,6 +605,7 @@ def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, 
     from landscape import recipe as recipes
     from landscape.analyze.catalog import load_passes
     from landscape.figures import book, claims
+    from landscape.figures.claim_files import check_rounds
     from landscape.figures.curves import load_runs
 
     chosen = book.parse_seeds(seeds, "--seeds") if seeds is not None else None
@@ -595,7 +631,11 @@ def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, 
         # only the passes it reads (with the figure's options and rounds, so `landscape figures` reuses them)
         fig.pass_rounds = {name: rounds for name, rounds in fig.pass_rounds.items() if name in needed}
         fig.pass_options = {name: opts for name, opts in fig.pass_options.items() if name in needed}
-        work.append((claim, fig, figures_out / (fig.name + ("-paper" if fig.scale == "paper" else ""))))
+        fig_out = figures_out / (fig.name + ("-paper" if fig.scale == "paper" else ""))
+        trained = _figure_training(fig, fig_out, device)  # its rounds exist in the runs it will train
+        book.check_pass_rounds(fig, trained)
+        check_rounds(claim, trained, fig.pass_rounds)
+        work.append((claim, fig, fig_out))
     if dry_run:
         for claim, fig, fig_out in work:
             click.echo(f"claim {claim.name}: {claim.text}")

@@ -1,12 +1,22 @@
 """Code of the user's own, named by an import path: ``package.module:attribute`` (a model factory, a data
 factory) or ``package.module`` (a module that registers models, data sets or algorithms when imported, named
-in a recipe's ``imports``). Every failure is a one-line error naming what is missing."""
+in a recipe's ``imports``). Every failure is a one-line error naming what is missing.
+
+Importing a module runs its code. A recipe the user names (``landscape train X.toml``, a dict given to
+``recipe.resolve``) is the user's own: its imports run, the current folder is searched too (as ``python -m``
+does, so ``imports = ["mylab"]`` finds ./mylab), and each newly imported module is named on stderr. A recorded
+recipe (a run's recipe.toml, a checkpoint's) is someone's output: its imports run only when the user trusts it
+(``--trust-imports``, ``open_run(path, trust_imports=True)``, or ``with trusted_imports():``), and then the
+current folder is not searched, so a .py file that came with a run never runs by lying beside it."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,25 +24,79 @@ from landscape.errors import LandscapeError
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
+# Whether the recorded recipes read now are trusted (their imports imported): the CLI's --trust-imports.
+_TRUSTED: contextvars.ContextVar[bool] = contextvars.ContextVar("landscape_trusted_imports", default=False)
 
-def import_module(name: str, what: str = "module") -> Any:
-    """Import ``name`` (the current folder is searched too, as ``python -m`` does)."""
+
+@contextlib.contextmanager
+def trusted_imports(trust: bool = True) -> Iterator[None]:
+    """Within the block, the recorded recipes read (runs, checkpoints) have their ``imports`` imported when
+    ``trust`` is true: the CLI's ``--trust-imports``; in Python, around ``run_analysis`` or ``resume_run``."""
+    if not isinstance(trust, bool):
+        raise LandscapeError(f"trust_imports must be True or False, got {trust!r}")
+    token = _TRUSTED.set(trust)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
+def imports_trusted() -> bool:
+    """True inside ``trusted_imports()`` (the CLI's ``--trust-imports``)."""
+    return _TRUSTED.get()
+
+
+def _one_line(e: BaseException) -> str:
+    detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {detail}" if detail else type(e).__name__
+
+
+def import_module(name: str, what: str = "module", *, search_cwd: bool = True) -> Any:
+    """Import ``name``; with ``search_cwd`` the current folder is searched too (appended to sys.path, as
+    ``python -m`` searches it), only when the module is not imported yet. A module that fails while importing,
+    SystemExit included (KeyboardInterrupt excepted), is one line naming it."""
     if not isinstance(name, str) or not _MODULE.match(name):
         raise LandscapeError(f"{what} '{name}' is not a module path such as mypackage.models")
+    if name in sys.modules:
+        return sys.modules[name]
     cwd = str(Path.cwd())
-    if cwd not in sys.path:
+    if search_cwd and cwd not in sys.path:
         sys.path.append(cwd)
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:
-        raise LandscapeError(f"cannot import {what} '{name}': no module named '{e.name}'") from None
-    except Exception as e:  # noqa: BLE001 - the user's module failed while importing: say how, in one line
-        detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise LandscapeError(f"importing {what} '{name}' failed: {type(e).__name__}: {detail}") from None
+        hint = "" if search_cwd else (" (reading a run does not search the current folder: put its module on "
+                                      "PYTHONPATH)")
+        raise LandscapeError(f"cannot import {what} '{name}': no module named '{e.name}'{hint}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - the user's module failed (or exited) while importing: one line
+        raise LandscapeError(f"importing {what} '{name}' failed: {_one_line(e)}") from None
+
+
+def import_recipe_modules(modules: tuple[str, ...] | list[str], *, search_cwd: bool) -> None:
+    """Import a recipe's ``imports`` in order, naming each one newly imported on stderr once it is imported
+    (``note: importing mylab.registry (recipe imports: runs its code)``; under torchrun on rank 0 only). One
+    that fails is the one-line error alone."""
+    from landscape import parallel
+
+    for module in modules:
+        new = module not in sys.modules
+        import_module(module, what="recipe import", search_cwd=search_cwd)
+        if new and parallel.is_main():
+            print(f"note: importing {module} (recipe imports: runs its code)", file=sys.stderr, flush=True)
+
+
+def untrusted(origin: str, modules: tuple[str, ...] | list[str], entries: list[str]) -> str:
+    """The one-line refusal of a recorded recipe whose ``entries`` ("model 'mynet'") only its ``modules``
+    provide, when the user has not said to trust them."""
+    return (f"{origin} names {' and '.join(entries)}, which only its imports ({', '.join(modules)}) provide: "
+            "a recipe's imports run code, so reading a run does not import them; pass --trust-imports if you "
+            "trust that code (Python: open_run(path, trust_imports=True), or import it first)")
 
 
 def load_object(spec: str, what: str = "object") -> Any:
-    """The attribute named by ``package.module:attribute``."""
+    """The attribute named by ``package.module:attribute`` (the current folder searched too)."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not attribute:
         raise LandscapeError(f"{what} '{spec}' must be package.module:name (e.g. mymodels:make_net)")
@@ -46,12 +110,14 @@ def load_object(spec: str, what: str = "object") -> Any:
 
 
 def call_factory(spec: str, what: str) -> Any:
-    """Call the zero-argument factory named by ``spec`` and return what it makes."""
+    """Call the zero-argument factory named by ``spec`` and return what it makes (a factory that raises or
+    exits, KeyboardInterrupt excepted, is one line naming it)."""
     factory = load_object(spec, what)
     if not callable(factory):
         raise LandscapeError(f"{what} '{spec}' is not callable")
     try:
         return factory()
-    except Exception as e:  # noqa: BLE001 - the user's factory failed: one line naming it
-        detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise LandscapeError(f"{what} '{spec}' failed: {type(e).__name__}: {detail}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - the user's factory failed: one line naming it
+        raise LandscapeError(f"{what} '{spec}' failed: {_one_line(e)}") from None

@@ -8,6 +8,7 @@ the CLI. Nothing here trains or loads a model.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -109,7 +110,8 @@ def check_out_dir(run_dir: RunDir, overwrite: bool) -> None:
         raise LandscapeError(f"{path} exists and is not a directory")
     if path.is_dir() and not run_dir.is_empty():
         if not overwrite:
-            raise LandscapeError(f"{path} already exists and is not empty; pass --resume {path} to continue it "
+            raise LandscapeError(f"{path} already exists and is not empty; pass --resume "
+                                 f"{shlex.quote(str(path))} to continue it "
                                  "or --overwrite to replace it")
         check_run_folder(run_dir)
         if run_dir.marker.is_file() and not run_dir.marker.is_symlink():
@@ -217,7 +219,9 @@ def find_resume_point(run_dir: RunDir) -> ResumePoint:
     """The newest loadable checkpoint; newer damaged ones (truncated, corrupted) are listed, not touched.
 
     A checkpoint that would run code, or that is not a landscape checkpoint, stops the search with a
-    one-line error: it is not damage from a crash, and the user should look at it."""
+    one-line error: it is not damage from a crash, and the user should look at it. So does one holding NaN or
+    inf (``load_checkpoint`` checks every tensor): the run diverged by that round, and resuming from an earlier
+    checkpoint would compute the same rounds again (training is deterministic); nothing is moved."""
     damaged: list[CheckpointError] = []
     for r in reversed(run_dir.rounds()):
         path = run_dir.checkpoint(r)
@@ -226,6 +230,12 @@ def find_resume_point(run_dir: RunDir) -> ResumePoint:
         except CheckpointError as e:
             if e.kind == "missing":
                 continue
+            if e.kind == "non-finite":
+                raise LandscapeError(f"cannot resume {run_dir.path}: {relative(run_dir, path)}: {e.reason}: the "
+                                     f"run diverged by round {r}, and --resume cannot continue from it (nothing "
+                                     "was changed); to train its rounds again from an earlier checkpoint, which "
+                                     "gives the same values unless the file was damaged after it was written, "
+                                     "move it away") from None
             if e.kind != "damaged":
                 raise LandscapeError(f"cannot resume {run_dir.path}: {relative(run_dir, path)}: {e.reason}; move "
                                      "it away to resume from an earlier checkpoint") from None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import itertools
 import json
 import math
@@ -137,7 +138,8 @@ class TrainSettings:
 
 
 # imports: modules of the user's own that register models, data sets, partitions or algorithms when imported
-# (``imports = ["mylab.models"]``): imported before the recipe is checked, and again wherever it is read.
+# (``imports = ["mylab.models"]``). Importing runs their code: a recipe the user names is imported before it is
+# checked; a recorded one (a run's recipe.toml) only when trusted (``resolve(recorded=True)``, landscape.imports).
 TOP_LEVEL = {"name": "", "seed": 0, "imports": []}
 SECTIONS: dict[str, type] = {
     "dataset": DatasetSettings,
@@ -169,6 +171,11 @@ class Recipe:
     algorithm: AlgorithmSettings
     train: TrainSettings
     imports: tuple[str, ...] = ()
+    # A recorded recipe read without trusting its imports: the modules of ``imports`` that were not imported
+    # (none of their code ran), and, when one of its entries only they provide (read as written), the one-line
+    # refusal of building it (``require_entries``). Not part of what the recipe is: not compared, not written.
+    unimported: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    unbuildable: str = field(default="", compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The plain tables of recipe.toml: ``{"name": ..., "seed": ..., "train": {...}, ...}`` (lists, not
@@ -191,11 +198,20 @@ class Recipe:
         return table
 
     def with_values(self, values: Mapping[str, Any]) -> Recipe:
-        """A new recipe with ``section.key`` values replaced, validated again."""
+        """A new recipe with ``section.key`` values replaced, validated again (a recorded recipe read without
+        trusting its imports stays so: they are not imported now either)."""
         raw = self.to_dict()
         for key, value in values.items():
             set_key(raw, key, value)
+        if self.unimported:
+            return resolve(raw, recorded=True, trust_imports=False, defer=True, origin="this recipe")
         return resolve(raw)
+
+    def require_entries(self) -> None:
+        """Refuse (one line naming the modules and --trust-imports) to build a recorded recipe whose model, data
+        set, partition or algorithm only its not-imported ``imports`` provide, unless they are imported now."""
+        if self.unbuildable and any(m not in sys.modules for m in self.unimported):
+            raise LandscapeError(self.unbuildable)
 
 
 def registries(algorithms: bool = True) -> dict[str, Registry]:
@@ -249,13 +265,21 @@ def parse_value(text: str) -> Any:
         return text
 
 
+# A key of each table that every recipe has, with a value it takes: what ``--set train=1`` is told to set.
+TABLE_EXAMPLES = {"dataset": "dataset.name=mnist1d", "partition": "partition.clients=10",
+                  "model": "model.name=mlp", "algorithm": "algorithm.name=fedsam", "train": "train.lr=0.05"}
+
+
 def set_key(raw: dict, dotted: str, value: Any) -> None:
     """Set ``section.key``, ``section.<entry name>.key`` or a top-level key in a raw recipe dict."""
     parts = dotted.split(".")
     if len(parts) > 3 or not all(parts):
         raise LandscapeError(f"recipe key '{shown(dotted)}' must be 'key', 'section.key' or 'section.<name>.key'")
     if len(parts) == 1 and parts[0] in SECTIONS:
-        raise LandscapeError(f"recipe key '{dotted}' is a table; set one of its keys, e.g. {dotted}.name")
+        raise LandscapeError(f"recipe key '{dotted}' is a table ([{dotted}]): set one of its keys, e.g. "
+                             f"{TABLE_EXAMPLES[dotted]}")
+    if len(parts) > 1 and parts[0] in TOP_LEVEL:
+        raise LandscapeError(f"recipe key '{parts[0]}' is a value, not a table: set {parts[0]}=VALUE")
     table = raw
     for part in parts[:-1]:
         table = table.setdefault(part, {})
@@ -318,9 +342,14 @@ def _resolve_section(section: str, given: dict, registry: Registry | None, check
         if per_entry or not isinstance(name, str):
             raise LandscapeError(f"[{section}] of a recorded recipe must hold plain values and a name")
         return {**plain, "name": name}
+    for key in per_entry:
+        if key in common_fields:
+            raise LandscapeError(f"recipe key '{section}.{key}' is a value, not a table: set "
+                                 f"{section}.{key}=VALUE")
     if registry is None:
-        if per_entry:
-            raise LandscapeError(f"recipe key '{section}.{next(iter(per_entry))}' must be a value, not a table")
+        if per_entry:  # [train] has no entries: a table under it is an unknown key
+            raise LandscapeError(_unknown_key(f"{section}.{next(iter(per_entry))}", list(common_fields),
+                                              f"in [{section}]"))
         return _resolve_values(section, plain, common_fields, {}, None)
     if not isinstance(name, str):
         raise LandscapeError(f"{section}.name must be a string (got {name!r})")
@@ -333,14 +362,22 @@ def _resolve_section(section: str, given: dict, registry: Registry | None, check
     return _resolve_values(section, merged, common_fields, entry.option_defaults(), entry)
 
 
+def _unknown_key(dotted: str, allowed: list[str], where: str) -> str:
+    """The message for an unknown recipe key: the keys allowed ``where`` ('in [train]', 'top-level'), then the
+    closest of them (difflib) when one is close."""
+    prefix, _, key = dotted.rpartition(".")
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f"; did you mean '{prefix + '.' if prefix else ''}{close[0]}'?" if close else ""
+    return f"unknown recipe key '{shown(dotted)}'; allowed {where}: {', '.join(allowed)}{hint}"
+
+
 def _resolve_values(where: str, given: dict, common_fields: dict, option_defaults: dict, entry) -> dict:
     defaults = {name: f.default for name, f in common_fields.items()}
     allowed = list(common_fields) + [k for k in option_defaults if k not in common_fields]
     for key in given:
         if key not in allowed:
             owner = f"[{where}] with {where}.name = '{entry.name}'" if entry is not None and common_fields else f"[{where}]"
-            raise LandscapeError(f"unknown recipe key '{shown(f'{where}.{key}')}'; allowed in {owner}: "
-                                 f"{', '.join(allowed)}")
+            raise LandscapeError(_unknown_key(f"{where}.{key}", allowed, f"in {owner}"))
     out: dict[str, Any] = {}
     for key in allowed:
         default = defaults[key] if key in common_fields else option_defaults[key]
@@ -358,28 +395,41 @@ def _resolve_values(where: str, given: dict, common_fields: dict, option_default
     return out
 
 
-def resolve(raw: dict, *, algorithms: bool = True) -> Recipe:
+def resolve(raw: dict, *, algorithms: bool = True, recorded: bool = False, trust_imports: bool | None = None,
+            defer: bool = False, origin: str = "the recipe") -> Recipe:
     """Validate a raw recipe dict and return it with every default written out.
 
     ``algorithms=False`` reads the ``[algorithm]`` table as written, without loading the algorithms (analysis
-    of a recorded, already resolved recipe needs the data and the model, never the training rule)."""
+    of a recorded, already resolved recipe needs the data and the model, never the training rule).
+
+    ``imports`` run code. The user's own recipe (``recorded=False``) has them imported (the current folder
+    searched too), each newly imported module named on stderr. A recorded recipe (``recorded=True``: a run's
+    recipe.toml, a checkpoint's, called ``origin`` in messages) has them imported only when ``trust_imports``
+    (None: ``landscape.imports.imports_trusted()``, the CLI's --trust-imports), without searching the current
+    folder. Untrusted, nothing is imported: each registry section is checked against the entries registered
+    now (built-in ones, and those of modules already imported in this process); a section naming an entry no
+    registry holds is refused in one line naming the modules and --trust-imports, or with ``defer`` read as
+    written, the refusal kept in ``Recipe.unbuildable`` for the moment it must be built."""
     if not isinstance(raw, dict):
         raise LandscapeError("a recipe must be a TOML table")
     allowed = list(TOP_LEVEL) + list(SECTIONS)
     for key in raw:
         if key not in allowed:
-            raise LandscapeError(f"unknown recipe key '{shown(key)}'; allowed top-level keys: {', '.join(allowed)}")
+            raise LandscapeError(_unknown_key(key, allowed, "top-level keys"))
     regs = registries(algorithms)
     out: dict[str, Any] = {}
+    missing: list[str] = []  # entries of a recorded recipe that only its not-imported modules can provide
     for key, default in TOP_LEVEL.items():
         out[key] = _coerce(key, default, raw[key]) if key in raw else default
     check_name(out["name"])
     if not all(isinstance(m, str) for m in out["imports"]):
         raise LandscapeError(f"imports must be a list of module names (got {out['imports']!r})")
-    from landscape.imports import import_module
+    from landscape.imports import import_recipe_modules, imports_trusted, untrusted
 
-    for module in out["imports"]:
-        import_module(module, what="recipe import")
+    trusted = not recorded or (imports_trusted() if trust_imports is None else trust_imports)
+    if trusted:
+        import_recipe_modules(out["imports"], search_cwd=not recorded)
+    unimported = tuple(m for m in out["imports"] if m not in sys.modules)
     if not 0 <= out["seed"] < 2**32:  # data set splits and partitions take 32-bit seeds
         raise LandscapeError(f"seed must be in 0..{2**32 - 1} (got {out['seed']})")
     for section in SECTIONS:
@@ -387,7 +437,13 @@ def resolve(raw: dict, *, algorithms: bool = True) -> Recipe:
         if not isinstance(given, dict):
             raise LandscapeError(f"recipe key '{section}' must be a table ([{section}])")
         checked = section != "algorithm" or algorithms
+        name = given.get("name") if isinstance(given.get("name"), str) else None
+        if checked and unimported and section in regs and name is not None and name not in regs[section]:
+            missing.append(f"{section} '{name}'")  # only its imports can provide it: read as written
+            checked = False
         out[section] = _resolve_section(section, given, regs.get(section), check_options=checked)
+    if missing and not defer:
+        raise LandscapeError(untrusted(origin, unimported, missing))
     train = out["train"]
     if train["precision"] == "bf16" and train["dtype"] != "float32":
         raise LandscapeError(f"train.precision = \"bf16\" autocasts a float32 model; it cannot be combined with "
@@ -402,12 +458,17 @@ def resolve(raw: dict, *, algorithms: bool = True) -> Recipe:
             options = {k: _frozen(v) for k, v in values.items() if k not in common}
             fields["options"] = MappingProxyType(options)
         sections[section] = SECTIONS[section](**fields)
-    return Recipe(name=out["name"], seed=out["seed"], imports=tuple(out["imports"]), **sections)
+    unbuildable = untrusted(origin, unimported, missing) if missing else ""
+    return Recipe(name=out["name"], seed=out["seed"], imports=tuple(out["imports"]), unimported=unimported,
+                  unbuildable=unbuildable, **sections)
 
 
-def read_recipe(path: str | Path, *, algorithms: bool = True) -> Recipe:
-    """A recipe file (e.g. a run's recipe.toml), resolved."""
-    return resolve(read_toml(path), algorithms=algorithms)
+def read_recipe(path: str | Path, *, algorithms: bool = True, trust_imports: bool | None = None,
+                defer: bool = False) -> Recipe:
+    """A recorded recipe file (a run's recipe.toml), resolved; its ``imports`` are imported only when trusted
+    (``trust_imports``; None: the CLI's --trust-imports): see ``resolve(recorded=True)``."""
+    return resolve(read_toml(path), algorithms=algorithms, recorded=True, trust_imports=trust_imports,
+                   defer=defer, origin=str(path))
 
 
 def build(path: str | Path | None = None, overrides: list[tuple[str, Any]] = ()) -> Recipe:

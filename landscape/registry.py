@@ -58,8 +58,11 @@ class Entry(Generic[T]):
         values = {k: (v,) if isinstance(defaults.get(k), tuple) and not isinstance(v, (list, tuple)) else v
                   for k, v in values.items()}
         options = self.make_options(values)
+        bounds = {f.name: f.metadata.get("bound") for f in dataclasses.fields(self.options)} if values else {}
         for key in values:
             check_kind(f"{self.name}.{key}", getattr(options, key), defaults.get(key))
+            if bounds.get(key) is not None:
+                check_bound(f"{self.name}.{key}", getattr(options, key), bounds[key])
         return options
 
 
@@ -79,6 +82,24 @@ def check_kind(where: str, value: Any, default: Any) -> None:
         raise LandscapeError(f"{where} must be a whole number (got {value!r})")
     if isinstance(default, float) and not (number and math.isfinite(value)):
         raise LandscapeError(f"{where} must be a finite number (got {value!r})")
+
+
+# The bounds an options dataclass may give a number in its field's metadata (``field(default=0.05,
+# metadata=POSITIVE)``), checked by ``make_checked_options`` (``check_bound``; every item of a list or tuple).
+POSITIVE = {"bound": "positive"}  # finite and > 0 (a radius, a count of steps)
+NON_NEGATIVE = {"bound": "non-negative"}  # finite and >= 0 (0 often meaning "all" or "off")
+_BOUNDS = {"positive": (lambda v: v > 0, "> 0"), "non-negative": (lambda v: v >= 0, ">= 0")}
+
+
+def check_bound(where: str, value: Any, bound: str) -> None:
+    """A number (each item of a list or tuple) against its field's bound: finite and > 0 for ``positive``,
+    finite and >= 0 for ``non-negative``; one line naming the option otherwise."""
+    test, rule = _BOUNDS[bound]
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        number = isinstance(item, (int, float)) and not isinstance(item, bool)
+        if not (number and math.isfinite(item) and test(item)):
+            got = list(value) if isinstance(value, tuple) else value
+            raise LandscapeError(f"{where} must be a finite number {rule} (got {got!r})")
 
 
 class Registry(Generic[T]):

@@ -25,6 +25,7 @@ import os
 import pickle
 import pickletools
 import re
+import shlex
 import stat
 import struct
 import tempfile
@@ -130,8 +131,9 @@ def save_checkpoint(path: Path, payload: dict) -> None:
 
 class CheckpointError(LandscapeError):
     """A checkpoint that cannot be used. ``kind``: 'missing', 'damaged' (truncated or corrupted), 'unsafe'
-    (it would run code: refused by the weights_only loader) or 'foreign' (loads, but is not a landscape
-    checkpoint). ``reason`` is the short why, without the path."""
+    (it would run code: refused by the weights_only loader), 'foreign' (loads, but is not a landscape
+    checkpoint) or 'non-finite' (loads, but a tensor holds NaN or inf: the state of a diverged run). ``reason``
+    is the short why, without the path."""
 
     def __init__(self, message: str, path: Path, kind: str, reason: str) -> None:
         super().__init__(message)
@@ -202,6 +204,9 @@ def _load_failure(path: Path, error: BaseException) -> tuple[str, str]:
         return "damaged", f"not a tensor checkpoint, or corrupted: {reason or 'refused by the safe loader'}"
     if isinstance(error, EOFError):
         return "damaged", "truncated (the file ends early)"
+    if isinstance(error, struct.error):  # a record's number runs past the end (a short or junk file)
+        size = path.stat().st_size if path.is_file() else 0
+        return "damaged", f"truncated or corrupted: it ends inside a record, after {size:,} byte{'s' * (size != 1)}"
     first = text.splitlines()[0] if text else type(error).__name__
     first = first.split(". ")[0].rstrip(".")  # torch adds sentences of advice after the reason
     if isinstance(error, OSError) and error.errno is not None and error.strerror:
@@ -209,14 +214,80 @@ def _load_failure(path: Path, error: BaseException) -> tuple[str, str]:
     return "damaged", f"truncated or corrupted: {first}"
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
-    """Load a checkpoint safely (weights_only: tensors and plain containers, no code runs).
+def non_finite_tensor(named: Any) -> str | None:
+    """The first floating-point tensor of the table ``named`` (in its order) that holds NaN or inf, described
+    (``'fc1.weight': 1 NaN of 1,024 values``); None when every one is finite. Entries that are not tensors,
+    and a ``named`` that is no table, are left to the checks of their kind."""
+    if not isinstance(named, dict):
+        return None
+    for name, tensor in named.items():
+        if isinstance(tensor, torch.Tensor) and (tensor.is_floating_point() or tensor.is_complex()):
+            if bool(torch.isfinite(tensor.sum())):  # a NaN or inf reaches the sum (fast); overflow: look closer
+                continue
+            finite = torch.isfinite(tensor)
+            if not bool(finite.all()):
+                nan = int(torch.isnan(tensor).sum())
+                inf = tensor.numel() - int(finite.sum()) - nan
+                counts = " and ".join(f"{n:,} {what}" for n, what in ((nan, "NaN"), (inf, "inf")) if n)
+                return f"'{name}': {counts} of {tensor.numel():,} values"
+    return None
+
+
+def _tensor_tables(payload: dict) -> list[tuple[str, Any]]:
+    """(what, table of named tensors) of a checkpoint: its model, SWA average, server state, the clients'
+    states, and a clients file's models."""
+    tables = [("model tensor", payload.get("model")), ("SWA model tensor", payload.get("swa_model")),
+              ("server state", payload.get("server_state"))]
+    for key, what in (("client_states", "state"), ("clients", "model tensor")):
+        per_client = payload.get(key)
+        if isinstance(per_client, dict):
+            tables += [(f"client {client}'s {what}", table) for client, table in per_client.items()]
+    return tables
+
+
+def check_finite_checkpoint(path: Path, payload: dict) -> None:
+    """Every floating-point tensor of a checkpoint is finite, or a one-line ``CheckpointError`` (kind
+    'non-finite') naming the file and the first tensor that is not. Training never saves such a state (a
+    round whose model, statistics, server or client state is not finite stops the run: divergence)."""
+    for what, table in _tensor_tables(payload):
+        found = non_finite_tensor(table)
+        if found is not None:
+            reason = f"it holds non-finite values ({what} {found})"
+            raise CheckpointError(f"{path} holds non-finite values ({what} {found}): the state of a diverged run, "
+                                  "it has no loss landscape and no round continues from it; use an earlier "
+                                  "checkpoint", Path(path), "non-finite", reason)
+
+
+def non_finite_weights(path: Path, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> CheckpointError | None:
+    """The error for an analysed model whose trainable parameters ``weights`` (name: tensor as stored) are not
+    all finite in the analysis ``dtype``: a NaN or inf stored in the file, or a value beyond the range of
+    ``dtype`` (a float64 file analysed in float32); None when they are finite."""
+    stored = non_finite_tensor(weights)
+    if stored is not None:
+        return CheckpointError(f"{path} holds non-finite weights ({stored}): a model with NaN or inf weights has "
+                               "no loss landscape to analyse", Path(path), "non-finite",
+                               f"it holds non-finite weights ({stored})")
+    converted = non_finite_tensor({name: t.to(dtype) for name, t in weights.items() if t.is_floating_point()})
+    if converted is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return CheckpointError(f"{path} holds weights beyond the range of {name}, the analysis dtype ({converted} once "
+                           "converted): analyse it in float64 (--dtype float64)", Path(path), "non-finite",
+                           f"its weights overflow {name}")
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", *, finite: bool = True) -> dict:
+    """Load a checkpoint safely (weights_only: tensors and plain containers, no code runs), and check that
+    every floating-point tensor in it is finite (``check_finite_checkpoint``; ``finite=False``: not checked,
+    for a reader of its recipe only).
 
     Every failure is a one-line ``CheckpointError`` naming the file."""
     obj = safe_load(path, map_location)
     if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT or "model" not in obj:
         raise CheckpointError(f"{path} is not a landscape checkpoint", Path(path), "foreign",
                               "not a landscape checkpoint")
+    if finite:
+        check_finite_checkpoint(Path(path), obj)
     return obj
 
 
@@ -250,7 +321,8 @@ def safe_load(path: Path, map_location: str | torch.device = "cpu") -> Any:
         raise CheckpointError(f"cannot load checkpoint {path}: it is a directory", path, "foreign",
                               "a directory") from None
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, KeyError, AttributeError,
-            IndexError, TypeError, UnicodeDecodeError, zipfile.BadZipFile) as e:  # truncated, corrupted, unsafe
+            IndexError, TypeError, UnicodeDecodeError, zipfile.BadZipFile,
+            struct.error) as e:  # truncated, corrupted (a short or junk file: struct.error), unsafe
         kind, reason = _load_failure(path, e)
         raise CheckpointError(f"cannot load checkpoint {path}: {reason}", path, kind, reason) from None
     return obj
@@ -295,8 +367,9 @@ class Checkpoint:
         self.payload = payload
 
     @classmethod
-    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
-        return cls(Path(path), load_checkpoint(Path(path), map_location))
+    def load(cls, path: str | Path, map_location: str | torch.device = "cpu", *, finite: bool = True) -> Checkpoint:
+        """``load_checkpoint``: safely, every tensor finite unless ``finite=False`` (for its recipe alone)."""
+        return cls(Path(path), load_checkpoint(Path(path), map_location, finite=finite))
 
     @property
     def round(self) -> int:
@@ -707,17 +780,29 @@ class Run:
     event rows, e.g. a divergence), ``.rounds()`` (checkpointed
     rounds), ``.model(round)`` (nn.Module with those weights, eval mode), ``.data()`` (train and test sets as
     the run used them), ``.client_data(i)`` and ``.partition()``.
+
+    The recipe's ``imports`` (modules that run code when imported) are imported only with ``trust_imports=True``
+    (or inside ``landscape.imports.trusted_imports()``); without, the recipe, metrics and events read as
+    recorded, and building a model, data set or partition that only those modules provide is refused in one
+    line naming them.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, trust_imports: bool = False) -> None:
         from landscape import recipe as recipes
 
+        if not isinstance(path, (str, os.PathLike)):
+            raise LandscapeError(f"open_run takes the path of a run directory, not {path!r:.80}")
+        if not isinstance(trust_imports, bool):
+            raise LandscapeError(f"open_run: trust_imports must be True or False, got {trust_imports!r}")
         self.dir = RunDir(path)
+        if not self.dir.path.exists():
+            raise LandscapeError(f"open_run: {self.dir.path} does not exist")
         if not self.dir.path.is_dir():
-            raise LandscapeError(f"not a directory: {self.dir.path}")
+            raise LandscapeError(f"open_run: {self.dir.path} is not a directory (give a run directory)")
         if not self.dir.is_run():
             raise LandscapeError(f"{self.dir.path} is not a run directory (no recipe.toml)")
-        self.recipe = recipes.read_recipe(self.dir.recipe, algorithms=False)
+        self.recipe = recipes.read_recipe(self.dir.recipe, algorithms=False, trust_imports=trust_imports or None,
+                                          defer=True)
         self._setup = None
 
     @property
@@ -742,6 +827,7 @@ class Run:
         if self._setup is None:
             from landscape.setup import prepare_data
 
+            self.recipe.require_entries()  # a data set or partition only its untrusted imports provide
             self._setup = prepare_data(self.recipe)
         return self._setup
 
@@ -754,12 +840,16 @@ class Run:
         """Per-client train-set index arrays, as recorded in partition.json (checked: a damaged or tampered
         file is a one-line error)."""
         if not self.dir.partition.is_file():
-            raise LandscapeError(f"{self.dir.partition} not found (`landscape train --resume {self.path}` writes it)")
+            raise LandscapeError(f"{self.dir.partition} not found (`landscape train --resume "
+                                 f"{shlex.quote(str(self.path))}` writes it)")
         setup = self._data_setup()
         return read_partition(self.dir.partition, len(setup.bundle.train), len(setup.client_indices))
 
     def client_data(self, client: int):
+        """Client ``client``'s training samples (a whole number 0..N-1), from the checked partition."""
         parts = self.partition()
+        if isinstance(client, bool) or not isinstance(client, (int, np.integer)):
+            raise LandscapeError(f"client must be a whole number in 0..{len(parts) - 1} (got {client!r:.80})")
         if not 0 <= client < len(parts):
             raise LandscapeError(f"client {client} does not exist (the run has {len(parts)} clients)")
         train, _ = self.data()
@@ -781,6 +871,7 @@ class Run:
         on the CPU, in eval mode, in the checkpoint's dtype (a float64 run stays float64)."""
         from landscape.setup import build_module
 
+        self.recipe.require_entries()  # a model only its untrusted imports provide: refused in one line
         module = build_module(self.recipe, self._data_setup().bundle)
         ckpt = self.checkpoint(round)
         module = module.to(ckpt.dtype)
@@ -789,6 +880,7 @@ class Run:
         return module.eval()
 
 
-def open_run(path: str | Path) -> Run:
-    """Open a run directory for reading (see ``Run``)."""
-    return Run(path)
+def open_run(path: str | Path, trust_imports: bool = False) -> Run:
+    """Open a run directory for reading (see ``Run``); ``trust_imports=True`` imports the modules its recipe's
+    ``imports`` name (their code runs)."""
+    return Run(path, trust_imports=trust_imports)

@@ -5,7 +5,10 @@ and the module graph (no import cycles, analysis loads nothing of training)."""
 from __future__ import annotations
 
 import ast
+import hashlib
+import importlib
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import tiny_recipe
+from conftest import one_line_error, result_file, tiny_recipe
 
 import landscape
 from landscape.analyze.recipes import load_analysis_recipe
@@ -46,6 +49,25 @@ USER_MODULE = textwrap.dedent('''
     def make_data():
         g = torch.Generator().manual_seed(5)
         return torch.randn(48, 1, 8, 8, generator=g), torch.randint(0, 10, (48,), generator=g)
+
+
+    def make_relu():  # the same parameters as make_net's, another activation
+        net = make_net()
+        net.body[2] = nn.ReLU()
+        return net
+
+
+    def half():  # the first half of make_data's samples
+        x, y = make_data()
+        return x[:24], y[:24]
+
+
+    def not_a_net():
+        return 3
+
+
+    def broken_data():
+        raise ValueError("no data here")
 
 
     @MODELS.register("usernet", summary="a user's model, registered from outside the package")
@@ -264,3 +286,139 @@ def test_a_pass_reports_its_products_to_the_progress_callback(tmp_path):
                                                                                 "density_steps": 4}))
     work.close()
     assert work.base + work.last == output.scalars["hvp_count"]  # every product of every solver, as it happens
+
+
+def _analyze_loss(path, model, dataset, *extra):
+    return invoke("analyze", path, "--model", model, "--dataset", dataset, "--passes", "loss", "--quiet", *extra)
+
+
+def _direct_loss(module, factory: str, dataset: str, state_file: Path) -> float:
+    """F(x) = mean cross-entropy of the state_dict's model on the data, computed here with plain torch."""
+    from landscape.data.datasets import load_dataset
+
+    net = getattr(module, factory)()
+    net.load_state_dict(torch.load(state_file, weights_only=True))
+    if ":" in dataset:
+        x, y = getattr(module, dataset.split(":")[1])()
+    else:
+        train = load_dataset(dataset, root="data", download=False, augment=False, num_clients=1, seed=0,
+                             options={}).train
+        x, y = train.x, train.y
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(net.eval()(x), y).item()
+
+
+@pytest.mark.parametrize("change", ["none", "model factory", "edited model code", "data factory",
+                                    "registered data set", "result without inputs"])
+def test_a_state_dict_result_is_keyed_by_the_model_and_data_that_made_it(tmp_path, user_module, change):
+    """Issue 20: another model, data or model code on the same file is recomputed, never "already done"."""
+    module = __import__(user_module)
+    state_file = tmp_path / "mine.pt"
+    torch.save(module.make_net().state_dict(), state_file)
+    model, dataset = f"{user_module}:make_net", f"{user_module}:make_data"
+    first = _analyze_loss(state_file, model, dataset)
+    assert first.exit_code == 0 and "1 computed, 0 already done" in first.output, first.output
+    out = tmp_path / "analysis" / "mine"
+    if change == "model factory":
+        model = f"{user_module}:make_relu"
+    elif change == "edited model code":  # the same --model, its class edited (another activation)
+        from landscape.models import MODELS
+
+        source = tmp_path / f"{user_module}.py"
+        source.write_text(source.read_text().replace("nn.Tanh()", "nn.Sigmoid()"))
+        shutil.rmtree(tmp_path / "__pycache__", ignore_errors=True)
+        sys.modules.pop(user_module)
+        MODELS._entries.pop("usernet", None)  # registered again by the edited module
+        importlib.invalidate_caches()
+        module = importlib.import_module(user_module)
+    elif change == "data factory":
+        dataset = f"{user_module}:half"
+    elif change == "registered data set":
+        dataset = "digits"
+    elif change == "result without inputs":  # written before results of a state_dict were keyed by them
+        path = result_file(out, "loss")
+        record = json.loads(path.read_text())
+        del record["inputs"]
+        path.write_text(json.dumps(record))
+    second = _analyze_loss(state_file, model, dataset)
+    assert second.exit_code == 0, second.output
+    done = "0 computed, 1 already done" if change == "none" else "1 computed, 0 already done"
+    assert done in second.output, second.output
+    record = json.loads(result_file(out, "loss").read_text())  # the old result of these settings is replaced
+    assert record["inputs"]["model"] == model and record["inputs"]["dataset"] == dataset
+    if ":" in dataset:  # SHA-256 of dtype, shape and bytes of the inputs, then of the targets
+        digest = hashlib.sha256()
+        for t in getattr(module, dataset.split(":")[1])():
+            digest.update(f"{t.dtype}{tuple(t.shape)}".encode() + t.contiguous().numpy().tobytes())
+        assert record["inputs"]["data_sha256"] == digest.hexdigest()
+    else:
+        assert record["inputs"]["data_sha256"] is None  # a registered data set: its name and the split say it
+    expected = _direct_loss(module, model.split(":")[1], dataset, state_file)
+    assert record["result"]["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("model, dataset, message", [
+    ("{mod}:nosuch", "{mod}:make_data", "model factory '{mod}:nosuch': module '{mod}' has no 'nosuch'"),
+    ("{mod}:make_net", "{mod}:nosuch", "data factory '{mod}:nosuch': module '{mod}' has no 'nosuch'"),
+    ("{mod}:not_a_net", "{mod}:make_data", "model factory '{mod}:not_a_net' returned int, not an nn.Module"),
+    ("{mod}:make_net", "{mod}:broken_data", "data factory '{mod}:broken_data' failed: ValueError: no data here"),
+    ("nosuch_model", "digits", "unknown model 'nosuch_model'"),
+    ("{mod}:make_net", "nosuch_data", "unknown dataset 'nosuch_data'"),
+    ("mlp", "{mod}:make_data", "a registered model ('mlp') is built for a registered data set"),
+])
+def test_the_model_and_data_of_a_state_dict_are_checked_before_anything_is_done(tmp_path, user_module, model,
+                                                                                dataset, message):
+    """Issue 20: `--model mod:nosuch` after a first analysis exited 0 (everything "already done")."""
+    module = __import__(user_module)
+    torch.save(module.make_net().state_dict(), tmp_path / "mine.pt")
+    assert _analyze_loss(tmp_path / "mine.pt", f"{user_module}:make_net", f"{user_module}:make_data").exit_code == 0
+    for extra in ((), ("--dry-run",)):
+        line = one_line_error(_analyze_loss(tmp_path / "mine.pt", model.format(mod=user_module),
+                                            dataset.format(mod=user_module), *extra))
+        assert message.format(mod=user_module) in line
+
+
+@pytest.mark.parametrize("args, what", [
+    (["--passes", "flatness"], "flatness"),
+    (["--passes", "loss,flatness", "--dry-run"], "flatness"),
+    (["--passes", "surface", "--directions", "clients", "--grid", "3"], "surface --directions clients"),
+    (["--passes", "surface", "--directions", "interpolate", "--grid", "5"], "surface --directions interpolate"),
+    (["--passes", "loss,incompatibility"], "incompatibility"),
+    (["--passes", "alignment"], "alignment"),
+])
+def test_a_client_pass_on_a_state_dict_says_it_has_no_clients(tmp_path, user_module, args, what):
+    """Issue 20: `--passes flatness` on a state_dict said "train with --keep-clients", meaningless there."""
+    module = __import__(user_module)
+    torch.save(module.make_net().state_dict(), tmp_path / "mine.pt")
+    line = one_line_error(invoke("analyze", tmp_path / "mine.pt", "--model", f"{user_module}:make_net",
+                                 "--dataset", f"{user_module}:make_data", *args, "--quiet"))
+    assert f"{what} needs the clients of a training run" in line and "a plain state_dict, which has no clients" in line
+    assert "--keep-clients" not in line and "run on a state_dict: hessian, loss, sharpness, surface (random" in line
+    assert not (tmp_path / "analysis").exists()  # refused before anything was computed
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"junk", "truncated or corrupted"), (b"G", "truncated or corrupted"), (b"X\x00\x01", "truncated or corrupted"),
+    (b"r", "truncated or corrupted"), (b"", "truncated (the file ends early)"),
+    ({"body.1.weight": torch.zeros(3, 3)}, "does not match the model"),
+])
+def test_a_bad_file_in_a_folder_of_state_dicts_is_named_and_the_others_are_analysed(tmp_path, user_module, content,
+                                                                                   reason):
+    """Issue 20: a junk file in a folder of state_dicts gave struct.error after the good ones were written."""
+    module = __import__(user_module)
+    folder = tmp_path / "states"
+    folder.mkdir()
+    for name in ("a.pt", "c.pt"):
+        torch.save(module.make_net().state_dict(), folder / name)
+    if isinstance(content, bytes):
+        (folder / "b.pt").write_bytes(content)
+    else:
+        torch.save(content, folder / "b.pt")
+    line = one_line_error(_analyze_loss(folder, f"{user_module}:make_net", f"{user_module}:make_data"))
+    assert str(folder / "b.pt") in line and reason in line
+    assert "the other 2 files were analysed" in line
+    expected = _direct_loss(module, "make_net", f"{user_module}:make_data", folder / "a.pt")
+    for stem in ("a", "c"):
+        record = json.loads(result_file(folder / "analysis" / stem, "loss").read_text())
+        assert record["result"]["loss"] == pytest.approx(expected, rel=1e-5)
+    assert not (folder / "analysis" / "b").exists()

@@ -1,10 +1,16 @@
 """Inputs validated where they enter (issue 20's silently wrong cases): analysis settings, pass options and the
 sharpness of non-finite points give one-line errors, never a zero or a result under a wrong name."""
 
+import dataclasses
+import json
+import math
+
 import pytest
 import torch
 from click.testing import CliRunner
 from conftest import one_line_error, tiny_recipe
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import landscape
@@ -91,3 +97,69 @@ def test_sharpness_of_a_nan_weight_or_an_overflowing_ball_is_an_error_not_zero()
 def test_a_training_thread_count_beyond_any_machine_is_one_line(tmp_path):
     result = CliRunner().invoke(cli, ["train", "--threads", "100000", "--dry-run", "-o", str(tmp_path / "r")])
     assert "train.threads must be in 0..4096 (0: every core) (got 100000)" in one_line_error(result)
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else str(value)  # TOML spells nan, inf, -inf
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return str(value)
+
+
+_SCALARS = st.one_of(st.integers(-3, 5), st.sampled_from([0, 10 ** 12, -(2 ** 40)]),
+                     st.sampled_from([0.0, -0.5, 2.5, 1e-12, 1e308, float("nan"), float("inf"), float("-inf")]),
+                     st.booleans(), st.sampled_from(["", "x", "last", "eval", "test", "float64", "cpu"]))
+_VALUES = st.one_of(_SCALARS, st.lists(_SCALARS, max_size=3))
+_PASSES = ("loss", "hessian", "sharpness", "surface", "alignment", "incompatibility")
+
+
+def _near_defaults(cls) -> dict[str, st.SearchStrategy]:
+    """Per field: its default, a value near it (the same kind), or anything from _VALUES."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if isinstance(default, tuple):
+            default = list(default)
+        near = [default]
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            near += [default * 2, default + 1]
+        if isinstance(default, list) and default:
+            near += [default[:1]]
+        out[f.name] = st.one_of(st.sampled_from(near), _VALUES)
+    return out
+
+
+def _draw_table(data, cls, skip=()) -> dict:
+    strategies = {k: v for k, v in _near_defaults(cls).items() if k not in skip}
+    keys = data.draw(st.lists(st.sampled_from(sorted(strategies)), max_size=3, unique=True))
+    return {k: data.draw(strategies[k]) for k in keys}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzz_analysis_recipe_values_are_a_one_line_error_or_a_finite_dry_run(run_dir, tmp_path, data):
+    """Random values for the settings and for a pass's options: `analyze --dry-run` either prints a finite
+    estimate or refuses in one line; never a traceback, and nothing is written into the run."""
+    name = data.draw(st.sampled_from(_PASSES))
+    from landscape.analyze.catalog import load_passes
+
+    settings_part = _draw_table(data, AnalysisSettings, skip=("device",))
+    options_part = _draw_table(data, load_passes().get(name).options)
+    lines = [f'passes = ["{name}"]', "[settings]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in settings_part.items()]
+    lines += [f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in options_part.items()]
+    path = tmp_path / "fuzz.toml"
+    path.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(cli, ["analyze", str(run_dir), str(path), "--dry-run", "--quiet"])
+    if result.exit_code == 0:
+        assert "nan" not in result.output and "inf " not in result.output, result.output
+    else:
+        assert result.exit_code == 1 and result.output.count("\n") == 1, (path.read_text(), result.output)
+        assert result.output.startswith("error: "), (path.read_text(), result.output)
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert not (run_dir / "analysis").exists()

@@ -331,16 +331,23 @@ def test_kill_9_during_analyze_then_rerun_computes_only_what_is_missing(killed, 
 # damaged, foreign and unsafe checkpoints
 
 
-@pytest.mark.parametrize("damage", ["truncated", "zeroed", "empty"])
+# Short or junk files whose first record runs past their end (torch.load raised struct.error: issue 20).
+SHORT_JUNK = {"junk": b"junk", "G": b"GGGGGGG", "J": b"J", "X": b"X\x02\x00\x00", "j": b"jj\x01",
+              "r": b"r\x05\x06\x07"}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "zeroed", "empty", *SHORT_JUNK])
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_previous(whole, whole_copy, damage):
     newest = RunDir(whole_copy).checkpoint(6)
     data = newest.read_bytes()
-    bad = {"truncated": data[: len(data) // 3], "zeroed": data[:100] + bytes(len(data) - 100), "empty": b""}[damage]
+    bad = {"truncated": data[: len(data) // 3], "zeroed": data[:100] + bytes(len(data) - 100), "empty": b"",
+           **SHORT_JUNK}[damage]
     newest.write_bytes(bad)
 
-    # analyze names the file in one line
-    line = one_line_error(invoke("analyze", newest, "--passes", "loss", "--quiet", "--device", "cpu"))
-    assert line.startswith(f"error: cannot load checkpoint {newest}: ")
+    # analyze names the file in one line, given the file or the run
+    for target in (newest, whole_copy):
+        line = one_line_error(invoke("analyze", target, "--passes", "loss", "--quiet", "--device", "cpu"))
+        assert line.startswith(f"error: cannot load checkpoint {newest}: ")
 
     # resume says which checkpoint it takes, keeps the damaged file aside, and ends as the uninterrupted run
     result = invoke("train", "--resume", whole_copy, "--quiet")

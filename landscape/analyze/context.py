@@ -8,12 +8,15 @@ its run still analyses: the data and partition are rebuilt from the recipe (both
 A plain ``torch.save(model.state_dict())`` file, or a folder of them, is a ``StateDictSource``: the model
 comes from ``--model`` (a registered model name or ``package.module:factory``) and the data from ``--dataset``
 (a registered data set or ``package.module:factory``); it has no clients, so only the passes that need none
-run on it. Its results go to ``analysis/<file stem>/`` next to the files.
+run on it. Its results go to ``analysis/<file stem>/`` next to the files, keyed by the model and data that
+produced them (``StateDictSource.inputs``) besides the file's SHA-256 and the settings.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,11 +28,12 @@ import torch
 from torch import Tensor, nn
 
 from landscape import recipe as recipes
-from landscape.analyze.objective import AnalysisData, Objective, Problem, as_data
+from landscape.analyze.objective import AnalysisData, Objective, Problem, as_data, check_model_data
+from landscape.analyze.registry import PASSES, needs_kept_clients
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
 from landscape.recipe import Recipe
-from landscape.runs import Checkpoint, RunDir, load_client_models, load_state_dict_file
+from landscape.runs import Checkpoint, RunDir, load_client_models, load_state_dict_file, non_finite_weights
 from landscape.setup import DataSetup, build_module, prepare_data, resolve_device, torch_dtype
 
 _ROUND_FILE = re.compile(r"^round-(\d{4,})\.pt$")
@@ -93,6 +97,7 @@ class Source:
     @property
     def setup(self) -> DataSetup:
         if self._setup is None:
+            self.recipe.require_entries()  # a data set or partition only its untrusted imports provide: refused
             self._setup = prepare_data(self.recipe)
         return self._setup
 
@@ -107,7 +112,17 @@ class Source:
         return Checkpoint.load(self.checkpoints[round])
 
     def build_module(self) -> nn.Module:
+        self.recipe.require_entries()  # a model only its untrusted imports provide: refused in one line
         return build_module(self.recipe, self.setup.bundle)
+
+    @property
+    def inputs(self) -> dict | None:
+        """What the results are keyed by besides the checkpoint's SHA-256 and the settings: None for a run (its
+        checkpoints carry the recipe that made them); a plain state_dict's model and data (``StateDictSource``)."""
+        return None
+
+    def check_pass(self, name: str, options: object) -> None:
+        """Refuse, in one line, a pass that cannot run on this source (a run: every pass can)."""
 
     @property
     def model_name(self) -> str:
@@ -148,6 +163,40 @@ class Source:
         return bundle.train.x[index], bundle.train.y[index]
 
 
+# Passes that read the clients of a training run (their data or their kept models); on a plain state_dict none
+# of them runs, nor a surface whose options need kept client models (``registry.needs_kept_clients``).
+CLIENT_PASSES = frozenset({"flatness", "incompatibility", "alignment"})
+
+
+def _source_text(obj: object) -> str:
+    """``inspect.getsource(obj)``; "" where there is none (a builtin, code typed at a prompt)."""
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def model_sha256(factory: Callable, module: nn.Module) -> str:
+    """SHA-256 of what a model factory makes the numbers of: the factory's source, the source of each class
+    outside torch among the returned module's submodules (its own class first, then in ``modules()`` order)
+    and ``repr(module)`` (the layers and their settings), joined by NUL bytes."""
+    classes = list(dict.fromkeys(type(m) for m in module.modules()))
+    own = [_source_text(c) for c in classes if c.__module__.split(".")[0] != "torch"]
+    text = "\0".join([_source_text(factory), *own, repr(module)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def data_sha256(x: Tensor, y: Tensor) -> str:
+    """SHA-256 of the analysis data: for the inputs, then the targets, the dtype and the shape as text and
+    the raw bytes in row-major order."""
+    h = hashlib.sha256()
+    for t in (x, y):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
+    return h.hexdigest()
+
+
 @dataclass(frozen=True)
 class ForeignModel:
     """How to analyse plain state_dicts: the model and the data, each a registered name or a factory
@@ -159,13 +208,19 @@ class ForeignModel:
 
 
 class StateDictSource(Source):
-    """Plain state_dict files (one, or a folder of them): no recipe, no clients."""
+    """Plain state_dict files (one, or a folder of them): no recipe, no clients.
+
+    The model factory is called once (``build_module`` hands out copies of what it returned), the data
+    factory once (its tensors are kept). A result is keyed by ``inputs`` too: another model, model code or
+    data on the same file is computed again, never taken for done."""
 
     def __init__(self, name: str, files: list[Path], spec: ForeignModel, analysis_dir: Path) -> None:
         super().__init__(name, None, dict(enumerate(files)), analysis_dir, None)
         self.spec = spec
         self._data: dict[str, tuple[Tensor, Tensor]] = {}
         self._bundle = None
+        self._module: nn.Module | None = None
+        self._inputs: dict | None = None
 
     def result_dir(self, round: int) -> Path:
         return self.analysis_dir / self.checkpoints[round].stem
@@ -187,6 +242,12 @@ class StateDictSource(Source):
         return self._bundle
 
     def build_module(self) -> nn.Module:
+        """A copy of the model the factory (or the registry) made once."""
+        if self._module is None:
+            self._module = self._make_module()
+        return copy.deepcopy(self._module)
+
+    def _make_module(self) -> nn.Module:
         from landscape.imports import call_factory
         from landscape.models import MODELS, build_model
 
@@ -202,6 +263,37 @@ class StateDictSource(Source):
                                  f"give --model package.module:factory with the data factory '{self.spec.dataset}'")
         bundle = self._registered_bundle()
         return build_model(self.spec.model, bundle.input_shape, bundle.num_classes, {})
+
+    @property
+    def inputs(self) -> dict:
+        """What a result of these files is keyed by besides the file's SHA-256 and the settings: ``model`` and
+        ``dataset`` (the specs as given), ``model_sha256`` (``model_sha256`` of a factory; None for a registered
+        model, its name says it) and ``data_sha256`` (``data_sha256`` of the factory's tensors; None for a
+        registered data set: its name and the split setting say it). Computing it imports and calls both
+        factories (once): a bad --model or --dataset is a one-line error before anything is taken for done."""
+        if self._inputs is None:
+            from landscape.imports import load_object
+
+            module = self.build_module()
+            x, y = self.analysis_set("train")  # a factory's data: whatever the split
+            factory = load_object(self.spec.model, "model factory") if ":" in self.spec.model else None
+            self._inputs = {"model": self.spec.model,
+                            "model_sha256": model_sha256(factory, module) if factory is not None else None,
+                            "dataset": self.spec.dataset,
+                            "data_sha256": data_sha256(x, y) if ":" in self.spec.dataset else None}
+        return self._inputs
+
+    def check_pass(self, name: str, options: object) -> None:
+        """A pass that reads clients is refused in one line naming the passes that run on a state_dict."""
+        if name not in CLIENT_PASSES and not needs_kept_clients(name, options):
+            return
+        what = f"surface --directions {options.directions}" if name == "surface" else name
+        usable = [p if p != "surface" else "surface (random directions)" for p in PASSES.names()
+                  if p not in CLIENT_PASSES]
+        given = self.checkpoints[0] if len(self.checkpoints) == 1 else self.analysis_dir.parent
+        raise LandscapeError(f"{what} needs the clients of a training run, and {given} is a plain state_dict, "
+                             f"which has no clients (no client data, no kept client models); the passes that "
+                             f"run on a state_dict: {', '.join(usable)}")
 
     @property
     def model_name(self) -> str:
@@ -226,44 +318,58 @@ class StateDictSource(Source):
         raise LandscapeError(f"{self.name} is a plain state_dict: it has no clients or partition")
 
     def analysis_set(self, split: str) -> tuple[Tensor, Tensor]:
-        if ":" not in self.spec.dataset:
-            bundle = self._registered_bundle()
-            part = bundle.test if split == "test" else bundle.train
-            return part.x, part.y
-        if "factory" not in self._data:  # the factory's data is the analysis set, whatever the split
-            from landscape.imports import call_factory
+        """The data set's split, or the factory's data (whatever the split), checked where it enters
+        (``as_data``) and against the model's first forward pass (``check_model_data``): one line naming the
+        data set or the factory."""
+        key = "factory" if ":" in self.spec.dataset else split
+        if key not in self._data:
+            if key == "factory":
+                from landscape.imports import call_factory
 
-            data = as_data(call_factory(self.spec.dataset, "data factory"))
-            self._data["factory"] = (data.x, data.y)
-        return self._data["factory"]
+                data = as_data(call_factory(self.spec.dataset, "data factory"),
+                               name=f"data factory '{self.spec.dataset}'")
+            else:
+                part = self._registered_bundle().test if split == "test" else self._registered_bundle().train
+                data = AnalysisData(part.x, part.y, name=f"data set '{self.spec.dataset}' ({split} split)")
+            flat = FlatModel(self.build_module())
+            check_model_data(flat, flat.buffers(), data, None)
+            self._data[key] = (data.x, data.y)
+        return self._data[key]
 
 
 STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin")
 
 
 def state_dict_sources(path: Path, spec: ForeignModel) -> list[Source]:
-    """One source of the state_dict file ``path``, or of every state_dict file in the folder ``path``."""
+    """One source of the state_dict file ``path``, or of every state_dict file in the folder ``path``. The
+    model and the data are checked here (``StateDictSource.inputs``: both factories imported and called once),
+    before anything is looked up as done."""
     if path.is_file():
-        return [StateDictSource(path.stem, [path], spec, path.parent / "analysis")]
-    files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in STATE_DICT_SUFFIXES)
-    if not files:
-        raise LandscapeError(f"{path} holds no state_dict files ({', '.join(STATE_DICT_SUFFIXES)})")
-    return [StateDictSource(path.name, files, spec, path / "analysis")]
+        source = StateDictSource(path.stem, [path], spec, path.parent / "analysis")
+    else:
+        files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in STATE_DICT_SUFFIXES)
+        if not files:
+            raise LandscapeError(f"{path} holds no state_dict files ({', '.join(STATE_DICT_SUFFIXES)})")
+        source = StateDictSource(path.name, files, spec, path / "analysis")
+    source.inputs  # noqa: B018 - computed for its checks
+    return [source]
 
 
 def _source_from_run(path: Path) -> Source:
     run_dir = RunDir(path)
-    recipe = recipes.read_recipe(run_dir.recipe, algorithms=False)
+    # its imports run only when trusted (--trust-imports); else what they provide is refused once it is built
+    recipe = recipes.read_recipe(run_dir.recipe, algorithms=False, defer=True)
     ckpts = {r: run_dir.checkpoint(r) for r in run_dir.rounds()}
     return Source(path.name, recipe, ckpts, path / "analysis", run_dir)
 
 
 def _source_from_checkpoints(folder: Path, files: list[Path]) -> Source:
     ckpts = {int(_ROUND_FILE.match(f.name).group(1)): f for f in files}
-    last = Checkpoint.load(ckpts[max(ckpts)])
+    last = Checkpoint.load(ckpts[max(ckpts)], finite=False)  # its recipe: the rounds analysed are checked at load
     if last.recipe_text is None:
         raise LandscapeError(f"{last.path} carries no recipe and is not inside a run directory")
-    recipe = recipes.resolve(recipes.tomllib.loads(last.recipe_text), algorithms=False)
+    recipe = recipes.resolve(recipes.tomllib.loads(last.recipe_text), algorithms=False, recorded=True, defer=True,
+                             origin=f"the recipe in {last.path}")
     return Source(folder.name, recipe, ckpts, folder / "analysis", None)
 
 
@@ -357,6 +463,13 @@ class CheckpointContext:
         self.w, self.buffers = self.flat.from_state_dict(ckpt.analysed_state)
         # x^t of training (differs from w only under server SWA): flatness distance is measured to it.
         self.global_w = self.flat.from_state_dict(ckpt.model_state)[0] if ckpt.has_swa else self.w
+        # The one check of the analysed weights, for every pass: finite in the analysis dtype (a checkpoint's
+        # tensors were checked at load; a state_dict's weights, and a dtype's range, are checked here).
+        for weights, state in ((self.w, ckpt.analysed_state), (self.global_w, ckpt.model_state)):
+            error = None if bool(torch.isfinite(weights).all()) else non_finite_weights(
+                path, {n: state[n] for n in self.flat.names}, self.dtype)
+            if error is not None:
+                raise error
         self.digest = file_digest(path)
 
     def load_global(self, path: Path, analysed: bool = True) -> Tensor:

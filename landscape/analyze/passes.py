@@ -8,7 +8,7 @@ A pass reads one checkpoint (``CheckpointContext``) and its options, and returns
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,11 +18,12 @@ from landscape.analyze.registry import PASSES, PassOutput
 from landscape.analyze.serial import split_result
 from landscape.analyze.spectrum import DEFAULT_TRACE_METHOD, TRACE_METHODS
 from landscape.errors import LandscapeError
+from landscape.registry import NON_NEGATIVE, POSITIVE
 
 
 @dataclass(frozen=True)
 class LossOptions:
-    clients: int = 0  # per-client F_i for all clients (0) or a seeded sample of this many
+    clients: int = field(default=0, metadata=NON_NEGATIVE)  # per-client F_i for all (0) or a seeded sample
 
 
 @PASSES.register("loss", options=LossOptions, summary="F(x), accuracy and ||grad F(x)|| on the analysis data; F_i")
@@ -57,14 +58,17 @@ def _training_batch_size(ctx: CheckpointContext, value: int) -> int:
 
 @dataclass(frozen=True)
 class SharpnessOptions:
-    rhos: tuple[float, ...] = (0.01, 0.05, 0.1)  # radii of the global S_rho profile
-    steps: int = 50  # the most trial points of each Armijo projected ascent (steps = starts = 1: SAM)
-    tol: float = 1e-3  # stop when the estimated remaining gain is below tol * S_rho (0: run all steps)
-    starts: int = 8  # ascents from the centre and starts - 1 seeded random points on the sphere; the best
+    rhos: tuple[float, ...] = field(default=(0.01, 0.05, 0.1), metadata=POSITIVE)  # radii of global S_rho
+    # the most trial points of each Armijo projected ascent (steps = starts = 1: SAM)
+    steps: int = field(default=50, metadata=POSITIVE)
+    # stop when the estimated remaining gain is below tol * S_rho (0: run all steps)
+    tol: float = field(default=1e-3, metadata=NON_NEGATIVE)
+    # ascents from the centre and starts - 1 seeded random points on the sphere; the best
+    starts: int = field(default=8, metadata=POSITIVE)
     adaptive: bool = True  # also the ASAM-ball profile (|x| + eta, weights only, as FedASAM trains)
-    eta: float = 0.01
-    local_rho: float = 0.05  # radius of the per-client S_rho on F_i
-    clients: int = 0  # all clients (0) or a seeded sample
+    eta: float = field(default=0.01, metadata=POSITIVE)
+    local_rho: float = field(default=0.05, metadata=POSITIVE)  # radius of the per-client S_rho on F_i
+    clients: int = field(default=0, metadata=NON_NEGATIVE)  # all clients (0) or a seeded sample
 
 
 @PASSES.register("sharpness", options=SharpnessOptions,
@@ -107,10 +111,10 @@ def flatness_pass(ctx: CheckpointContext, opts: None) -> PassOutput:
 
 @dataclass(frozen=True)
 class IncompatibilityOptions:
-    rho: float = 0.05  # perturbation radius
-    batches: int = 8  # Monte-Carlo minibatches per client (--batches)
-    batch_size: int = 0  # 0: the run's training batch size
-    clients: int = 0  # all clients (0) or a seeded sample
+    rho: float = field(default=0.05, metadata=POSITIVE)  # perturbation radius
+    batches: int = field(default=8, metadata=POSITIVE)  # Monte-Carlo minibatches per client (--batches)
+    batch_size: int = field(default=0, metadata=NON_NEGATIVE)  # 0: the run's training batch size
+    clients: int = field(default=0, metadata=NON_NEGATIVE)  # all clients (0) or a seeded sample
     loss_level: bool = True  # also the loss-level gap (N * (M + 1) extra passes over F)
 
 
@@ -131,9 +135,9 @@ def incompatibility_pass(ctx: CheckpointContext, opts: IncompatibilityOptions) -
 
 @dataclass(frozen=True)
 class AlignmentOptions:
-    clients: int = 0  # all clients (0) or a seeded sample for the gradient cosines
-    batches: int = 8  # minibatches per client for the within-client cosine
-    batch_size: int = 0  # 0: the run's training batch size
+    clients: int = field(default=0, metadata=NON_NEGATIVE)  # all clients (0) or a seeded sample
+    batches: int = field(default=8, metadata=POSITIVE)  # minibatches per client for the within-client cosine
+    batch_size: int = field(default=0, metadata=NON_NEGATIVE)  # 0: the run's training batch size
 
 
 @PASSES.register("alignment", options=AlignmentOptions,

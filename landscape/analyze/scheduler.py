@@ -1,11 +1,13 @@
 """Runs analysis passes over checkpoints: ``plan`` (every run, round and pass, checked before work starts),
-``run_analysis`` (skips results already computed with the same settings; under torchrun splits the
-checkpoints, or the work inside a pass, across the ranks: ``split_work``), ``format_summary``.
+``run_analysis`` (skips results already computed with the same settings on the same checkpoint, and for a
+plain state_dict with the same model and data; under torchrun splits the checkpoints, or the work inside a
+pass, across the ranks: ``split_work``), ``format_summary``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ from landscape.analyze.context import (
     CheckpointContext,
     ForeignModel,
     Source,
+    StateDictSource,
     file_digest,
     find_sources,
     select_rounds,
@@ -33,7 +36,7 @@ from landscape.analyze.results import (
     store_result,
 )
 from landscape.errors import LandscapeError
-from landscape.runs import partition_problem
+from landscape.runs import CheckpointError, partition_problem
 from landscape.setup import thread_count, using_threads
 
 
@@ -66,6 +69,7 @@ def write_output(job: Job, settings: AnalysisSettings, digest: str, output: Pass
         "round": job.round,
         "checkpoint": str(job.source.checkpoints[job.round]),
         "checkpoint_sha256": digest,
+        **({} if job.source.inputs is None else {"inputs": job.source.inputs}),  # a state_dict's model and data
         "settings": settings_record(settings, job.options),
         "seconds": seconds,
         "threads": thread_count(settings.threads),  # the last bits depend on it: recorded, not a setting
@@ -89,13 +93,16 @@ class AnalysisReport:
 def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any],
          foreign: ForeignModel | None = None) -> list[Job]:
     """Every (run, round, pass) to do, with all input checked before any work starts. With ``foreign``,
-    ``path`` holds plain state_dicts (every file is analysed)."""
+    ``path`` holds plain state_dicts (every file is analysed; their model and data are checked as the sources
+    are found, and a pass that needs clients is refused: ``Source.check_pass``)."""
     registry = load_passes()
     for name in passes:
         registry.get(name)
     sources, single_round = find_sources(Path(path), foreign)
     jobs = []
     for source in sources:
+        for name in passes:
+            source.check_pass(name, options[name])
         if foreign is not None:
             rounds = "all" if rounds == "last" else rounds
         chosen = [single_round] if single_round is not None else select_rounds(source, rounds)
@@ -139,7 +146,8 @@ def partition_warnings(jobs: list[Job]) -> list[str]:
         problem = partition_problem(run_dir.partition, setup.client_indices, len(setup.bundle.train))
         if problem is not None:
             notes.append(f"{run_dir.partition} {problem}; the analysis uses the partition the recipe makes "
-                         f"(`landscape train --resume {run_dir.path}` writes partition.json again)")
+                         f"(`landscape train --resume {shlex.quote(str(run_dir.path))}` writes "
+                         "partition.json again)")
     return notes
 
 
@@ -177,13 +185,31 @@ def split_work(jobs: list[Job], todo: list[int], ranks: int) -> tuple[list[list[
     return queues, together
 
 
-def _recorded_summaries(jobs: list[Job], settings: AnalysisSettings, force: bool) -> list[dict | None]:
-    """The summary of each job already computed with the same settings on the same checkpoint; None for the
-    jobs to run (all of them with ``force``). The result is looked up by its settings (``find_result``: its
-    own name, or a file written before results were named by their settings); a checkpoint is hashed only
-    when a result with these settings exists."""
+def _inputs_change(recorded: object, inputs: dict) -> str:
+    """How a state_dict result's recorded model and data (``StateDictSource.inputs``) differ from ``inputs``."""
+    if not isinstance(recorded, dict):
+        return "records no model and data (written before results of a state_dict were keyed by them)"
+    changes = []
+    for spec, digest, flag, what in (("model", "model_sha256", "--model", "code"),
+                                     ("dataset", "data_sha256", "--dataset", "data")):
+        if recorded.get(spec) != inputs[spec]:
+            changes.append(f"{flag} {recorded.get(spec)} (now {inputs[spec]})")
+        elif recorded.get(digest) != inputs[digest]:
+            changes.append(f"other {what} of {flag} {inputs[spec]}")
+    return "was made with " + " and ".join(changes) if changes else f"records other inputs ({recorded})"
+
+
+def _recorded_summaries(jobs: list[Job], settings: AnalysisSettings,
+                        force: bool) -> tuple[list[dict | None], list[str]]:
+    """The summary of each job already computed with the same settings on the same checkpoint (for a plain
+    state_dict also with the same model and data: ``Source.inputs``); None for the jobs to run (all of them
+    with ``force``). The result is looked up by its settings (``find_result``: its own name, or a file
+    written before results were named by their settings); a checkpoint is hashed only when a result with
+    these settings exists. Also one note per source whose results of another model or data (or of none
+    recorded) are computed again, replacing them."""
     digests: dict[Path, str] = {}
     out: list[dict | None] = []
+    redone: dict[str, list[str]] = {}
     for job in jobs:
         summary = None
         wanted = settings_record(settings, job.options)
@@ -195,9 +221,43 @@ def _recorded_summaries(jobs: list[Job], settings: AnalysisSettings, force: bool
                 digests[path] = file_digest(path)
             if (recorded.get("schema_version") == SCHEMA_VERSION and recorded.get("settings") == wanted
                     and recorded.get("checkpoint_sha256") == digests[path]):
-                summary = recorded.get("summary", {})
+                inputs = job.source.inputs
+                if inputs is None or recorded.get("inputs") == inputs:
+                    summary = recorded.get("summary", {})
+                else:
+                    redone.setdefault(job.source.name, []).append(
+                        f"{job.name} of {path.name} {_inputs_change(recorded.get('inputs'), inputs)}")
         out.append(summary)
-    return out
+    notes = [f"{name}: {len(changes)} result{'s' if len(changes) > 1 else ''} of another model or data, "
+             f"computed again and replaced ({changes[0]}{', ...' if len(changes) > 1 else ''})"
+             for name, changes in redone.items()]
+    return out, notes
+
+
+class _FileFailed(LandscapeError):
+    """A file of a folder of plain state_dicts that cannot be analysed (it does not load, or does not match
+    the model): the other files are analysed, and the analysis fails at the end naming it."""
+
+    def __init__(self, message: str, path: Path) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+def _failed_files_error(jobs: list[Job], failed: dict[Path, str]) -> LandscapeError:
+    """One line: the first file that failed and why, how many others were analysed, and the rest that failed."""
+    files = list(dict.fromkeys(job.source.checkpoints[job.round] for job in jobs))
+    first, *rest = failed.values()
+    if len(files) == 1:
+        return LandscapeError(first)
+    good = len(files) - len(failed)
+    folders = sorted({str(job.source.analysis_dir) for job in jobs
+                      if job.source.checkpoints[job.round] not in failed})
+    text = f"{first}; the other {good} file{'s were' if good != 1 else ' was'} analysed"
+    if good:
+        text += f" (results in {', '.join(folders)})"
+    if rest:
+        text += f"; {len(rest)} more failed: {', '.join(path.name for path in list(failed)[1:])}"
+    return LandscapeError(text + "; move the failed files away or replace them, and analyse again")
 
 
 class _Contexts:
@@ -207,12 +267,26 @@ class _Contexts:
         self.settings = settings
         self.key: tuple[int, int] | None = None
         self.ctx: CheckpointContext | None = None
+        self.failed: dict[tuple[int, int], str] = {}  # state_dict files that could not be loaded or checked
 
     def get(self, job: Job) -> CheckpointContext:
+        """The job's checkpoint context. A plain state_dict file that does not load or match the model raises
+        ``_FileFailed`` (now and for its further jobs, without loading it again); other errors stop."""
         key = (id(job.source), job.round)
+        path = job.source.checkpoints[job.round]
+        if key in self.failed:
+            raise _FileFailed(self.failed[key], path)
         if key != self.key:
-            self.ctx = None  # free the previous checkpoint's tensors before loading the next
-            self.ctx, self.key = CheckpointContext(job.source, job.round, self.settings), key
+            self.ctx = self.key = None  # free the previous checkpoint's tensors before loading the next
+            try:
+                self.ctx = CheckpointContext(job.source, job.round, self.settings)
+            except LandscapeError as e:
+                about_file = (isinstance(e, CheckpointError) and e.path == Path(path)) or str(path) in str(e)
+                if not (isinstance(job.source, StateDictSource) and about_file):
+                    raise
+                self.failed[key] = str(e)
+                raise _FileFailed(str(e), path) from None
+            self.key = key
         return self.ctx
 
 
@@ -280,6 +354,11 @@ def run_analysis(
     """Run ``passes`` on the chosen checkpoints of the runs under ``path``; each result is written as soon as
     it is computed, and results already computed with the same settings are skipped (unless ``force``).
 
+    A plain state_dict file that does not load or does not match the model stops none of the others: they
+    are analysed (their results written), and then the analysis fails in one line naming it (the first such
+    file and why, how many others were analysed, the names of any further failed files). A damaged
+    checkpoint of a run stops the analysis there.
+
     Under torchrun (every rank calls this with the same arguments) rank 0 decides what is done and writes
     every file; the work is split as ``split_work`` says: first each rank analyses its own checkpoints
     alone (``parallel.solo``: no collectives, so ranks working on different checkpoints never wait on each
@@ -292,8 +371,8 @@ def run_analysis(
 
     jobs, notes = skip_rounds_without_clients(plan(path, rounds, passes, options, foreign))
     main = parallel.is_main()
-    recorded = parallel.on_main(lambda: _recorded_summaries(jobs, settings, force))
-    report = AnalysisReport(notes=notes, data=analysis_data(settings))
+    recorded, redone = parallel.on_main(lambda: _recorded_summaries(jobs, settings, force))
+    report = AnalysisReport(notes=notes + redone, data=analysis_data(settings))
     report.warnings += partition_warnings([job for job, done in zip(jobs, recorded) if done is None])
     summaries = {i: summary for i, summary in enumerate(recorded) if summary is not None}
     report.skipped = len(summaries)
@@ -310,6 +389,8 @@ def run_analysis(
         report.computed += 1
         bar.update(1)
 
+    failed: dict[Path, str] = {}  # state_dict files that did not load or match the model: why
+
     threads = contextlib.ExitStack()
     try:
         threads.enter_context(using_threads(settings.threads))  # the settings', never the machine's
@@ -319,27 +400,38 @@ def run_analysis(
             if step < len(own):
                 i = own[step]
                 bar.set_postfix_str(f"{jobs[i].source.name} r{jobs[i].round} {jobs[i].name}")
-                if parallel.world_size() == 1:
-                    outcome = (i, *_run_job(jobs[i], contexts, work), None)
-                else:
-                    try:
+                try:
+                    if parallel.world_size() == 1:
+                        outcome = (i, *_run_job(jobs[i], contexts, work), None, False)
+                    else:
                         with parallel.solo():
-                            outcome = (i, *_run_job(jobs[i], contexts), None)
-                    except LandscapeError as e:  # every rank stops with it, after the step's other results
-                        outcome = (i, None, "", 0.0, str(e))
+                            outcome = (i, *_run_job(jobs[i], contexts), None, False)
+                except _FileFailed as e:  # the other files go on; the analysis fails at the end
+                    outcome = (i, None, "", 0.0, str(e), True)
+                except LandscapeError as e:  # every rank stops with it, after the step's other results
+                    if parallel.world_size() == 1:
+                        raise
+                    outcome = (i, None, "", 0.0, str(e), False)
             outcomes = [o for o in parallel.all_gather_objects(outcome) if o is not None]
-            for i, output, digest, seconds, error in outcomes:
+            for i, output, digest, seconds, error, file_failed in outcomes:
                 if error is None:
                     finish(i, output, digest, seconds)
-            errors = [error for *_, error in outcomes if error is not None]
+                elif file_failed:
+                    failed.setdefault(jobs[i].source.checkpoints[jobs[i].round], error)
+            errors = [error for *_, error, file_failed in outcomes if error is not None and not file_failed]
             if errors:
                 raise LandscapeError(errors[0])
         for i in together:
             bar.set_postfix_str(f"{jobs[i].source.name} r{jobs[i].round} {jobs[i].name}")
-            finish(i, *_run_job(jobs[i], contexts, work))
+            try:
+                finish(i, *_run_job(jobs[i], contexts, work))
+            except _FileFailed as e:  # on every rank alike: the file is the same
+                failed.setdefault(e.path, str(e))
     finally:
         threads.close()
         bar.close()
+    if failed:
+        raise _failed_files_error(jobs, failed)
     rows: dict[tuple[str, int], dict] = {}
     for i, job in enumerate(jobs):
         row = rows.setdefault((job.source.name, job.round), {"run": job.source.name, "round": job.round})

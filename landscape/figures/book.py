@@ -66,6 +66,12 @@ ANALYSIS_SETTINGS = {"split": str, "analysis_samples": int, "bn_mode": str, "hvp
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TOP_KEYS = {"name", "title", "scale", "seeds", "train", "runs", "analyze", "plots", *SCALES}
 SEED_MAX = 2**32 - 1  # recipes take 32-bit seeds
+# The numbers of a metrics.jsonl row, in the order the trainer writes them (landscape/train/loop.py,
+# run_round; docs/metrics.md section 9); `round` and `clients` (the sampled ids) are not quantities.
+METRIC_KEYS = ("lr", "train_loss", "flatness_distance", "flatness_distance_normalized",
+               "flatness_distance_to_global", "flatness_distance_to_global_normalized", "update_norm",
+               "uplink_floats", "swa_models", "test_loss", "test_acc", "seconds")
+EVAL_KEYS = ("test_loss", "test_acc")  # logged every train.eval_every rounds and at the last one
 
 
 @dataclass(frozen=True)
@@ -340,6 +346,9 @@ def parse_figure_recipe(raw: dict, path: Path, scale: str | None = None) -> Figu
             raise LandscapeError(f"{what} ({kind}) takes {', '.join(sorted(allowed))} (got {_names(extra)})")
         if kind == "metric" and not isinstance(entry.get("key"), str):
             raise LandscapeError(f"{what}: a metric plot needs key = '<metrics.jsonl key>'")
+        if kind == "metric" and entry["key"] not in METRIC_KEYS:
+            raise LandscapeError(f"{what}.key {_names([entry['key']])} is not a metrics.jsonl key; the keys: "
+                                 f"{', '.join(METRIC_KEYS)}")
         file = _string(entry.get("file", name if k == 0 else f"{name}-{k + 1}"), f"{what}.file")
         if not _ID.match(file):
             raise LandscapeError(f"{what}.file {file!r} must be letters, digits, '.', '_' or '-' (no suffix)")
@@ -381,6 +390,68 @@ def parse_figure_recipe(raw: dict, path: Path, scale: str | None = None) -> Figu
     seeds = _seeds(merged["seeds"], f"{where}: seeds") if "seeds" in merged else None
     return FigureRecipe(path, name, str(merged.get("title", name)), chosen, recipe_path, dict(train_set), runs,
                         settings, pass_options, pass_rounds, plots, seeds=seeds)
+
+
+# -- the rounds a run will have, from its training recipe (checked before anything is trained) ---------------
+
+
+def logged_rounds(key: str, train: Any) -> list[int]:
+    """The rounds whose metrics.jsonl row carries ``key`` in a run trained with ``train`` (a recipe's
+    ``TrainSettings``): every round 1..T; test_loss and test_acc every ``eval_every`` rounds and at T;
+    swa_models only with ``train.swa``."""
+    if key == "swa_models" and not train.swa:
+        return []
+    every = train.eval_every if key in EVAL_KEYS else 1
+    return [r for r in range(1, train.rounds + 1) if r % every == 0 or r == train.rounds]
+
+
+def checkpoint_rounds(train: Any) -> list[int]:
+    """The rounds a run trained with ``train`` has checkpoints of: 0 (the initial model), every
+    ``checkpoint_every`` rounds and the last round T."""
+    every = range(train.checkpoint_every, train.rounds + 1, train.checkpoint_every)
+    return sorted({0, train.rounds, *every})
+
+
+def analysed_rounds(pass_name: str, spec: str, train: Any) -> list[int]:
+    """The rounds at which a figure's ``pass_name`` (rounds ``spec``: last, all or a comma list) has results
+    in a run trained with ``train``: the chosen checkpoints; for the flatness pass those with kept client
+    models (none without ``train.keep_clients``, never round 0)."""
+    have = checkpoint_rounds(train)
+    chosen = have[-1:] if spec == "last" else have if spec == "all" else [
+        r for r in map(int, spec.split(",")) if r in have]
+    if pass_name == "flatness":
+        chosen = [r for r in chosen if r > 0] if train.keep_clients else []
+    return chosen
+
+
+def round_list(rounds: Sequence[int]) -> str:
+    """'0, 2, 3' or '1..40' (runs of three or more consecutive rounds shortened); 'no round' when empty."""
+    parts, start = [], 0
+    for i in range(1, len(rounds) + 1):
+        if i == len(rounds) or rounds[i] != rounds[i - 1] + 1:
+            run = rounds[start:i]
+            parts.append(f"{run[0]}..{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run)))
+            start = i
+    return "rounds " + ", ".join(parts) if parts else "no round"
+
+
+def check_pass_rounds(recipe: FigureRecipe, trained: dict[str, list[tuple[int | None, Any]]]) -> None:
+    """Each round a pass of the figure is to analyse (a list of rounds) is a checkpoint of every run: one line
+    naming the recipe, the pass, the round and the run's checkpoints otherwise. ``trained``: run id -> (seed,
+    training settings) of each of its runs."""
+    for pass_name, spec in recipe.pass_rounds.items():
+        if spec in ("last", "all"):
+            continue
+        for run_id, entries in trained.items():
+            for seed, train in entries:
+                have = checkpoint_rounds(train)
+                missing = [r for r in map(int, spec.split(",")) if r not in have]
+                if missing:
+                    which = run_id if seed is None else f"{run_id} seed {seed}"
+                    raise LandscapeError(
+                        f"{recipe.path}: analyze.{pass_name}.rounds: round {missing[0]} is not a checkpoint "
+                        f"of run {which} (checkpoints at {round_list(have)}; train.rounds = {train.rounds}, "
+                        f"train.checkpoint_every = {train.checkpoint_every})")
 
 
 def figure_runs(recipe: FigureRecipe, plot: PlotSpec, runs: dict[str, list[RunData]]) -> list[RunData]:

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from landscape.errors import LandscapeError
 from landscape.figures.claim_statistics import MAX_SEEDS
+from landscape.figures.report import quantities
 from landscape.recipe import read_toml
 
 DEFAULT_TAU = 0.5  # nats above the centre's loss: the level set whose area ``surface width`` measures
 _TOP_KEYS = {"claim", "source", "figure", "seeds", "quantity", "rounds", "level", "tau", "compare"}
 _COMPARE_KEYS = {"lower", "higher", "quantity", "rounds", "tau"}
 LAST_N = re.compile(r"^last\s+(\d+)$")
+SURFACE_WIDTH = "surface width"
+_RHO = re.compile(r"^S_rho\(([^)]+)\)$")
 
 
 @dataclass(frozen=True)
@@ -124,8 +127,85 @@ def load_claim(path: str | Path, seeds: Sequence[int] | None = None) -> Claim:
         comparisons.append(Comparison(entry["lower"], entry["higher"], quantity.strip(),
                                       _rounds(entry.get("rounds", raw.get("rounds")), where),
                                       _positive(entry.get("tau", tau), f"{where}: tau")))
+        _check_quantity(quantity.strip(), where)
     return Claim(path, path.stem, raw["claim"].strip(), str(raw.get("source", "")).strip(), figure,
                  tuple(chosen), tuple(comparisons), level)
+
+
+def _check_quantity(quantity: str, where: str) -> None:
+    """A quantity is a metrics.jsonl key, an analysis quantity or the surface width: one line naming them
+    otherwise."""
+    from landscape.figures.book import METRIC_KEYS
+    try:
+        known = quantity in METRIC_KEYS or analysis_output(quantity) is not None
+    except LandscapeError as e:  # S_rho(x) with a radius that is not a number
+        raise LandscapeError(f"{where}: {e}") from None
+    if not known:
+        names = [q.text for q in quantities([]) if not q.text.startswith("S_rho")]
+        raise LandscapeError(f"{where}: quantity {quantity!r} is neither a metrics.jsonl key "
+                             f"({', '.join(METRIC_KEYS)}) nor an analysis quantity ({', '.join(names)}, "
+                             f"S_rho(<rho>), {SURFACE_WIDTH})")
+
+
+def analysis_output(quantity: str) -> str | None:
+    """The pass output an analysis quantity reads, None for a metrics.jsonl key."""
+    if quantity == SURFACE_WIDTH:
+        return "surface"
+    match = _RHO.match(quantity)
+    if match:
+        try:
+            rho = float(match.group(1))
+        except ValueError:
+            raise LandscapeError(f"bad radius in {quantity!r}: write e.g. S_rho(0.05)") from None
+        for q in quantities([rho]):
+            _QUANTITIES.setdefault(q.text, q)
+    return _QUANTITIES[quantity].pass_name if quantity in _QUANTITIES else None
+
+
+_QUANTITIES = {q.text: q for q in quantities([])}
+
+
+def _rounds_shown(rounds: str | int | tuple[int, ...]) -> str:
+    return repr(list(rounds)) if isinstance(rounds, tuple) else repr(rounds)
+
+
+def _covered(rounds: str | int | tuple[int, ...], have: Sequence[int]) -> bool:
+    if rounds in ("last", "all"):
+        return bool(have)
+    if isinstance(rounds, str):
+        return len(have) >= int(LAST_N.match(rounds).group(1))
+    return all(r in have for r in ([rounds] if isinstance(rounds, int) else rounds))
+
+
+def check_rounds(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, Any]]],
+                 pass_rounds: Mapping[str, str]) -> None:
+    """Every comparison's rounds exist in every run it compares, before anything is trained: a metrics.jsonl
+    key at the rounds that log it (``book.logged_rounds``), an analysis quantity at the rounds the figure
+    analyses its pass at (``pass_rounds``, ``book.analysed_rounds``). ``trained``: run id -> (seed, training
+    settings) of each of its runs. One line naming the file, the comparison, its rounds and the run's rounds
+    otherwise."""
+    from landscape.figures.book import analysed_rounds, logged_rounds, round_list
+
+    for i, comparison in enumerate(claim.comparisons, 1):
+        quantity = comparison.quantity
+        output = analysis_output(quantity)
+        for run_id in (comparison.lower, comparison.higher):
+            for seed, train in trained[run_id]:
+                if output is None:
+                    have = logged_rounds(quantity, train)
+                    why = f"train.rounds = {train.rounds}"
+                    if quantity == "swa_models" and not have:
+                        why += "; swa_models is logged with train.swa = true"
+                else:
+                    have = analysed_rounds(output, pass_rounds[output], train)
+                    why = f"the figure analyses {output} at rounds {pass_rounds[output]}"
+                    if output == "flatness" and not have:
+                        why += "; the flatness pass needs train.keep_clients = true"
+                if not _covered(comparison.rounds, have):
+                    which = run_id if seed is None else f"{run_id} seed {seed}"
+                    raise LandscapeError(f"{claim.path}: [[compare]] {i}: rounds "
+                                         f"{_rounds_shown(comparison.rounds)}: run {which} has {quantity} at "
+                                         f"{round_list(have)} ({why})")
 
 
 def check_run_ids(claim: Claim, known: Sequence[str]) -> None:

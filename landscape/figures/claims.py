@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,7 +44,17 @@ from typing import Any
 import numpy as np
 
 from landscape.errors import LandscapeError
-from landscape.figures.claim_files import DEFAULT_TAU, LAST_N, Claim, Comparison, check_run_ids, load_claim
+from landscape.figures.claim_files import (
+    _QUANTITIES,
+    DEFAULT_TAU,
+    LAST_N,
+    SURFACE_WIDTH,
+    Claim,
+    Comparison,
+    analysis_output,
+    check_run_ids,
+    load_claim,
+)
 from landscape.figures.claim_statistics import (
     MAX_SEEDS,
     POWER,
@@ -55,7 +64,6 @@ from landscape.figures.claim_statistics import (
     sign_flip_p,
 )
 from landscape.figures.curves import RunData
-from landscape.figures.report import quantities
 from landscape.figures.seeds import mean_se
 from landscape.runs import write_text
 
@@ -67,9 +75,7 @@ __all__ = [  # the claims API, with what it takes from claim_files and claim_sta
 ]
 
 HELD, NOT_HELD, INCONCLUSIVE = "HELD", "NOT HELD", "INCONCLUSIVE"
-SURFACE_WIDTH = "surface width"
 CONFIDENCE = 0.95  # the two-sided t interval of the mean paired difference
-_RHO = re.compile(r"^S_rho\(([^)]+)\)$")
 
 
 def _pick(rounds_have: Sequence[int], spec: str | int | tuple[int, ...], run: RunData, what: str) -> list[int]:
@@ -121,22 +127,6 @@ def _analysis_value(run: RunData, quantity: str, round: int, tau: float) -> floa
     return float(value)
 
 
-def analysis_output(quantity: str) -> str | None:
-    """The pass output an analysis quantity reads, None for a metrics.jsonl key."""
-    if quantity == SURFACE_WIDTH:
-        return "surface"
-    match = _RHO.match(quantity)
-    if match:
-        try:
-            rho = float(match.group(1))
-        except ValueError:
-            raise LandscapeError(f"bad radius in {quantity!r}: write e.g. S_rho(0.05)") from None
-        for q in quantities([rho]):
-            _QUANTITIES.setdefault(q.text, q)
-    return _QUANTITIES[quantity].pass_name if quantity in _QUANTITIES else None
-
-
-_QUANTITIES = {q.text: q for q in quantities([])}
 
 
 def run_value(run: RunData, quantity: str, rounds: str | int | tuple[int, ...], tau: float = DEFAULT_TAU

@@ -37,6 +37,7 @@ import copy
 import csv
 import io
 import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,7 +212,8 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
         if run not in with_surface:
             flags = run.selection.analyze_flags("surface")
             others = f" (it has {name} with {'; '.join(run.unwanted[name])})" if name in run.unwanted else ""
-            missing.append(f"run {run.name} has no {name} analysis{others}; run `landscape analyze {run.path} "
+            missing.append(f"run {run.name} has no {name} analysis{others}; run `landscape analyze "
+                           f"{shlex.quote(str(run.path))} "
                            f"--directions {directions}" + (f" {flags}" if flags else "") + "`")
     surface_lines: list[str] = []
     if with_surface:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 import textwrap
 from collections import Counter
 from collections.abc import Sequence
@@ -242,7 +243,7 @@ class RunData:
                 flags = self.selection.analyze_flags(chosen.pass_name)
                 shown = settings_label(chosen.pass_name, chosen.settings)
                 lines.append(f"run {self.name}: {output} of round(s) {rounds} left out, computed there only with "
-                             f"{there} (shown: {shown}); `landscape analyze {self.path} "
+                             f"{there} (shown: {shown}); `landscape analyze {shlex.quote(str(self.path))} "
                              f"--checkpoints {','.join(map(str, chosen.left_out))} --passes {chosen.pass_name}"
                              + (f" {flags}" if flags else "") + "` computes them")
         return lines
@@ -286,7 +287,8 @@ class RunData:
         if round not in rounds:
             raise LandscapeError(
                 f"run {self.name} has no {pass_name} analysis at round {round} (analysed rounds: "
-                f"{', '.join(map(str, rounds))}); run `landscape analyze {self.path} --checkpoints {round} "
+                f"{', '.join(map(str, rounds))}); run `landscape analyze {shlex.quote(str(self.path))} "
+                f"--checkpoints {round} "
                 f"--passes {pass_name}`")
         return self.analyses[round][pass_name]
 
@@ -298,7 +300,8 @@ def missing_message(run: RunData, passes: Sequence[str]) -> str:
     what = f" with {run.selection.describe()}" if run.selection.filters else ""
     return (f"run {run.name} has no {names} analysis{what}"
             + (f" (it has {', '.join(others)}: --settings KEY=VALUE picks other settings)" if others else "")
-            + f"; run `landscape analyze {run.path} --passes {','.join(passes)}" + (f" {flags}" if flags else "")
+            + f"; run `landscape analyze {shlex.quote(str(run.path))} --passes {','.join(passes)}"
+            + (f" {flags}" if flags else "")
             + "`")
 
 

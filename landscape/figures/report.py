@@ -31,6 +31,7 @@ import html
 import json
 import math
 import re
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -937,7 +938,7 @@ def build_report(run_dirs: RunsLike, *, title: str = "landscape report", selecti
             body.append("<h4>Analysis summaries</h4>")
             body.append(analysis_table(run, rhos))
         else:
-            body.append(_note(f"no analysis yet; run `landscape analyze {run.path}`"))
+            body.append(_note(f"no analysis yet; run `landscape analyze {shlex.quote(str(run.path))}`"))
         body.append("<h4>Recipe</h4>")
         body.append(recipe_table(run.recipe))
     body.append("</section>")

@@ -381,10 +381,15 @@ def check_training_state(ckpt: dict, path: Path, num_clients: int) -> None:
 
 def divergence(state: TrainerState, row: dict) -> list[str]:
     """What is not finite after a round: the loss, the update, the parameters (BatchNorm statistics and the
-    SWA average included). Empty when the round is sound."""
+    SWA average included), the server state and the states of the round's clients (``row["clients"]``: the
+    others did not change). Empty when the round is sound; so every checkpoint training saves is finite."""
     problems = [f"{key}={row[key]}" for key in ("train_loss", "update_norm") if not math.isfinite(row[key])]
     tensors = {"parameters": state.x, "SWA average": state.swa_model}
     tensors.update({f"buffer {k}": v for k, v in state.buffers.items() if v.is_floating_point()})
+    tensors.update({f"server state {k}": v for k, v in state.server_state.items() if v.is_floating_point()})
+    for client in row.get("clients", ()):
+        tensors.update({f"state {k} of client {client}": v for k, v in state.client_states.get(client, {}).items()
+                        if v.is_floating_point()})
     for what, tensor in tensors.items():
         if tensor is not None:
             bad = int((~torch.isfinite(tensor)).sum())
