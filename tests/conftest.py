@@ -1,10 +1,26 @@
-"""Shared helpers: tiny, fast recipes on the bundled digits data."""
+"""Shared helpers: tiny, fast recipes on the bundled digits data, one six-round run trained once per session,
+the CLI invoked in process, and comparisons of run folders, checkpoints and metrics."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from landscape import recipe as recipes
+
+# The fuzz tests' settings: LANDSCAPE_FUZZ_EXAMPLES=2000 fuzzes deeper. No example database, and hypothesis's
+# caches go to the temporary folder, not into the repository.
+set_hypothesis_home_dir(os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY")
+                        or os.path.join(tempfile.gettempdir(), "landscape-hypothesis"))
+FUZZ = settings(max_examples=int(os.environ.get("LANDSCAPE_FUZZ_EXAMPLES", "60")), deadline=None,
+                database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 TINY = {
     "partition.clients": 4,
@@ -47,3 +63,76 @@ def one_line_error(result) -> str:
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     return lines[0]
+
+
+def recipe6(**changes) -> recipes.Recipe:
+    """Six fast rounds (a small MLP), checkpoints every 2 rounds, the clients' models kept; ``changes`` as for
+    :func:`tiny_recipe`."""
+    values = {"model__name": "mlp", "model__hidden": [16], "train__rounds": 6, "train__checkpoint_every": 2,
+              "train__keep_clients": True}
+    values.update(changes)
+    return tiny_recipe(**values)
+
+
+@pytest.fixture(scope="session")
+def six_round_run(tmp_path_factory) -> Path:
+    """The uninterrupted run of :func:`recipe6` (checkpoints of rounds 0, 2, 4, 6), trained once per session.
+    Read-only: a test that writes into a run uses ``six_round_copy``."""
+    from landscape.train import loop
+
+    out = tmp_path_factory.mktemp("six-rounds") / "run"
+    loop.start_run(recipe6(), out, progress=False)
+    return out
+
+
+@pytest.fixture
+def six_round_copy(six_round_run, tmp_path) -> Path:
+    """A copy of ``six_round_run`` of the test's own, at ``tmp_path / "run"``."""
+    shutil.copytree(six_round_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def invoke(*args):
+    """The command line in process: ``landscape ARGS`` (each argument passed as ``str``)."""
+    from click.testing import CliRunner
+
+    from landscape.cli import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def analyze_args(path, *more) -> list:
+    """``analyze PATH`` on the CPU, quiet, on 200 samples, then ``more``."""
+    return ["analyze", path, "--device", "cpu", "--quiet", "--analysis-samples", "200", *more]
+
+
+def no_traceback(result) -> None:
+    """The CLI ended without an exception (an exit code is fine) and printed no traceback."""
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output, result.output
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Relative path -> bytes of every regular file under ``path`` (symbolic links left out)."""
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(Path(path).rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+def metrics_without_time(path: Path) -> list[dict]:
+    """The metrics rows of the run at ``path``, less their timing (``seconds``)."""
+    from landscape.runs import RunDir
+
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in RunDir(path).read_metrics()]
+
+
+def assert_same_values(a, b, where: str = "") -> None:
+    """``a`` and ``b`` are equal: tensors bit for bit and of one dtype, dicts key by key (``where`` names the
+    key path in the failure)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            assert_same_values(a[k], b[k], f"{where}.{k}")
+    else:
+        assert a == b, where

@@ -1,12 +1,15 @@
-"""`landscape analyze`: targets, result files, skipping, errors (the passes' numerics are tested elsewhere)."""
+"""`landscape analyze`: targets, result files, skipping, errors (the passes' numerics are tested elsewhere);
+result files of another shape (recomputed) and a one-point surface on disk, read by compare and report without
+a traceback; and rounds without kept client models (skipped with a note, or how to keep them)."""
 
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import tiny_recipe
+from conftest import analyze_args, invoke, no_traceback, one_line_error, recipe6, tiny_recipe
 
 import landscape
 from landscape.analyze.catalog import pass_options
@@ -203,3 +206,65 @@ def test_surface_flags_run_the_surface_pass_only(run_copy):
 def test_written_files_are_readable_by_others(run_copy):
     analyze(run_copy, "--passes", "loss")
     assert (run_copy / "analysis" / "round-0004" / "loss.json").stat().st_mode & 0o044 == 0o044
+
+
+# ----------------------------------------------------------------------------------------------------------
+# result files of another shape; a one-point surface on disk
+
+
+def test_a_one_point_surface_on_disk_does_not_break_compare(six_round_copy, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(six_round_copy, other)
+    for run in (six_round_copy, other):
+        assert invoke(*analyze_args(run, "--passes", "surface", "--grid", "3")).exit_code == 0
+    # a one-point grid written by hand (or by an older version)
+    npz = next((six_round_copy / "analysis" / "round-0006").glob("surface*.npz"))
+    with np.load(npz) as f:
+        arrays = {k: f[k] for k in f.files}
+    arrays.update(loss=np.ones((1, 1)), accuracy=np.ones((1, 1)), x_coords=np.zeros(1), y_coords=np.zeros(1))
+    np.savez(npz, **arrays)
+    result = invoke("compare", six_round_copy, other, "--out", tmp_path / "cmp")
+    no_traceback(result)
+
+
+@pytest.mark.parametrize("content", ["[]", "null", "7", '{"summary": [], "settings": [], "result": []}'])
+def test_an_analysis_json_of_another_shape_is_recomputed_and_read_without_traceback(six_round_copy, tmp_path,
+                                                                                    content):
+    other = tmp_path / "other"
+    shutil.copytree(six_round_copy, other)
+    args = ("--passes", "loss,surface", "--grid", "3")
+    for run in (six_round_copy, other):
+        assert invoke(*analyze_args(run, *args)).exit_code == 0
+    for path in (six_round_copy / "analysis").rglob("*.json"):
+        path.write_text(content)
+    for command in (["compare", six_round_copy, other, "--out", tmp_path / "cmp"],
+                    ["report", six_round_copy, other, "-o", tmp_path / "report.html"]):
+        no_traceback(invoke(*command))
+    result = invoke(*analyze_args(six_round_copy, *args))
+    assert result.exit_code == 0, result.output
+    assert "2 computed" in result.output
+    for path in (six_round_copy / "analysis").rglob("*.json"):
+        assert isinstance(json.loads(path.read_text()), dict)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# rounds without kept client models
+
+
+def test_analyze_all_rounds_of_flatness_skips_rounds_without_kept_clients_with_one_note(six_round_copy):
+    args = [a for a in analyze_args(six_round_copy, "--checkpoints", "all", "--passes", "flatness")
+            if a != "--quiet"]
+    result = invoke(*args)  # without --quiet, which drops notes
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "round 0" in notes[0] and "flatness" in notes[0], result.output
+    assert "3 computed" in result.output
+    for r in (2, 4, 6):
+        assert list((six_round_copy / "analysis" / f"round-{r:04d}").glob("flatness*.json"))
+
+
+def test_flatness_of_a_run_without_kept_clients_still_says_how_to_keep_them(tmp_path):
+    out = tmp_path / "run"
+    loop.start_run(recipe6(train__keep_clients=False, train__rounds=2), out, progress=False)
+    line = one_line_error(invoke(*analyze_args(out, "--checkpoints", "all", "--passes", "flatness")))
+    assert "--keep-clients" in line

@@ -1,5 +1,8 @@
-"""Inputs validated where they enter (issue 20's silently wrong cases): analysis settings, pass options and the
-sharpness of non-finite points give one-line errors, never a zero or a result under a wrong name."""
+"""Inputs validated where they enter: analysis settings, pass options and the sharpness of non-finite points
+(issue 20's silently wrong cases) and surface grids of one point or beyond memory give one-line errors, never
+a zero or a result under a wrong name; and property-based fuzzing of training recipes, --set overrides,
+numeric command-line flags and control characters: each resolves or is refused in one line, never a
+traceback."""
 
 import dataclasses
 import json
@@ -8,12 +11,14 @@ import math
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import one_line_error, tiny_recipe
+from conftest import FUZZ, analyze_args, invoke, one_line_error, tiny_recipe
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 import landscape
+from landscape import lifecycle
+from landscape import recipe as recipes
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import AnalysisSettings
 from landscape.cli import cli
@@ -163,3 +168,120 @@ def test_fuzz_analysis_recipe_values_are_a_one_line_error_or_a_finite_dry_run(ru
         assert result.output.startswith("error: "), (path.read_text(), result.output)
         assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert not (run_dir / "analysis").exists()
+
+
+@pytest.mark.parametrize(("grid", "fragments"), [("1", ["at least 3"]), ("100001", ["100001", "memory"])],
+                         ids=["one point", "huge"])
+def test_a_grid_of_one_point_or_beyond_memory_is_refused_before_memory_is_allocated(six_round_copy, grid,
+                                                                                    fragments):
+    line = one_line_error(invoke(*analyze_args(six_round_copy, "--passes", "surface", "--grid", grid)))
+    assert all(fragment in line for fragment in fragments), line
+
+
+# ----------------------------------------------------------------------------------------------------------
+# property-based fuzzing: training recipes and command-line options
+
+SECTION_KEYS = {
+    "dataset": ["name", "root", "augment"],
+    "partition": ["name", "clients", "alpha", "min_samples", "classes_per_client"],
+    "model": ["name", "hidden", "width"],
+    "algorithm": ["name", "rho", "mu", "lam"],
+    "train": ["rounds", "participation", "local_epochs", "local_steps", "batch_size", "lr", "lr_schedule",
+              "weight_decay", "clip_norm", "eval_every", "checkpoint_every", "swa", "swa_start", "dtype",
+              "device"],
+}
+# Keys and strings without control characters: the recipe module quotes keys as given, so a newline in a
+# key would split its message (the command line refuses control characters up front: see below).
+TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=8)
+RECIPE_SCALARS = st.one_of(st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(), TEXT,
+                           st.text(max_size=8),
+                           st.sampled_from(["mlp", "cnn", "fedsam", "iid", "cosine", "float64"]))
+RECIPE_VALUES = st.recursive(RECIPE_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                             | st.dictionaries(TEXT, inner, max_size=2), max_leaves=5)
+TABLES = {section: st.dictionaries(st.sampled_from(keys) | TEXT, RECIPE_VALUES, max_size=4)
+          for section, keys in SECTION_KEYS.items()}
+RAW = st.fixed_dictionaries({}, optional={
+    "name": st.text(max_size=12) | RECIPE_VALUES,
+    "seed": st.integers(min_value=-5, max_value=2**40) | RECIPE_VALUES,
+    **{section: table | RECIPE_VALUES for section, table in TABLES.items()},
+}) | st.dictionaries(TEXT, RECIPE_VALUES, max_size=3)
+DOTTED = st.one_of(
+    st.sampled_from([f"{s}.{k}" for s, keys in SECTION_KEYS.items() for k in keys] + ["name", "seed"]),
+    st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=12),
+)
+
+
+@FUZZ
+@given(raw=RAW)
+def test_fuzz_recipes_resolve_or_say_why_in_one_line(raw):
+    try:
+        recipe = recipes.resolve(raw)
+    except LandscapeError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    try:
+        lifecycle.check_recipe_writable(recipe)
+    except LandscapeError as e:
+        assert "\n" not in str(e) and "cannot be written to recipe.toml" in str(e)
+        return
+    assert recipes.resolve(recipes.tomllib.loads(recipes.to_toml(recipe))) == recipe
+
+
+@FUZZ
+@given(assignments=st.lists(st.tuples(DOTTED, RECIPE_VALUES), max_size=4), texts=st.lists(TEXT, max_size=2))
+def test_fuzz_overrides_and_set_assignments(assignments, texts):
+    try:
+        overrides = assignments + [recipes.parse_assignment(t) for t in texts]
+        recipes.build_sweep(None, overrides)
+    except LandscapeError as e:
+        assert str(e) and "\n" not in str(e)
+
+
+def _number_text() -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.text(max_size=10),
+        st.integers(min_value=-3, max_value=30).map(str),
+        st.floats(min_value=0.05, max_value=1e6).map(repr),
+        st.floats(max_value=0.0).map(repr),
+        st.sampled_from(["nan", "inf", "-inf", "1e-400", "0.5,0.5", "0.3,", ",", "[1]", '"0.5"', "true",
+                         "1_0", "0x10", "2000", "99999999999999999999", "4,x"]),
+    )
+
+
+FLAG_FIELDS = {"--alpha": "alpha", "--clients": "clients", "--participation": "participation"}
+
+
+@FUZZ
+@given(flag=st.sampled_from(list(FLAG_FIELDS)), value=_number_text())
+def test_fuzz_cli_numeric_flags(tmp_path, flag, value):
+    result = invoke("train", f"{flag}={value}", "--out", tmp_path / "out", "--dry-run")
+    assert result.exception is None or isinstance(result.exception, SystemExit), (value, result.exception)
+    if result.exit_code != 0:
+        line = one_line_error(result)
+        assert FLAG_FIELDS[flag] in line, line
+    assert not (tmp_path / "out").exists()
+
+
+@FUZZ
+@given(key=DOTTED, value=st.text(max_size=15) | _number_text())
+def test_fuzz_cli_set_key_value(tmp_path, key, value):
+    if key in ("dataset.name", "dataset.download"):  # data sets that would look for files or a network
+        value = "digits" if key == "dataset.name" else "false"
+    result = invoke("train", "--set", f"{key}={value}", "--out", tmp_path / "out", "--dry-run")
+    assert result.exception is None or isinstance(result.exception, SystemExit), (key, value,
+                                                                                    result.exception)
+    if result.exit_code != 0:
+        line = one_line_error(result)
+        used = f"{key}={value}".split("=", 1)[0].strip()  # the key as --set splits it
+        named = [part for part in used.split(".") if part] or ["recipe key"]
+        assert any(part in line for part in named) or "--set" in line, (key, line)
+    assert not (tmp_path / "out").exists()
+
+
+@FUZZ
+@given(flag=st.sampled_from(["--alpha", "--clients", "--lr", "--set"]), text=st.text(max_size=10),
+       control=st.sampled_from(["\n", "\r", "\t", "\x00", "\x1b", "\x7f"]))
+def test_fuzz_cli_control_characters_are_refused_in_one_line(tmp_path, flag, text, control):
+    value = f"train.lr={text}{control}" if flag == "--set" else f"{text}{control}"
+    line = one_line_error(invoke("train", flag, value, "--out", tmp_path / "out", "--dry-run"))
+    assert line == f"error: {flag} must not hold control characters (got {value!r})"

@@ -1,13 +1,18 @@
-"""Partitions: exact cover, label skew, determinism and the user-facing errors."""
+"""Partitions: exact cover, label skew, determinism and the user-facing errors; and a run's partition.json,
+validated where it is read (a tampered file is named in one line by open_run), set aside and written again by
+resume, and compared with the run's own partition by analyze (a note)."""
 
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
+from conftest import analyze_args, invoke
 from sklearn.datasets import load_digits
 
+import landscape
 from landscape.data.partitions import (
     PARTITIONS,
     class_histogram,
@@ -17,6 +22,7 @@ from landscape.data.partitions import (
     mean_label_entropy,
 )
 from landscape.errors import LandscapeError
+from landscape.train import loop
 
 
 @pytest.fixture(scope="module")
@@ -260,3 +266,58 @@ def test_heterogeneity_by_hand():
 def test_balanced_is_refused_with_the_new_name(digits_labels):
     with pytest.raises(LandscapeError, match='partition.name = "dirichlet-client"'):
         split(digits_labels, "dirichlet", balanced=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a run's partition.json is validated
+
+
+PARTITION_DAMAGE = {
+    "not JSON": lambda rec: "{not json",
+    "index out of range": lambda rec: _with(rec, 0, [10**6]),
+    "negative index": lambda rec: _with(rec, 0, [-1]),
+    "duplicate sample": lambda rec: _with(rec, 1,
+                                          rec["clients"][1]["indices"] + rec["clients"][0]["indices"][:1]),
+    "not an integer": lambda rec: _with(rec, 0, ["x"]),
+    "a client missing": lambda rec: json.dumps({**rec, "clients": rec["clients"][:-1]}),
+    "no clients list": lambda rec: json.dumps({"clients": 5}),
+}
+
+
+def _with(record: dict, client: int, indices: list) -> str:
+    clients = [dict(c) for c in record["clients"]]
+    clients[client]["indices"] = indices
+    return json.dumps({**record, "clients": clients})
+
+
+@pytest.mark.parametrize("damage", list(PARTITION_DAMAGE))
+def test_a_tampered_partition_json_is_named_in_one_line(six_round_copy, damage):
+    path = six_round_copy / "partition.json"
+    original = path.read_text()
+    path.write_text(PARTITION_DAMAGE[damage](json.loads(original)))
+    run = landscape.open_run(six_round_copy)
+    with pytest.raises(LandscapeError) as caught:
+        run.client_data(0)
+    assert "partition.json" in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(LandscapeError):
+        run.partition()
+
+
+def test_resume_sets_a_tampered_partition_json_aside_and_writes_it_again(six_round_run, six_round_copy):
+    path = six_round_copy / "partition.json"
+    path.write_text(_with(json.loads(path.read_text()), 0, [10**6]))
+    tampered = path.read_text()
+    notes: list[str] = []
+    loop.resume_run(six_round_copy, progress=False, warn=notes.append)
+    assert len(notes) == 1 and "partition.json" in notes[0] and "partition.json.damaged" in notes[0]
+    assert path.read_bytes() == (six_round_run / "partition.json").read_bytes()
+    assert (six_round_copy / "partition.json.damaged").read_text() == tampered
+
+
+def test_analyze_says_when_partition_json_is_not_the_run_s_partition(six_round_copy):
+    path = six_round_copy / "partition.json"
+    path.write_text(_with(json.loads(path.read_text()), 0, [0, 1, 2]))
+    result = invoke(*analyze_args(six_round_copy, "--passes", "loss"))
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if "partition.json" in line]
+    assert len(notes) == 1 and notes[0].startswith(("note:", "warning:"))

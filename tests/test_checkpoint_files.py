@@ -1,25 +1,29 @@
-"""Checkpoints that load but hold NaN or inf (issue 20): refused where they are loaded, with one line naming the
-file and the first non-finite tensor, by ``train --resume`` (nothing changes), by every analysis pass, for a run's
-checkpoint and a plain state_dict alike; and training never saves such a state (a non-finite server or client
-state is divergence, like a non-finite model). Short and junk files are damage (tests/test_reliability.py)."""
+"""Checkpoint files: whose a checkpoint is and what it may hold. A checkpoint of another run, recipe, model or
+seed is refused by resume and analyze; a payload that would run code (torch.save or a plain pickle, protocol
+0 or 4) is refused by the safe loader, never runs and is not set aside; values of the wrong kind and damaged
+or odd clients files are one line naming the file. Checkpoints that load but hold NaN or inf (issue 20) are
+refused where they are loaded, with one line naming the file and the first non-finite tensor, by ``train
+--resume`` (nothing changes), by every analysis pass, for a run's checkpoint and a plain state_dict alike; and
+training never saves such a state (a non-finite server or client state is divergence, like a non-finite
+model). Short and junk files are damage, set aside by resume (tests/test_crash_resume.py)."""
 
 from __future__ import annotations
 
+import os
+import pickle
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
-from conftest import one_line_error, tiny_recipe
+from conftest import analyze_args, invoke, one_line_error, recipe6, snapshot, tiny_recipe
 
 import landscape
-from landscape.cli import cli
 from landscape.data.datasets import load_dataset
 from landscape.errors import LandscapeError
 from landscape.models import build_model
-from landscape.runs import RunDir, load_checkpoint
+from landscape.runs import CHECKPOINT_FORMAT, RunDir, load_checkpoint
 from landscape.train import loop
 
 
@@ -28,14 +32,6 @@ def recipe() -> dict:
     and the clients' models kept: every kind of tensor a checkpoint holds."""
     return tiny_recipe(model__name="mlp", model__hidden=[16], algorithm__name="scaffold", train__swa=True,
                        train__swa_start=0.0, train__swa_cycle=1, train__keep_clients=True)
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def snapshot(path: Path) -> dict[str, bytes]:
-    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +199,148 @@ def test_the_non_finite_count_of_a_tensor_matches_numpy(kind):
     counts = " and ".join(f"{n:,} {what}" for n, what in ((nan, "NaN"), (bad - nan, "inf")) if n)
     expected = f"'t': {counts} of {array.size:,} values" if bad else None
     assert non_finite_tensor({"ok": torch.zeros(3), "t": values}) == expected
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a checkpoint of another run, recipe, model or seed; code; values of the wrong kind; clients files
+
+
+def test_a_run_whose_recipe_was_edited_to_another_model_is_refused(six_round_copy):
+    recipe_file = six_round_copy / "recipe.toml"
+    recipe_file.write_text(recipe_file.read_text().replace("hidden = [16]", "hidden = [8]"))
+    before = snapshot(six_round_copy)
+    line = one_line_error(invoke("train", "--resume", six_round_copy, "--quiet"))
+    assert line == (f"error: {six_round_copy / 'checkpoints' / 'round-0006.pt'} was written by another "
+                    "recipe (model.hidden is [16] there, [8] in recipe.toml); it cannot continue this run")
+    assert snapshot(six_round_copy) == before
+
+
+def test_a_checkpoint_of_another_run_is_refused(six_round_run, tmp_path):
+    other = tmp_path / "other"
+    loop.start_run(tiny_recipe(model__name="mlp", model__hidden=[16], train__rounds=2, seed=1), other,
+                   progress=False)
+    run_b = tmp_path / "b"
+    shutil.copytree(six_round_run, run_b)
+    newest = RunDir(run_b).checkpoint(6)
+    shutil.copy(RunDir(other).checkpoint(2), newest)
+    before = snapshot(run_b)
+    with pytest.raises(LandscapeError) as caught:
+        loop.resume_run(run_b, rounds=8, progress=False)
+    assert str(caught.value) == (f"{newest} was written by another recipe (seed is 1 there, 0 in "
+                                 "recipe.toml); it cannot continue this run")
+    assert snapshot(run_b) == before
+    # without a recorded recipe, the tensors themselves are checked: a clear line, not a shape traceback
+    ckpt = load_checkpoint(RunDir(other).checkpoint(2))
+    del ckpt["recipe"]
+    ckpt["model"] = {k: torch.zeros(3, *v.shape[1:]) if k == "fc1.weight" else v
+                     for k, v in ckpt["model"].items()}
+    torch.save(ckpt, newest)
+    before = snapshot(run_b)
+    line = one_line_error(invoke("train", "--resume", run_b, "--quiet"))
+    assert line == (f"error: {newest} does not match the model 'mlp': 'fc1.weight' has shape [3, 64] "
+                    "there, [16, 64] in this model")
+    assert snapshot(run_b) == before
+
+
+def test_analyze_refuses_a_checkpoint_of_another_seed(six_round_copy, tmp_path):
+    other = tmp_path / "other"
+    loop.start_run(recipe6(seed=1, train__rounds=2), other, progress=False)
+    newest = RunDir(six_round_copy).checkpoint(6)
+    shutil.copy(RunDir(other).checkpoint(2), newest)
+    line = one_line_error(invoke(*analyze_args(six_round_copy, "--passes", "loss")))
+    assert str(newest) in line and "seed is 1 there, 0 in recipe.toml" in line
+    analysis = six_round_copy / "analysis"
+    assert not analysis.exists() or not list(analysis.rglob("*.json"))
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("form", ["torch.save", "plain pickle", "pickle protocol 0"])
+def test_a_checkpoint_that_would_run_code_is_refused_by_resume_and_analyze(six_round_copy, tmp_path, form):
+    marker = tmp_path / "PWNED"
+    newest = RunDir(six_round_copy).checkpoint(6)
+    evil = {"format": CHECKPOINT_FORMAT, "round": 6, "model": _Payload(marker)}
+    if form == "torch.save":
+        torch.save(evil, newest)
+    else:
+        newest.write_bytes(pickle.dumps(evil, protocol=0 if form == "pickle protocol 0" else 4))
+    before = snapshot(six_round_copy)
+
+    line = one_line_error(invoke("train", "--resume", six_round_copy, "--quiet"))
+    assert line.startswith(f"error: cannot resume {six_round_copy}: checkpoints/round-0006.pt: it would run "
+                           "code ")
+    assert "(posix.system)" in line or "(os.system)" in line
+    assert snapshot(six_round_copy) == before  # nothing moved (not to .damaged), nothing trained
+    line = one_line_error(invoke("analyze", six_round_copy, "--passes", "loss", "--quiet", "--device", "cpu"))
+    assert line.startswith(f"error: cannot load checkpoint {newest}: it would run code")
+    with pytest.raises(LandscapeError, match="refused by the safe loader"):
+        landscape.open_run(six_round_copy).model()
+    assert not marker.exists()  # the payload never ran
+
+
+@pytest.mark.parametrize("change", ["server state of floats", "client states of floats",
+                                    "half precision model", "round is text", "round of another file"])
+def test_a_checkpoint_with_values_of_the_wrong_kind_is_one_line(six_round_copy, change):
+    newest = RunDir(six_round_copy).checkpoint(6)
+    ckpt = load_checkpoint(newest)
+    if change == "server state of floats":
+        ckpt["server_state"] = {"x": 0.5}
+    elif change == "client states of floats":
+        ckpt["client_states"] = {"0": 1.0}
+    elif change == "half precision model":
+        ckpt["model"] = {k: v.half() for k, v in ckpt["model"].items()}
+    elif change == "round is text":
+        ckpt["round"] = "6"
+    else:
+        ckpt["round"] = 2
+    torch.save(ckpt, newest)
+    before = snapshot(six_round_copy)
+    line = one_line_error(invoke("train", "--resume", six_round_copy, "--rounds", "8", "--quiet"))
+    assert str(newest) in line or "round-0006.pt" in line
+    assert snapshot(six_round_copy) == before
+    if change == "half precision model":
+        line = one_line_error(invoke(*analyze_args(six_round_copy, "--passes", "loss")))
+        assert "float16" in line
+
+
+CLIENT_FILES = {
+    "empty": lambda state, marker, path: path.write_bytes(b""),
+    "truncated": lambda state, marker, path: path.write_bytes(path.read_bytes()[:300]),
+    "a global checkpoint": lambda state, marker, path: shutil.copy(path.with_name("round-0006.pt"), path),
+    "a client that does not exist": lambda state, marker, path: torch.save(
+        {"format": CHECKPOINT_FORMAT, "round": 6, "model": {}, "clients": {"0": state, "99": state}}, path),
+    "half precision": lambda state, marker, path: torch.save(
+        {"format": CHECKPOINT_FORMAT, "round": 6, "model": {},
+         "clients": {"0": {k: v.half() for k, v in state.items()}, "1": state}}, path),
+    "code (torch.save)": lambda state, marker, path: torch.save(
+        {"format": CHECKPOINT_FORMAT, "round": 6, "model": {}, "clients": {"0": _Payload(marker)}}, path),
+    "code (pickle protocol 0)": lambda state, marker, path: path.write_bytes(pickle.dumps(
+        {"format": CHECKPOINT_FORMAT, "clients": _Payload(marker)}, protocol=0)),
+}
+
+
+@pytest.mark.parametrize("damage", list(CLIENT_FILES))
+@pytest.mark.parametrize("passes", [["--passes", "flatness"],
+                                    ["--passes", "surface", "--directions", "clients", "--grid", "3"]],
+                         ids=["flatness", "client-surface"])
+def test_a_damaged_or_odd_clients_file_is_one_line(six_round_copy, tmp_path, damage, passes):
+    marker = tmp_path / "PWNED"
+    path = RunDir(six_round_copy).clients_checkpoint(6)
+    state = next(iter(load_checkpoint(path)["clients"].values()))
+    CLIENT_FILES[damage](state, marker, path)
+    line = one_line_error(invoke(*analyze_args(six_round_copy, *passes)))
+    assert str(path) in line
+    assert "weights_only=False" not in line and "weights_only` set to `False" not in line
+    if damage.startswith("code"):
+        assert "would run code" in line
+    if damage == "a client that does not exist":
+        assert "client 99" in line
+    if damage == "half precision":
+        assert "float16" in line and "float32" in line
+    assert not marker.exists()
