@@ -38,9 +38,9 @@ import torch
 from landscape import parallel
 from landscape import recipe as recipes
 from landscape.analyze.directions import random_plane
+from landscape.analyze.lanczos import lanczos_topk
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.operator import HessianOperator
-from landscape.analyze.spectrum import lanczos_topk
 from landscape.analyze.surface import default_cells_per_pass, evaluate_surface, make_axis
 from landscape.data.datasets import ArrayDataset, DatasetBundle
 from landscape.data.partitions import class_histogram

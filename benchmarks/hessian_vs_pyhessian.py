@@ -40,7 +40,7 @@ from torch.func import functional_call
 
 import landscape
 from landscape import recipe as recipes
-from landscape.analyze import spectrum
+from landscape.analyze.lanczos import lanczos_topk, power_iteration
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.operator import HessianOperator
 from landscape.analyze.pyhessian_backend import pyhessian_lambda_max_and_trace
@@ -291,11 +291,11 @@ def main() -> None:
 
     def lanczos(keep: bool, verify: bool, backend: str = "double-backward", seed: int = args.seed):
         op = HessianOperator(objective, w, backend, keep_graph=keep if backend == "double-backward" else False)
-        result = spectrum.lanczos_topk(op, TOP, seed=seed, verify=verify)
+        result = lanczos_topk(op, TOP, seed=seed, verify=verify)
         return result.values.numpy(), result.hvp_count, bool(result.converged.all()), None
 
     def power():
-        result = spectrum.power_iteration(HessianOperator(objective, w), TOP, seed=args.seed)
+        result = power_iteration(HessianOperator(objective, w), TOP, seed=args.seed)
         return result.values.numpy(), result.hvp_count, bool(result.converged.all()), None
 
     def pyhessian(tol: float, seed: int = args.seed):

@@ -22,7 +22,8 @@ import torch
 
 import landscape
 from landscape import recipe as recipes
-from landscape.analyze import spectrum
+from landscape.analyze.krylov import KrylovBasis
+from landscape.analyze.lanczos import lanczos_topk
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.operator import HessianOperator
 from landscape.flat import FlatModel
@@ -56,8 +57,8 @@ def main() -> None:
     HessianOperator(objective, w) @ torch.ones_like(w)  # warm-up
 
     calls, passes = [0], {"second": 0}
-    orthogonalise = spectrum._Basis.orthogonalise
-    project_out = spectrum._Basis._project_out
+    orthogonalise = KrylovBasis.orthogonalise
+    project_out = KrylovBasis._project_out
 
     def counting_project_out(self, z):
         calls[0] += 1
@@ -69,8 +70,8 @@ def main() -> None:
         passes["second"] += calls[0] - before == 2
         return result
 
-    spectrum._Basis.orthogonalise = counting_orthogonalise
-    spectrum._Basis._project_out = counting_project_out
+    KrylovBasis.orthogonalise = counting_orthogonalise
+    KrylovBasis._project_out = counting_project_out
     load = os.getloadavg()
     print(f"MLP hidden [774, 774]: {flat.dim:,} parameters, {len(objective.data)} samples, torch threads "
           f"{torch.get_num_threads()} of {os.cpu_count()} cores, load average {load[0]:.2f}\n")
@@ -91,7 +92,7 @@ def main() -> None:
             op.matmat = timed_matmat
             passes["second"] = 0
             started = time.perf_counter()
-            result = spectrum.lanczos_topk(op, 5, seed=0, verify=verify)
+            result = lanczos_topk(op, 5, seed=0, verify=verify)
             total = time.perf_counter() - started
             rows.append((total, spent[0], result.hvp_count, result.iterations, passes["second"]))
         total, inside, hvps, steps, second = (float(np.median([r[i] for r in rows])) for i in range(5))

@@ -1,7 +1,7 @@
 """Benchmark: Hessian trace estimators at equal product budgets against the exact trace.
 
 XTrace (Epperly, Tropp & Webber 2024), Hutch++ (Meyer et al. 2021) and Hutchinson, ours (``landscape.analyze.
-spectrum``) and, as peers, curvlinops' ``xtrace`` / ``hutchpp_trace`` / ``hutchinson_trace`` and
+trace``) and, as peers, curvlinops' ``xtrace`` / ``hutchpp_trace`` / ``hutchinson_trace`` and
 hessian-eigenthings' ``hutch_plus_plus`` / ``hutchinson`` where installed (``pip install -e .[bench]``).
 
 Matrices: the Hessians of F of digits models trained through the API (FedAvg, 30 rounds, the whole training set,
@@ -14,7 +14,7 @@ z = (estimate - exact) / stderr over the seeds, its sd (1 for a calibrated one, 
 one) and the fraction of seeds with |z| > 3 (0.3% for a normal z). XTrace reports the delete-one jackknife
 over its probes; the row "XTrace, the paper's error estimate" is the same estimates with Epperly, Tropp and
 Webber's sd(T_i) / sqrt(s). The estimator with the smallest error per product is
-``spectrum.DEFAULT_TRACE_METHOD``. Usage:
+``trace.DEFAULT_TRACE_METHOD``. Usage:
 
     .venv/bin/python benchmarks/trace_estimators.py [--budgets 12 24 48 96 192] [--trials 100]
 """
@@ -30,9 +30,9 @@ import torch
 
 import landscape
 from landscape import recipe as recipes
-from landscape.analyze import spectrum
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.operator import HessianOperator, MatrixOperator
+from landscape.analyze.trace import trace_estimate, xtrace
 from landscape.flat import FlatModel
 from landscape.train import loop
 
@@ -65,17 +65,17 @@ def exact_hessian(run_dir: Path, block: int = 256) -> torch.Tensor:
 
 
 def ours(method: str):
-    return lambda matrix, budget, seed: spectrum.trace_estimate(MatrixOperator(matrix), hvps=budget, method=method,
-                                                                 seed=seed)
+    return lambda matrix, budget, seed: trace_estimate(MatrixOperator(matrix), hvps=budget, method=method,
+                                                        seed=seed)
 
 
 def ours_xtrace(probes: str):
-    return lambda matrix, budget, seed: spectrum.xtrace(MatrixOperator(matrix), hvps=budget, seed=seed,
-                                                        probes=probes)
+    return lambda matrix, budget, seed: xtrace(MatrixOperator(matrix), hvps=budget, seed=seed,
+                                               probes=probes)
 
 
 def ours_xtrace_paper_stderr(matrix, budget, seed):
-    result = spectrum.xtrace(MatrixOperator(matrix), hvps=budget, seed=seed)
+    result = xtrace(MatrixOperator(matrix), hvps=budget, seed=seed)
     return result.estimate, result.settings["paper_stderr"]
 
 

@@ -20,8 +20,9 @@ trainable parameters (``requires_grad=True``) are analysed: the flat vector w, t
 direction are theirs; frozen parameters are constants at their values (``Problem.flat.dim``,
 ``Problem.flat.frozen_dim``: the two counts).
 
-``landscape analyze`` runs the same functions: its passes build one ``Problem`` per checkpoint (the model at
-the checkpoint's weights, the analysis data, the BN mode) and pass it where a model goes, with no data.
+``landscape analyze`` runs the same computations (``landscape.analyze.functions``, which these functions
+call after checking their arguments): its passes build one ``Problem`` per checkpoint (the model at the
+checkpoint's weights, the analysis data, the BN mode) and call them on it.
 """
 
 from __future__ import annotations
@@ -36,21 +37,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from landscape.analyze import functions
+from landscape.analyze.density import DensityResult
 from landscape.analyze.directions import random_plane
 from landscape.analyze.flatness import FlatnessDistanceResult
-from landscape.analyze.flatness import flatness_distance as _flatness_distance
+from landscape.analyze.lanczos import EigenResult
 from landscape.analyze.objective import LossFn, Objective, Problem, as_data
-from landscape.analyze.operator import HessianOperator, Progress
-from landscape.analyze.sharpness import SharpnessProfile, asam_weight_mask, sharpness_profile
-from landscape.analyze.spectrum import (
-    DEFAULT_TRACE_METHOD,
-    DensityResult,
-    EigenResult,
-    TraceResult,
-    lanczos_topk,
-    slq_density,
-    trace_estimate,
-)
+from landscape.analyze.operator import Progress
+from landscape.analyze.sharpness import SharpnessProfile
+from landscape.analyze.trace import DEFAULT_TRACE_METHOD, TraceResult
 from landscape.errors import LandscapeError, shown
 from landscape.flat import FlatModel
 
@@ -196,9 +191,7 @@ def hessian_eigs(model: nn.Module | Problem, data: Any = None, k: int = 5, *, to
     products) runs first: dropout or batch statistics that change between products are refused."""
     k, tol, seed, progress = _whole("k", k), _finite("tol", tol), _seed(seed), _progress(progress)
     p = _problem_of("hessian_eigs", model, data, settings)
-    op = HessianOperator(p.objective, p.w, backend=hvp, progress=progress)
-    op.check_determinism(seed)
-    return lanczos_topk(op, k, tol=tol, seed=seed)
+    return functions.hessian_eigs(p, k, tol=tol, seed=seed, hvp=hvp, progress=progress)
 
 
 def trace(model: nn.Module | Problem, data: Any = None, *, hvps: int = 60, method: str = DEFAULT_TRACE_METHOD,
@@ -207,8 +200,7 @@ def trace(model: nn.Module | Problem, data: Any = None, *, hvps: int = 60, metho
     ``stderr``); ``method``: xtrace (default), hutch++ or hutchinson."""
     hvps, seed, progress = _whole("hvps", hvps), _seed(seed), _progress(progress)
     p = _problem_of("trace", model, data, settings)
-    op = HessianOperator(p.objective, p.w, backend=hvp, progress=progress)
-    return trace_estimate(op, hvps=hvps, method=method, seed=seed)
+    return functions.trace(p, hvps=hvps, method=method, seed=seed, hvp=hvp, progress=progress)
 
 
 def density(model: nn.Module | Problem, data: Any = None, *, runs: int = 4, steps: int = 40, seed: int = 0,
@@ -218,8 +210,7 @@ def density(model: nn.Module | Problem, data: Any = None, *, runs: int = 4, step
     runs, steps = _whole("runs", runs), _whole("steps", steps)
     seed, progress = _seed(seed), _progress(progress)
     p = _problem_of("density", model, data, settings)
-    op = HessianOperator(p.objective, p.w, backend=hvp, progress=progress)
-    return slq_density(op, runs=runs, steps=steps, seed=seed)
+    return functions.density(p, runs=runs, steps=steps, seed=seed, hvp=hvp, progress=progress)
 
 
 def sharpness(model: nn.Module | Problem, data: Any = None, rho: float | Sequence[float] = 0.05, *, steps: int = 50,
@@ -236,9 +227,8 @@ def sharpness(model: nn.Module | Problem, data: Any = None, rho: float | Sequenc
     if not isinstance(adaptive, (bool, np.bool_)):
         raise LandscapeError(f"adaptive must be True or False (got {shown(repr(adaptive))})")
     p = _problem_of("sharpness", model, data, settings)
-    mask = asam_weight_mask(p.flat) if adaptive else None
-    return sharpness_profile(p.objective, p.w, rhos, steps=steps, tol=tol, starts=starts,
-                             adaptive=bool(adaptive), eta=eta, weight_mask=mask, seed=seed)
+    return functions.sharpness(p, rhos, steps=steps, tol=tol, starts=starts, adaptive=bool(adaptive), eta=eta,
+                               seed=seed)
 
 
 def _radii(rho: Any) -> list[float]:
@@ -360,9 +350,7 @@ def _flat_vector(model: nn.Module | Tensor | Mapping[str, Tensor], reference: Fl
     else:
         raise LandscapeError("models must be nn.Modules, flat parameter tensors, or state_dicts next to an "
                              "nn.Module")
-    if not vector.is_floating_point() or not bool(torch.isfinite(vector).all()):
-        raise LandscapeError(f"{what} is not finite (NaN or inf) or not floating point ({vector.dtype})")
-    return vector
+    return functions.checked_vector(vector, what)
 
 
 def flatness_distance(global_model: nn.Module | Tensor,
@@ -391,4 +379,4 @@ def flatness_distance(global_model: nn.Module | Tensor,
     clients = {int(i): _flat_vector(m, reference, f"client {int(i)}'s model").to(x) for i, m in items}
     if not clients:
         raise LandscapeError("give at least one client model")
-    return _flatness_distance(x, clients)
+    return functions.flatness_distance(x, clients)

@@ -70,24 +70,3 @@ def assert_close(actual: Tensor, expected: Tensor, rel: float = 1e-10) -> None:
     scale = max(expected.norm().item(), 1e-300)
     assert (actual - expected).norm().item() <= rel * scale, (actual - expected).norm().item() / scale
 
-
-def whole_and_resumed(tmp_path, recipe_for_rounds) -> tuple[dict, dict]:
-    """Final checkpoints of 4 uninterrupted rounds and of 2 rounds resumed to 4 (checkpoint_every 2)."""
-    from landscape.runs import load_checkpoint
-
-    loop.start_run(recipe_for_rounds(4), tmp_path / "whole", progress=False)
-    loop.start_run(recipe_for_rounds(2), tmp_path / "cut", progress=False)
-    loop.resume_run(tmp_path / "cut", rounds=4, progress=False)
-    return (load_checkpoint(RunDir(tmp_path / "whole").checkpoint(4)),
-            load_checkpoint(RunDir(tmp_path / "cut").checkpoint(4)))
-
-
-def assert_same_state(a: dict, b: dict) -> None:
-    """Model, server state and every client state of two checkpoints are bit-identical."""
-    for key in ("model", "server_state"):
-        assert a[key].keys() == b[key].keys()
-        assert all(torch.equal(a[key][k], b[key][k]) for k in a[key])
-    assert a["client_states"].keys() == b["client_states"].keys()
-    for client, state in a["client_states"].items():
-        assert state.keys() == b["client_states"][client].keys()
-        assert all(torch.equal(v, b["client_states"][client][k]) for k, v in state.items())

@@ -1,15 +1,13 @@
 """Your own model, data and checkpoint: plain state_dicts analysed through the CLI (--model, --dataset) and the
-function API with the same numbers; user modules named in a recipe's `imports`; analysis recipes (analyze/*.toml);
-and the module graph (no import cycles, analysis loads nothing of training)."""
+function API with the same numbers; user modules named in a recipe's `imports`; analysis recipes (analyze/*.toml)
+(the module graph: tests/test_layers.py)."""
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib
 import json
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -189,72 +187,6 @@ def test_analysis_recipes_load_and_flags_win(tmp_path):
     (tmp_path / "bad.toml").write_text('[hessian]\ntop_kk = 3\n')
     bad = invoke("analyze", tmp_path / "run", tmp_path / "bad.toml", "--quiet")
     assert bad.exit_code == 1 and "unknown option 'top_kk' for hessian" in bad.output
-
-
-def _import_graph() -> dict[str, set[str]]:
-    package = ROOT / "landscape"
-    modules = {}
-    for path in package.rglob("*.py"):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):  # function-level imports count too
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("landscape"):
-                for alias in node.names:
-                    target = f"{node.module}.{alias.name}"
-                    graph[name].add(target if target in modules else node.module)
-            elif isinstance(node, ast.Import):
-                graph[name].update(a.name for a in node.names if a.name in modules)
-        graph[name].discard(name)
-    return graph
-
-
-def test_no_import_cycles_and_analysis_imports_nothing_of_training():
-    graph = _import_graph()
-    seen: dict[str, int] = {}
-
-    def visit(node: str, path: list[str]) -> None:  # depth-first; a grey node met again is a cycle
-        seen[node] = 1
-        for nxt in sorted(graph.get(node, ())):
-            if seen.get(nxt) == 1 and nxt != "landscape":
-                raise AssertionError(f"import cycle: {' -> '.join(path[path.index(nxt):] + [nxt])}")
-            if nxt not in seen:
-                visit(nxt, path + [nxt])
-        seen[node] = 2
-
-    for start in sorted(graph):
-        if start not in seen:
-            visit(start, [start])
-    analysis = [m for m in graph if m.startswith(("landscape.analyze", "landscape.figures")) or m in (
-        "landscape.api", "landscape.runs", "landscape.setup")]
-    # One exception: the context rebuilds the clients' start point from the algorithm rules (never the loop).
-    rules = {"landscape.analyze.context": {"landscape.train.algorithms"}}
-    for module in analysis:
-        training = {t for t in graph[module] if t.startswith("landscape.train")}
-        assert training <= rules.get(module, set()), module
-
-
-def test_analysing_a_run_loads_no_training_module(tmp_path):
-    from landscape.train import loop
-
-    loop.start_run(tiny_recipe(model__name="mlp", train__rounds=1), tmp_path / "run", progress=False)
-    code = textwrap.dedent(f'''
-        import sys
-        from pathlib import Path
-        from landscape.analyze.catalog import pass_options
-        from landscape.analyze.context import AnalysisSettings
-        from landscape.analyze.scheduler import run_analysis
-        import landscape
-        run_analysis(Path({str(tmp_path / "run")!r}), passes=["loss"], settings=AnalysisSettings(device="cpu"),
-                     options={{"loss": pass_options("loss", {{}})}}, progress=False)
-        landscape.open_run({str(tmp_path / "run")!r}).model()
-        print(sorted(m for m in sys.modules if m.startswith("landscape.train")))
-    ''')
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
 
 
 def test_analyze_dry_run_estimates_and_computes_nothing(tmp_path):

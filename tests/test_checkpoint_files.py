@@ -152,10 +152,10 @@ def test_training_stops_before_it_would_save_a_non_finite_server_or_client_state
         new_state, results, row = original(self, state)
         if new_state.round == 2:  # the model, the loss and the update stay finite (lr: swa_lr, SWA from round 1)
             if where == "server state":
-                new_state.server_state["c"][7] = float("nan")
+                new_state.server_state.c[7] = float("nan")
             else:
                 poisoned_client.append(row["clients"][0])
-                new_state.client_states[row["clients"][0]]["c_i"][7] = float("inf")
+                new_state.client_states[row["clients"][0]].c_i[7] = float("inf")
         return new_state, results, row
 
     monkeypatch.setattr(loop.Trainer, "run_round", poisoned)

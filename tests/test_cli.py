@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from landscape import __version__
-from landscape.cli import _RECIPE_FLAGS, cli
+from landscape.cli import cli
+from landscape.cli.train import _RECIPE_FLAGS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -73,7 +74,7 @@ def test_list_prints_every_default_as_a_toml_value_to_paste():
 
 
 def test_toml_lines_write_nested_tables_as_dotted_keys():
-    from landscape.cli import _toml_lines
+    from landscape.cli.listing import _toml_lines
 
     values = {"a": {"b": 1, "c": {"d": [0.5, 2]}, "e": {}}, "s": 'say "x"', "on": True, "f": 1e-3, "n": None}
     lines = _toml_lines(values)
@@ -250,14 +251,14 @@ def test_real_subprocess(tmp_path):
 
 
 def test_demo_and_report(tmp_path, monkeypatch):
-    import landscape.cli as cli_module
+    import landscape.workflows.demo as demo_module
 
-    tiny = [(k, v) for k, v in cli_module._DEMO_OVERRIDES if k not in ("partition.clients", "train.rounds")]
-    monkeypatch.setattr(cli_module, "_DEMO_OVERRIDES", [*tiny, ("partition.clients", 4), ("train.rounds", 2),
+    tiny = demo_module._DEMO_OVERRIDES  # over train/digits-fedavg.toml's keys
+    monkeypatch.setattr(demo_module, "_DEMO_OVERRIDES", [*tiny, ("partition.clients", 4), ("train.rounds", 2),
                                                          ("train.local_steps", 2), ("train.checkpoint_every", 1)])
-    monkeypatch.setattr(cli_module, "_DEMO_SURFACE", {"directions": "random", "grid": "3", "span": "-1:1"})
-    monkeypatch.setattr(cli_module, "_DEMO_CURVE_ROUNDS", "1")
-    monkeypatch.setattr(cli_module, "_DEMO_PASS_OPTIONS", {
+    monkeypatch.setattr(demo_module, "_DEMO_SURFACE", {"directions": "random", "grid": "3", "span": "-1:1"})
+    monkeypatch.setattr(demo_module, "_DEMO_CURVE_ROUNDS", "1")
+    monkeypatch.setattr(demo_module, "_DEMO_PASS_OPTIONS", {
         "hessian": {"clients": 2, "trace_hvps": 6, "density_steps": 5, "density_runs": 1, "top_k": 2},
         "sharpness": {"clients": 2, "steps": 1, "adaptive": False}, "incompatibility": {"clients": 2, "batches": 2},
         "alignment": {"clients": 2, "batches": 2}, "loss": {"clients": 2}})
@@ -310,7 +311,7 @@ def test_train_help_shows_each_recipe_flags_default_from_the_default_recipe():
 
 
 def test_train_help_defaults_follow_the_recipe_not_a_copy(monkeypatch):
-    import landscape.cli as cli_module
+    import landscape.cli.train as cli_module
     from landscape import recipe as recipes
 
     monkeypatch.setattr(recipes.TrainSettings.__dataclass_fields__["lr"], "default", 0.37)

@@ -18,10 +18,11 @@ from matplotlib.collections import PolyCollection
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.scheduler import run_analysis
-from landscape.cli import cli, prepare_figure_runs
+from landscape.cli import cli
 from landscape.errors import LandscapeError
 from landscape.figures import book, compare, curves, report, seeds
 from landscape.train import loop
+from landscape.workflows.figure import prepare_figure_runs
 
 FAST = {"hessian": {"top_k": 2, "tol": 0.01, "clients": 2, "trace_hvps": 6, "density_steps": 4, "density_runs": 1},
         "sharpness": {"clients": 2, "steps": 2}, "incompatibility": {"clients": 2, "batches": 2},
@@ -201,7 +202,7 @@ def test_figures_trains_each_seed_and_draws_their_mean(tmp_path):
     out = tmp_path / "out"
     threads = torch.get_num_threads()
     try:
-        by_id = prepare_figure_runs(fig, out, device="cpu", quiet=True)
+        by_id = prepare_figure_runs(fig, out, device="cpu")
     finally:
         torch.set_num_threads(threads)
     assert by_id == {run_id: [out / "runs" / f"{run_id}-seed{s}" for s in (0, 1)] for run_id in ("a", "b")}

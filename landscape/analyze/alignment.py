@@ -10,7 +10,7 @@
   model the clients STARTED their local steps from: the algorithm's broadcast of x^{t-1} and its server state
   (checkpoint ``round-(t-1).pt``, not ``round-t.pt``, which holds x^t, after aggregation). s^t = x^{t-1} for
   FedAvg and every rule that sends the global model; the look-ahead x^{t-1} + lam m for fedacg and
-  fednsam-code, whose clients upload exactly this Delta_i. cos(Delta_i, Delta_j), cos(Delta_i, Delta_bar)
+  fednsam-code, whose server forms exactly this Delta_i from the uploaded y_i. cos(Delta_i, Delta_j), cos(Delta_i, Delta_bar)
   with Delta_bar = mean_i Delta_i, and, when x^t is given, cos(Delta_i, x^t - x^{t-1}): the client's own
   update against the server's actual step from the old global model (equal to Delta_bar's direction for
   FedAvg; under FedACG's momentum the step is m^t = lam m^{t-1} + eta_g Delta_bar, so it is the cosine with

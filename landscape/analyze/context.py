@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from landscape import recipe as recipes
 from landscape.analyze.objective import AnalysisData, Objective, Problem, as_data, check_model_data
-from landscape.analyze.registry import PASSES, needs_kept_clients
+from landscape.analyze.registry import PASSES, needs_clients
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
 from landscape.recipe import Recipe
@@ -163,11 +163,6 @@ class Source:
         return bundle.train.x[index], bundle.train.y[index]
 
 
-# Passes that read the clients of a training run (their data or their kept models); on a plain state_dict none
-# of them runs, nor a surface whose options need kept client models (``registry.needs_kept_clients``).
-CLIENT_PASSES = frozenset({"flatness", "incompatibility", "alignment"})
-
-
 def _source_text(obj: object) -> str:
     """``inspect.getsource(obj)``; "" where there is none (a builtin, code typed at a prompt)."""
     try:
@@ -284,12 +279,13 @@ class StateDictSource(Source):
         return self._inputs
 
     def check_pass(self, name: str, options: object) -> None:
-        """A pass that reads clients is refused in one line naming the passes that run on a state_dict."""
-        if name not in CLIENT_PASSES and not needs_kept_clients(name, options):
+        """A pass that reads clients (``registry.needs_clients``) is refused in one line naming the passes
+        that run on a state_dict."""
+        if not needs_clients(name, options):
             return
-        what = f"surface --directions {options.directions}" if name == "surface" else name
-        usable = [p if p != "surface" else "surface (random directions)" for p in PASSES.names()
-                  if p not in CLIENT_PASSES]
+        what = getattr(options, "described", name)  # options that ask for clients: surface --directions
+        usable = [f"{p} ({PASSES.info(p).without_clients})" if PASSES.info(p).without_clients else p
+                  for p in PASSES.names() if not needs_clients(p, None)]
         given = self.checkpoints[0] if len(self.checkpoints) == 1 else self.analysis_dir.parent
         raise LandscapeError(f"{what} needs the clients of a training run, and {given} is a plain state_dict, "
                              f"which has no clients (no client data, no kept client models); the passes that "
@@ -570,7 +566,12 @@ class CheckpointContext:
         algorithm = build_algorithm(self.source.recipe, ParamLayout(tuple(self.flat.names),
                                                                     tuple(map(tuple, self.flat.shapes))))
         try:
-            start = algorithm.start_point(algorithm.broadcast(x, server_state, self.round - 1))
+            typed = algorithm.ServerState.from_named(server_state)  # the state by its field names
+            start = algorithm.start_point(algorithm.broadcast(x, typed, self.round - 1))
+        except ValueError as unknown:
+            raise LandscapeError(f"{path} holds a server state {self.source.recipe.algorithm.name} does not keep "
+                                 f"({unknown}): the clients' start point of round {self.round} cannot be rebuilt"
+                                 ) from None
         except KeyError as missing:
             raise LandscapeError(f"{path} lacks the server state {missing} that {self.source.recipe.algorithm.name} "
                                  f"broadcasts: the clients' start point of round {self.round} cannot be rebuilt"

@@ -28,7 +28,7 @@ The model is used through ``torch.func.functional_call`` (``Objective``), so par
 training flags and ``.grad`` are never touched. BatchNorm buffers are fixed at w when the operator is built
 (for ``recompute``: the statistics recomputed at w are constants of H, not functions of w).
 
-Solvers (``landscape.analyze.spectrum``) trust an operator only if it is a deterministic function of v;
+Solvers (``lanczos``, ``trace``, ``density``) trust an operator only if it is a deterministic function of v;
 ``check_determinism`` probes that (with kept graphs: a product through them against one through freshly
 built graphs, so a dropout mask frozen into a kept graph is caught too) and names the usual culprits.
 
@@ -82,7 +82,7 @@ def free_memory(device: torch.device) -> int | None:
 
 
 class LinearOperator(ABC):
-    """A symmetric operator on vectors of length ``dim``: what the solvers in ``spectrum`` need.
+    """A symmetric operator on vectors of length ``dim``: what the spectral solvers need.
 
     Subclasses define ``dtype``, ``device`` and ``matmat`` and count their products in ``hvp_count``;
     ``@``, ``matvec`` and the determinism probe come from here.

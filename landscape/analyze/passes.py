@@ -1,5 +1,6 @@
 """The analysis passes (the surface pass is in ``surface.py``): one function each, registered by name in
-``registry.PASSES`` with the dataclass of its options.
+``registry.PASSES`` with its metadata: the dataclass of its options, what it needs of a run, its cost model
+and the summary quantities the comparison tables read of its results.
 
 A pass reads one checkpoint (``CheckpointContext``) and its options, and returns a ``PassOutput``: scalars
 (for ``analysis/round-NNNN/<pass>.json``), arrays (``<pass>.npz``) and the few numbers of the summary table.
@@ -13,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from landscape.analyze import functions
 from landscape.analyze.context import CheckpointContext
-from landscape.analyze.registry import PASSES, PassOutput
+from landscape.analyze.registry import CLIENTS, KEPT_CLIENTS, PASSES, Cost, PassOutput, Quantity, StoredResult
 from landscape.analyze.serial import split_result
-from landscape.analyze.spectrum import DEFAULT_TRACE_METHOD, TRACE_METHODS
+from landscape.analyze.trace import DEFAULT_TRACE_METHOD, TRACE_METHODS
 from landscape.errors import LandscapeError
 from landscape.registry import NON_NEGATIVE, POSITIVE
 
@@ -26,7 +28,20 @@ class LossOptions:
     clients: int = field(default=0, metadata=NON_NEGATIVE)  # per-client F_i for all (0) or a seeded sample
 
 
-@PASSES.register("loss", options=LossOptions, summary="F(x), accuracy and ||grad F(x)|| on the analysis data; F_i")
+def _accuracy_percent(result: StoredResult) -> tuple[Any, Any]:
+    return 100 * float(result.value("accuracy")), None
+
+
+LOSS_QUANTITIES = (
+    Quantity("F(x)", "F(x) (analysis data)", "loss"),
+    Quantity("accuracy (analysis data, %)", "accuracy (analysis data, %)", "accuracy",
+             read_result=_accuracy_percent),
+)
+
+
+@PASSES.register("loss", options=LossOptions,
+                 summary="F(x), accuracy and ||grad F(x)|| on the analysis data; F_i",
+                 cost=lambda o: Cost(gradients=2.0), quantities=LOSS_QUANTITIES)
 def loss_pass(ctx: CheckpointContext, opts: LossOptions) -> PassOutput:
     loss, grad = ctx.objective.loss_and_grad(ctx.w)
     accuracy = ctx.objective.accuracy(ctx.w)
@@ -71,19 +86,38 @@ class SharpnessOptions:
     clients: int = field(default=0, metadata=NON_NEGATIVE)  # all clients (0) or a seeded sample
 
 
+def _sharpness_cost(o: SharpnessOptions) -> Cost:
+    """Every radius's ascent (twice with the adaptive profile) and the per-client ascents (N x 1/N of the
+    data)."""
+    return Cost(gradients=1 + len(o.rhos) * o.steps * (2 if o.adaptive else 1) + o.steps)
+
+
+def _sharpness_at(rho: float) -> Quantity:
+    def read(result: StoredResult) -> tuple[Any, Any]:
+        rhos = np.atleast_1d(result.array("global.rhos"))
+        hit = np.flatnonzero(np.isclose(rhos, rho, rtol=1e-9, atol=0))
+        return (float(np.atleast_1d(result.array("global.sharpness"))[hit[0]]) if hit.size else None), None
+
+    return Quantity(f"S_rho({rho:g})", f"S<sub>&rho;</sub> (&rho;={rho:g})", "global.sharpness",
+                    read_result=read)
+
+
 @PASSES.register("sharpness", options=SharpnessOptions,
-                 summary="rho-ball sharpness S_rho (and adaptive) of F; per-client S_rho of F_i and the gap")
+                 summary="rho-ball sharpness S_rho (and adaptive) of F; per-client S_rho of F_i and the gap",
+                 cost=_sharpness_cost,
+                 quantities=(_sharpness_at, Quantity("local-global S_rho",
+                                                     "local &minus; global S<sub>&rho;</sub>", "local.gap")))
 def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput:
-    from landscape import api
-    from landscape.analyze.sharpness import local_sharpness
+    from landscape.analyze.sharpness import DEFAULT_ETA, local_sharpness
 
     seed = ctx.settings.seed
     ascent = {"steps": opts.steps, "tol": opts.tol, "starts": opts.starts, "seed": seed}
-    profile = api.sharpness(ctx.problem, rho=list(opts.rhos), **ascent)
+    # eta is the ASAM ball's: the global profile records the default, which it does not use
+    profile = functions.sharpness(ctx.problem, opts.rhos, adaptive=False, eta=DEFAULT_ETA, **ascent)
     scalars, arrays = split_result(profile, "global.")
     out = {"global": scalars}
     if opts.adaptive:
-        adaptive = api.sharpness(ctx.problem, rho=list(opts.rhos), adaptive=True, eta=opts.eta, **ascent)
+        adaptive = functions.sharpness(ctx.problem, opts.rhos, adaptive=True, eta=opts.eta, **ascent)
         out["adaptive"], more = split_result(adaptive, "adaptive.")
         arrays.update(more)
     summary = {f"S_rho({rho:g})": float(s) for rho, s in zip(profile.rhos, profile.sharpness)}
@@ -97,13 +131,13 @@ def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput
     return PassOutput(out, arrays, summary)
 
 
-@PASSES.register("flatness", summary="flatness distance Delta_D around the mean of the round's kept clients")
+@PASSES.register("flatness", summary="flatness distance Delta_D around the mean of the round's kept clients",
+                 needs=(KEPT_CLIENTS,),
+                 quantities=(Quantity("Delta_D", "&Delta;<sub>D</sub> (pass)", "distance"),))
 def flatness_pass(ctx: CheckpointContext, opts: None) -> PassOutput:
-    from landscape import api
-
     # Delta_D^t = mean_i ||y_{i,K}^t - ybar^t||^2 around the clients' mean (the FedNSAM paper's); the distance to
     # the training global model x^{t+1} (not the SWA average) under its own name.
-    result = api.flatness_distance(ctx.global_w, ctx.kept_clients())
+    result = functions.flatness_distance(ctx.global_w, ctx.kept_clients())
     scalars, arrays = split_result(result)
     return PassOutput(scalars, arrays, {"Delta_D": float(result.distance),
                                         "Delta_D_to_global": float(result.distance_to_global)})
@@ -119,7 +153,13 @@ class IncompatibilityOptions:
 
 
 @PASSES.register("incompatibility", options=IncompatibilityOptions,
-                 summary="flatness incompatibility Delta_FI, its heterogeneity / minibatch split, friendly rate")
+                 summary="flatness incompatibility Delta_FI, its heterogeneity / minibatch split, "
+                         "friendly rate",
+                 needs=(CLIENTS,), cost=lambda o: Cost(gradients=4.0),
+                 quantities=(
+                     Quantity("Delta_FI", "&Delta;<sub>FI</sub>", "incompatibility", "incompatibility_se"),
+                     Quantity("heterogeneity share", "hetero&shy;geneity share", "heterogeneity_share"),
+                     Quantity("friendly rate", "friendly rate", "friendly_rate", "friendly_rate_se")))
 def incompatibility_pass(ctx: CheckpointContext, opts: IncompatibilityOptions) -> PassOutput:
     from landscape.analyze.flatness import flatness_incompatibility
 
@@ -141,7 +181,12 @@ class AlignmentOptions:
 
 
 @PASSES.register("alignment", options=AlignmentOptions,
-                 summary="cosines of client gradients (client x client, x global), minibatch and update cosines")
+                 summary="cosines of client gradients (client x client, x global), minibatch and update "
+                         "cosines",
+                 needs=(CLIENTS,), cost=lambda o: Cost(gradients=3.0),
+                 quantities=(Quantity("mean grad cos", "mean gradient cos", "gradients.mean_off_diagonal"),
+                             Quantity("minibatch cos", "minibatch cos", "minibatch.mean_cosine",
+                                      "minibatch.mean_cosine_se")))
 def alignment_pass(ctx: CheckpointContext, opts: AlignmentOptions) -> PassOutput:
     from landscape.analyze.alignment import gradient_alignment, minibatch_alignment, update_alignment
 
@@ -186,7 +231,11 @@ class HessianOptions:
     clients: int = 0  # per-client lambda_max(grad^2 F_i) for all clients (0), a seeded sample, or none (-1)
 
     def __post_init__(self) -> None:
-        if self.top_k < 1 or self.tol <= 0 or self.trace_hvps < 6 or self.density_runs < 1 or self.density_steps < 2:
+        # a value of another kind than a number is named by ``make_checked_options`` (``check_kind``)
+        numbers = all(isinstance(v, (int, float)) for v in (self.top_k, self.tol, self.trace_hvps,
+                                                            self.density_runs, self.density_steps))
+        if numbers and (self.top_k < 1 or self.tol <= 0 or self.trace_hvps < 6 or self.density_runs < 1
+                        or self.density_steps < 2):
             raise LandscapeError("hessian options: top_k >= 1, tol > 0, trace_hvps >= 6 (Hutch++), density_runs >= 1, "
                                  "density_steps >= 2")
         if self.trace_method not in TRACE_METHODS:
@@ -194,19 +243,52 @@ class HessianOptions:
                                  f"(got {self.trace_method!r})")
 
 
+# Per-client lambda_max: a Lanczos run per client on its share of the data, about this many full-data
+# products in all.
+CLIENT_LAMBDA_MAX_HVPS = 50
+
+
+def _hessian_cost(o: HessianOptions) -> Cost:
+    """The probe; Lanczos (a Krylov space of top_k + 10, often up to twice that, and the verification); the
+    trace and its Hutchinson baseline; SLQ; per-client lambda_max."""
+    lanczos = functions.PROBE_HVPS + 2 * o.top_k + 20
+    clients = CLIENT_LAMBDA_MAX_HVPS if o.clients >= 0 else 0
+    return Cost(hvps=lanczos + 2 * o.trace_hvps + o.density_runs * o.density_steps + clients)
+
+
+def _first_eigenvalue(result: StoredResult) -> tuple[Any, Any]:
+    values = np.atleast_1d(result.array("top.values"))
+    return (float(values[0]) if values.size else None), None
+
+
+def _trace(result: StoredResult) -> tuple[Any, Any]:
+    """The trace estimate and its standard error (``trace``; results written before it: Hutch++)."""
+    key = "trace" if result.value("trace.estimate", None) is not None else "trace_hutchpp"
+    return result.value(f"{key}.estimate", None), result.value(f"{key}.stderr", None)
+
+
+HESSIAN_QUANTITIES = (
+    Quantity("lambda_max", "&lambda;<sub>max</sub>", "top.values", read_result=_first_eigenvalue),
+    Quantity("lambda_1/lambda_k", "&lambda;<sub>1</sub>/&lambda;<sub>k</sub>", "lambda_ratio"),
+    Quantity("trace", "trace", "trace.estimate", "trace.stderr", read_result=_trace),
+    Quantity("client lambda_max", "mean client &lambda;<sub>max</sub>", "clients.mean_lambda_max"),
+)
+
+
 @PASSES.register("hessian", options=HessianOptions,
-                 summary="Lanczos top-k eigenvalues, trace (XTrace; Hutchinson baseline), SLQ density, client lambda_max")
+                 summary="Lanczos top-k eigenvalues, trace (XTrace; Hutchinson baseline), SLQ density, "
+                         "client lambda_max",
+                 cost=_hessian_cost, quantities=HESSIAN_QUANTITIES)
 def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
-    from landscape import api
-    from landscape.analyze.spectrum import client_lambda_max
+    from landscape.analyze.lanczos import client_lambda_max
 
     seed, backend = ctx.settings.seed, ctx.settings.hvp
     problem = ctx.problem
     shared = {"seed": seed, "hvp": backend, "progress": ctx.progress}  # progress: every product, on the bar
-    top = api.hessian_eigs(problem, k=opts.top_k, tol=opts.tol, **shared)  # a determinism probe first
-    trace = api.trace(problem, hvps=opts.trace_hvps, method=opts.trace_method, **shared)
-    hutchinson = api.trace(problem, hvps=opts.trace_hvps, method="hutchinson", **shared)
-    density = api.density(problem, runs=opts.density_runs, steps=opts.density_steps, **shared)
+    top = functions.hessian_eigs(problem, opts.top_k, tol=float(opts.tol), **shared)  # after the probe
+    trace = functions.trace(problem, hvps=opts.trace_hvps, method=opts.trace_method, **shared)
+    hutchinson = functions.trace(problem, hvps=opts.trace_hvps, method="hutchinson", **shared)
+    density = functions.density(problem, runs=opts.density_runs, steps=opts.density_steps, **shared)
     out: dict[str, Any] = {
         "dim": ctx.flat.dim,  # the trainable entries: the Hessian's dimension
         "frozen": ctx.flat.frozen_dim,  # requires_grad=False entries, held constant
@@ -215,7 +297,8 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
         "trace": trace.summary(),
         "trace_hutchinson": hutchinson.summary(),
         "density": {k: v for k, v in density.summary().items() if k not in ("nodes", "weights", "grid", "density")},
-        "hvp_count": top.hvp_count + 2 + trace.hvp_count + hutchinson.hvp_count + density.hvp_count,
+        "hvp_count": (functions.PROBE_HVPS + top.hvp_count + trace.hvp_count + hutchinson.hvp_count
+                      + density.hvp_count),
     }
     arrays = {"density_grid": density.grid, "density": density.density, "slq_nodes": density.nodes,
               "slq_weights": density.weights}

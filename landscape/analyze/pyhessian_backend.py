@@ -19,7 +19,7 @@ What PyHessian 0.1 does, read from its source, and how it is handled here:
   chance otherwise. Worked around: ``trace_iters`` Rademacher probes are pushed through PyHessian's own
   HVP (``dataloader_hv_product``), giving mean and standard error; the sample count and estimate its rule
   would have produced on the same probes are reported as ``rule_samples`` / ``rule_trace``;
-- ``density()`` calls ``torch.eig``, removed from PyTorch: not used (``spectrum.slq_density`` is the ESD).
+- ``density()`` calls ``torch.eig``, removed from PyTorch: not used (``density.slq_density`` is the ESD).
 
 HVPs are counted by wrapping the instance's ``dataloader_hv_product`` (one call = one full-data HVP).
 """

@@ -25,7 +25,7 @@ from landscape.analyze.context import (
     find_sources,
     select_rounds,
 )
-from landscape.analyze.registry import PassOutput, needs_kept_clients
+from landscape.analyze.registry import Cost, PassOutput, needs_kept_clients
 from landscape.analyze.results import (
     SCHEMA_VERSION,
     find_result,
@@ -155,26 +155,22 @@ def _rounds_text(rounds: list[int]) -> str:
     return f"round {rounds[0]}" if len(rounds) == 1 else "rounds " + ", ".join(map(str, rounds))
 
 
-# Passes whose work is split inside the pass (surface: grid cells across ranks, partial grids saved by rank 0):
-# under torchrun all ranks run them together, never one rank alone.
-COLLECTIVE_PASSES = frozenset({"surface"})
-
-
 def split_work(jobs: list[Job], todo: list[int], ranks: int) -> tuple[list[list[int]], list[int]]:
     """Who runs which of ``jobs[i] for i in todo`` under ``ranks`` ranks: (per-rank queues, run alone; jobs
     run by all ranks together), both in plan order.
 
     A checkpoint's jobs stay on one rank (its model and data are loaded once). Whole rounds of checkpoints,
     one per rank, go to the queues; the checkpoints left over (fewer than the ranks) and every job of a
-    COLLECTIVE pass run on all ranks together, their HVPs and surface cells split across the ranks. One
-    rank: every job in one queue, in plan order.
+    collective pass (``PassInfo.collective``: its work is split inside it) run on all ranks together, their
+    HVPs and surface cells split across the ranks. One rank: every job in one queue, in plan order.
     """
     if ranks == 1:
         return [list(todo)], []
     groups: dict[tuple[int, int], list[int]] = {}
-    together = [i for i in todo if jobs[i].name in COLLECTIVE_PASSES]
+    registry = load_passes()
+    together = [i for i in todo if registry.info(jobs[i].name).collective]
     for i in todo:
-        if jobs[i].name not in COLLECTIVE_PASSES:
+        if not registry.info(jobs[i].name).collective:
             groups.setdefault((id(jobs[i].source), jobs[i].round), []).append(i)
     keys = list(groups)
     whole = len(keys) - len(keys) % ranks
@@ -527,30 +523,10 @@ def format_summary(report: AnalysisReport) -> str:
     return "\n".join(lines)
 
 
-# Work of a pass besides its Hessian-vector products, in full-data gradient equivalents (a surface cell is one
-# forward pass, about 0.4 of a gradient); products are timed on their own.
-CELL_COST = 0.4
-
-
-def planned_work(job: Job) -> tuple[int, float]:
-    """(Hessian-vector products, other work in full-data gradient equivalents) a job will cost, estimated from
-    its options; per-client work is counted on the clients' share of the data (N clients x 1/N of it)."""
-    o = job.options
-    if job.name == "hessian":
-        lanczos = 2 + 2 * o.top_k + 20  # probe, Krylov space (top_k + 10, often up to twice that), verification
-        hvps = lanczos + 2 * o.trace_hvps + o.density_runs * o.density_steps + (50 if o.clients >= 0 else 0)
-        return hvps, 0.0
-    if job.name == "sharpness":
-        return 0, 1 + len(o.rhos) * o.steps * (2 if o.adaptive else 1) + o.steps
-    if job.name == "surface":
-        sizes = [int(n) for n in str(o.grid).split("x") if n.isdigit()] or [1]
-        if len(sizes) == 1 and o.directions != "interpolate":  # "41": 41 x 41 on a plane
-            sizes *= 2
-        cells = 1
-        for n in sizes:
-            cells *= n
-        return 0, CELL_COST * cells
-    return 0, {"loss": 2.0, "incompatibility": 4.0, "alignment": 3.0}.get(job.name, 0.0)
+def planned_work(job: Job) -> Cost:
+    """What a job will cost, estimated from its options by its pass's cost model (``PassInfo.cost``: products
+    are timed on their own, the other work in full-data gradients)."""
+    return load_passes().info(job.name).cost(job.options)
 
 
 def format_plan(jobs: list[Job], settings: AnalysisSettings) -> str:
@@ -580,8 +556,8 @@ def format_plan(jobs: list[Job], settings: AnalysisSettings) -> str:
     rows = [("run", "round", "pass", "HVPs", "est. seconds")]
     total_hvps, total_seconds = 0, 0.0
     for job in jobs:
-        hvps, gradients = planned_work(job)
-        seconds = hvps * product + gradients * gradient
+        cost = planned_work(job)
+        hvps, seconds = cost.hvps, cost.hvps * product + cost.gradients * gradient
         total_hvps, total_seconds = total_hvps + hvps, total_seconds + seconds
         rows.append((job.source.name, str(job.round), job.name, str(hvps), f"{seconds:.1f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -58,7 +58,7 @@ from landscape import parallel
 from landscape.analyze import directions as dirs
 from landscape.analyze.context import CheckpointContext
 from landscape.analyze.objective import AnalysisData, Objective
-from landscape.analyze.registry import PASSES, PassOutput
+from landscape.analyze.registry import PASSES, Cost, PassOutput
 from landscape.analyze.results import result_name, settings_record
 from landscape.errors import LandscapeError
 from landscape.runs import atomic_write, surface_result_name
@@ -466,6 +466,11 @@ class SurfaceOptions:
         return self.directions == "clients" or (self.directions == "interpolate"
                                                 and (not self.target or self.target.startswith("client:")))
 
+    @property
+    def described(self) -> str:
+        """The pass as these options ask for it, in the words of ``landscape analyze``'s flags."""
+        return f"surface --directions {self.directions}"
+
     def __post_init__(self) -> None:
         # --set surface.grid=41 arrives as an int and surface.clients=[3,7] as a list: keep one spelling each,
         # so equal settings are recorded (and skipped) equally.
@@ -726,9 +731,27 @@ def _plane(ctx: CheckpointContext, opts: SurfaceOptions) -> _Plane:
                              "target": described, "target_distance": float(d1.double().norm())})
 
 
+# Work of a surface besides Hessian-vector products, in full-data gradient equivalents: a cell is one forward
+# pass, about 0.4 of a gradient.
+CELL_COST = 0.4
+
+
+def _surface_cost(o: SurfaceOptions) -> Cost:
+    """The grid's cells (a number of points alone is n x n on a plane)."""
+    sizes = [int(n) for n in str(o.grid).split("x") if n.isdigit()] or [1]
+    if len(sizes) == 1 and o.directions != "interpolate":  # "41": 41 x 41 on a plane
+        sizes *= 2
+    cells = 1
+    for n in sizes:
+        cells *= n
+    return Cost(gradients=CELL_COST * cells)
+
+
+# Opt-in (expensive); collective: its grid cells are split across the ranks, partial grids saved by rank 0.
 @PASSES.register("surface", options=SurfaceOptions,
                  summary="1D / 2D loss surfaces: random (filter-normalised or euclidean), PCA, client plane, "
-                         "interpolation")
+                         "interpolation",
+                 opt_in=True, collective=True, without_clients="random directions", cost=_surface_cost)
 def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
     objective, quantity = _objective(ctx, opts.data)
     plane = _plane(ctx, opts)

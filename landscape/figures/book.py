@@ -38,8 +38,8 @@ overrides it) every run id is trained once per seed, in ``<out>/runs/<id>-seed<s
 ``seed = s`` (over the run's own); all seeds of an id keep its label and colour, and the plots draw their mean
 with the standard error (``landscape.figures.seeds``). ``FigureRecipe.seed_runs`` lists the run folders.
 
-Each plot kind names the passes it reads (and at which rounds by default); ``landscape figures`` (in
-``landscape.cli``) trains and analyses what is missing and calls ``render``. This module reads only TOML and
+Each plot kind names the passes it reads (and at which rounds by default); ``landscape figures`` (the workflow
+``landscape.workflows.figure``) trains and analyses what is missing and calls ``render``. This module reads only TOML and
 run directories, as every figure module does.
 """
 

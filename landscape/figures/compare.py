@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from landscape.analyze.registry import Quantity
 from landscape.errors import LandscapeError
 from landscape.figures import curves, surfaces
 from landscape.figures.curves import RunData, RunsLike, as_runs
 from landscape.figures.report import (
     ComparisonGroup,
     ComparisonRow,
-    Quantity,
     SeedStat,
     all_rhos,
     comparison_groups,
@@ -74,7 +74,7 @@ def comparable_surfaces(runs: list[RunData], name: str) -> tuple[list[RunData], 
     them has with one length (euclidean) or reference (filter-reference), and that mode; ``(runs, None)`` when
     there is none, or when the selection names the normalization itself (it is followed as given). The other
     outputs of the copies are read as the runs' selection says; the runs themselves are not changed."""
-    if not runs or name != "surface" or _asks_normalization(runs[0].selection):
+    if not runs or name != surface_result_name("random") or _asks_normalization(runs[0].selection):
         return runs, None
     for mode in COMPARABLE:
         picked = []

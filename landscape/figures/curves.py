@@ -43,6 +43,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from landscape.algorithm_labels import algorithm_label
 from landscape.analyze.results import qualified_settings, record_output, record_pass, result_name
 from landscape.errors import LandscapeError
 from landscape.figures.seeds import (
@@ -60,13 +61,6 @@ from landscape.recipe import read_toml
 from landscape.runs import RunDir
 
 COSINE_CMAP = "RdBu_r"  # diverging: -1 blue, 0 white, +1 red
-
-ALGORITHM_NAMES = {
-    "fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fedsam": "FedSAM", "fedasam": "FedASAM",
-    "mofedsam": "MoFedSAM", "fedgamma": "FedGAMMA", "fedsmoo": "FedSMOO", "fedlesam": "FedLESAM",
-    "fednsam": "FedNSAM", "fednsam-code": "FedNSAM (code)", "fedvssam": "FedVSSAM", "fedacg": "FedACG",
-    "dynsam": "DynSAM",
-}
 
 # y-axis labels (with units) of the metrics.jsonl keys
 METRIC_LABELS = {
@@ -372,7 +366,7 @@ def _fmt(value: Any) -> str:
 def run_label(recipe: dict) -> str:
     """'FedSAM alpha=0.1': the algorithm's name and the partition's heterogeneity."""
     algorithm = str(recipe.get("algorithm", {}).get("name", "?"))
-    label = ALGORITHM_NAMES.get(algorithm, algorithm)
+    label = algorithm_label(algorithm)
     partition = recipe.get("partition", {})
     kind = partition.get("name")
     if kind == "dirichlet" and "alpha" in partition:

@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 from matplotlib.colors import to_hex, to_rgba
 
+from landscape.analyze.registry import Quantity
 from landscape.errors import LandscapeError
 from landscape.figures.curves import (
     METRIC_LABELS,
-    PassRecord,
     RunData,
     RunsLike,
     alignment_matrices,
@@ -163,66 +163,19 @@ def _swatch_cell(colour: str, label: str) -> str:
 
 # -- analysis quantities (per pass record) -------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class Quantity:
-    header: str  # HTML
-    pass_name: str
-    read: Callable[[PassRecord], tuple[Any, Any]]  # (value, standard error or None)
-    text: str  # the header in plain text (terminal tables, CSV)
-
-
-def _get(key: str, se_key: str | None = None) -> Callable[[PassRecord], tuple[Any, Any]]:
-    def read(rec: PassRecord) -> tuple[Any, Any]:
-        return rec.value(key, None), (rec.value(se_key, None) if se_key else None)
-
-    return read
-
-
-def _trace(rec: PassRecord) -> tuple[Any, Any]:
-    """The trace estimate and its standard error (``trace``; results written before it: Hutch++)."""
-    key = "trace" if rec.value("trace.estimate", None) is not None else "trace_hutchpp"
-    return rec.value(f"{key}.estimate", None), rec.value(f"{key}.stderr", None)
-
-
-def _first_eigenvalue(rec: PassRecord) -> tuple[Any, Any]:
-    values = np.atleast_1d(rec.array("top.values"))
-    return (float(values[0]) if values.size else None), None
-
-
-def _sharpness_at(rho: float) -> Callable[[PassRecord], tuple[Any, Any]]:
-    def read(rec: PassRecord) -> tuple[Any, Any]:
-        rhos = np.atleast_1d(rec.array("global.rhos"))
-        hit = np.flatnonzero(np.isclose(rhos, rho, rtol=1e-9, atol=0))
-        return (float(np.atleast_1d(rec.array("global.sharpness"))[hit[0]]) if hit.size else None), None
-
-    return read
+# The order of the passes' columns in the tables; a pass not named here comes after these, in name order.
+TABLE_PASSES = ("hessian", "sharpness", "flatness", "incompatibility", "alignment", "loss")
 
 
 def quantities(rhos: Sequence[float]) -> list[Quantity]:
-    """Every analysis quantity the tables show, with S_rho at each of ``rhos``."""
-    sharp = [Quantity(f"S<sub>&rho;</sub> (&rho;={r:g})", "sharpness", _sharpness_at(r), f"S_rho({r:g})")
-             for r in rhos]
-    return [
-        Quantity("&lambda;<sub>max</sub>", "hessian", _first_eigenvalue, "lambda_max"),
-        Quantity("&lambda;<sub>1</sub>/&lambda;<sub>k</sub>", "hessian", _get("lambda_ratio"), "lambda_1/lambda_k"),
-        Quantity("trace", "hessian", _trace, "trace"),
-        Quantity("mean client &lambda;<sub>max</sub>", "hessian", _get("clients.mean_lambda_max"),
-                 "client lambda_max"),
-        *sharp,
-        Quantity("local &minus; global S<sub>&rho;</sub>", "sharpness", _get("local.gap"), "local-global S_rho"),
-        Quantity("&Delta;<sub>D</sub> (pass)", "flatness", _get("distance"), "Delta_D"),
-        Quantity("&Delta;<sub>FI</sub>", "incompatibility", _get("incompatibility", "incompatibility_se"),
-                 "Delta_FI"),
-        Quantity("hetero&shy;geneity share", "incompatibility", _get("heterogeneity_share"), "heterogeneity share"),
-        Quantity("friendly rate", "incompatibility", _get("friendly_rate", "friendly_rate_se"), "friendly rate"),
-        Quantity("mean gradient cos", "alignment", _get("gradients.mean_off_diagonal"), "mean grad cos"),
-        Quantity("minibatch cos", "alignment", _get("minibatch.mean_cosine", "minibatch.mean_cosine_se"),
-                 "minibatch cos"),
-        Quantity("F(x) (analysis data)", "loss", _get("loss"), "F(x)"),
-        Quantity("accuracy (analysis data, %)", "loss", lambda rec: (100 * float(rec.value("accuracy")), None),
-                 "accuracy (analysis data, %)"),
-    ]
+    """Every analysis quantity the tables show (each pass's registered ``Quantity``s), with S_rho at each of
+    ``rhos``."""
+    from landscape.analyze.catalog import load_passes
+
+    registry = load_passes()
+    order = [name for name in TABLE_PASSES if name in registry]
+    order += [name for name in registry.names() if name not in order]
+    return [q for name in order for q in registry.quantities(name, rhos)]
 
 
 def all_rhos(runs: Sequence[RunData]) -> list[float]:

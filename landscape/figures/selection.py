@@ -16,6 +16,10 @@ Which one (``choose``):
 Rounds analysed only with other settings are left out of the run's curves and named in ``Chosen.left_out``;
 ``Chosen.shown`` says which settings are read where they are not the ones asked for (the defaults, or the
 recipe's), for the labels.
+
+Of the analysis it reads names and defaults only: the registered passes' options (``load_passes``) and the
+analysis settings (``AnalysisSettings``), the two imports that still bring the pass modules along
+(docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from landscape.analyze import catalog  # noqa: F401 - registers the passes whose settings results name
+from landscape.analyze.catalog import load_passes  # the registered passes, whose settings results name
+from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.results import (
     NOT_NAMED,
     qualified_settings,
@@ -54,14 +59,12 @@ class Result(Protocol):
 
 
 def _analysis_names() -> set[str]:
-    from landscape.analyze.context import AnalysisSettings
-
+    """The names of the analysis settings a result records (``split``, ``bn_mode``, ...)."""
     return set(AnalysisSettings().record())
 
 
 def _option_names() -> dict[str, set[str]]:
-    from landscape.analyze.catalog import load_passes
-
+    """Pass -> the names of its options."""
     return {entry.name: set(entry.option_defaults()) for entry in load_passes().entries()}
 
 

@@ -88,11 +88,10 @@ class SurfaceData:
                                  "per axis; the surface pass computes 3 or more)")
 
     def values(self, quantity: str = "loss") -> np.ndarray:
-        if quantity == "loss":
-            return self.loss
-        if quantity == "accuracy" and self.accuracy is not None:
-            return self.accuracy
-        raise LandscapeError(f"this surface has no '{quantity}' values (loss or accuracy)")
+        values = {"loss": self.loss, "accuracy": self.accuracy}.get(quantity)
+        if values is None:
+            raise LandscapeError(f"this surface has no '{quantity}' values (loss or accuracy)")
+        return values
 
     def axis_labels(self) -> tuple[str, str]:
         return axis_labels(self.meta)

@@ -49,7 +49,15 @@ from landscape.setup import (
     torch_dtype,
     using_threads,
 )
-from landscape.train.algorithms import ClientResult, LocalProblem, ParamLayout, build_algorithm
+from landscape.train.algorithms import (
+    Algorithm,
+    ClientResult,
+    LocalProblem,
+    ParamLayout,
+    ServerRound,
+    Tensors,
+    build_algorithm,
+)
 from landscape.train.schedule import (
     STREAM_CLIENT,
     clients_per_round,
@@ -73,8 +81,8 @@ class TrainerState:
     round: int  # rounds completed; the global model is x^round
     x: Tensor
     buffers: dict[str, Tensor]
-    server_state: dict[str, Tensor]
-    client_states: dict[int, dict[str, Tensor]]  # kept on the CPU between rounds
+    server_state: Tensors  # the algorithm's ServerState
+    client_states: dict[int, Tensors]  # the ClientState of each client that has one; on the CPU between rounds
     swa_model: Tensor | None = None  # server SWA average x_swa, once a cycle has closed
     swa_count: int = 0
 
@@ -121,8 +129,8 @@ class Trainer:
         return TrainerState(0, x, self.flat.buffers(), self.algorithm.init_server_state(x), {})
 
     def checkpoint_payload(self, state: TrainerState) -> dict:
-        def cpu(d: dict[str, Tensor]) -> dict[str, Tensor]:
-            return {k: v.detach().cpu() for k, v in d.items()}
+        def cpu(state: Tensors) -> dict[str, Tensor]:  # a checkpoint's table: the tensors by field name
+            return {k: v.detach().cpu() for k, v in state.named().items()}
 
         payload = {
             "format": CHECKPOINT_FORMAT,
@@ -157,8 +165,8 @@ class Trainer:
                 int(ckpt["round"]),
                 x,
                 buffers,
-                {k: v.to(self.device) for k, v in ckpt["server_state"].items()},
-                {int(i): s for i, s in ckpt["client_states"].items()},
+                self.algorithm.ServerState.from_named(ckpt["server_state"]).to(self.device),
+                {int(i): self.algorithm.ClientState.from_named(s) for i, s in ckpt["client_states"].items()},
                 swa_model,
                 int(ckpt.get("swa_count", 0)),
             )
@@ -245,24 +253,27 @@ class Trainer:
         for i in parallel.shard(clients):  # every client in a single process
             buffers = {k: v.clone() for k, v in state.buffers.items()}  # BN statistics move during local work
             problem = self.local_problem(i, t, lr, buffers)
-            own_state = {k: v.to(self.device) for k, v in state.client_states.get(i, {}).items()}
+            own_state = state.client_states.get(i)  # None before the client's first participation
+            own_state = own_state.to(self.device) if own_state is not None else None
             result = self.algorithm.client_update(message, own_state, problem)
             result.num_steps = problem.num_steps
             local.append(result)
             local_buffers.append(buffers)
-        results, client_buffers = gather_client_work(local, local_buffers, self.device)
+        results, client_buffers = gather_client_work(local, local_buffers, self.device, self.algorithm)
         client_states = dict(state.client_states)
         for result in results:
-            if result.state:
-                client_states[result.client] = {k: v.to("cpu") for k, v in result.state.items()}
-        x_new, server_state = self.algorithm.aggregate(state.x, state.server_state, results, t, lr)
+            if result.state is not None:
+                client_states[result.client] = result.state.to("cpu")
+        server_round = ServerRound(t, lr, tuple(r.num_steps for r in results))
+        uploads = [r.upload for r in results]
+        x_new, server_state = self.algorithm.aggregate(state.x, state.server_state, uploads, server_round)
         new_buffers = average_buffers(client_buffers) if client_buffers and state.buffers else state.buffers
         new_buffers.update({n: state.buffers[n] for n in self.flat.frozen_names})  # constants: never averaged
         swa_model, swa_count = state.swa_model, state.swa_count
         if swa_cycle_ends(self.train_cfg, t):  # x_swa = (n * x_swa + x^{t+1}) / (n + 1)
             swa_model = x_new.clone() if swa_model is None else (swa_count * swa_model + x_new) / (swa_count + 1)
             swa_count += 1
-        server_tensors = [x_new, *server_state.values(), *new_buffers.values()]
+        server_tensors = [x_new, *server_state.named().values(), *new_buffers.values()]
         parallel.broadcast_tensors(server_tensors + ([swa_model] if swa_model is not None else []))
         new_state = TrainerState(t + 1, x_new, new_buffers, server_state, client_states, swa_model, swa_count)
 
@@ -386,10 +397,12 @@ def divergence(state: TrainerState, row: dict) -> list[str]:
     problems = [f"{key}={row[key]}" for key in ("train_loss", "update_norm") if not math.isfinite(row[key])]
     tensors = {"parameters": state.x, "SWA average": state.swa_model}
     tensors.update({f"buffer {k}": v for k, v in state.buffers.items() if v.is_floating_point()})
-    tensors.update({f"server state {k}": v for k, v in state.server_state.items() if v.is_floating_point()})
+    server = state.server_state.named()
+    tensors.update({f"server state {k}": v for k, v in server.items() if v.is_floating_point()})
     for client in row.get("clients", ()):
-        tensors.update({f"state {k} of client {client}": v for k, v in state.client_states.get(client, {}).items()
-                        if v.is_floating_point()})
+        client_state = state.client_states.get(client)
+        named = client_state.named() if client_state is not None else {}
+        tensors.update({f"state {k} of client {client}": v for k, v in named.items() if v.is_floating_point()})
     for what, tensor in tensors.items():
         if tensor is not None:
             bad = int((~torch.isfinite(tensor)).sum())
@@ -399,29 +412,34 @@ def divergence(state: TrainerState, row: dict) -> list[str]:
 
 
 def gather_client_work(
-    results: list[ClientResult], buffers: list[dict[str, Tensor]], device: torch.device
+    results: list[ClientResult], buffers: list[dict[str, Tensor]], device: torch.device, algorithm: Algorithm
 ) -> tuple[list[ClientResult], list[dict[str, Tensor]]]:
     """Every rank's client results and BatchNorm statistics, on every rank, in the order of the ranks'
-    blocks (``parallel.shard``): the round's client order. Tensors travel bit for bit; in a single process
-    the lists come back as they are."""
+    blocks (``parallel.shard``): the round's client order. Tensors travel bit for bit (uploads and client
+    states by the field names of ``algorithm``'s ``Upload`` and ``ClientState``); in a single process the
+    lists come back as they are."""
     if parallel.world_size() == 1:
         return results, buffers
     described, tensors = [], []
     for r, b in zip(results, buffers):
         loss_is_tensor = isinstance(r.train_loss, Tensor)
-        described.append({"client": r.client, "num_steps": r.num_steps, "upload": list(r.upload),
-                          "state": list(r.state), "buffers": list(b),
-                          "train_loss": None if loss_is_tensor else float(r.train_loss)})
-        tensors += [r.model, *r.upload.values(), *r.state.values(), *b.values()]
+        described.append({"client": r.client, "num_steps": r.num_steps, "state": r.state is not None,
+                          "buffers": list(b), "train_loss": None if loss_is_tensor else float(r.train_loss)})
+        kept = r.state.named() if r.state is not None else {}
+        tensors += [r.model, *r.upload.named().values(), *kept.values(), *b.values()]
         if loss_is_tensor:
             tensors.append(r.train_loss)
+
+    def take(kind: type[Tensors], stream: Iterator[Tensor]) -> Tensors:  # the next tensors, by kind's fields
+        return kind.from_named({name: next(stream) for name in kind.names()})
+
     all_results, all_buffers = [], []
     for meta, received in zip(parallel.all_gather_objects(described), parallel.all_gather_tensors(tensors, device)):
         stream = iter(received)
         for m in meta:
             model = next(stream)
-            upload = {k: next(stream) for k in m["upload"]}
-            state = {k: next(stream) for k in m["state"]}
+            upload = take(algorithm.Upload, stream)
+            state = take(algorithm.ClientState, stream) if m["state"] else None
             all_buffers.append({k: next(stream) for k in m["buffers"]})
             loss = next(stream) if m["train_loss"] is None else m["train_loss"]
             all_results.append(ClientResult(m["client"], model, upload, state, loss, m["num_steps"]))

@@ -1,37 +1,45 @@
-"""Federated algorithms, one module each, registered by name.
+"""Federated algorithms, one module each, registered by name with their display label and typed state.
 
 An algorithm is a client rule, a server rule and their state (the optax / Flower split):
 
-- ``init_server_state(x)``: the server's state tensors (momentum, control variates, ...).
+- ``init_server_state(x)``: the server's state (momentum, control variates, ...), an instance of the class's
+  ``ServerState``.
 - ``broadcast(x, server_state, round)``: what the server sends down (always ``"x"``: the global model, or e.g.
   FedACG's lookahead x^t + lam*m).
 - ``start_point(message)``: the model the clients start their local steps from, given the broadcast:
-  ``message["x"]``, unless the client rule starts elsewhere (fednsam-code: x^t + lam*m from ``"x"`` and ``"m"``).
+  ``message["x"]``, unless the client rule starts elsewhere (fednsam-code: x^t + lam*m from ``"x"`` and
+  ``"m"``).
   The alignment pass measures the client updates Delta_i = y_i - start_point from it.
-- ``client_update(message, client_state, problem)``: the local rule; returns the client's final model, what it
-  sends up (``upload``, counted as uplink floats) and its new persistent state.
-- ``aggregate(x, server_state, results, round, lr)``: the server rule; returns the new global model and state.
+- ``client_update(message, client_state, problem)``: the local rule, from the client's ``ClientState`` (None
+  before its first participation, and for a rule that keeps none); returns the client's final model, what it
+  sends up (an ``Upload``, counted as uplink floats) and its new persistent state.
+- ``aggregate(x, server_state, uploads, server_round)``: the server rule, from the round's uploads alone (a
+  rule that needs the clients' models uploads them); returns the new global model and server state.
 
-State tensors live on the training device while in use; the loop keeps client states on the CPU between
-rounds and saves both in checkpoints. Hyper-parameters come from the algorithm's options dataclass (the
-recipe's ``[algorithm]`` keys, reference defaults); none is hard-coded in a rule.
+Server state, client state and upload are frozen dataclasses of named tensors (``Tensors``); checkpoints hold
+them as tables by field name. State tensors live on the training device while in use; the loop keeps client
+states on the CPU between rounds and saves both in checkpoints. Hyper-parameters come from the algorithm's
+options dataclass (the recipe's ``[algorithm]`` keys, reference defaults); none is hard-coded in a rule.
 
-Every module in this package is imported on first use, so adding an algorithm is adding one file.
+Every module in this package is imported on first use, so adding an algorithm is adding one file (and its
+display label in ``landscape.algorithm_labels``, which figures read without importing torch).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from landscape.algorithm_labels import algorithm_label
 from landscape.registry import Registry
 
 Batch = tuple[Tensor, Tensor]
@@ -89,22 +97,94 @@ class LocalProblem:
         return d
 
 
+@dataclass(frozen=True)
+class Tensors:
+    """Base of an algorithm's server state, client state and upload: a frozen dataclass of named tensors,
+    saved in checkpoints (and sent between ranks) as a table by field name."""
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The field names, in declaration order."""
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_named(cls, tensors: Mapping[str, Tensor]) -> Tensors:
+        """This class from a table of named tensors, a checkpoint's: its keys are the field names. A missing
+        field is a KeyError naming it, a key that is no field a ValueError."""
+        unknown = sorted(set(tensors) - set(cls.names()))
+        if unknown:
+            raise ValueError(f"'{unknown[0]}' is not one of the tensors of {cls.__name__} "
+                             f"({', '.join(cls.names()) or 'none'})")
+        return cls(**{name: tensors[name] for name in cls.names()})
+
+    def named(self) -> dict[str, Tensor]:
+        """The tensors by field name, in declaration order (the table a checkpoint holds)."""
+        return {name: getattr(self, name) for name in self.names()}
+
+    def to(self, device: torch.device | str) -> Tensors:
+        """The same tensors (of the same class) on ``device``."""
+        return type(self).from_named({k: v.to(device) for k, v in self.named().items()})
+
+    @property
+    def floats(self) -> int:
+        """How many numbers the tensors hold (of an upload: its uplink cost)."""
+        return sum(t.numel() for t in self.named().values())
+
+
+@dataclass(frozen=True)
+class NoState(Tensors):
+    """No tensors: the server or client state of a rule that keeps none."""
+
+
+@dataclass(frozen=True)
+class LocalModel(Tensors):
+    """The upload of a rule whose server reads only the client's final model (as many floats as Delta_i)."""
+
+    model: Tensor  # y_{i,K}
+
+
+@dataclass(frozen=True)
+class ServerRound:
+    """What the server knows of round t besides the uploads: t, the clients' learning rate eta and the number
+    of local steps K_i of each upload's client (in the order of the uploads)."""
+
+    round: int
+    lr: float
+    num_steps: tuple[int, ...]
+
+
 @dataclass
 class ClientResult:
+    """One client's round: its final model, its upload and its new persistent state."""
+
     client: int
-    model: Tensor  # y_{i,K}: the client's final local model
-    upload: dict[str, Tensor]  # what crosses the wire up (its size is the uplink cost)
-    state: dict[str, Tensor] = field(default_factory=dict)  # the client's persistent state after the round
+    model: Tensor  # y_{i,K}: the client's final local model (for the loop's metrics and kept clients)
+    upload: Tensors  # what crosses the wire up: all that the server rule reads (its size is the uplink cost)
+    state: Tensors | None = None  # the client's persistent state after the round (None: the rule keeps none)
     train_loss: Tensor | float = float("nan")  # mean minibatch loss over the local steps
     num_steps: int = 0  # K of this client this round (filled in by the loop)
 
     @property
     def uplink_floats(self) -> int:
-        return sum(t.numel() for t in self.upload.values())
+        return self.upload.floats
+
+
+def mean_model(uploads: Sequence[Tensors]) -> Tensor:
+    """mean_S(y_{i,K}): the average of the uploaded client models."""
+    return torch.stack([u.model for u in uploads]).mean(dim=0)
 
 
 class Algorithm(ABC):
-    """Base class: FedAvg's server rule and a plain broadcast; subclasses give their own rules."""
+    """Base class: FedAvg's server rule and a plain broadcast; subclasses give their own rules.
+
+    A subclass names the classes of what it keeps and sends: ``ServerState``, ``ClientState`` (``NoState``:
+    none) and ``Upload``; registration gives it its ``name`` and display ``label``."""
+
+    ServerState: ClassVar[type[Tensors]] = NoState
+    ClientState: ClassVar[type[Tensors]] = NoState
+    Upload: ClassVar[type[Tensors]] = LocalModel
+    name: ClassVar[str]
+    label: ClassVar[str]
 
     def __init__(self, options, *, num_clients: int, server_lr: float, layout: ParamLayout) -> None:
         self.options = options
@@ -112,10 +192,10 @@ class Algorithm(ABC):
         self.server_lr = server_lr
         self.layout = layout
 
-    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
-        return {}
+    def init_server_state(self, x: Tensor) -> Tensors:
+        return NoState()
 
-    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
+    def broadcast(self, x: Tensor, server_state: Tensors, round: int) -> dict[str, Tensor]:
         return {"x": x}
 
     def start_point(self, message: dict[str, Tensor]) -> Tensor:
@@ -124,15 +204,17 @@ class Algorithm(ABC):
 
     @abstractmethod
     def client_update(
-        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+        self, message: dict[str, Tensor], client_state: Tensors | None, problem: LocalProblem
     ) -> ClientResult:
-        """The client rule: K local steps from what the server sent."""
+        """The client rule: K local steps from what the server sent (``client_state`` None before the client's
+        first participation)."""
 
     def aggregate(
-        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+        self, x: Tensor, server_state: Tensors, uploads: Sequence[Tensors], server_round: ServerRound
+    ) -> tuple[Tensor, Tensors]:
+        """The server rule, from the round's uploads: the new global model and server state."""
         # FedAvg server: x^{t+1} = x^t + eta_g * mean_S(Delta_i), Delta_i = y_{i,K} - x^t.
-        delta_bar = torch.stack([r.model for r in results]).mean(dim=0) - x
+        delta_bar = mean_model(uploads) - x
         return x + self.server_lr * delta_bar, server_state
 
 
@@ -154,12 +236,28 @@ def local_sgd(
     return y, total / max(steps, 1)
 
 
-ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+class AlgorithmRegistry(Registry[type[Algorithm]]):
+    """The registry of algorithm classes: registering one also gives it its ``name`` and display ``label``
+    (``landscape.algorithm_labels``: the name itself for an algorithm of a user's module without one)."""
+
+    def register(self, name: str, *, options: type | None = None,
+                 summary: str = "") -> Callable[[type[Algorithm]], type[Algorithm]]:
+        enter = super().register(name, options=options, summary=summary)
+
+        def decorate(cls: type[Algorithm]) -> type[Algorithm]:
+            cls.name, cls.label = name, algorithm_label(name)
+            return enter(cls)
+
+        return decorate
+
+
+ALGORITHMS = AlgorithmRegistry("algorithm")
 
 
 def build_algorithm(recipe: Any, layout: ParamLayout) -> Algorithm:
-    """The algorithm of ``recipe`` (a resolved ``landscape.recipe.Recipe``; not imported here: the recipe module
-    imports this registry) with its options: the trainer's, and the alignment pass's to rebuild a broadcast."""
+    """The algorithm of ``recipe`` (a resolved ``landscape.recipe.Recipe``; not imported here: the recipe
+    module imports this registry) with its options: the trainer's, and the alignment pass's to rebuild a
+    broadcast."""
     entry = ALGORITHMS.get(recipe.algorithm.name)
     options = entry.make_options(dict(recipe.algorithm.options))
     return entry.factory(options, num_clients=recipe.partition.clients, server_lr=recipe.train.server_lr,

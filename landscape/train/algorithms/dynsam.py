@@ -24,8 +24,9 @@ What exactly is computed (choices where the sheet is open):
   gradients of consecutive participations, the newest ``history - 1`` of them (so they span its last
   ``history`` participations); tau_k is their population standard deviation (0 with fewer than two angles).
 - Cosines use one global L2 norm; a zero vector gives cosine 0.
-Client state: ``count`` (participations so far), ``gamma``, ``sigma``, ``angles`` (history - 1, oldest first;
-the newest min(count - 1, history - 1) are valid), ``final_grad`` (absent until the first participation ends).
+Client state (``DynSAMClient``, none until the first participation ends): ``count`` (participations so
+far), ``gamma``, ``sigma``, ``angles`` (history - 1, oldest first; the newest min(count - 1, history - 1) are
+valid), ``final_grad``.
 train_loss is the mean minibatch loss f_i(y_k; B_k) at the descent points.
 """
 
@@ -38,7 +39,16 @@ from torch import Tensor
 
 from landscape import perturb
 from landscape.errors import LandscapeError
-from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    Batch,
+    ClientResult,
+    LocalModel,
+    LocalProblem,
+    Tensors,
+    local_sgd,
+)
 
 
 @dataclass(frozen=True)
@@ -87,21 +97,38 @@ def angle_std(angles: Tensor, valid: Tensor) -> Tensor:
     return (torch.where(valid, (angles - mean) ** 2, 0).sum() / n).sqrt()
 
 
+@dataclass(frozen=True)
+class DynSAMClient(Tensors):
+    """A client's statistics of its participations so far (absent before the first)."""
+
+    count: Tensor  # participations so far (long)
+    gamma: Tensor  # gamma_k of the last participation
+    sigma: Tensor  # sigma_k of the last participation
+    angles: Tensor  # the last history - 1 angles between final gradients, oldest first
+    final_grad: Tensor  # the last participation's final local gradient
+
+
 @ALGORITHMS.register(
     "dynsam", options=DynSAMOptions,
     summary="Dynamic-radius SAM (heuristic): per-client radius and proximal weight from local statistics",
 )
 class DynSAM(Algorithm):
+    ClientState = DynSAMClient
+
     def client_update(
-        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+        self, message: dict[str, Tensor], client_state: DynSAMClient | None, problem: LocalProblem
     ) -> ClientResult:
         o = self.options
         x = message["x"]
         slots = o.history - 1
-        count = client_state.get("count", torch.zeros((), dtype=torch.long, device=x.device))
-        gamma = client_state.get("gamma", torch.zeros((), dtype=x.dtype, device=x.device))
-        sigma = client_state.get("sigma", torch.zeros((), dtype=x.dtype, device=x.device))
-        angles = client_state.get("angles", torch.zeros(slots, dtype=x.dtype, device=x.device))
+        if client_state is None:  # the first participation: no statistics yet
+            count = torch.zeros((), dtype=torch.long, device=x.device)
+            gamma = torch.zeros((), dtype=x.dtype, device=x.device)
+            sigma = torch.zeros((), dtype=x.dtype, device=x.device)
+            angles = torch.zeros(slots, dtype=x.dtype, device=x.device)
+        else:
+            count, gamma, sigma = client_state.count, client_state.gamma, client_state.sigma
+            angles = client_state.angles
         # The newest min(count - 1, history - 1) angles are valid (they sit at the end of the buffer).
         valid = torch.arange(slots, device=x.device) >= slots - (count - 1).clamp(min=0)
 
@@ -130,14 +157,14 @@ class DynSAM(Algorithm):
 
         # This participation's statistics, used at the client's next participation.
         final = seen["final_grad"]
-        if "final_grad" in client_state:  # angle between this and the previous participation's final gradient
-            new_angle = torch.arccos(cosine(final, client_state["final_grad"]).clamp(-1.0, 1.0))
+        if client_state is not None:  # angle between this and the previous participation's final gradient
+            new_angle = torch.arccos(cosine(final, client_state.final_grad).clamp(-1.0, 1.0))
             angles = torch.cat([angles[1:], new_angle.reshape(1)])
-        state = {
-            "count": count + 1,
-            "gamma": cosine(final, seen["first_grad"]),  # gamma_k
-            "sigma": seen["sharpness"] / problem.num_steps,  # sigma_k: mean local sharpness
-            "angles": angles,
-            "final_grad": final,
-        }
-        return ClientResult(problem.client, y, upload={"delta": y - x}, state=state, train_loss=loss)
+        state = DynSAMClient(
+            count=count + 1,
+            gamma=cosine(final, seen["first_grad"]),  # gamma_k
+            sigma=seen["sharpness"] / problem.num_steps,  # sigma_k: mean local sharpness
+            angles=angles,
+            final_grad=final,
+        )
+        return ClientResult(problem.client, y, upload=LocalModel(y), state=state, train_loss=loss)

@@ -16,13 +16,25 @@ Clipping, when on, acts on the whole d (the proximal term included). train_loss 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from landscape.errors import LandscapeError
-from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    Batch,
+    ClientResult,
+    LocalModel,
+    LocalProblem,
+    ServerRound,
+    Tensors,
+    local_sgd,
+    mean_model,
+)
 
 
 @dataclass(frozen=True)
@@ -37,22 +49,29 @@ class FedACGOptions:
             raise LandscapeError(f"algorithm.beta must be >= 0 (got {self.beta})")
 
 
+@dataclass(frozen=True)
+class FedACGServer(Tensors):
+    m: Tensor  # server momentum m = x^{t+1} - x^t of the last round (zeros at the start)
+
+
 @ALGORITHMS.register(
     "fedacg", options=FedACGOptions,
     summary="FedACG (Kim et al. 2024): server momentum broadcast as a lookahead, proximal local steps",
 )
 class FedACG(Algorithm):
-    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
-        return {"m": torch.zeros_like(x)}  # m = 0 at the start
+    ServerState = FedACGServer
 
-    def lookahead(self, x: Tensor, server_state: dict[str, Tensor]) -> Tensor:
-        return x + self.options.lam * server_state["m"]  # x~ = x^t + lam * m
+    def init_server_state(self, x: Tensor) -> FedACGServer:
+        return FedACGServer(m=torch.zeros_like(x))  # m = 0 at the start
 
-    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
+    def lookahead(self, x: Tensor, server_state: FedACGServer) -> Tensor:
+        return x + self.options.lam * server_state.m  # x~ = x^t + lam * m
+
+    def broadcast(self, x: Tensor, server_state: FedACGServer, round: int) -> dict[str, Tensor]:
         return {"x": self.lookahead(x, server_state)}  # the model the clients start from is x~
 
     def client_update(
-        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+        self, message: dict[str, Tensor], client_state: None, problem: LocalProblem
     ) -> ClientResult:
         x_tilde = message["x"]
         two_beta = 2 * self.options.beta  # d/dy beta * ||y - x~||^2 = 2 * beta * (y - x~)
@@ -62,12 +81,12 @@ class FedACG(Algorithm):
             return loss, g + two_beta * (y - x_tilde)  # d = g(y_k) + 2 * beta * (y_k - x~)
 
         y, loss = local_sgd(problem, x_tilde, direction)  # y_0 = x~
-        return ClientResult(problem.client, y, upload={"delta": y - x_tilde}, train_loss=loss)
+        return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)
 
     def aggregate(
-        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+        self, x: Tensor, server_state: FedACGServer, uploads: Sequence[LocalModel], server_round: ServerRound
+    ) -> tuple[Tensor, FedACGServer]:
         x_tilde = self.lookahead(x, server_state)  # the x~ broadcast this round
-        delta_bar = torch.stack([r.model for r in results]).mean(dim=0) - x_tilde  # mean_S(y_{i,K} - x~)
-        m = self.options.lam * server_state["m"] + self.server_lr * delta_bar  # m = lam * m + eta_g * Delta_bar
-        return x + m, {"m": m}  # x^{t+1} = x^t + m
+        delta_bar = mean_model(uploads) - x_tilde  # mean_S(y_{i,K} - x~)
+        m = self.options.lam * server_state.m + self.server_lr * delta_bar  # m = lam * m + eta_g * Delta_bar
+        return x + m, FedACGServer(m)  # x^{t+1} = x^t + m

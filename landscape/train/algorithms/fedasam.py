@@ -14,7 +14,15 @@ from torch import Tensor
 
 from landscape import perturb
 from landscape.errors import LandscapeError
-from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    Batch,
+    ClientResult,
+    LocalModel,
+    LocalProblem,
+    local_sgd,
+)
 
 
 @dataclass(frozen=True)
@@ -47,10 +55,10 @@ def asam_direction(problem: LocalProblem, rho: float, eta_a: float, weight_mask:
 )
 class FedASAM(Algorithm):
     def client_update(
-        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+        self, message: dict[str, Tensor], client_state: None, problem: LocalProblem
     ) -> ClientResult:
         x = message["x"]
         mask = self.layout.mask(perturb.is_weight, like=x)  # 1 where T = |w| + eta_a, 0 where T = 1
         direction = asam_direction(problem, self.options.rho, self.options.eta_a, mask)
         y, loss = local_sgd(problem, x, direction)  # y_{k+1} = y_k - eta * (d + wd * y_k)
-        return ClientResult(problem.client, y, upload={"delta": y - x}, train_loss=loss)
+        return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)

@@ -7,14 +7,21 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    ClientResult,
+    LocalModel,
+    LocalProblem,
+    local_sgd,
+)
 
 
 @ALGORITHMS.register("fedavg", summary="FedAvg (McMahan et al. 2017): local SGD, average of client updates")
 class FedAvg(Algorithm):
     def client_update(
-        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+        self, message: dict[str, Tensor], client_state: None, problem: LocalProblem
     ) -> ClientResult:
         x = message["x"]
         y, loss = local_sgd(problem, x, problem.loss_and_grad)  # d = g(y_k)
-        return ClientResult(problem.client, y, upload={"delta": y - x}, train_loss=loss)
+        return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)

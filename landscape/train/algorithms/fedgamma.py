@@ -29,9 +29,10 @@ class FedGammaOptions:
 
 
 @ALGORITHMS.register(
-    "fedgamma", options=FedGammaOptions, summary="FedGAMMA (Dai et al. 2023): SAM local steps + SCAFFOLD control variates"
+    "fedgamma", options=FedGammaOptions,
+    summary="FedGAMMA (Dai et al. 2023): SAM local steps + SCAFFOLD control variates",
 )
 class FedGamma(Scaffold):
     def local_direction(self, problem: LocalProblem) -> Direction:
-        # e = rho * g / ||g||;  g(y_k + e) on the same batch (the correction c - c_i is added by SCAFFOLD's rule)
+        # e = rho * g / ||g||;  g(y_k + e) on the same batch (SCAFFOLD's rule adds the correction c - c_i)
         return sam_direction(problem, self.options.rho)

@@ -15,13 +15,24 @@ Reference rho: 0.05 (the official FedLESAM run command; the code's argparse defa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch import Tensor
 
 from landscape import perturb
 from landscape.errors import LandscapeError
-from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    Batch,
+    ClientResult,
+    LocalModel,
+    LocalProblem,
+    ServerRound,
+    Tensors,
+    local_sgd,
+)
 
 
 @dataclass(frozen=True)
@@ -33,32 +44,48 @@ class FedLESAMOptions:
             raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
 
 
+@dataclass(frozen=True)
+class FedLESAMServer(Tensors):
+    x_prev: Tensor  # x^{t-1}, the previous global model (x^0 at round 0)
+
+
+@dataclass(frozen=True)
+class FedLESAMClient(Tensors):
+    x_seen: Tensor  # x^{tau_i}, the global model the client received at its last participation
+
+
 @ALGORITHMS.register(
     "fedlesam", options=FedLESAMOptions,
     summary="FedLESAM (Fan et al. 2024): SAM along a locally estimated global perturbation, 1 backward/step",
 )
 class FedLESAM(Algorithm):
-    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
-        return {"x_prev": x.clone()}  # x^{t-1}; equal to x^0 at round 0, so u = 0 there
+    ServerState = FedLESAMServer
+    ClientState = FedLESAMClient
 
-    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
-        return {"x": x, "x_prev": server_state["x_prev"]}
+    def init_server_state(self, x: Tensor) -> FedLESAMServer:
+        return FedLESAMServer(x_prev=x.clone())  # x^{t-1}; equal to x^0 at round 0, so u = 0 there
+
+    def broadcast(self, x: Tensor, server_state: FedLESAMServer, round: int) -> dict[str, Tensor]:
+        return {"x": x, "x_prev": server_state.x_prev}
 
     def client_update(
-        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+        self, message: dict[str, Tensor], client_state: FedLESAMClient | None, problem: LocalProblem
     ) -> ClientResult:
         x = message["x"]
-        seen = client_state.get("x_seen", message["x_prev"])  # x^{tau_i}, or x^{t-1} without history
+        # x^{tau_i}, or x^{t-1} without history
+        seen = client_state.x_seen if client_state is not None else message["x_prev"]
         e = perturb.sam_perturbation(seen - x, self.options.rho)  # e = rho u / ||u||, u = x^{tau_i} - x^t
 
         def direction(y: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
             return problem.loss_and_grad(y + e, batch)  # d = g(y_k + e): one forward/backward per step
 
         y, loss = local_sgd(problem, x, direction)  # y_{k+1} = y_k - eta * (d + wd * y_k)
-        return ClientResult(problem.client, y, upload={"delta": y - x}, state={"x_seen": x}, train_loss=loss)
+        return ClientResult(problem.client, y, upload=LocalModel(y), state=FedLESAMClient(x_seen=x),
+                            train_loss=loss)
 
     def aggregate(
-        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        x_new, _ = super().aggregate(x, server_state, results, round, lr)  # FedAvg server
-        return x_new, {"x_prev": x}  # x^t becomes the next round's x^{t-1}
+        self, x: Tensor, server_state: FedLESAMServer, uploads: Sequence[LocalModel],
+        server_round: ServerRound,
+    ) -> tuple[Tensor, FedLESAMServer]:
+        x_new, _ = super().aggregate(x, server_state, uploads, server_round)  # FedAvg server
+        return x_new, FedLESAMServer(x_prev=x)  # x^t becomes the next round's x^{t-1}

@@ -14,7 +14,7 @@ Choices where the sheet is silent:
   default eta_g = 1. The momentum itself accumulates the unscaled Delta_bar.
 - "m = 0": the FedSAM fallback is taken whenever ||m|| = 0 (decided once per client and round, one host sync),
   i.e. in round 0 and in any later round whose momentum vanished exactly; then -m/||m|| is undefined.
-- Downlink is (x^t, m^{t-1}); uplink is Delta_i only (FedAvg-equal).
+- Downlink is (x^t, m^{t-1}); uplink is y_{i,K} only (as many floats as Delta_i: FedAvg-equal).
 - Off round 0 a step evaluates one gradient, at y' + e; that evaluation moves BatchNorm statistics (it is the
   step's only forward pass) and its minibatch loss is the reported train loss (the loss at y_k itself would
   cost a second forward/backward pass).
@@ -23,6 +23,7 @@ With lam = 0 and rho = 0 the rule is FedAvg, bit for bit (tests/test_algorithms_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +31,18 @@ from torch import Tensor
 
 from landscape.errors import LandscapeError
 from landscape.perturb import normalized
-from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    Batch,
+    ClientResult,
+    LocalModel,
+    LocalProblem,
+    ServerRound,
+    Tensors,
+    local_sgd,
+    mean_model,
+)
 from landscape.train.algorithms.fedsam import sam_direction
 
 
@@ -46,19 +58,26 @@ class FedNSAMOptions:
             raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
 
 
+@dataclass(frozen=True)
+class FedNSAMServer(Tensors):
+    m: Tensor  # the global momentum m^{t-1} (zeros before round 0)
+
+
 @ALGORITHMS.register(
     "fednsam", options=FedNSAMOptions,
     summary="FedNSAM (Liu et al. 2026): SAM perturbed along the global Nesterov momentum, server momentum",
 )
 class FedNSAM(Algorithm):
-    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
-        return {"m": torch.zeros_like(x)}  # m^{-1} = 0
+    ServerState = FedNSAMServer
 
-    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
-        return {"x": x, "m": server_state["m"]}
+    def init_server_state(self, x: Tensor) -> FedNSAMServer:
+        return FedNSAMServer(m=torch.zeros_like(x))  # m^{-1} = 0
+
+    def broadcast(self, x: Tensor, server_state: FedNSAMServer, round: int) -> dict[str, Tensor]:
+        return {"x": x, "m": server_state.m}
 
     def client_update(
-        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+        self, message: dict[str, Tensor], client_state: None, problem: LocalProblem
     ) -> ClientResult:
         x, m = message["x"], message["m"]
         lam, rho = self.options.lam, self.options.rho
@@ -72,12 +91,12 @@ class FedNSAM(Algorithm):
         else:
             direction = sam_direction(problem, rho)  # m = 0: FedSAM, e = rho g / ||g||, d = g(y + e)
         y, loss = local_sgd(problem, x, direction)  # y_{k+1} = y_k - eta (d + wd y_k)
-        return ClientResult(problem.client, y, upload={"delta": y - x}, train_loss=loss)
+        return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)
 
     def aggregate(
-        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+        self, x: Tensor, server_state: FedNSAMServer, uploads: Sequence[LocalModel], server_round: ServerRound
+    ) -> tuple[Tensor, FedNSAMServer]:
         # Delta_bar^t = mean_S(Delta_i), Delta_i = y_{i,K} - x^t
-        delta_bar = torch.stack([r.model for r in results]).mean(dim=0) - x
-        m = self.options.lam * server_state["m"] + delta_bar  # m^t = lam m^{t-1} + Delta_bar^t
-        return x + self.server_lr * m, {"m": m}  # x^{t+1} = x^t + eta_g m^t
+        delta_bar = mean_model(uploads) - x
+        m = self.options.lam * server_state.m + delta_bar  # m^t = lam m^{t-1} + Delta_bar^t
+        return x + self.server_lr * m, FedNSAMServer(m)  # x^{t+1} = x^t + eta_g m^t

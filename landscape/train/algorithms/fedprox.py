@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from landscape.errors import LandscapeError
-from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    Batch,
+    ClientResult,
+    LocalModel,
+    LocalProblem,
+    local_sgd,
+)
 
 
 @dataclass(frozen=True)
@@ -29,11 +37,12 @@ class FedProxOptions:
 
 
 @ALGORITHMS.register(
-    "fedprox", options=FedProxOptions, summary="FedProx (Li et al. 2020): local SGD with a proximal term mu/2 ||y - x||^2"
+    "fedprox", options=FedProxOptions,
+    summary="FedProx (Li et al. 2020): local SGD with a proximal term mu/2 ||y - x||^2",
 )
 class FedProx(Algorithm):
     def client_update(
-        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+        self, message: dict[str, Tensor], client_state: None, problem: LocalProblem
     ) -> ClientResult:
         x = message["x"]
         mu = self.options.mu
@@ -43,4 +52,4 @@ class FedProx(Algorithm):
             return loss, g + mu * (y - x)  # d = g(y_k) + mu * (y_k - x^t)
 
         y, loss = local_sgd(problem, x, direction)
-        return ClientResult(problem.client, y, upload={"delta": y - x}, train_loss=loss)  # server: FedAvg
+        return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)  # server: FedAvg

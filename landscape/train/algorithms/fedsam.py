@@ -1,6 +1,7 @@
 """FedSAM (Caldarola et al. ECCV 2022; Qu et al. ICML 2022): SAM as the client optimiser.
 
-client: e = rho * g(y_k) / ||g(y_k)||;  d = g(y_k + e) on the same batch;  y_{k+1} = y_k - eta * (d + wd * y_k).
+client: e = rho * g(y_k) / ||g(y_k)||;  d = g(y_k + e) on the same batch;
+        y_{k+1} = y_k - eta * (d + wd * y_k).
 server: FedAvg. Reference rho 0.1 (CNN: lr 0.01, wd 4e-4, E = 1, batch 64; or ResNet-18-GN).
 """
 
@@ -12,7 +13,15 @@ from torch import Tensor
 
 from landscape.errors import LandscapeError
 from landscape.perturb import sam_perturbation
-from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    Batch,
+    ClientResult,
+    LocalModel,
+    LocalProblem,
+    local_sgd,
+)
 
 
 @dataclass(frozen=True)
@@ -25,7 +34,8 @@ class FedSAMOptions:
 
 
 def sam_direction(problem: LocalProblem, rho: float):
-    """d(y; B) = g(y + e; B) with e = rho * g(y; B) / ||g(y; B)||: the SAM descent gradient, two backward passes."""
+    """d(y; B) = g(y + e; B) with e = rho * g(y; B) / ||g(y; B)||: the SAM descent gradient (two backward
+    passes)."""
 
     def direction(y: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
         loss, g = problem.loss_and_grad(y, batch)
@@ -36,11 +46,13 @@ def sam_direction(problem: LocalProblem, rho: float):
     return direction
 
 
-@ALGORITHMS.register("fedsam", options=FedSAMOptions, summary="FedSAM (Caldarola et al. 2022): SAM local steps")
+@ALGORITHMS.register(
+    "fedsam", options=FedSAMOptions, summary="FedSAM (Caldarola et al. 2022): SAM local steps"
+)
 class FedSAM(Algorithm):
     def client_update(
-        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+        self, message: dict[str, Tensor], client_state: None, problem: LocalProblem
     ) -> ClientResult:
         x = message["x"]
         y, loss = local_sgd(problem, x, sam_direction(problem, self.options.rho))
-        return ClientResult(problem.client, y, upload={"delta": y - x}, train_loss=loss)
+        return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)

@@ -13,8 +13,9 @@ state (the loop stores it per client between rounds and checkpoints it): the sam
 - h_i += Delta_i uses only the client's own Delta_i, so the client returns its updated h_i; the server keeps
   the running sum H = sum over all N clients of h_i (H += Delta_i for each sampled i; never-sampled clients
   have h_i = 0), so mean_{all N}(h_i) = H / N without holding N vectors.
-- The server needs the sampled clients' updated mu_i for s, so mu_i is uploaded with Delta_i: FedSMOO's uplink
-  is 2x FedAvg's (what the sheet's server-side mu_i costs in a real deployment). s is broadcast with x^t.
+- The server needs the sampled clients' updated mu_i for s, so mu_i is uploaded with y_{i,K} (from which the
+  server forms Delta_i): FedSMOO's uplink is 2x FedAvg's (what the sheet's server-side mu_i costs in a real
+  deployment). s is broadcast with x^t.
 eta_g (train.server_lr, absent from the sheet) scales the average step:
     x^{t+1} = x^t + eta_g * Delta_bar + H / N,   which is the sheet's rule at the default eta_g = 1.
 Against FL-Simulator's fedsmoo the signs agree (its SGD weight decay wd + lam and its lam * <y, h_i - x^t>
@@ -25,6 +26,7 @@ the whole g(y + e) + lam * (y - x^t + h_i), like every descent gradient in this 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +34,15 @@ from torch import Tensor
 
 from landscape.errors import LandscapeError
 from landscape.perturb import normalized, sam_perturbation
-from landscape.train.algorithms import ALGORITHMS, Algorithm, ClientResult, LocalProblem
+from landscape.train.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    ClientResult,
+    LocalProblem,
+    ServerRound,
+    Tensors,
+    mean_model,
+)
 
 
 @dataclass(frozen=True)
@@ -47,25 +57,46 @@ class FedSMOOOptions:
             raise LandscapeError(f"algorithm.lam must be >= 0 (got {self.lam})")
 
 
+@dataclass(frozen=True)
+class FedSMOOServer(Tensors):
+    s: Tensor  # the global perturbation correction (zeros at t = 0)
+    h_sum: Tensor  # H = sum over all N clients of h_i
+
+
+@dataclass(frozen=True)
+class FedSMOOClient(Tensors):
+    mu: Tensor  # the client's dual mu_i
+    h: Tensor  # the client's dynamic regulariser h_i
+
+
+@dataclass(frozen=True)
+class FedSMOOUpload(Tensors):
+    model: Tensor  # y_{i,K} (the server forms Delta_i = y_{i,K} - x^t from it)
+    mu: Tensor  # mu_i, for s
+
+
 @ALGORITHMS.register(
     "fedsmoo", options=FedSMOOOptions,
     summary="FedSMOO (Sun et al. 2023): SAM with dual-corrected perturbation and a dynamic regulariser",
 )
 class FedSMOO(Algorithm):
-    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
-        # s: global perturbation correction; h_sum: sum over all N clients of h_i.
-        return {"s": torch.zeros_like(x), "h_sum": torch.zeros_like(x)}
+    ServerState = FedSMOOServer
+    ClientState = FedSMOOClient
+    Upload = FedSMOOUpload
 
-    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
-        return {"x": x, "s": server_state["s"]}
+    def init_server_state(self, x: Tensor) -> FedSMOOServer:
+        return FedSMOOServer(s=torch.zeros_like(x), h_sum=torch.zeros_like(x))
+
+    def broadcast(self, x: Tensor, server_state: FedSMOOServer, round: int) -> dict[str, Tensor]:
+        return {"x": x, "s": server_state.s}
 
     def client_update(
-        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+        self, message: dict[str, Tensor], client_state: FedSMOOClient | None, problem: LocalProblem
     ) -> ClientResult:
         x, s = message["x"], message["s"]
         rho, lam = self.options.rho, self.options.lam
-        mu = client_state["mu"] if "mu" in client_state else torch.zeros_like(x)
-        h = client_state["h"] if "h" in client_state else torch.zeros_like(x)
+        mu = client_state.mu if client_state is not None else torch.zeros_like(x)
+        h = client_state.h if client_state is not None else torch.zeros_like(x)
         anchor = h - x  # lam (y - x^t + h_i) = lam (y + anchor): x^t and h_i are fixed during the round
         y = x.clone()
         total = torch.zeros((), dtype=torch.float64, device=x.device)
@@ -82,19 +113,20 @@ class FedSMOO(Algorithm):
         delta = y - x  # Delta_i
         return ClientResult(
             problem.client, y,
-            upload={"delta": delta, "mu": mu},  # mu_i goes up for s: 2x uplink
-            state={"mu": mu, "h": h + delta},  # h_i += Delta_i
+            upload=FedSMOOUpload(model=y, mu=mu),  # mu_i goes up for s: 2x uplink
+            state=FedSMOOClient(mu=mu, h=h + delta),  # h_i += Delta_i
             train_loss=total / max(steps, 1),
         )
 
     def aggregate(
-        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        deltas = torch.stack([r.upload["delta"] for r in results])
-        h_sum = server_state["h_sum"] + deltas.sum(dim=0)  # h_i += Delta_i (sampled i), kept as sum_N h_i
-        s = self.options.rho * normalized(torch.stack([r.upload["mu"] for r in results]).mean(dim=0))
+        self, x: Tensor, server_state: FedSMOOServer, uploads: Sequence[FedSMOOUpload],
+        server_round: ServerRound,
+    ) -> tuple[Tensor, FedSMOOServer]:
+        deltas = torch.stack([u.model - x for u in uploads])  # Delta_i = y_{i,K} - x^t, the client's
+        h_sum = server_state.h_sum + deltas.sum(dim=0)  # h_i += Delta_i (sampled i), kept as sum_N h_i
+        s = self.options.rho * normalized(torch.stack([u.mu for u in uploads]).mean(dim=0))
         # s = rho mean_S(mu_i) / ||mean_S(mu_i)||
-        delta_bar = torch.stack([r.model for r in results]).mean(dim=0) - x  # mean_S(y_{i,K}) - x^t
+        delta_bar = mean_model(uploads) - x  # mean_S(y_{i,K}) - x^t
         # x^{t+1} = mean_S(y_{i,K}) + mean_{all N}(h_i)  (at eta_g = 1)
         x_new = x + self.server_lr * delta_bar + h_sum / self.num_clients
-        return x_new, {"s": s, "h_sum": h_sum}
+        return x_new, FedSMOOServer(s=s, h_sum=h_sum)

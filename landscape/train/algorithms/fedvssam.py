@@ -1,6 +1,6 @@
 """FedVSSAM (2026, "variance-suppressed" SAM: mitigates the flatness incompatibility of local and global SAM).
 
-state: the global adjusted direction h (server, zeros at t = 0), broadcast with x^t; uplink Delta_i only.
+state: the global adjusted direction h (server, zeros at t = 0), broadcast with x^t; uplink y_{i,K} only.
 client, each step (gamma_l in (0, 1]):
     h_i = (1 - gamma_l) * h + gamma_l * g(y_k);  y~ = y_k + rho * h_i / ||h_i||        (LF, local flatness)
     u   = (1 - gamma_l) * h + gamma_l * g(y~);   y_{k+1} = y_k - eta * (u + wd * y_k)  (LU, local update)
@@ -23,6 +23,7 @@ g^{t+1} = mean_S (x^t - y_{i,K}) / (eta * K_i), which is the sheet's formula whe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +31,17 @@ from torch import Tensor
 
 from landscape.errors import LandscapeError
 from landscape.perturb import sam_perturbation
-from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    Batch,
+    ClientResult,
+    LocalModel,
+    LocalProblem,
+    ServerRound,
+    Tensors,
+    local_sgd,
+)
 
 
 @dataclass(frozen=True)
@@ -48,19 +59,26 @@ class FedVSSAMOptions:
             raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
 
 
+@dataclass(frozen=True)
+class FedVSSAMServer(Tensors):
+    h: Tensor  # the global adjusted direction (zeros at t = 0)
+
+
 @ALGORITHMS.register(
     "fedvssam", options=FedVSSAMOptions,
     summary="FedVSSAM (2026): SAM on a gradient mixed with the global direction, server momentum on it",
 )
 class FedVSSAM(Algorithm):
-    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
-        return {"h": torch.zeros_like(x)}  # h = 0 at t = 0
+    ServerState = FedVSSAMServer
 
-    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
-        return {"x": x, "h": server_state["h"]}
+    def init_server_state(self, x: Tensor) -> FedVSSAMServer:
+        return FedVSSAMServer(h=torch.zeros_like(x))  # h = 0 at t = 0
+
+    def broadcast(self, x: Tensor, server_state: FedVSSAMServer, round: int) -> dict[str, Tensor]:
+        return {"x": x, "h": server_state.h}
 
     def client_update(
-        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+        self, message: dict[str, Tensor], client_state: None, problem: LocalProblem
     ) -> ClientResult:
         x, h = message["x"], message["h"]
         gamma_l, rho = self.options.gamma_l, self.options.rho
@@ -74,13 +92,15 @@ class FedVSSAM(Algorithm):
             return loss, carried + gamma_l * g_tilde  # LU: u = (1 - gamma_l) h + gamma_l g(y~)
 
         y, loss = local_sgd(problem, x, direction)  # LU: y_{k+1} = y_k - eta (u + wd y_k)
-        return ClientResult(problem.client, y, upload={"delta": y - x}, train_loss=loss)
+        return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)
 
     def aggregate(
-        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        gamma_g = self.options.gamma_g
+        self, x: Tensor, server_state: FedVSSAMServer, uploads: Sequence[LocalModel],
+        server_round: ServerRound,
+    ) -> tuple[Tensor, FedVSSAMServer]:
+        gamma_g, lr = self.options.gamma_g, server_round.lr
         # g^{t+1} = mean_S (x^t - y_{i,K}) / (eta K_i)
-        g_new = torch.stack([(x - r.model) / (lr * r.num_steps) for r in results]).mean(dim=0)
-        h = (1 - gamma_g) * server_state["h"] + gamma_g * g_new  # GU: h = (1 - gamma_g) h + gamma_g g^{t+1}
-        return x - self.server_lr * h, {"h": h}  # GU: x^{t+1} = x^t - eta_g h
+        steps = server_round.num_steps
+        g_new = torch.stack([(x - u.model) / (lr * k) for u, k in zip(uploads, steps)]).mean(dim=0)
+        h = (1 - gamma_g) * server_state.h + gamma_g * g_new  # GU: h = (1 - gamma_g) h + gamma_g g^{t+1}
+        return x - self.server_lr * h, FedVSSAMServer(h)  # GU: x^{t+1} = x^t - eta_g h

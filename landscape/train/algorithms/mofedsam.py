@@ -14,13 +14,24 @@ exactly -Delta_bar / (K * eta). Delta_i is relative to x^t and m leaves out eta_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from landscape.errors import LandscapeError
-from landscape.train.algorithms import ALGORITHMS, Algorithm, Batch, ClientResult, LocalProblem, local_sgd
+from landscape.train.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    Batch,
+    ClientResult,
+    LocalModel,
+    LocalProblem,
+    ServerRound,
+    Tensors,
+    local_sgd,
+)
 from landscape.train.algorithms.fedsam import sam_direction
 
 
@@ -36,19 +47,26 @@ class MoFedSAMOptions:
             raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
 
 
+@dataclass(frozen=True)
+class MoFedSAMServer(Tensors):
+    m: Tensor  # -Delta_bar^{t-1} / (K * eta): the last round's average pseudo-gradient per local step
+
+
 @ALGORITHMS.register(
     "mofedsam", options=MoFedSAMOptions,
     summary="MoFedSAM (Qu et al. 2022): SAM local steps mixed with the last round's average pseudo-gradient",
 )
 class MoFedSAM(Algorithm):
-    def init_server_state(self, x: Tensor) -> dict[str, Tensor]:
-        return {"m": torch.zeros_like(x)}  # m = 0 at round 0
+    ServerState = MoFedSAMServer
 
-    def broadcast(self, x: Tensor, server_state: dict[str, Tensor], round: int) -> dict[str, Tensor]:
-        return {"x": x, "m": server_state["m"]}
+    def init_server_state(self, x: Tensor) -> MoFedSAMServer:
+        return MoFedSAMServer(m=torch.zeros_like(x))  # m = 0 at round 0
+
+    def broadcast(self, x: Tensor, server_state: MoFedSAMServer, round: int) -> dict[str, Tensor]:
+        return {"x": x, "m": server_state.m}
 
     def client_update(
-        self, message: dict[str, Tensor], client_state: dict[str, Tensor], problem: LocalProblem
+        self, message: dict[str, Tensor], client_state: None, problem: LocalProblem
     ) -> ClientResult:
         x, m = message["x"], message["m"]
         alpha = self.options.alpha
@@ -59,12 +77,14 @@ class MoFedSAM(Algorithm):
             return loss, alpha * d_sam + (1 - alpha) * m  # d = alpha g(y_k + e) + (1 - alpha) m
 
         y, loss = local_sgd(problem, x, direction)  # y_{k+1} = y_k - eta * (d + wd * y_k)
-        return ClientResult(problem.client, y, upload={"delta": y - x}, train_loss=loss)
+        return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)
 
     def aggregate(
-        self, x: Tensor, server_state: dict[str, Tensor], results: list[ClientResult], round: int, lr: float
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        x_new, _ = super().aggregate(x, server_state, results, round, lr)  # x^{t+1} = x^t + eta_g Delta_bar
+        self, x: Tensor, server_state: MoFedSAMServer, uploads: Sequence[LocalModel],
+        server_round: ServerRound,
+    ) -> tuple[Tensor, MoFedSAMServer]:
+        x_new, _ = super().aggregate(x, server_state, uploads, server_round)  # x^t + eta_g Delta_bar
         # m = -mean_S(Delta_i / (K_i * eta)): the average pseudo-gradient per local step, sent next round.
-        m = -torch.stack([(r.model - x) / (r.num_steps * lr) for r in results]).mean(dim=0)
-        return x_new, {"m": m}
+        lr, steps = server_round.lr, server_round.num_steps
+        m = -torch.stack([(u.model - x) / (k * lr) for u, k in zip(uploads, steps)]).mean(dim=0)
+        return x_new, MoFedSAMServer(m)

@@ -1,0 +1,66 @@
+"""``landscape claims``: published claims checked on runs of several seeds (the claims workflow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from landscape.cli.common import check_printable, progress_lines
+
+
+@click.command("claims")
+@click.argument("claim_files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/claims"),
+              show_default=True,
+              help="folder for claims.md (the verdict table) and claims.json (every number)")
+@click.option("--figures-out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/figures"),
+              show_default=True, help="each claim's runs live in <this>/<figure name> (where `landscape "
+                                      "figures` puts them, so the two share runs)")
+@click.option("--seeds", default=None, metavar="S,S,...",
+              help="the seeds of every claim [default: each file's]")
+@click.option("--scale", type=click.Choice(["digits", "paper"]), default=None,
+              help="the figures' scale [default: each figure recipe's]")
+@click.option("--device", default="auto", show_default=True,
+              help="auto, cpu, cuda or cuda:N (training and analysis)")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="a training key for every run, e.g. --set dataset.name=mnist1d (give another "
+                   "--figures-out)")
+@click.option("--dry-run", is_flag=True, help="print the claims, their comparisons and runs, then exit")
+@click.option("--quiet", is_flag=True, help="no progress bars or progress lines (verdicts and errors stay)")
+def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, seeds: str | None,
+                   scale: str | None, device: str, assignments: tuple[str, ...], dry_run: bool,
+                   quiet: bool) -> None:
+    """Check published claims (claims/*.toml) on runs of several seeds: train and analyse the runs of each
+    claim's figure recipe where missing (as `landscape figures` does), then test each comparison over seeds
+    (one-sided paired t-test, exact sign-flip test, Holm's step over every comparison of this call) and print
+    HELD / NOT HELD / INCONCLUSIVE with the numbers."""
+    from landscape.figures import book, claims
+    from landscape.workflows.claims import check_claims, plan_claims
+
+    chosen = book.parse_seeds(seeds, "--seeds") if seeds is not None else None
+    for text in assignments:
+        check_printable("--set", text)
+    # every file is checked before anything is trained
+    work = plan_claims(claim_files, figures_out=figures_out, seeds=chosen, scale=scale,
+                       assignments=assignments, device=device)
+    if dry_run:
+        for claim, fig, fig_out in work:
+            click.echo(f"claim {claim.name}: {claim.text}")
+            click.echo(f"  runs of {claim.figure.name} ({fig.scale} scale) in {fig_out}, seeds "
+                       f"{','.join(map(str, claim.seeds))}: {', '.join(claim.run_ids())}")
+            for comparison in claim.comparisons:
+                click.echo(f"  test {comparison.text} over rounds {comparison.rounds}")
+        return
+    results, written = check_claims(work, out, device=device, progress=not quiet,
+                                    notify=progress_lines(quiet))
+    family = max((r.family for result in results for r in result.comparisons), default=0)
+    click.echo(f"claims: Holm's step over the {family} tested comparison(s) of this call; a comparison is "
+               "HELD when p_Holm (of the one-sided paired t-test) and p_sign-flip (exact) are below the "
+               "level")
+    for result in results:
+        for line in result.lines():
+            click.echo(line)
+    click.echo("claims: " + ", ".join(f"{sum(r.verdict == v for r in results)} {v}"
+                                      for v in (claims.HELD, claims.NOT_HELD, claims.INCONCLUSIVE))
+               + f"; {', '.join(map(str, written))}")

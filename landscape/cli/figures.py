@@ -1,0 +1,102 @@
+"""``landscape figures``: a paper figure from a figure recipe (the figure workflow), or what it would do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from landscape.cli.common import check_printable, progress_lines, trust_imports_option
+from landscape.errors import LandscapeError
+
+if TYPE_CHECKING:
+    from landscape.figures.book import FigureRecipe
+    from landscape.figures.curves import RunData
+
+
+@click.command("figures")
+@click.argument("recipe_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="folder of the figure's runs (runs/<id>) and files [default: runs/figures/<name>, "
+                   "runs/figures/<name>-paper at paper scale]")
+@click.option("--scale", type=click.Choice(["digits", "paper"]), default=None,
+              help="digits: minutes on a laptop CPU; paper: the papers' setting [default: the recipe's "
+                   "scale]")
+@click.option("--runs", "run_paths", multiple=True, type=click.Path(path_type=Path),
+              help="draw these existing runs (run directories or folders of runs) instead of the recipe's; "
+                   "analyses they lack are computed. Repeatable")
+@click.option("--device", default="auto", show_default=True,
+              help="auto, cpu, cuda or cuda:N (training and analysis)")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="a training recipe key for every run (--set train.rounds=10), an analysis setting "
+                   "(--set analyze.analysis_samples=500) or a pass option (--set hessian.top_k=10)")
+@click.option("--seeds", default=None, metavar="S,S,...",
+              help="train every run once per seed (runs/<id>-seed<s>) and draw their mean +- standard error "
+                   "[default: the recipe's seeds key, else one run each]")
+@click.option("--dry-run", is_flag=True, help="print what would be trained, analysed and drawn, then exit")
+@click.option("--quiet", is_flag=True,
+              help="no progress bars, progress lines or notes (errors and results stay)")
+@trust_imports_option("with --runs: import the modules their recipes name in `imports` to analyse what they "
+                      "lack (their code runs)")
+def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_paths: tuple[Path, ...],
+                    device: str, assignments: tuple[str, ...], seeds: str | None, dry_run: bool,
+                    quiet: bool) -> None:
+    """Draw a paper figure from a figure recipe (figures/*.toml): train the runs it needs and analyse them
+    where that is missing (finished runs and analyses are reused; a run whose recipe changed is retrained),
+    then write <file>.png and <file>.pdf (+ <file>.html, interactive 3D, for surfaces) under --out."""
+    from landscape import recipe as recipes
+    from landscape.analyze.catalog import load_passes
+    from landscape.figures import book
+    from landscape.workflows import figure
+
+    fig = book.load_figure_recipe(recipe_file, scale)
+    for text in assignments:
+        check_printable("--set", text)
+        fig.assign(*recipes.parse_assignment(text), load_passes().names())
+    if run_paths and fig.forced:
+        raise LandscapeError("--set of training keys needs the recipe's runs; with --runs nothing is trained")
+    if seeds is not None:
+        if run_paths:
+            raise LandscapeError("--seeds needs the recipe's runs; with --runs nothing is trained (runs "
+                                 "given that differ only in their seed are aggregated as they are)")
+        fig.set_seeds(book.parse_seeds(seeds, "--seeds"))
+    out = out if out is not None else figure.figure_folder(fig, Path("runs/figures"))
+    if dry_run:
+        given = figure.check_figure(fig, out, device=device, run_paths=run_paths)
+        if run_paths:
+            _print_given(fig, given, out)
+        else:
+            _print_plan(fig, out, device)
+        return
+    written = figure.make_figure(fig, out, device=device, run_paths=run_paths, progress=not quiet,
+                                 notify=progress_lines(quiet))
+    click.echo(f"figure {fig.name}: " + ", ".join(str(p) for p in written))
+
+
+def _print_given(fig: FigureRecipe, runs: list[RunData], out: Path) -> None:
+    """--dry-run with --runs: the given runs, the passes at their rounds and the plots."""
+    click.echo(f"figure {fig.name} over {len(runs)} given run(s): {', '.join(str(run.path) for run in runs)}")
+    for name in fig.pass_rounds:
+        click.echo(f"  analyze {name} at rounds {fig.pass_rounds[name]}")
+    for plot in fig.plots:
+        click.echo(f"  plot {plot.kind:<18} {out / plot.file}.png|pdf")
+
+
+def _print_plan(fig: FigureRecipe, out: Path, device: str) -> None:
+    """--dry-run: each run with what would be done with it, the passes at their rounds and the plots."""
+    from landscape import lifecycle
+    from landscape import recipe as recipes
+    from landscape.workflows.figure import figure_plan
+
+    seeded = f", {len(fig.seeds)} seeds: {','.join(map(str, fig.seeds))}" if fig.seeds else ""
+    click.echo(f"figure {fig.name} ({fig.scale} scale{seeded}): {fig.title}")
+    for run_id, entries in figure_plan(fig, out, device).items():
+        for seed, recipe, path in entries:
+            which = run_id if seed is None else f"{run_id} seed {seed}"
+            click.echo(f"  run {which:<22} {lifecycle.owned_run_status(recipe, path):<8} {path}  "
+                       f"[{recipes.run_name(recipe)}, {recipe.train.rounds} rounds]")
+    for name in fig.pass_rounds:
+        click.echo(f"  analyze {name} at rounds {fig.pass_rounds[name]}")
+    for plot in fig.plots:
+        click.echo(f"  plot {plot.kind:<18} {out / plot.file}.png|pdf  runs {', '.join(plot.runs)}")

@@ -1,0 +1,195 @@
+"""``landscape train``: one run, a sweep of runs, or the resumption of one, from a recipe file and flags."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import click
+
+from landscape.cli.common import check_printable, progress_lines, trust_imports_option
+from landscape.errors import LandscapeError
+
+# Flags that set one recipe key each: (option name, recipe key, help). Comma lists (--alpha 0.6,0.1) sweep.
+# The help shows each key's value in the default recipe; the flags themselves default to None (not given), so
+# a recipe file's values stand.
+_RECIPE_FLAGS: list[tuple[str, str, str]] = [
+    ("--algorithm", "algorithm.name", "federated algorithm (see `landscape list`)"),
+    ("--dataset", "dataset.name", "data set: digits (offline), mnist1d (generated), synthetic, mnist, ..."),
+    ("--model", "model.name", "model: mlp, cnn, lenet5, resnet18"),
+    ("--partition", "partition.name",
+     "how the training set is split: iid, dirichlet, dirichlet-client, pathological, natural"),
+    ("--alpha", "partition.alpha", "Dirichlet concentration (smaller = more heterogeneous)"),
+    ("--clients", "partition.clients", "number of clients N"),
+    ("--participation", "train.participation", "fraction of clients sampled per round, in (0, 1]"),
+    ("--rounds", "train.rounds", "communication rounds T"),
+    ("--local-epochs", "train.local_epochs", "local epochs E per round"),
+    ("--local-steps", "train.local_steps", "fixed local steps K per round (overrides epochs when > 0)"),
+    ("--batch-size", "train.batch_size", "local minibatch size"),
+    ("--lr", "train.lr", "client learning rate eta"),
+    ("--seed", "seed", "seed of partition, initialisation, sampling and batches"),
+    ("--checkpoint-every", "train.checkpoint_every", "checkpoint every N rounds (and always at the end)"),
+    ("--eval-every", "train.eval_every", "evaluate on the test set every N rounds (and at the end)"),
+    ("--data-root", "dataset.root", "folder holding torchvision-format data sets"),
+    ("--device", "train.device", "auto, cpu, cuda or cuda:N"),
+    ("--threads", "train.threads", "CPU threads (0: every core); the last bits depend on it"),
+]
+_NO_SWEEP = {"dataset.root", "train.device"}  # values that may hold commas themselves
+
+
+@functools.lru_cache(maxsize=1)
+def _default_recipe() -> Any:
+    from landscape import recipe as recipes
+
+    return recipes.resolve({})
+
+
+class _RecipeOption(click.Option):
+    """A flag setting one recipe key: None unless given, its help showing the key's default-recipe value."""
+
+    def __init__(self, *args: Any, recipe_key: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.recipe_key = recipe_key
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        extra["default"] = str(_default_recipe().get(self.recipe_key))
+        return extra
+
+
+def _recipe_options(f):
+    for flag, key, help_text in reversed(_RECIPE_FLAGS):
+        sweep = "" if key in _NO_SWEEP else "; a,b,c sweeps"
+        f = click.option(flag, cls=_RecipeOption, recipe_key=key, type=str, default=None,
+                         help=f"{help_text} [{key}{sweep}]")(f)
+    return f
+
+
+@click.command("train")
+@click.argument("recipe_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@_recipe_options
+@click.option("--download", is_flag=True, default=None,
+              help="download torchvision data sets where a network exists")
+@click.option("--keep-clients", is_flag=True, default=None,
+              help="also save the clients' final models at checkpoints")
+@click.option("--swa", is_flag=True, default=None,
+              help="server SWA (Caldarola et al. 2022) on top of the algorithm")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="set any recipe key, e.g. --set train.weight_decay=1e-3 or --set "
+                   "algorithm.fedsam.rho=0.05")
+@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="run directory [default: runs/<generated name>]; for a sweep, the folder of its runs")
+@click.option("--dry-run", is_flag=True,
+              help="print the resolved recipe and the client x class table (or the sweep's runs), then exit")
+@click.option("--overwrite", is_flag=True, help="replace an existing run directory")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="continue the run in this directory from its last checkpoint (with --rounds to extend it)")
+@click.option("--quiet", is_flag=True,
+              help="no progress bar or progress lines (errors, warnings and results stay)")
+@trust_imports_option("with --resume: import the modules the run's recipe names in `imports` (their code "
+                      "runs; a recipe file you name is always imported)")
+def train_command(recipe_file: Path | None, download: bool | None, keep_clients: bool | None,
+                  swa: bool | None, assignments: tuple[str, ...], out: Path | None, dry_run: bool,
+                  overwrite: bool, resume_dir: Path | None, quiet: bool, **flags: Any) -> None:
+    """Train federated runs from a RECIPE_FILE (TOML) and/or flags.
+
+    Flags override the recipe, and --set overrides both. A comma list in a flag (--algorithm fedsam,fednsam
+    --alpha 0.6,0.1 --seed 0,1) or a [sweep] table in the recipe makes one run per combination, named
+    systematically under --out (default runs/); finished runs are skipped and unfinished ones resumed.
+    Each run directory gets the fully resolved recipe, partition.json, metrics.jsonl (one line per round)
+    and checkpoints/round-NNNN.pt.
+    """
+    from landscape import recipe as recipes
+    from landscape.workflows import sweep
+
+    switches = {"dataset.download": download, "train.keep_clients": keep_clients, "train.swa": swa}
+    overrides, axes = _overrides(flags, switches, assignments)
+    if resume_dir is not None:
+        others = recipe_file is not None or bool(axes) or out is not None or overwrite or dry_run
+        _resume(resume_dir, overrides, others, quiet)
+        return
+    runs = recipes.build_sweep(recipe_file, overrides, axes)
+    if not any(swept for _, swept in runs):  # one run: --out is its directory
+        _one_run(runs[0][0], out, overwrite, dry_run, quiet)
+        return
+    # A sweep: every run under --out, checked before any of them starts.
+    plan = sweep.plan_sweep(runs, out if out is not None else Path("runs"), overwrite)
+    if dry_run:
+        for run in plan:
+            click.echo(f"{run.status:<8} {run.path}")
+        return
+    trained = sweep.run_sweep(plan, overwrite=overwrite, progress=not quiet, notify=progress_lines(quiet))
+    for path, rounds in trained:
+        _report(path, rounds)
+
+
+def _overrides(flags: dict[str, Any], switches: dict[str, bool | None],
+               assignments: tuple[str, ...]) -> tuple[list[tuple[str, Any]], dict[str, list]]:
+    """The recipe keys the flags set, in order (recipe flags, switches, then --set), and the swept ones (comma
+    lists): every value checked for control characters first."""
+    from landscape import recipe as recipes
+
+    given = [(flag, key, flags[flag.lstrip("-").replace("-", "_")]) for flag, key, _ in _RECIPE_FLAGS]
+    for flag, text in [(flag, text) for flag, _, text in given] + [("--set", a) for a in assignments]:
+        check_printable(flag, text)
+    overrides: list[tuple[str, Any]] = []
+    axes: dict[str, list] = {}
+    for _, key, text in given:
+        if text is None:
+            continue
+        if "," in text and key not in _NO_SWEEP:
+            axes[key] = [recipes.parse_value(item.strip()) for item in text.split(",")]
+        else:
+            overrides.append((key, text if key in _NO_SWEEP else recipes.parse_value(text)))
+    overrides += [(key, True) for key, enabled in switches.items() if enabled]
+    overrides += [recipes.parse_assignment(a) for a in assignments]
+    return overrides, axes
+
+
+def _resume(resume_dir: Path, overrides: list[tuple[str, Any]], others: bool, quiet: bool) -> None:
+    """--resume: the run continued as recorded, to --rounds (and on --threads) when given; refused with any
+    other recipe key or flag (``others``)."""
+    from landscape.train import loop
+
+    if others or any(k not in ("train.rounds", "train.threads") for k, _ in overrides):
+        raise LandscapeError("--resume continues a run as recorded; only --rounds may be given with it, and "
+                             "--threads")
+    rounds = dict(overrides).get("train.rounds")
+    if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
+        raise LandscapeError(f"--rounds must be a positive integer (got {rounds!r})")
+    threads = dict(overrides).get("train.threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
+        raise LandscapeError(f"--threads must be a whole number >= 0 (got {threads!r})")
+    state = loop.resume_run(resume_dir, rounds=rounds, progress=not quiet, threads=threads)
+    _report(resume_dir, state.round)
+
+
+def _one_run(recipe: Any, out: Path | None, overwrite: bool, dry_run: bool, quiet: bool) -> None:
+    """One run into --out (default runs/<its name>), or with --dry-run its recipe and client x class table."""
+    from landscape import recipe as recipes
+    from landscape.train import loop
+
+    out = out if out is not None else Path("runs") / (recipe.name or recipes.run_name(recipe))
+    if dry_run:
+        from landscape.data.partitions import format_partition_table, heterogeneity
+        from landscape.setup import prepare_data
+
+        setup = prepare_data(recipe)
+        loop.check_local_work(recipe.train)
+        click.echo(recipes.to_toml(recipe))
+        click.echo(f"# run directory: {out}")
+        click.echo(format_partition_table(setup.histogram))
+        click.echo(heterogeneity(setup.histogram).text())
+        return
+    state = loop.start_run(recipe, out, overwrite=overwrite, progress=not quiet)
+    _report(out, state.round)
+
+
+def _report(out: Path, rounds: int) -> None:
+    """The result line of a trained run: its rounds and its last test accuracy."""
+    from landscape.runs import RunDir
+
+    rows = [r for r in RunDir(out).read_metrics() if "test_acc" in r]
+    tail = f"; test accuracy {rows[-1]['test_acc']:.4f} (round {rows[-1]['round']})" if rows else ""
+    click.echo(f"run {out}: {rounds} rounds{tail}")

@@ -1,0 +1,141 @@
+"""The figure workflow: a figure recipe (``figures.book.FigureRecipe``) checked, its runs trained and
+analysed where that is missing (make-like), then its plots drawn from the files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from landscape import parallel
+from landscape.errors import LandscapeError
+from landscape.workflows.ensure import Notify, ensure_analysis, ensure_run, ignore
+
+if TYPE_CHECKING:
+    from landscape.figures.book import FigureRecipe
+    from landscape.figures.curves import RunData
+    from landscape.figures.selection import Selection
+
+
+def figure_folder(fig: FigureRecipe, parent: Path) -> Path:
+    """The folder of a figure's runs and files under ``parent``: ``<name>``, ``<name>-paper`` at paper
+    scale."""
+    return parent / (fig.name + ("-paper" if fig.scale == "paper" else ""))
+
+
+def figure_analysis(fig: FigureRecipe, device: str) -> tuple[Any, dict[str, Any]]:
+    """A figure recipe's analysis settings and each of its passes' options, checked."""
+    from landscape.analyze.catalog import pass_options
+    from landscape.analyze.context import AnalysisSettings
+
+    try:
+        settings = AnalysisSettings(device=device, **fig.settings)
+    except TypeError as e:
+        raise LandscapeError(f"{fig.path}: bad analysis settings ({e})") from None
+    except LandscapeError as e:
+        raise LandscapeError(f"{fig.path}: {e}") from None
+    passes = list(fig.pass_rounds)
+    options = {name: pass_options(name, fig.pass_options.get(name, {})) for name in passes}
+    unknown = sorted(set(fig.pass_options) - set(passes))
+    if unknown:
+        raise LandscapeError(f"{fig.path}: options for pass(es) {', '.join(unknown)} that no plot reads")
+    return settings, options
+
+
+def figure_plan(fig: FigureRecipe, out: Path, device: str) -> dict[str, list[tuple[int | None, Any, Path]]]:
+    """Run id -> (seed, resolved training recipe, run directory) of each of its runs
+    (``FigureRecipe.seed_runs``)."""
+    from landscape import recipe as recipes
+
+    device_key = [("train.device", device)] if device != "auto" else []
+    def resolved(run_id: str, seed: int | None) -> Any:
+        return recipes.build(fig.train_recipe, fig.overrides(fig.run(run_id), seed) + device_key)
+
+    return {run_id: [(seed, resolved(run_id, seed), path) for seed, path in entries]
+            for run_id, entries in fig.seed_runs(out).items()}
+
+
+def figure_training(fig: FigureRecipe, out: Path, device: str) -> dict[str, list[tuple[int | None, Any]]]:
+    """Run id -> (seed, training settings) of each of its runs: what the figure's rounds are checked against
+    before anything is trained."""
+    return {run_id: [(seed, recipe.train) for seed, recipe, _ in entries]
+            for run_id, entries in figure_plan(fig, out, device).items()}
+
+
+def figure_selection(fig: FigureRecipe, device: str) -> Selection:
+    """The results a figure reads: exactly those of its own analysis settings (other analyses of its runs stay
+    on disk)."""
+    from landscape.analyze.results import settings_record
+    from landscape.figures.selection import Selection
+
+    settings, options = figure_analysis(fig, device)
+    return Selection(exact={name: settings_record(settings, options[name]) for name in fig.pass_rounds})
+
+
+def prepare_figure_runs(fig: FigureRecipe, out: Path, *, device: str, progress: bool = False,
+                        notify: Notify = ignore) -> dict[str, list[Path]]:
+    """Train and analyse what a figure recipe needs and is missing, make-like: its runs under ``out/runs``
+    (one per seed when it has seeds), then each pass at its rounds with the recipe's settings. Returns run
+    id -> its run directories, in the recipe's order (seeds in order)."""
+    settings, options = figure_analysis(fig, device)
+    plan = figure_plan(fig, out, device)
+    for entries in plan.values():
+        for _, run_recipe, path in entries:
+            ensure_run(run_recipe, path, progress=progress, notify=notify)
+    found = {run_id: [path for _, _, path in entries] for run_id, entries in plan.items()}
+    ensure_analysis([path for paths in found.values() for path in paths], fig.pass_rounds, settings, options,
+                    progress=progress)
+    return found
+
+
+def check_figure(fig: FigureRecipe, out: Path, *, device: str,
+                 run_paths: tuple[Path, ...] = ()) -> list[RunData]:
+    """Everything checked before anything is trained: the analysis settings and pass options, and either the
+    given runs (``run_paths``: returned, read) or that each round the figure analyses is a checkpoint its own
+    runs will have (returns [])."""
+    from landscape.figures import book
+    from landscape.figures.curves import load_runs
+
+    figure_analysis(fig, device)
+    if run_paths:
+        return load_runs(list(run_paths))
+    book.check_pass_rounds(fig, figure_training(fig, out, device))
+    return []
+
+
+def make_figure(fig: FigureRecipe, out: Path, *, device: str = "auto", run_paths: tuple[Path, ...] = (),
+                progress: bool = False, notify: Notify = ignore) -> list[Path]:
+    """Draw a figure recipe into ``out``: train and analyse its runs where that is missing, or with
+    ``run_paths`` analyse those runs where they lack the figure's results and draw every plot over all of
+    them. Returns the files written (rank 0 draws under torchrun; every rank returns them)."""
+    given = check_figure(fig, out, device=device, run_paths=run_paths)
+    if run_paths:
+        settings, options = figure_analysis(fig, device)
+        paths = [run.path for run in given]
+        ensure_analysis(paths, fig.pass_rounds, settings, options, progress=progress)
+        by_id = None
+    else:
+        by_id = prepare_figure_runs(fig, out, device=device, progress=progress, notify=notify)
+        paths = [path for of_id in by_id.values() for path in of_id]
+    selection = figure_selection(fig, device)  # read after the analysis above: its own settings' results
+    return parallel.on_main(lambda: _draw(fig, out, paths, by_id, selection, notify))
+
+
+def _draw(fig: FigureRecipe, out: Path, paths: list[Path], by_id: dict[str, list[Path]] | None,
+          selection: Selection, notify: Notify) -> list[Path]:
+    """Every plot of the figure: over all runs of ``paths`` (``by_id`` None), else over its own run ids."""
+    from landscape.figures import book
+    from landscape.figures.curves import load_runs
+
+    drawn = load_runs(paths, selection)
+    if by_id is None:
+        chosen = [(plot, drawn) for plot in fig.plots]
+    else:
+        loaded, rest = {}, iter(drawn)
+        for run_id, of_id in by_id.items():
+            loaded[run_id] = [next(rest) for _ in of_id]
+        chosen = [(plot, book.figure_runs(fig, plot, loaded)) for plot in fig.plots]
+    for run in drawn:
+        for line in run.notes():
+            notify(f"note: {line}")
+    surface = fig.surface_name()
+    return [path for plot, plot_runs in chosen for path in book.render(plot, plot_runs, out, surface)]

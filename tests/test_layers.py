@@ -1,0 +1,166 @@
+"""The layers of the package (docs/architecture.md): the import-linter contracts of pyproject.toml hold, the
+document's module list is current, the module graph has no import cycles, analysing a run loads nothing of
+training, and drawing figures from stored results loads no analysis pass, model or data set (but
+``KNOWN``)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import analyze_args, invoke, tiny_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_import_contracts_hold(capsys):
+    from importlinter.cli import lint_imports
+
+    code = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    assert code == 0, capsys.readouterr().out[-4000:]
+
+
+def test_the_module_list_of_the_architecture_document_is_current():
+    spec = importlib.util.spec_from_file_location("module_list", ROOT / "tools" / "module_list.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.documented() == tool.module_list(), "run: python tools/module_list.py --write"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    package = ROOT / "landscape"
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):  # function-level imports count too
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("landscape"):
+                for alias in node.names:
+                    target = f"{node.module}.{alias.name}"
+                    graph[name].add(target if target in modules else node.module)
+            elif isinstance(node, ast.Import):
+                graph[name].update(a.name for a in node.names if a.name in modules)
+        graph[name].discard(name)
+    return graph
+
+
+def test_no_import_cycles():
+    graph = _import_graph()
+    seen: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:  # depth-first; a grey node met again is a cycle
+        seen[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if seen.get(nxt) == 1 and nxt != "landscape":
+                raise AssertionError(f"import cycle: {' -> '.join(path[path.index(nxt):] + [nxt])}")
+            if nxt not in seen:
+                visit(nxt, path + [nxt])
+        seen[node] = 2
+
+    for start in sorted(graph):
+        if start not in seen:
+            visit(start, [start])
+
+
+def _loaded_modules(code: str) -> list[str]:
+    """The modules of the package (and torch) that a fresh interpreter holds after running ``code``."""
+    code = textwrap.dedent(code) + textwrap.dedent('''
+        import json, sys
+        print(json.dumps(sorted(m for m in sys.modules if m.startswith("landscape") or m == "torch")))
+    ''')
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_analysing_a_run_loads_no_training_module(tmp_path):
+    from landscape.train import loop
+
+    loop.start_run(tiny_recipe(model__name="mlp", train__rounds=1), tmp_path / "run", progress=False)
+    loaded = _loaded_modules(f'''
+        from pathlib import Path
+        from landscape.analyze.catalog import pass_options
+        from landscape.analyze.context import AnalysisSettings
+        from landscape.analyze.scheduler import run_analysis
+        import landscape
+        run_analysis(Path({str(tmp_path / "run")!r}), passes=["loss"],
+                     settings=AnalysisSettings(device="cpu"), options={{"loss": pass_options("loss", {{}})}},
+                     progress=False)
+        landscape.open_run({str(tmp_path / "run")!r}).model()
+    ''')
+    assert [m for m in loaded if m.startswith("landscape.train")] == []
+
+
+@pytest.fixture(scope="module")
+def analysed_runs(tmp_path_factory) -> Path:
+    """A folder of two two-round runs (seeds 0 and 1) with the loss, (cheap) sharpness and hessian results of
+    every checkpoint, on the test split."""
+    from landscape.train import loop
+
+    folder = tmp_path_factory.mktemp("layers") / "runs"
+    for seed in (0, 1):
+        out = folder / f"seed{seed}"
+        loop.start_run(tiny_recipe(model__name="mlp", train__rounds=2, seed=seed), out, progress=False)
+        result = invoke(*analyze_args(out, "--checkpoints", "all", "--passes", "loss,sharpness,hessian",
+                                      "--split", "test", "--set", "sharpness.rhos=[0.05]",
+                                      "--set", "sharpness.steps=2", "--set", "sharpness.starts=1",
+                                      "--set", "sharpness.adaptive=false", "--set", "hessian.top_k=1",
+                                      "--set", "hessian.trace_hvps=6", "--set", "hessian.density_runs=1",
+                                      "--set", "hessian.density_steps=2", "--set", "hessian.clients=-1"))
+        assert result.exit_code == 0, result.output
+    return folder
+
+
+# What reading stored results may load of the analysis: the results' names and files (torch comes with
+# landscape.runs, the run directory, and analyze.serial; neither builds a model or reads a data set).
+RESULT_FILES = {"landscape.analyze", "landscape.analyze.results", "landscape.analyze.registry",
+                "landscape.analyze.serial"}
+# KNOWN (the lead empties it): what figures still import for the defaults their results are named and labelled
+# by, with everything these modules import. The pass registry (for each pass's options dataclass and summary
+# quantities, which live beside the pass functions) and the analysis settings (AnalysisSettings lives in
+# analyze/context.py, which imports the data and model set-up). Once both are importable without the passes,
+# this is empty and figures load no pass module, no model and no data set.
+KNOWN = ("landscape.analyze.catalog", "landscape.analyze.context")
+
+
+def _heavy(modules: list[str]) -> set[str]:
+    """The analysis (beyond the result files), model, data set and training modules among ``modules``."""
+    return {m for m in modules if (m.startswith("landscape.analyze") and m not in RESULT_FILES)
+            or m.startswith(("landscape.models", "landscape.data", "landscape.train"))}
+
+
+@pytest.mark.parametrize("what", ["figure", "report", "compare"])
+def test_figures_from_stored_results_load_no_pass_model_or_data_set(analysed_runs, tmp_path, what):
+    runs, out = str(analysed_runs), str(tmp_path / "out")
+    code = {
+        "figure": f'''
+            from landscape.figures import curves
+            from landscape.figures.selection import Selection
+            runs = curves.load_runs({runs!r}, Selection.parse(["split=test"]))
+            assert "split=test" in runs[0].chosen["hessian"].shown, runs[0].chosen
+            curves.plot_hessian_summary(runs, {out + ".png"!r})
+        ''',
+        "report": f'''
+            from landscape.cli import cli
+            cli(["report", {runs!r}, "-o", {out + ".html"!r}, "--settings", "split=test"],
+                standalone_mode=False)
+        ''',
+        "compare": f'''
+            from landscape.cli import cli
+            cli(["compare", {runs!r}, "-o", {out!r}, "--settings", "split=test"], standalone_mode=False)
+        ''',
+    }[what]
+    loaded = _loaded_modules(code)
+    assert list(Path(tmp_path).glob("out*")), f"{what} wrote nothing"
+    known = _heavy(_loaded_modules("".join(f"import {m}\n" for m in KNOWN))) if KNOWN else set()
+    assert not any(m.startswith("landscape.train") for m in known)
+    assert sorted(_heavy(loaded) - known) == []
