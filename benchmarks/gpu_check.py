@@ -41,7 +41,8 @@ from landscape.analyze.directions import random_plane
 from landscape.analyze.lanczos import lanczos_topk
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.operator import HessianOperator
-from landscape.analyze.surface import default_cells_per_pass, evaluate_surface, make_axis
+from landscape.analyze.surface_evaluation import default_cells_per_pass, evaluate_surface
+from landscape.analyze.surface_grid import make_axis
 from landscape.data.datasets import ArrayDataset, DatasetBundle
 from landscape.data.partitions import class_histogram
 from landscape.flat import FlatModel

@@ -27,9 +27,11 @@ import numpy as np
 import torch
 
 from landscape import parallel
-from landscape.analyze.context import AnalysisSettings, CheckpointContext, find_sources
+from landscape.analyze.context import CheckpointContext, find_sources
 from landscape.analyze.directions import random_plane
-from landscape.analyze.surface import evaluate_surface, make_axis
+from landscape.analyze.settings import AnalysisSettings
+from landscape.analyze.surface_evaluation import evaluate_surface
+from landscape.analyze.surface_grid import make_axis
 
 
 def worker(run: Path, grid: int, out: Path) -> None:

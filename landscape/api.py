@@ -264,7 +264,8 @@ def surface(model: nn.Module | Problem, data: Any = None, *, grid: int | tuple[i
     count): a ``dims``-D grid of ``grid`` points per axis (odd, at least 3, so that w is a grid point) over
     ``span`` = (-s, s) in each direction; a span that takes w + span * direction out of the dtype's range is
     refused."""
-    from landscape.analyze.surface import evaluate_surface, make_axis
+    from landscape.analyze.surface_evaluation import evaluate_surface
+    from landscape.analyze.surface_grid import make_axis
 
     if isinstance(dims, bool) or dims not in (1, 2):
         raise LandscapeError(f"dims must be 1 or 2 (got {shown(repr(dims))})")

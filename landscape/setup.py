@@ -21,13 +21,9 @@ from landscape.data.datasets import DatasetBundle, load_dataset
 from landscape.data.partitions import class_histogram, make_partition
 from landscape.errors import LandscapeError
 from landscape.models import build_model
+from landscape.rng import derived_seed
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def derived_seed(*key: int) -> int:
-    """A 63-bit seed from integers (numpy SeedSequence: well mixed, stable across versions)."""
-    return int(np.random.SeedSequence(list(key)).generate_state(2, np.uint64)[0] >> np.uint64(1))
 
 
 def thread_count(threads: int) -> int:

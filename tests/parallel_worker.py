@@ -88,10 +88,10 @@ def check_collectives() -> None:
 
 def main() -> None:
     from landscape.analyze.catalog import pass_options
-    from landscape.analyze.context import AnalysisSettings
     from landscape.analyze.operator import HessianOperator
     from landscape.analyze.scheduler import run_analysis
-    from landscape.analyze.surface import evaluate_surface
+    from landscape.analyze.settings import AnalysisSettings
+    from landscape.analyze.surface_evaluation import evaluate_surface
 
     out, run = Path(sys.argv[1]), Path(sys.argv[2])
     with parallel.session():

@@ -16,10 +16,11 @@ from landscape.analyze.alignment import (
     minibatch_alignment,
     update_alignment,
 )
-from landscape.analyze.context import AnalysisSettings, CheckpointContext, find_sources
+from landscape.analyze.context import CheckpointContext, find_sources
 from landscape.analyze.flatness import client_minibatch_indices, client_models
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.passes import AlignmentOptions, alignment_pass
+from landscape.analyze.settings import AnalysisSettings
 from landscape.data.datasets import load_dataset
 from landscape.data.partitions import make_partition
 from landscape.errors import LandscapeError

@@ -13,9 +13,10 @@ from conftest import analyze_args, invoke, no_traceback, one_line_error, recipe6
 
 import landscape
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import AnalysisSettings, find_sources
+from landscape.analyze.context import find_sources
 from landscape.analyze.results import SCHEMA_VERSION
 from landscape.analyze.scheduler import run_analysis
+from landscape.analyze.settings import AnalysisSettings
 from landscape.cli import cli
 from landscape.errors import LandscapeError
 from landscape.train import loop

@@ -12,8 +12,8 @@ from torch import nn
 
 import landscape
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.scheduler import run_analysis
+from landscape.analyze.settings import AnalysisSettings
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
 from landscape.train import loop

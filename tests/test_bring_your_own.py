@@ -204,7 +204,8 @@ def test_analyze_dry_run_estimates_and_computes_nothing(tmp_path):
 
 def test_a_pass_reports_its_products_to_the_progress_callback(tmp_path):
     from landscape.analyze.catalog import load_passes, pass_options
-    from landscape.analyze.context import AnalysisSettings, CheckpointContext, find_sources
+    from landscape.analyze.context import CheckpointContext, find_sources
+    from landscape.analyze.settings import AnalysisSettings
     from landscape.train import loop
 
     loop.start_run(tiny_recipe(model__name="mlp", train__rounds=1), tmp_path / "run", progress=False)

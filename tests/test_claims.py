@@ -10,7 +10,7 @@ import pytest
 
 from landscape.errors import LandscapeError
 from landscape.figures import claims
-from landscape.figures.curves import RunData
+from landscape.figures.rundata import RunData
 
 ROOT = Path(__file__).resolve().parents[1]
 

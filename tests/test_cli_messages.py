@@ -146,8 +146,8 @@ def test_printed_commands_are_shell_quoted(case, spaced_run, tmp_path):
     import html as html_text
     import shutil
 
-    from landscape.figures import curves
     from landscape.figures.compare import compare
+    from landscape.figures.rundata import load_runs
 
     run = tmp_path / "a copy" / "my run"
     shutil.copytree(spaced_run, run)
@@ -166,7 +166,7 @@ def test_printed_commands_are_shell_quoted(case, spaced_run, tmp_path):
         text = re.search(r"no analysis yet; run (`[^`]+`)", html_text.unescape(html)).group(1)
     elif case in ("missing pass", "missing round"):
         with pytest.raises(LandscapeError) as e:
-            loaded = curves.load_runs([run])[0]
+            loaded = load_runs([run])[0]
             if case == "missing round":
                 loaded.analyses[1] = {"hessian": None}  # analysed at round 1 only, asked for round 0
             loaded.pass_record("hessian", 0 if case == "missing round" else None)

@@ -32,8 +32,8 @@ import landscape
 from landscape import lifecycle
 from landscape import recipe as recipes
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.scheduler import run_analysis
+from landscape.analyze.settings import AnalysisSettings
 from landscape.errors import LandscapeError
 from landscape.runs import RunDir, load_checkpoint
 from landscape.train import loop
@@ -70,7 +70,7 @@ from pathlib import Path
 from landscape import recipe as recipes
 from landscape import runs, setup
 from landscape.analyze import catalog, scheduler
-from landscape.analyze.context import AnalysisSettings
+from landscape.analyze.settings import AnalysisSettings
 from landscape.train import loop
 
 

@@ -11,10 +11,10 @@ import pytest
 from conftest import tiny_recipe
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.scheduler import SUMMARY_WIDTH, AnalysisReport, analysis_data, format_summary
+from landscape.analyze.settings import AnalysisSettings
 from landscape.errors import LandscapeError
-from landscape.figures import report, surfaces
+from landscape.figures import report, report_surfaces, surfaces
 from landscape.recipe import to_toml
 
 # -- ticks ------------------------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def test_report_surfaces_of_two_runs_share_one_colour_scale_and_z_range(tmp_path
               "result": {"directions": "clients", "clients": [1, 2], "quantity": "training loss of client 3 (F_3)"}}
     (folder / "surface-clients.json").write_text(json.dumps(record))
     np.savez(folder / "surface-interpolate.npz", x_coords=x, loss=x**2)
-    if report.surface_renderer() is None:
+    if report_surfaces.surface_renderer() is None:
         pytest.skip("no surface renderer")
     text = report.build_report([tmp_path / "a", tmp_path / "b"])
     a, b = _spec(text, "surface-a-round-3-surface"), _spec(text, "surface-b-round-3-surface")

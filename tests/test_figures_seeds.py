@@ -16,11 +16,11 @@ from conftest import tiny_recipe
 from matplotlib.collections import PolyCollection
 
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.scheduler import run_analysis
+from landscape.analyze.settings import AnalysisSettings
 from landscape.cli import cli
 from landscape.errors import LandscapeError
-from landscape.figures import book, compare, curves, report, seeds
+from landscape.figures import book, compare, curves, report, report_html, rundata, seeds
 from landscape.train import loop
 from landscape.workflows.figure import prepare_figure_runs
 
@@ -59,7 +59,7 @@ def root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(root):
-    return curves.load_runs(root / "runs")
+    return rundata.load_runs(root / "runs")
 
 
 def hessian_json(run_dir: Path) -> dict:
@@ -215,7 +215,7 @@ def test_figures_trains_each_seed_and_draws_their_mean(tmp_path):
     assert (out / "tiny.png").stat().st_size > 5000
     assert sorted(p.name for p in (out / "runs").iterdir() if p.is_dir()) == ["a-seed0", "a-seed1", "b-seed0",
                                                                               "b-seed1"]
-    loaded = {run_id: curves.load_runs(paths) for run_id, paths in by_id.items()}
+    loaded = {run_id: rundata.load_runs(paths) for run_id, paths in by_id.items()}
     drawn = book.figure_runs(fig, fig.plots[0], loaded)
     ax = curves.accuracy_figure(drawn).axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["FedAvg (n=2)", "FedSAM (n=2)"]
@@ -301,7 +301,7 @@ def test_alignment_and_incompatibility_average_the_seeds(runs):
 
 
 def test_single_seed_figures_are_drawn_as_before(runs, tmp_path):
-    one = curves.load_runs([runs[0].path, runs[3].path])  # seeds 0 of FedAvg and FedSAM: no group of several
+    one = rundata.load_runs([runs[0].path, runs[3].path])  # seeds 0 of FedAvg and FedSAM: no group of several
     assert all(run.group is None for run in one) and [run.index for run in one] == [0, 1]
     ax = curves.accuracy_figure(one).axes[0]
     assert not ax.collections and all("n=" not in t.get_text() for t in ax.get_legend().get_texts())
@@ -335,12 +335,12 @@ def test_compare_collapses_seeds_into_one_row(root, runs, tmp_path):
 
 
 def test_single_seed_compare_and_report_are_as_before(runs, tmp_path):
-    one = curves.load_runs([runs[0].path, runs[3].path])
+    one = rundata.load_runs([runs[0].path, runs[3].path])
     result = compare.compare(one, tmp_path)
     assert result.header[:4] == ["run", "directory", "rounds", "test acc (%)"] and not result.per_seed_header
     with open(tmp_path / "compare.csv") as f:
         assert next(csv.reader(f)) == result.header
-    table = report.comparison_table(one, 0.05)
+    table = report_html.comparison_table(one, 0.05)
     assert "<th>n</th>" not in table and "(n=" not in table
 
 

@@ -212,8 +212,8 @@ def test_side_by_side_planes_say_whether_they_are_one_plane_and_print_each_weigh
 def _fake_run(root, name, algorithm, norm, surfaces):
     """A run directory with only what compare reads: its recipe and surface results (as the pass writes)."""
     from landscape.analyze.catalog import pass_options
-    from landscape.analyze.context import AnalysisSettings
     from landscape.analyze.results import result_name, settings_record
+    from landscape.analyze.settings import AnalysisSettings
 
     run = root / name
     out = run / "analysis" / "round-0010"
@@ -265,8 +265,9 @@ def test_compare_draws_one_plane_for_every_run_where_every_run_has_it(tmp_path, 
 def test_the_report_says_what_the_runs_planes_compare_and_prints_each_weight_norm(tmp_path):
     import html
 
-    from landscape.figures.curves import load_runs
-    from landscape.figures.report import Page, surfaces_section
+    from landscape.figures.report_html import Page
+    from landscape.figures.report_surfaces import surfaces_section
+    from landscape.figures.rundata import load_runs
 
     d = np.arange(6.0)
     a = _fake_run(tmp_path, "a", "fedsam", 10.0, [({}, d)])

@@ -20,7 +20,7 @@ import landscape
 from landscape import lifecycle
 from landscape import recipe as recipes
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import AnalysisSettings
+from landscape.analyze.settings import AnalysisSettings
 from landscape.cli import cli
 from landscape.errors import LandscapeError
 from landscape.train import loop

@@ -89,7 +89,7 @@ def test_analysing_a_run_loads_no_training_module(tmp_path):
     loaded = _loaded_modules(f'''
         from pathlib import Path
         from landscape.analyze.catalog import pass_options
-        from landscape.analyze.context import AnalysisSettings
+        from landscape.analyze.settings import AnalysisSettings
         from landscape.analyze.scheduler import run_analysis
         import landscape
         run_analysis(Path({str(tmp_path / "run")!r}), passes=["loss"],
@@ -123,13 +123,12 @@ def analysed_runs(tmp_path_factory) -> Path:
 # What reading stored results may load of the analysis: the results' names and files (torch comes with
 # landscape.runs, the run directory, and analyze.serial; neither builds a model or reads a data set).
 RESULT_FILES = {"landscape.analyze", "landscape.analyze.results", "landscape.analyze.registry",
-                "landscape.analyze.serial"}
-# KNOWN (the lead empties it): what figures still import for the defaults their results are named and labelled
-# by, with everything these modules import. The pass registry (for each pass's options dataclass and summary
-# quantities, which live beside the pass functions) and the analysis settings (AnalysisSettings lives in
-# analyze/context.py, which imports the data and model set-up). Once both are importable without the passes,
-# this is empty and figures load no pass module, no model and no data set.
-KNOWN = ("landscape.analyze.catalog", "landscape.analyze.context")
+                "landscape.analyze.serial", "landscape.analyze.settings"}
+# KNOWN (to be emptied): what figures still import for the names their results are labelled by, with everything
+# it imports: the pass registry, for each pass's options dataclass and summary quantities, which live beside
+# the pass functions. It brings the pass modules (and torch) but no model, no data set, no set-up and nothing
+# of training, which the test checks whatever KNOWN holds.
+KNOWN = ("landscape.analyze.catalog",)
 
 
 def _heavy(modules: list[str]) -> set[str]:
@@ -143,9 +142,9 @@ def test_figures_from_stored_results_load_no_pass_model_or_data_set(analysed_run
     runs, out = str(analysed_runs), str(tmp_path / "out")
     code = {
         "figure": f'''
-            from landscape.figures import curves
+            from landscape.figures import curves, rundata
             from landscape.figures.selection import Selection
-            runs = curves.load_runs({runs!r}, Selection.parse(["split=test"]))
+            runs = rundata.load_runs({runs!r}, Selection.parse(["split=test"]))
             assert "split=test" in runs[0].chosen["hessian"].shown, runs[0].chosen
             curves.plot_hessian_summary(runs, {out + ".png"!r})
         ''',
@@ -163,4 +162,6 @@ def test_figures_from_stored_results_load_no_pass_model_or_data_set(analysed_run
     assert list(Path(tmp_path).glob("out*")), f"{what} wrote nothing"
     known = _heavy(_loaded_modules("".join(f"import {m}\n" for m in KNOWN))) if KNOWN else set()
     assert not any(m.startswith("landscape.train") for m in known)
+    assert [m for m in loaded if m.startswith(("landscape.models", "landscape.data", "landscape.train"))
+            or m == "landscape.setup"] == []
     assert sorted(_heavy(loaded) - known) == []

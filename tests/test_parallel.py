@@ -24,11 +24,11 @@ from parallel_worker import ANALYSIS, CELLS_PER_BATCH, GRID, HESSIAN, SURFACE, p
 from landscape import lifecycle, parallel
 from landscape import recipe as recipes
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.operator import HessianOperator
 from landscape.analyze.scheduler import Job, run_analysis, split_work
-from landscape.analyze.surface import evaluate_surface
+from landscape.analyze.settings import AnalysisSettings
+from landscape.analyze.surface_evaluation import evaluate_surface
 from landscape.errors import LandscapeError
 from landscape.runs import RunDir, load_checkpoint
 from landscape.train import loop

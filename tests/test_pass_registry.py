@@ -14,8 +14,8 @@ from conftest import result_file
 import landscape
 from landscape.analyze import operator
 from landscape.analyze.catalog import load_passes, pass_options
-from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.scheduler import run_analysis
+from landscape.analyze.settings import AnalysisSettings
 from landscape.errors import LandscapeError
 from landscape.train.algorithms import ALGORITHMS
 
@@ -63,14 +63,6 @@ def test_every_pass_refuses_bad_options_in_one_line_naming_them(name):
         assert option in message and "\n" not in message, (option, message)
 
 
-# Comparisons of registered names that remain outside their entry's files, for the lead to remove (then this
-# list is empty): (file, name). The figures need the pass metadata (needs kept clients; which pass writes
-# surfaces) without loading the pass modules, which the layers work decides.
-KNOWN = {
-    ("landscape/figures/book.py", "flatness"),  # analysed_rounds: the flatness pass needs kept client models
-    ("landscape/figures/claim_files.py", "flatness"),  # the same, in the why of a claim's missing rounds
-    ("landscape/figures/report.py", "surface"),  # surface_files: the surface pass's records
-}
 
 
 def _registered_files() -> dict[str, set[Path]]:
@@ -100,8 +92,5 @@ def _name_comparisons(files: dict[str, set[Path]]) -> set[tuple[str, str, int]]:
 
 def test_no_registered_name_is_compared_as_a_string_outside_its_entry():
     found = _name_comparisons(_registered_files())
-    new = sorted((f, n, line) for f, n, line in found if (f, n) not in KNOWN)
-    assert not new, "ask the entry (its registered metadata) instead of comparing its name: " + "; ".join(
-        f"{f}:{line} == {n!r}" for f, n, line in new)
-    gone = KNOWN - {(f, n) for f, n, _ in found}
-    assert not gone, f"no longer compared: remove from KNOWN {sorted(gone)}"
+    assert not found, "ask the entry (its registered metadata) instead of comparing its name: " + "; ".join(
+        f"{f}:{line} == {n!r}" for f, n, line in sorted(found))

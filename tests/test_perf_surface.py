@@ -6,10 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-import landscape.analyze.surface as surface_module
+import landscape.analyze.surface_evaluation as surface_module
 from landscape.analyze.directions import random_plane
 from landscape.analyze.objective import AnalysisData, Objective
-from landscape.analyze.surface import default_cells_per_pass, evaluate_surface, make_axis
+from landscape.analyze.surface_evaluation import default_cells_per_pass, evaluate_surface
+from landscape.analyze.surface_grid import make_axis
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
 from landscape.models import build_model

@@ -17,9 +17,9 @@ import torch
 from conftest import result_file, tiny_recipe
 
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.scheduler import run_analysis
-from landscape.figures import report
+from landscape.analyze.settings import AnalysisSettings
+from landscape.figures import report, report_surfaces
 from landscape.train import loop
 
 FAST = {"hessian": {"top_k": 2, "tol": 0.01, "clients": 2, "trace_hvps": 6, "density_steps": 4, "density_runs": 1},
@@ -195,7 +195,7 @@ def test_surfaces_are_embedded_when_their_files_exist(run, tmp_path):
     assert "surface-run-round-3-surface-interpolate" in divs  # 1D: drawn here as a line
     line = plot_spec(text, "surface-run-round-3-surface-interpolate")["data"][0]
     np.testing.assert_allclose(decode(line["y"]), x**2 + 1.0)
-    if report.surface_renderer() is not None:
+    if report_surfaces.surface_renderer() is not None:
         assert "surface-run-round-3-surface" in divs
         assert plot_spec(text, "surface-run-round-3-surface")["data"][0]["type"] == "surface"
     else:

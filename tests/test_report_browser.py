@@ -20,10 +20,10 @@ from conftest import tiny_recipe
 from test_report import ANALYSIS_PLOTS, CURVE_PLOTS, FAST, run  # noqa: F401 (run: the analysed FedAvg run)
 
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.scheduler import run_analysis
+from landscape.analyze.settings import AnalysisSettings
 from landscape.cli import cli
-from landscape.figures import report
+from landscape.figures import report_surfaces
 from landscape.train import loop
 
 REQUIRED = os.environ.get("LANDSCAPE_REQUIRE_BROWSER") == "1"
@@ -97,7 +97,7 @@ def test_the_report_draws_every_plot_in_chromium_without_errors(chromium, report
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
-    assert report.surface_renderer() is not None
+    assert report_surfaces.surface_renderer() is not None
     expected = CURVE_PLOTS | ANALYSIS_PLOTS | SURFACE_PLOTS
     page_errors: list[str] = []
     console_errors: list[str] = []

@@ -15,7 +15,7 @@ from conftest import result_file
 from test_figures_seeds import seeded_runs
 from test_report import decode, plot_divs, plot_spec
 
-from landscape.figures import curves, report
+from landscape.figures import extract, report, report_plotly, rundata
 
 GROUP = "FedAvg alpha=0.5"
 SINGLE = "FedSAM alpha=0.5"
@@ -119,7 +119,7 @@ def test_curves_are_the_mean_with_a_standard_error_band(page, root, plot, key, s
 def test_sharpness_and_lambda_are_means_with_bands(page, root):
     spec = plot_spec(page, "global_sharpness")
     data = spec["data"]
-    rho = curves.choose_rho(curves.load_runs(root / "runs"), None)
+    rho = extract.choose_rho(rundata.load_runs(root / "runs"), None)
     sharp, lam = [], []
     for d in seeds_dirs(root):
         found = [result(d, r, "sharpness")["global"] for r in ROUNDS]
@@ -183,7 +183,7 @@ def test_seeds_of_other_clients_keep_their_own_heatmaps(root, tmp_path):
     record = json.loads(path.read_text())
     record["result"]["gradients"]["clients"] = [c + 1 for c in record["result"]["gradients"]["clients"]]
     path.write_text(json.dumps(record))
-    fig = report.cosine_figure(curves.load_runs(copies))
+    fig = report_plotly.cosine_figure(rundata.load_runs(copies))
     assert len(fig.data) == 3
     titles = [a.text for a in fig.layout.annotations]
     assert [t.split(",")[1] for t in titles] == [" seed 0", " seed 1", " seed 2"] and not any("n=" in t for t in titles)

@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from landscape.analyze import passes, surface  # noqa: F401 - importing them registers the passes
-from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.registry import PASSES
 from landscape.analyze.results import (
     NAME_KEY_LIMIT,
@@ -26,9 +25,10 @@ from landscape.analyze.results import (
     stored_results,
     value_text,
 )
+from landscape.analyze.settings import AnalysisSettings
 from landscape.cli import cli
 from landscape.errors import LandscapeError
-from landscape.figures import curves
+from landscape.figures import extract, labels, rundata
 from landscape.figures.compare import compare
 from landscape.figures.report import build_report
 from landscape.figures.selection import Selection
@@ -228,19 +228,19 @@ def test_compare_command_prints_the_settings_and_refuses_unknown_ones(runs, tmp_
 
 def test_a_curve_over_rounds_never_mixes_settings(runs):
     run = runs / "fedsam"
-    loaded = curves.load_runs(run)[0]
-    rounds, values = curves.global_sharpness_series(loaded, 0.05)
+    loaded = rundata.load_runs(run)[0]
+    rounds, values = extract.global_sharpness_series(loaded, 0.05)
     assert rounds.tolist() == [2, 3]
     assert values.tolist() == [_sharpness_at(run, r, "train") for r in (2, 3)]
-    rounds, values = curves.global_sharpness_series(curves.load_runs(run, Selection.parse(["split=test"]))[0], 0.05)
+    rounds, values = extract.global_sharpness_series(rundata.load_runs(run, Selection.parse(["split=test"]))[0], 0.05)
     assert values.tolist() == [_sharpness_at(run, r, "test") for r in (2, 3)]
 
     # Round 3 analysed only on the test split: the training-split curve leaves it out and says so.
     for path, record in stored_results(run / "analysis" / "round-0003"):
         if record["pass"] == "sharpness" and record["settings"]["analysis"]["split"] == "train":
             path.unlink()
-    loaded = curves.load_runs(run)[0]
-    rounds, values = curves.global_sharpness_series(loaded, 0.05)
+    loaded = rundata.load_runs(run)[0]
+    rounds, values = extract.global_sharpness_series(loaded, 0.05)
     assert rounds.tolist() == [2] and values.tolist() == [_sharpness_at(run, 2, "train")]
     (note,) = loaded.notes()
     assert "sharpness of round(s) 3 left out" in note and "split=test" in note
@@ -250,21 +250,21 @@ def test_a_curve_over_rounds_never_mixes_settings(runs):
         if record["pass"] == "sharpness" and record["settings"]["analysis"]["split"] == "test":
             record["settings"]["pass"]["steps"] = 3
             path.write_text(json.dumps(record))
-    loaded = curves.load_runs(run, Selection.parse(["split=test"]))[0]
-    rounds, _ = curves.global_sharpness_series(loaded, 0.05)
+    loaded = rundata.load_runs(run, Selection.parse(["split=test"]))[0]
+    rounds, _ = extract.global_sharpness_series(loaded, 0.05)
     assert rounds.tolist() == [3]  # the settings with steps=1 (fewer off their defaults)
-    assert "steps=1" in curves.settings_caption([loaded], "sharpness")
+    assert "steps=1" in labels.settings_caption([loaded], "sharpness")
     assert "steps=3" in loaded.notes()[0]
 
 
 def test_a_figure_recipe_reads_exactly_its_own_settings(runs):
     sharp = pass_options("sharpness", {"rhos": [0.05], "steps": 1, "adaptive": False, "clients": 2})
     wanted = settings_record(AnalysisSettings(split="test", analysis_samples=64, device="cpu"), sharp)
-    loaded = curves.load_runs(runs / "fedavg", Selection(exact={"sharpness": wanted}))[0]
+    loaded = rundata.load_runs(runs / "fedavg", Selection(exact={"sharpness": wanted}))[0]
     assert [rec.settings["analysis"]["split"] for rec in loaded.pass_records("sharpness")] == ["test", "test"]
-    assert loaded.shown("sharpness") == "" and curves.settings_caption([loaded], "sharpness") == ""
+    assert loaded.shown("sharpness") == "" and labels.settings_caption([loaded], "sharpness") == ""
     other = settings_record(AnalysisSettings(split="test", analysis_samples=32), sharp)
-    missing = curves.load_runs(runs / "fedavg", Selection(exact={"sharpness": other}))[0]
+    missing = rundata.load_runs(runs / "fedavg", Selection(exact={"sharpness": other}))[0]
     with pytest.raises(LandscapeError, match="--analysis-samples 32"):
         missing.pass_records("sharpness")
 
@@ -280,12 +280,12 @@ def test_an_old_style_file_is_read_by_the_settings_it_records(runs):
     if (folder / f"{test_name}.npz").is_file():
         (folder / f"{test_name}.npz").rename(folder / "sharpness.npz")
 
-    loaded = curves.load_runs(run)[0]
+    loaded = rundata.load_runs(run)[0]
     assert loaded.analysed_rounds("sharpness") == [2]  # round 3 holds the test split only: not the default
     assert "split=test" in " ".join(loaded.notes())
-    assert curves.load_runs(run, Selection.parse(["split=test"]))[0].analysed_rounds("sharpness") == [2, 3]
+    assert rundata.load_runs(run, Selection.parse(["split=test"]))[0].analysed_rounds("sharpness") == [2, 3]
     with pytest.raises(LandscapeError, match="it has sharpness with .*split=test"):
-        curves.load_runs(run, Selection.parse(["split=train", "analysis_samples=0"]))[0].pass_records("sharpness")
+        rundata.load_runs(run, Selection.parse(["split=train", "analysis_samples=0"]))[0].pass_records("sharpness")
 
     # analyze finds it by what it records (nothing to compute), and the training split goes beside it
     assert "0 computed, 1 already done" in analyze(run, "--passes", "sharpness", "--split", "test", *SHARP).output

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from landscape import recipe as recipes
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.scheduler import run_analysis
+from landscape.analyze.settings import AnalysisSettings
 from landscape.errors import LandscapeError
 from landscape.runs import RunDir, RunLock
 from landscape.train import loop

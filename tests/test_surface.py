@@ -1,4 +1,6 @@
-"""Loss surfaces: grids, [ix, iy] layout, exact centre, batched = per-cell, resume, and the surface pass."""
+"""The surface pass (``analyze/surface.py``): random, PCA, client-plane and interpolation surfaces of a
+run, resumed from partial grids, its options refused in one line, and planes that compare across models.
+"""
 
 import json
 
@@ -12,280 +14,18 @@ from torch import nn
 import landscape.analyze.surface as surface_module
 from landscape import setup
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import AnalysisSettings, CheckpointContext, find_sources
+from landscape.analyze.context import CheckpointContext, find_sources
 from landscape.analyze.directions import direction_seed, filter_normalized_direction, random_plane
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.results import result_name, same_settings, settings_record
 from landscape.analyze.scheduler import run_analysis
-from landscape.analyze.surface import (
-    SurfaceGrid,
-    evaluate_surface,
-    load_partial,
-    make_axis,
-    make_line,
-    parse_grid,
-    parse_span,
-    save_partial,
-)
+from landscape.analyze.settings import AnalysisSettings
+from landscape.analyze.surface_evaluation import evaluate_surface
+from landscape.analyze.surface_grid import SurfaceGrid, make_axis
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
-from landscape.models import build_model
 from landscape.runs import load_checkpoint
 from landscape.train import loop
-
-# ----------------------------------------------------------------------------------------------------------
-# grids
-
-
-def test_axes_are_symmetric_with_the_checkpoint_exactly_at_the_centre():
-    for n, hi in ((41, 1.0), (5, 0.3), (3, 2.5), (51, 0.7)):
-        axis = make_axis(n, -hi, hi)
-        assert len(axis) == n and axis[(n - 1) // 2] == 0.0
-        assert axis[0] == -hi and axis[-1] == hi
-        np.testing.assert_array_equal(axis, -axis[::-1])
-        np.testing.assert_allclose(np.diff(axis), 2 * hi / (n - 1), rtol=1e-12)
-    assert make_axis(1, -1, 1).tolist() == [0.0]
-    with pytest.raises(LandscapeError, match="odd number of points so that the checkpoint is the centre "
-                                             "cell, got 40"):
-        make_axis(40, -1, 1)
-    with pytest.raises(LandscapeError, match="symmetric around the checkpoint .LO = -HI., got -0.5:1"):
-        make_axis(41, -0.5, 1)
-
-
-def test_interpolation_lines_hit_alpha_0_and_1_exactly():
-    line = make_line(41, -0.5, 1.5)
-    assert line[10] == 0.0 and line[30] == 1.0 and line[0] == -0.5 and line[-1] == 1.5
-    assert make_line(5, -0.5, 1.5).tolist() == [-0.5, 0.0, 0.5, 1.0, 1.5]
-    line = make_line(50, 0, 1)  # step 1/49: 49 * (1/49) is not 1.0 in floating point, k / 49 is
-    assert line[0] == 0.0 and line[-1] == 1.0
-    with pytest.raises(LandscapeError, match=r"40 points over -0.5:1.5 do not put grid points at alpha = 0 "
-                                             r"and 1.*e.g. 41 points"):
-        make_line(40, -0.5, 1.5)
-    with pytest.raises(LandscapeError, match="must include alpha = 0 and alpha = 1, got 0.2:1.5"):
-        make_line(41, 0.2, 1.5)
-
-
-def test_grid_and_span_specs():
-    assert parse_grid("41") == (41, 41) and parse_grid("41x25") == (41, 25) and parse_grid("41", 1) == (41,)
-    assert parse_span("-1:1") == (-1.0, 1.0) and parse_span(" -0.25:0.25 ") == (-0.25, 0.25)
-    for bad, message in (("41x25x3", "grid must be 'N' or 'NXxNY'"), ("a", "with whole numbers"),
-                         ("0x5", "grid sizes must be positive")):
-        with pytest.raises(LandscapeError, match=message):
-            parse_grid(bad)
-    with pytest.raises(LandscapeError, match="a 1D surface takes one number of points"):
-        parse_grid("41x25", 1)
-    for bad, message in (("1", "span must be 'LO:HI'"), ("a:b", "with numbers"), ("1:-1", "finite LO < HI")):
-        with pytest.raises(LandscapeError, match=message):
-            parse_span(bad)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# evaluation
-
-
-class KnownSurface:
-    """Duck-typed objective: loss(w) = w0^2 + 3 w1 - w0 w1 (a known f(a, b) along e0, e1), counting calls."""
-
-    def __init__(self):
-        self.loss_calls = 0
-
-    def loss(self, w):
-        self.loss_calls += 1
-        return w[0] ** 2 + 3 * w[1] - w[0] * w[1]
-
-    def accuracy(self, w):
-        return float(w[0] - 2 * w[1])
-
-
-def known(a, b):
-    return a**2 + 3 * b - a * b
-
-
-def test_non_square_grid_keeps_ix_along_d1_and_iy_along_d2():
-    w = torch.zeros(3, dtype=torch.float64)
-    d1, d2 = torch.tensor([1.0, 0, 0], dtype=torch.float64), torch.tensor([0, 1.0, 0], dtype=torch.float64)
-    xs, ys = make_axis(7, -1.5, 1.5), make_axis(3, -0.5, 0.5)
-    objective = KnownSurface()
-    grid = evaluate_surface(objective, w, d1, d2, xs, ys, cells_per_batch=4)
-    assert grid.loss.shape == (7, 3) and grid.axes == ("ix", "iy") and grid.complete
-    for ix, a in enumerate(xs):
-        for iy, b in enumerate(ys):
-            assert grid.loss[ix, iy] == known(a, b)
-            assert grid.accuracy[ix, iy] == a - 2 * b
-    assert objective.loss_calls == 21 and grid.cells_evaluated == 21
-
-
-def test_one_dimensional_line():
-    w = torch.zeros(3, dtype=torch.float64)
-    d1 = torch.tensor([1.0, 0, 0], dtype=torch.float64)
-    alphas = make_line(9, -1, 1)
-    grid = evaluate_surface(KnownSurface(), w, d1, None, alphas, None)
-    assert grid.loss.shape == (9,) and grid.axes == ("ix",)
-    np.testing.assert_array_equal(grid.loss, alphas**2)
-    with pytest.raises(LandscapeError, match="needs both d2 and y_coords"):
-        evaluate_surface(KnownSurface(), w, d1, d1, alphas, None)
-
-
-def _softmax_regression(seed=0, n=70, features=5, classes=3):
-    torch.manual_seed(seed)
-    flat = FlatModel(nn.Linear(features, classes))
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(n, features, generator=g)
-    y = torch.randint(0, classes, (n,), generator=g)
-    return flat, Objective(flat, {}, AnalysisData(x, y, batch_size=16))
-
-
-def test_centre_cell_equals_the_checkpoint_loss_exactly():
-    flat, objective = _softmax_regression()
-    w = flat.vector()
-    plane = random_plane(flat, w, 0, ignore_1d=False)
-    for vectorize in (True, False):
-        grid = evaluate_surface(objective, w, plane.d1, plane.d2, make_axis(5, -1, 1), make_axis(3, -1, 1),
-                                vectorize=vectorize)
-        assert grid.loss[2, 1] == objective.loss(w).item()  # bitwise
-        assert grid.accuracy[2, 1] == objective.accuracy(w)
-
-
-def test_real_objective_loss_changes_only_along_d1_when_d2_shifts_every_logit_equally():
-    """Softmax is invariant to adding one constant to every logit: d2 = +1 on all biases leaves F unchanged,
-    so loss[ix, iy] must be constant in iy and vary in ix (and equal an independent float64 computation)."""
-    flat, objective = _softmax_regression()
-    w = flat.vector()
-    d1 = filter_normalized_direction(flat, w, 3)
-    d2 = torch.cat([torch.zeros(15), torch.ones(3)])  # weight [3, 5] then bias [3]
-    xs, ys = make_axis(7, -2, 2), make_axis(5, -3, 3)
-    grid = evaluate_surface(objective, w, d1, d2, xs, ys, cells_per_batch=6)
-    np.testing.assert_allclose(grid.loss, np.repeat(grid.loss[:, :1], 5, axis=1), rtol=1e-6)
-    assert np.all(np.abs(np.diff(grid.loss[:, 0])) > 1e-3)
-    x, y = objective.data.x.double(), objective.data.y
-    for ix, a in enumerate(xs):
-        for iy, b in enumerate(ys):
-            u = (w.double() + a * d1.double() + b * d2.double())
-            weight, bias = u[:15].view(3, 5), u[15:]
-            expected = F.cross_entropy(x @ weight.T + bias, y).item()
-            assert grid.loss[ix, iy] == pytest.approx(expected, rel=1e-5)
-
-
-def _small_cnn(seed=0, batchnorm=False):
-    torch.manual_seed(seed)
-    if batchnorm:
-        module = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(),
-                               nn.Linear(3 * 8 * 8, 4))
-    else:
-        module = build_model("cnn", (1, 8, 8), 4, {"width": 3, "hidden": 8})
-    g = torch.Generator().manual_seed(seed + 1)
-    x, y = torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 4, (40,), generator=g)
-    flat = FlatModel(module)
-    if batchnorm:
-        with torch.no_grad():
-            module.train()
-            for _ in range(3):
-                module(x)
-            module.eval()
-    return flat, flat.buffers(), AnalysisData(x, y, batch_size=16)
-
-
-def test_batched_cells_equal_cells_one_at_a_time_on_a_cnn():
-    flat, buffers, data = _small_cnn()
-    objective = Objective(flat, buffers, data)
-    w = flat.vector()
-    plane = random_plane(flat, w, 2)
-    axes = make_axis(5, -1, 1), make_axis(5, -1, 1)
-    batched = evaluate_surface(objective, w, plane.d1, plane.d2, *axes, cells_per_batch=8)
-    single = evaluate_surface(objective, w, plane.d1, plane.d2, *axes, vectorize=False)
-    np.testing.assert_allclose(batched.loss, single.loss, rtol=1e-6)
-    np.testing.assert_array_equal(batched.accuracy, single.accuracy)
-    # and each equals the objective's own F at w + a d1 + b d2
-    for ix, iy in ((0, 0), (4, 1), (1, 3)):
-        u = w + axes[0][ix] * plane.d1 + axes[1][iy] * plane.d2
-        assert batched.loss[ix, iy] == pytest.approx(objective.loss(u).item(), rel=1e-6)
-
-
-@pytest.mark.parametrize("bn_mode", ["eval", "train-batch-stats", "recompute"])
-def test_batchnorm_modes_follow_the_objective(bn_mode):
-    flat, buffers, data = _small_cnn(batchnorm=True)
-    objective = Objective(flat, buffers, data, bn_mode)
-    w = flat.vector()
-    before = {k: v.clone() for k, v in flat.module.state_dict().items()}
-    plane = random_plane(flat, w, 1)
-    grid = evaluate_surface(objective, w, plane.d1, plane.d2, make_axis(3, -1, 1), make_axis(3, -1, 1))
-    assert grid.loss[1, 1] == objective.loss(w).item()
-    for ix, iy in ((0, 0), (2, 1)):
-        u = w + grid.x_coords[ix] * plane.d1 + grid.y_coords[iy] * plane.d2
-        assert grid.loss[ix, iy] == pytest.approx(objective.loss(u).item(), rel=1e-6)
-        assert grid.accuracy[ix, iy] == objective.accuracy(u)
-    assert all(torch.equal(before[k], v) for k, v in flat.module.state_dict().items())  # module untouched
-    assert not flat.module.training
-
-
-class Interrupted(Exception):
-    pass
-
-
-def _interrupt_after(calls, path, key):
-    state = {"calls": 0}
-
-    def on_checkpoint(grid):
-        save_partial(path, grid, key)
-        state["calls"] += 1
-        if state["calls"] == calls:
-            raise Interrupted
-
-    return on_checkpoint
-
-
-def test_an_interrupted_surface_recomputes_only_the_missing_cells(tmp_path):
-    w = torch.zeros(3, dtype=torch.float64)
-    d1, d2 = torch.tensor([1.0, 0, 0], dtype=torch.float64), torch.tensor([0, 1.0, 0], dtype=torch.float64)
-    xs, ys = make_axis(9, -1, 1), make_axis(5, -1, 1)
-    path, key = tmp_path / "surface.partial.npz", {"settings": 1, "checkpoint": "abc"}
-    objective = KnownSurface()
-    with pytest.raises(Interrupted):
-        evaluate_surface(objective, w, d1, d2, xs, ys, cells_per_batch=4, save_every=8,
-                         on_checkpoint=_interrupt_after(2, path, key))
-    partial = load_partial(path, key, xs, ys)
-    done = 45 - partial.missing
-    assert done == 16  # two saves of 8 cells
-    assert load_partial(path, {"settings": 2, "checkpoint": "abc"}, xs, ys) is None  # other settings
-    assert load_partial(path, key, make_axis(9, -2, 2), ys) is None  # other grid
-    resumed_objective = KnownSurface()
-    resumed = evaluate_surface(resumed_objective, w, d1, d2, xs, ys, loss=partial.loss,
-                               accuracy=partial.accuracy, cells_per_batch=4, save_every=8)
-    assert resumed_objective.loss_calls == 45 - done and resumed.cells_evaluated == 45 - done
-    whole = evaluate_surface(KnownSurface(), w, d1, d2, xs, ys)
-    np.testing.assert_array_equal(resumed.loss, whole.loss)
-    np.testing.assert_array_equal(resumed.accuracy, whole.accuracy)
-
-
-def test_an_interrupted_batched_surface_resumes_to_the_same_bits(tmp_path):
-    flat, buffers, data = _small_cnn()
-    objective = Objective(flat, buffers, data)
-    w = flat.vector()
-    plane = random_plane(flat, w, 0)
-    xs, ys = make_axis(7, -1, 1), make_axis(5, -1, 1)
-    path, key = tmp_path / "p.npz", {"k": 1}
-    with pytest.raises(Interrupted):
-        evaluate_surface(objective, w, plane.d1, plane.d2, xs, ys, cells_per_batch=4, save_every=8,
-                         on_checkpoint=_interrupt_after(1, path, key))
-    partial = load_partial(path, key, xs, ys)
-    assert partial.missing == 35 - 8
-    resumed = evaluate_surface(objective, w, plane.d1, plane.d2, xs, ys, loss=partial.loss,
-                               accuracy=partial.accuracy, cells_per_batch=4)
-    assert resumed.cells_evaluated == 27
-    whole = evaluate_surface(objective, w, plane.d1, plane.d2, xs, ys, cells_per_batch=4)
-    np.testing.assert_array_equal(resumed.loss, whole.loss)
-    np.testing.assert_array_equal(resumed.accuracy, whole.accuracy)
-
-
-def test_partial_files_that_cannot_be_used_are_ignored(tmp_path):
-    xs = make_axis(3, -1, 1)
-    assert load_partial(tmp_path / "none.npz", {}, xs, xs) is None
-    (tmp_path / "bad.npz").write_bytes(b"not a zip file")
-    assert load_partial(tmp_path / "bad.npz", {}, xs, xs) is None
-    save_partial(tmp_path / "line.npz", SurfaceGrid.empty(xs), {})
-    assert load_partial(tmp_path / "line.npz", {}, xs, xs) is None  # saved 1D, asked 2D
-    assert load_partial(tmp_path / "line.npz", {}, xs, None).shape == (3,)
-
 
 # ----------------------------------------------------------------------------------------------------------
 # the pass
@@ -402,6 +142,10 @@ def test_local_and_test_landscapes(run, context, data):
                                                 else len(context.source.setup.client_indices[1]))
 
 
+class Interrupted(Exception):
+    pass
+
+
 def test_the_pass_resumes_an_interrupted_surface(run, monkeypatch):
     whole_record, whole = surface(run, grid="7x5", cells_per_batch=4, save_every=8)
     real_save = surface_module.save_partial
@@ -479,7 +223,7 @@ def test_surfaces_of_other_directions_stand_side_by_side(run):
     assert random_record["result"]["directions"] == "random" and pca_record["result"]["directions"] == "pca"
     with np.load(out / "surface@analysis_samples-400_grid-5.npz") as f:  # the PCA surface did not overwrite it
         np.testing.assert_array_equal(f["loss"], random_arrays["loss"])
-    from landscape.figures.curves import load_runs
+    from landscape.figures.rundata import load_runs
 
     loaded = load_runs(run)[0]
     assert loaded.analysed_rounds("surface") == loaded.analysed_rounds("surface-pca") == [4]

@@ -14,8 +14,8 @@ from conftest import invoke, recipe6
 
 from landscape import recipe as recipes
 from landscape.analyze.catalog import load_passes, pass_options
-from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.scheduler import run_analysis
+from landscape.analyze.settings import AnalysisSettings
 from landscape.errors import LandscapeError
 from landscape.runs import RunDir, load_checkpoint
 from landscape.train import loop

@@ -48,7 +48,7 @@ from torch import Tensor
 from landscape import perturb
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
-from landscape.setup import derived_seed
+from landscape.rng import derived_seed
 
 _STREAM_ANALYSIS_BATCHES = 101  # keeps the analysis minibatch streams apart from training's streams
 

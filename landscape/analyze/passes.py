@@ -10,17 +10,19 @@ A pass reads one checkpoint (``CheckpointContext``) and its options, and returns
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from landscape.analyze import functions
-from landscape.analyze.context import CheckpointContext
 from landscape.analyze.registry import CLIENTS, KEPT_CLIENTS, PASSES, Cost, PassOutput, Quantity, StoredResult
 from landscape.analyze.serial import split_result
 from landscape.analyze.trace import DEFAULT_TRACE_METHOD, TRACE_METHODS
 from landscape.errors import LandscapeError
 from landscape.registry import NON_NEGATIVE, POSITIVE
+
+if TYPE_CHECKING:
+    from landscape.analyze.context import CheckpointContext
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from landscape.analyze.catalog import load_passes
-from landscape.analyze.context import AnalysisSettings
+from landscape.analyze.settings import AnalysisSettings
 from landscape.errors import LandscapeError
 from landscape.recipe import read_toml
 

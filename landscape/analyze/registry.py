@@ -44,7 +44,7 @@ class Cost:
 
 
 class StoredResult(Protocol):
-    """What a quantity reads of a stored result (``figures.curves.PassRecord``)."""
+    """What a quantity reads of a stored result (``figures.rundata.PassRecord``)."""
 
     def value(self, key: str, default: Any = ...) -> Any: ...
 

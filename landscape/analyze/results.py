@@ -102,7 +102,7 @@ def value_text(value: Any) -> str:
 
 
 def _analysis_defaults() -> dict[str, Any]:
-    from landscape.analyze.context import AnalysisSettings
+    from landscape.analyze.settings import AnalysisSettings
 
     return AnalysisSettings().record()
 

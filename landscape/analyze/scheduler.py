@@ -16,7 +16,6 @@ from typing import Any
 from landscape import parallel
 from landscape.analyze.catalog import load_passes
 from landscape.analyze.context import (
-    AnalysisSettings,
     CheckpointContext,
     ForeignModel,
     Source,
@@ -35,6 +34,7 @@ from landscape.analyze.results import (
     settings_text,
     store_result,
 )
+from landscape.analyze.settings import AnalysisSettings
 from landscape.errors import LandscapeError
 from landscape.runs import CheckpointError, partition_problem
 from landscape.setup import thread_count, using_threads

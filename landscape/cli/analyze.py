@@ -87,9 +87,9 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
     every pass but `surface` runs; --directions/--grid/--span/--data alone run the surface pass.
     """
     from landscape.analyze.catalog import pass_options
-    from landscape.analyze.context import AnalysisSettings
     from landscape.analyze.recipes import load_analysis_recipe
     from landscape.analyze.scheduler import format_summary, run_analysis
+    from landscape.analyze.settings import AnalysisSettings
 
     click_ctx = click.get_current_context()
 

@@ -12,7 +12,7 @@ from landscape.errors import LandscapeError
 
 if TYPE_CHECKING:
     from landscape.figures.book import FigureRecipe
-    from landscape.figures.curves import RunData
+    from landscape.figures.rundata import RunData
 
 
 @click.command("figures")

@@ -56,7 +56,7 @@ from matplotlib.figure import Figure
 
 from landscape.errors import LandscapeError
 from landscape.figures import curves, surfaces
-from landscape.figures.curves import RunData
+from landscape.figures.rundata import RunData, require_passes
 from landscape.recipe import read_toml
 from landscape.runs import surface_result_name, write_text
 
@@ -87,7 +87,7 @@ class PlotKind:
 
 def surface_sources(runs: Sequence[RunData], name: str = "surface") -> list[Path]:
     """Each run's surface ``name`` (surface, surface-pca, ...) at its latest analysed round."""
-    curves.require_passes(runs, [name])
+    require_passes(runs, [name])
     return [run.pass_record(name).path.with_suffix(".npz") for run in runs]
 
 
@@ -414,12 +414,15 @@ def checkpoint_rounds(train: Any) -> list[int]:
 
 def analysed_rounds(pass_name: str, spec: str, train: Any) -> list[int]:
     """The rounds at which a figure's ``pass_name`` (rounds ``spec``: last, all or a comma list) has results
-    in a run trained with ``train``: the chosen checkpoints; for the flatness pass those with kept client
-    models (none without ``train.keep_clients``, never round 0)."""
+    in a run trained with ``train``: the chosen checkpoints; for a pass that reads kept client models
+    (flatness) those that have them (none without ``train.keep_clients``, never round 0)."""
+    from landscape.analyze.catalog import load_passes
+    from landscape.analyze.registry import KEPT_CLIENTS
+
     have = checkpoint_rounds(train)
     chosen = have[-1:] if spec == "last" else have if spec == "all" else [
         r for r in map(int, spec.split(",")) if r in have]
-    if pass_name == "flatness":
+    if KEPT_CLIENTS in load_passes().info(pass_name).needs:  # the flatness pass: the round's kept clients
         chosen = [r for r in chosen if r > 0] if train.keep_clients else []
     return chosen
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from landscape.errors import LandscapeError
 from landscape.figures.claim_statistics import MAX_SEEDS
-from landscape.figures.report import quantities
+from landscape.figures.report_data import quantities
 from landscape.recipe import read_toml
 
 DEFAULT_TAU = 0.5  # nats above the centre's loss: the level set whose area ``surface width`` measures
@@ -184,6 +184,8 @@ def check_rounds(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, 
     analyses its pass at (``pass_rounds``, ``book.analysed_rounds``). ``trained``: run id -> (seed, training
     settings) of each of its runs. One line naming the file, the comparison, its rounds and the run's rounds
     otherwise."""
+    from landscape.analyze.catalog import load_passes
+    from landscape.analyze.registry import KEPT_CLIENTS
     from landscape.figures.book import analysed_rounds, logged_rounds, round_list
 
     for i, comparison in enumerate(claim.comparisons, 1):
@@ -199,8 +201,8 @@ def check_rounds(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, 
                 else:
                     have = analysed_rounds(output, pass_rounds[output], train)
                     why = f"the figure analyses {output} at rounds {pass_rounds[output]}"
-                    if output == "flatness" and not have:
-                        why += "; the flatness pass needs train.keep_clients = true"
+                    if KEPT_CLIENTS in load_passes().info(output).needs and not have:
+                        why += f"; the {output} pass needs train.keep_clients = true"
                 if not _covered(comparison.rounds, have):
                     which = run_id if seed is None else f"{run_id} seed {seed}"
                     raise LandscapeError(f"{claim.path}: [[compare]] {i}: rounds "

@@ -63,7 +63,7 @@ from landscape.figures.claim_statistics import (
     one_sided_paired_t,
     sign_flip_p,
 )
-from landscape.figures.curves import RunData
+from landscape.figures.rundata import RunData
 from landscape.figures.seeds import mean_se
 from landscape.runs import write_text
 

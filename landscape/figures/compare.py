@@ -44,9 +44,9 @@ from typing import Any
 
 from landscape.analyze.registry import Quantity
 from landscape.errors import LandscapeError
-from landscape.figures import curves, surfaces
-from landscape.figures.curves import RunData, RunsLike, as_runs
-from landscape.figures.report import (
+from landscape.figures import surfaces
+from landscape.figures.labels import settings_caption, settings_lines, with_settings
+from landscape.figures.report_data import (
     ComparisonGroup,
     ComparisonRow,
     SeedStat,
@@ -54,10 +54,11 @@ from landscape.figures.report import (
     comparison_groups,
     quantities,
 )
+from landscape.figures.rundata import RunData, RunsLike, as_runs, missing_message
 from landscape.figures.selection import Selection
 from landscape.runs import surface_result_name, write_text
 
-# The columns the papers compare, by the plain name of report.quantities (S_rho is added by radius).
+# The columns the papers compare, by the plain name of report_data.quantities (S_rho is added by radius).
 COLUMNS = ["lambda_max", "trace", "Delta_FI", "mean grad cos"]
 # Surface normalisations whose planes do not depend on the model, in the order compare tries them.
 COMPARABLE = ("euclidean", "filter-reference")
@@ -198,7 +199,7 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
         needed = {q.pass_name for q in shown} | {"sharpness"}
         lacking = sorted({name for name in needed if not run.analysed_rounds(name)} - {"flatness"})
         if lacking:
-            missing.append(curves.missing_message(run, lacking))
+            missing.append(missing_message(run, lacking))
         missing += run.notes([q.pass_name for q in shown])
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerows([header + per_seed_header,
@@ -219,8 +220,8 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
     if with_surface:
         with_surface, mode = comparable_surfaces(with_surface, name)
         sources = [run.pass_record(name).path.with_suffix(".npz") for run in with_surface]
-        titles = [curves.with_settings(f"{run.label}, round {run.analysed_rounds(name)[-1]}", run.shown(name), "\n",
-                                       width=45)  # panels side by side: ~45 characters of title each
+        titles = [with_settings(f"{run.label}, round {run.analysed_rounds(name)[-1]}", run.shown(name), "\n",
+                                width=45)  # panels side by side: ~45 characters of title each
                   for run in with_surface]
         flat = [s for s in sources if not surfaces.load_surface(s).is_2d]
         if not flat and len(sources) > 1:
@@ -240,8 +241,8 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
             written.append(out / "surfaces.html")
             write_text(written[-1], html.to_html(include_plotlyjs=True, full_html=True))
     outputs = [q.pass_name for q in shown]
-    lines = curves.settings_lines(runs, outputs)
-    caption = curves.settings_caption(with_surface, name)
+    lines = settings_lines(runs, outputs)
+    caption = settings_caption(with_surface, name)
     if caption:
         lines.append(f"{name} read with {caption}")
     return Comparison(runs, header, rows, missing, written, lines + surface_lines, per_seed_header, per_seed)

@@ -3,7 +3,7 @@
 Grouping. ``recipe_groups`` groups recipes (``recipe.toml`` as a dict) whose keys are all equal but ``seed``,
 ignoring the keys that say where or how a run was made, not what it is (``name``, ``train.device``,
 ``train.threads``, ``dataset.root``, ``dataset.download``). A configuration in which a seed repeats (two copies
-of one run) is not aggregated: each of its runs stays a group of its own. ``curves.load_runs`` marks the runs of
+of one run) is not aggregated: each of its runs stays a group of its own. ``rundata.load_runs`` marks the runs of
 a group (``RunData.group``, ``RunData.group_label``, one colour); a figure recipe groups by run id instead
 (``book.figure_runs``: every seed of an id has the id's label and colour). ``groups`` turns loaded runs into
 ``SeedGroup``s, in the order of their first run.
@@ -26,7 +26,7 @@ import numpy as np
 
 from landscape.errors import LandscapeError
 
-# A run is a ``curves.RunData`` (not imported: curves imports this module, and the package has no import cycle).
+# A run is a ``rundata.RunData`` (not imported: rundata imports this module, and the package has no import cycle).
 RunData = Any
 
 # Recipe keys that do not make two runs different experiments (besides the seed itself).

@@ -17,9 +17,9 @@ Rounds analysed only with other settings are left out of the run's curves and na
 ``Chosen.shown`` says which settings are read where they are not the ones asked for (the defaults, or the
 recipe's), for the labels.
 
-Of the analysis it reads names and defaults only: the registered passes' options (``load_passes``) and the
-analysis settings (``AnalysisSettings``), the two imports that still bring the pass modules along
-(docs/architecture.md).
+Of the analysis it reads names and defaults only: the registered passes' options (``load_passes``, the import
+that still brings the pass modules along: docs/architecture.md) and the analysis settings
+(``analyze/settings.py``, which imports nothing of the analysis).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from landscape.analyze.catalog import load_passes  # the registered passes, whose settings results name
-from landscape.analyze.context import AnalysisSettings
 from landscape.analyze.results import (
     NOT_NAMED,
     qualified_settings,
@@ -38,6 +37,7 @@ from landscape.analyze.results import (
     settings_text,
     value_text,
 )
+from landscape.analyze.settings import AnalysisSettings
 from landscape.errors import LandscapeError
 
 # What F is: read at its default unless a filter names it.
@@ -48,7 +48,7 @@ _ANALYZE_FLAGS = {"split": "--split", "analysis_samples": "--analysis-samples", 
 
 
 class Result(Protocol):
-    """What selection reads of a stored result (``curves.PassRecord``)."""
+    """What selection reads of a stored result (``rundata.PassRecord``)."""
 
     pass_name: str
     output: str

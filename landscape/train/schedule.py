@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from landscape.recipe import TrainSettings
-from landscape.setup import derived_seed
+from landscape.rng import derived_seed
 
 # Tags that keep the derived random streams of one seed apart.
 STREAM_SAMPLING, STREAM_CLIENT = 1, 2

@@ -78,7 +78,7 @@ def check_claims(work: Sequence[ClaimWork], out: Path, *, device: str = "auto", 
     """Train and analyse each claim's runs where missing, test its comparisons over seeds, take Holm's step
     over every comparison of ``work`` and write claims.md and claims.json into ``out``."""
     from landscape.figures import claims
-    from landscape.figures.curves import load_runs
+    from landscape.figures.rundata import load_runs
 
     results = []
     for claim, fig, fig_out in work:

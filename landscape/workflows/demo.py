@@ -45,8 +45,8 @@ def run_demo(out: Path, *, progress: bool = False, notify: Notify = ignore) -> D
     """Train (make-like: finished runs are reused), analyse and draw the demo into ``out``."""
     from landscape import recipe as recipes
     from landscape.analyze.catalog import default_passes, pass_options
-    from landscape.analyze.context import AnalysisSettings
     from landscape.analyze.scheduler import AnalysisReport, analysis_data, run_analysis
+    from landscape.analyze.settings import AnalysisSettings
 
     if not DEMO_RECIPE.is_file():
         raise LandscapeError(f"the demo's recipe {DEMO_RECIPE} is missing (the demo runs from a checkout of "

@@ -12,7 +12,7 @@ from landscape.workflows.ensure import Notify, ensure_analysis, ensure_run, igno
 
 if TYPE_CHECKING:
     from landscape.figures.book import FigureRecipe
-    from landscape.figures.curves import RunData
+    from landscape.figures.rundata import RunData
     from landscape.figures.selection import Selection
 
 
@@ -25,7 +25,7 @@ def figure_folder(fig: FigureRecipe, parent: Path) -> Path:
 def figure_analysis(fig: FigureRecipe, device: str) -> tuple[Any, dict[str, Any]]:
     """A figure recipe's analysis settings and each of its passes' options, checked."""
     from landscape.analyze.catalog import pass_options
-    from landscape.analyze.context import AnalysisSettings
+    from landscape.analyze.settings import AnalysisSettings
 
     try:
         settings = AnalysisSettings(device=device, **fig.settings)
@@ -93,7 +93,7 @@ def check_figure(fig: FigureRecipe, out: Path, *, device: str,
     given runs (``run_paths``: returned, read) or that each round the figure analyses is a checkpoint its own
     runs will have (returns [])."""
     from landscape.figures import book
-    from landscape.figures.curves import load_runs
+    from landscape.figures.rundata import load_runs
 
     figure_analysis(fig, device)
     if run_paths:
@@ -124,7 +124,7 @@ def _draw(fig: FigureRecipe, out: Path, paths: list[Path], by_id: dict[str, list
           selection: Selection, notify: Notify) -> list[Path]:
     """Every plot of the figure: over all runs of ``paths`` (``by_id`` None), else over its own run ids."""
     from landscape.figures import book
-    from landscape.figures.curves import load_runs
+    from landscape.figures.rundata import load_runs
 
     drawn = load_runs(paths, selection)
     if by_id is None:

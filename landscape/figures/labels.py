@@ -1,0 +1,113 @@
+"""The words of the figures, shared by the matplotlib and plotly renderers: axis labels of the metrics, run
+labels for legends, and the settings a figure shows in its titles and captions.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from landscape.algorithm_labels import algorithm_label
+from landscape.figures.seeds import flat_recipe
+from landscape.figures.selection import Selection, caption
+
+# A run is a ``rundata.RunData`` (not imported: rundata imports this module, and the package has no import
+# cycle).
+RunData = Any
+
+# y-axis labels (with units) of the metrics.jsonl keys
+METRIC_LABELS = {
+    "train_loss": "train loss (cross-entropy, nats)",
+    "test_loss": "test loss (cross-entropy, nats)",
+    "test_acc": "test accuracy (fraction)",
+    "flatness_distance": r"flatness distance $\Delta_D$ ($\|y_i - \bar y\|^2$, mean over clients)",
+    "flatness_distance_normalized": r"$\Delta_D / \|\bar y\|^2$",
+    "flatness_distance_to_global":
+        r"distance to the new global model ($\|y_i - x^{t+1}\|^2$, mean over clients)",
+    "flatness_distance_to_global_normalized": r"$\|y_i - x^{t+1}\|^2$ / $\|x^{t+1}\|^2$",
+    "update_norm": r"server update norm $\|x^{t+1} - x^t\|$",
+    "uplink_floats": "uplink floats per round",
+    "seconds": "seconds per round (s)",
+    "lr": "learning rate",
+}
+
+_LABEL_IGNORES = {"name", "train.device", "dataset.root", "dataset.download"}
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def run_label(recipe: dict) -> str:
+    """'FedSAM alpha=0.1': the algorithm's name and the partition's heterogeneity."""
+    algorithm = str(recipe.get("algorithm", {}).get("name", "?"))
+    label = algorithm_label(algorithm)
+    partition = recipe.get("partition", {})
+    kind = partition.get("name")
+    if kind == "dirichlet" and "alpha" in partition:
+        label += f" alpha={_fmt(partition['alpha'])}"
+    elif kind == "pathological" and "classes_per_client" in partition:
+        label += f" {partition['classes_per_client']} classes/client"
+    elif kind:
+        label += f" {kind}"
+    return label
+
+
+def run_labels(recipes: Sequence[dict], names: Sequence[str]) -> list[str]:
+    """Labels per run, unique: runs sharing a label get the recipe keys they differ in (e.g. seed=1), and
+    the directory name when even those are the same."""
+    base = [run_label(r) for r in recipes]
+    labels = list(base)
+    for label in set(base):
+        group = [i for i, b in enumerate(base) if b == label]
+        if len(group) < 2:
+            continue
+        flats = [flat_recipe(recipes[i]) for i in group]
+        keys = sorted(set().union(*flats) - _LABEL_IGNORES)
+        differing = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+        tails = Counter(k.rsplit(".", 1)[-1] for k in differing)
+        short = {k: k.rsplit(".", 1)[-1] if tails[k.rsplit(".", 1)[-1]] == 1 else k for k in differing}
+        for i, flat in zip(group, flats):
+            extra = ", ".join(f"{short[k]}={_fmt(flat.get(k))}" for k in differing)
+            labels[i] = f"{label} {extra}" if extra else label
+    counts = Counter(labels)
+    return [f"{label} ({name})" if counts[label] > 1 else label for label, name in zip(labels, names)]
+
+
+def settings_caption(runs: Sequence[RunData], output: str) -> str:
+    """The settings of the ``output`` results a figure of ``runs`` shows, where they are not those asked for
+    (the defaults, or a figure recipe's): '' when they are; shared settings once; else run by run."""
+    return caption([(run.label, run.shown(output)) for run in runs if run.analysed_rounds(output)],
+                   "as in the recipe" if any(run.selection.exact for run in runs) else "defaults")
+
+
+def settings_lines(runs: Sequence[RunData], outputs: Sequence[str]) -> list[str]:
+    """Which settings the results read of ``runs`` have: the selection, then each output read with other
+    settings than asked (``settings_caption``)."""
+    selection = runs[0].selection if runs else Selection()
+    if selection.exact:
+        head = "settings: those the figure recipe analyses with"
+    elif selection.filters:
+        head = f"settings: {selection.describe()} (the rest at their defaults where computed)"
+    else:
+        head = "settings: the defaults where computed (training split, BN mode eval, global surface data)"
+    lines = [head]
+    for output in dict.fromkeys(outputs):
+        text = settings_caption(runs, output)
+        if text:
+            lines.append(f"{output} read with {text}")
+    return lines
+
+
+def with_settings(title: str, settings: str, sep: str = " ", *, matplotlib: bool = True,
+                  width: int = 60) -> str:
+    """A title with the settings it shows in brackets (for matplotlib a '$' is escaped: it starts maths, and
+    settings on a line of their own are wrapped at ``width`` characters, so panel titles side by side do not
+    meet)."""
+    if matplotlib:
+        settings = settings.replace("$", "\\$")
+        if sep == "\n" and len(settings) > width:
+            settings = "\n".join(textwrap.wrap(settings, width, break_on_hyphens=False))
+    return f"{title}{sep}[{settings}]" if settings else title

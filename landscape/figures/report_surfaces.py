@@ -1,0 +1,171 @@
+"""The report's loss-surface section: every surface of every run, titled with what it is and its settings.
+
+2D surfaces are 3D plotly plots (``landscape.figures.surfaces.surface_figure``); those of one quantity (e.g.
+training loss (global F)) share one colour scale and z range (``surfaces.value_range``), so that runs compare
+by eye. 1D surfaces are lines on their own axes. The section says what the runs' random planes compare
+(``surfaces.compare_planes``) and, per plane, the model's weight norm.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.colors import to_hex
+
+from landscape.errors import LandscapeError
+from landscape.figures.report_data import surface_files
+from landscape.figures.report_html import Page, note
+from landscape.figures.report_plotly import line_surface_figure
+from landscape.figures.rundata import RunData
+from landscape.figures.selection import settings_label
+
+
+def surface_renderer() -> Callable[..., Any] | None:
+    """``landscape.figures.surfaces.surface_figure`` when that module provides it."""
+    try:
+        from landscape.figures import surfaces
+    except ImportError:
+        return None
+    renderer = getattr(surfaces, "surface_figure", None)
+    return renderer if callable(renderer) else None
+
+
+def _surface_kind(path: Path) -> str:
+    """'random plane', 'PCA plane', 'client plane' or 'line to <target>' from the record beside the NPZ."""
+    try:
+        meta = json.loads(path.with_suffix(".json").read_text()).get("result", {})
+    except (OSError, ValueError, AttributeError):
+        return path.name
+    kind = meta.get("directions") if isinstance(meta, dict) else None
+    from landscape.figures.surfaces import normalization_of
+
+    random = "random plane"
+    if kind == "random":
+        random = {"filter": "random plane filter-normalised to this model (Li et al. 2018)",
+                  "euclidean": f"euclidean random plane (||d1|| = ||d2|| = {meta.get('length')})",
+                  "filter-reference": f"random plane filter-normalised to {meta.get('reference')}",
+                  }.get(normalization_of(meta) or "filter", random)
+    names = {"random": random, "pca": "PCA plane of the trajectory", "clients": "plane of two client models"}
+    text = (f"line to {meta.get('target', 'the target')}" if kind == "interpolate"
+            else names.get(kind, path.name))
+    try:
+        record = json.loads(path.with_suffix(".json").read_text())
+        settings = settings_label("surface", record.get("settings"))
+    except (OSError, ValueError, AttributeError):
+        return text
+    return text if settings == "the defaults" else f"{text}, {settings}"
+
+
+def _surface_scales(paths: Sequence[Path]) -> tuple[dict[Path, str], dict[str, tuple[float, float]]]:
+    """The quantity each 2D surface shows (its colour-bar label, e.g. training loss (global F)) and, per
+    quantity, the (lowest, highest) value over all of them (``surfaces.value_range``; one flat surface: a
+    range around its value): the colour scale and z range that the report's 3D plots of that quantity share.
+    Files that cannot be read are left out here (drawing them says why)."""
+    from landscape.figures.surfaces import load_surface, value_range
+
+    quantity: dict[Path, str] = {}
+    of_quantity: dict[str, list[Any]] = {}
+    for path in paths:
+        try:
+            surface = load_surface(path)
+        except (LandscapeError, OSError, ValueError, KeyError):
+            continue
+        if not surface.is_2d or not np.isfinite(surface.loss).any():
+            continue
+        label = quantity[path] = surface.quantity_label("loss")
+        of_quantity.setdefault(label, []).append(surface)
+    return quantity, {label: value_range(found) for label, found in of_quantity.items()}
+
+
+def _plane_caption(path: Path) -> str:
+    """'; ||x|| = 23.4; ...' for a 2D surface's caption: the model's weight norm and, for a per-model
+    filter-normalised plane, that its axis units are that model's own (not comparable across runs)."""
+    from landscape.figures.surfaces import load_surface, normalization_of, weight_norm_text
+
+    try:
+        surface = load_surface(path)
+    except (LandscapeError, OSError, ValueError, KeyError):
+        return ""
+    text = f"; {weight_norm_text(surface)}" if weight_norm_text(surface) else ""
+    if normalization_of(surface.meta) == "filter":
+        text += "; filter-normalised to this model's own weights: its axis units are not another run's"
+    return text
+
+
+def _random_planes_line(files: Sequence[tuple[RunData, int, Path]]) -> str:
+    """What the random planes of different runs compare (``surfaces.compare_planes``); '' for fewer than
+    two runs."""
+    from landscape.figures.surfaces import compare_planes, load_surface
+
+    found = []
+    for run, r, path in files:
+        try:
+            surface = load_surface(path)
+        except (LandscapeError, OSError, ValueError, KeyError):
+            continue
+        if surface.is_2d and surface.meta.get("directions") == "random":
+            found.append((f"{run.label} (round {r})", surface))
+    if len({label.rsplit(' (round', 1)[0] for label, _ in found}) < 2:
+        return ""
+    planes = compare_planes([s for _, s in found], [label for label, _ in found])
+    return f"Random planes of the runs: {planes.text}."
+
+
+def surfaces_section(runs: Sequence[RunData], page: Page) -> str:
+    """The section's HTML, its plots added to ``page``; '' when no run has a surface."""
+    files = [(run, r, p) for run in runs for r, p in surface_files(run)]
+    if not files:
+        return ""
+    renderer = surface_renderer()
+    quantity, scales = _surface_scales([p for _, _, p in files]) if renderer is not None else ({}, {})
+    counts = {label: list(quantity.values()).count(label) for label in scales}
+    parts = ['<section id="surfaces"><h2>Loss surfaces</h2>']
+    if scales:
+        shared = "; ".join(f"{label}: {low:.4g} to {high:.4g} ({counts[label]} surface"
+                           f"{'s' if counts[label] > 1 else ''})" for label, (low, high) in scales.items())
+        text = ("The 3D surfaces share one colour scale and z range, so that runs compare by eye: "
+                if len(scales) == 1
+                else "3D surfaces of one quantity share one colour scale and z range; surfaces of different "
+                     "quantities are on separate scales: ")
+        parts.append(f"<p>{html.escape(text + shared)}.</p>")
+    planes_line = _random_planes_line(files)
+    if planes_line:
+        parts.append(f"<p>{html.escape(planes_line)}</p>")
+    for run, r, path in files:
+        title = f"{run.label}, round {r}, {_surface_kind(path)}"
+        # The plot is named by the output (surface, surface-pca, ...), not by the settings part of the file
+        # name.
+        name = f"surface-{run.name}-round-{r}-{path.stem.partition('@')[0]}"
+        caption = f"from {path}"
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                is_2d = "y_coords" in f.files
+            if is_2d and renderer is None:
+                parts.append(note(f"{path}: no surface renderer available (landscape.figures.surfaces."
+                                   "surface_figure); the surface is left out"))
+                continue
+            if is_2d:
+                label = quantity.get(path, "")
+                fig = renderer([path], [title], limits=scales.get(label))
+                if label and counts[label] == 1 and len(scales) > 1:
+                    caption += f"; on its own scale: the only surface of {label}"
+                elif label:
+                    low, high = scales[label]
+                    caption += (f"; colours and z on the scale shared by every surface of {label}: "
+                                f"{low:.4g} to {high:.4g}")
+                caption += _plane_caption(path)
+            else:
+                fig = line_surface_figure(path, title, to_hex(run.color))
+                caption += "; a 1D line, drawn as a curve on its own axis (not on the surfaces' colour scale)"
+        except (LandscapeError, OSError, ValueError, KeyError) as e:
+            parts.append(note(f"{path}: cannot draw this surface ({e})"))
+            continue
+        parts.append(f"<h3>{html.escape(title)}</h3>")
+        parts.append(page.plot(name, fig, caption))
+    parts.append("</section>")
+    return "\n".join(parts)
