@@ -41,6 +41,7 @@ from landscape.figures.extract import (
     lambda_max_series,
 )
 from landscape.figures.labels import METRIC_LABELS, settings_caption, with_settings
+from landscape.figures.over_seeds import by_seed_group, density_floor, mean_cosines, rounds_text
 from landscape.figures.rundata import RunsLike, as_runs, require_metric, require_passes
 from landscape.figures.seeds import SeedGroup, groups, mean_se, series_mean
 from landscape.figures.style import new_figure, over_rounds, round_axis, seed_note
@@ -179,8 +180,7 @@ def _client_dots(ax: Any, grouped: Sequence[tuple[SeedGroup, list[HessianSummary
 
 def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
     summaries = hessian_summaries(runs, round)
-    by_run = {id(s.run): s for s in summaries}
-    grouped = [(g, [by_run[id(run)] for run in g.runs]) for g in groups([s.run for s in summaries])]
+    grouped = by_seed_group(summaries)
     fig = new_figure(15, 4.8)
     ax_max, ax_ratio, ax_density = fig.subplots(1, 3, width_ratios=[1, 1, 1.6])
     x = np.arange(len(grouped))
@@ -190,8 +190,7 @@ def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
     def tick(group: SeedGroup, members: list[HessianSummary]) -> str:
         text = group.label + (f"\n(n={group.n})" if group.n > 1 else "")
         if not same_round:
-            theirs = sorted({s.round for s in members})
-            text += f"\nround{'s' if len(theirs) > 1 else ''} {', '.join(map(str, theirs))}"
+            text += "\n" + rounds_text(sorted({s.round for s in members}))
         return text
 
     ticks = [tick(g, members) for g, members in grouped]
@@ -217,8 +216,7 @@ def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
                       rotation_mode="anchor", fontsize="small")
         ax.margins(y=0.3 if ax.get_legend() is not None else 0.15)  # room for the legend above the bars
         ax.grid(axis="y", alpha=0.3)
-    peak = max((float(np.nanmax(s.density)) for s in summaries if s.density.size), default=1.0)
-    floor = peak * 1e-7 if peak > 0 else 1e-12
+    floor = density_floor(summaries)
     for group, members in grouped:
         # several seeds: each a thin line of the group's colour, one legend entry
         for k, s in enumerate(members):
@@ -321,8 +319,7 @@ def alignment_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
     """Heatmaps of C_ij = cos(grad F_i, grad F_j), all on the one colour scale [-1, 1] with one colour bar;
     several seeds of a configuration: the mean matrix over them (n in the title)."""
     matrices = alignment_matrices(runs, round)
-    by_run = {id(m.run): m for m in matrices}
-    grouped = [(g, [by_run[id(run)] for run in g.runs]) for g in groups([m.run for m in matrices])]
+    grouped = by_seed_group(matrices)
     cols = min(len(grouped), 4)
     rows = math.ceil(len(grouped) / cols)
     fig = new_figure(3.9 * cols + 1.2, 3.9 * rows + 0.6)
@@ -335,8 +332,8 @@ def alignment_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
             sizes = ", ".join(f"{a}x{b}" for a, b in sorted(shapes))
             raise LandscapeError(f"the seeds of {group.label} ({group.name}) have alignment matrices of "
                                  f"different sizes ({sizes}); analyse them with the same alignment.clients")
-        matrix, _, _ = mean_se([m.matrix for m in members])
-        off, off_se, _ = mean_se([m.mean_off_diagonal for m in members])
+        cosines = mean_cosines(members)
+        matrix, off, off_se = cosines.matrix, cosines.off_diagonal, cosines.off_diagonal_se
         same_clients = all(m.clients == members[0].clients for m in members)
         clients = members[0].clients if same_clients else list(range(len(matrix)))
         image = ax.imshow(matrix, cmap=COSINE_CMAP, norm=norm, interpolation="nearest")
@@ -348,8 +345,7 @@ def alignment_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
         which = "client" if same_clients else "client (position: the seeds analysed other clients)"
         ax.set_xlabel(f"{which} j")
         ax.set_ylabel(f"{which} i")
-        theirs = sorted({m.round for m in members})
-        when = f"round{'s' if len(theirs) > 1 else ''} {', '.join(map(str, theirs))}"
+        when = rounds_text(cosines.rounds)
         if group.n == 1:
             head = f"{group.label}, {when}\nmean off-diagonal = {off:.3f}"
         else:
