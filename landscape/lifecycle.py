@@ -1,8 +1,8 @@
 """The life of a run directory: create it (refusing to harm what is there), decide what a sweep or an owning
 command does with an existing one, write its recipe and partition, find where a killed run resumes.
 
-Training (``landscape.train.loop``) calls these; so do ``landscape figures`` and ``landscape demo`` through
-the CLI. Nothing here trains or loads a model.
+Training (``landscape.train.loop``) calls these; so do the sweep, figure and demo workflows
+(``landscape.workflows``). Nothing here trains or loads a model.
 """
 
 from __future__ import annotations
