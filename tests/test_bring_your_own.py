@@ -14,12 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
-from conftest import one_line_error, result_file, tiny_recipe
+from conftest import invoke, one_line_error, result_file, tiny_recipe
 
 import landscape
 from landscape.analyze.recipes import load_analysis_recipe
-from landscape.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,10 +84,6 @@ def user_module(tmp_path, monkeypatch):
 
     MODELS._entries.pop("usernet", None)  # registered by this test's copy of the module
     sys.modules.pop(name, None)
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def test_a_plain_state_dict_through_the_cli_equals_the_function_api(tmp_path, user_module):

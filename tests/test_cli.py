@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from conftest import invoke
 
 from landscape import __version__
 from landscape.cli import cli
@@ -20,10 +20,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 FAST = ["--clients", "4", "--participation", "0.5", "--rounds", "2", "--local-steps", "2", "--device", "cpu"]
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def test_help_lists_only_built_commands():

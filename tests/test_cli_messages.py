@@ -7,16 +7,10 @@ import re
 import shlex
 
 import pytest
-from click.testing import CliRunner
-from conftest import one_line_error, tiny_recipe
+from conftest import invoke, one_line_error, tiny_recipe
 
 from landscape import recipe as recipes
-from landscape.cli import cli
 from landscape.errors import LandscapeError
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 @pytest.mark.parametrize("given", ["", ",", " , "])

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import result_file
+from conftest import invoke, result_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,10 +32,6 @@ TINY_PASSES = {
     "incompatibility": ["incompatibility.clients=2", "incompatibility.batches=2"],
     "alignment": ["alignment.batches=2"],
 }
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def tiny_sets(fig: book.FigureRecipe) -> list[str]:

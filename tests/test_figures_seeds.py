@@ -11,14 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
-from conftest import tiny_recipe
+from conftest import invoke, tiny_recipe
 from matplotlib.collections import PolyCollection
 
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.cli import cli
 from landscape.errors import LandscapeError
 from landscape.figures import book, compare, curves, report, report_html, rundata, seeds
 from landscape.train import loop
@@ -27,10 +25,6 @@ from landscape.workflows.figure import prepare_figure_runs
 FAST = {"hessian": {"top_k": 2, "tol": 0.01, "clients": 2, "trace_hvps": 6, "density_steps": 4, "density_runs": 1},
         "sharpness": {"clients": 2, "steps": 2}, "incompatibility": {"clients": 2, "batches": 2},
         "alignment": {"clients": 2, "batches": 2}}
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def seeded_runs(root: Path, rounds: str) -> Path:

@@ -15,11 +15,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from conftest import one_line_error, tiny_recipe
+from conftest import invoke, one_line_error, tiny_recipe
 
 import landscape
-from landscape.cli import cli
 from landscape.errors import LandscapeError
 
 MARKED = textwrap.dedent('''
@@ -80,10 +78,6 @@ def received(trained, tmp_path, monkeypatch):
     _forget(name)
     yield here, name
     _forget(name)
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def _ok(result):
