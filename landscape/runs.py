@@ -46,7 +46,6 @@ except ImportError:  # pragma: no cover - Windows: no advisory locks, runs are n
     fcntl = None
 
 CHECKPOINT_FORMAT = 1
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}  # train.dtype
 _CKPT = re.compile(r"^round-(\d{4,})\.pt$")
 # Temporary files of atomic_write ('.<name>.<random>.tmp') of a run's own files, left by a killed process.
 _TEMP = re.compile(r"^\.(recipe\.toml|partition\.json|metrics\.jsonl(\.damaged)?|\.landscape-run"
@@ -869,13 +868,13 @@ class Run:
     def model(self, round: int | None = None) -> torch.nn.Module:
         """The global model of a checkpointed round (default: the last; x_swa once server SWA has begun),
         on the CPU, in eval mode, in the checkpoint's dtype (a float64 run stays float64)."""
-        from landscape.setup import build_module
+        from landscape.setup import build_module, torch_dtype
 
         self.recipe.require_entries()  # a model only its untrusted imports provide: refused in one line
         module = build_module(self.recipe, self._data_setup().bundle)
         ckpt = self.checkpoint(round)
         module = module.to(ckpt.dtype)
-        ckpt.check_model(module.state_dict(), self.recipe.model.name, _DTYPES.get(self.recipe.train.dtype))
+        ckpt.check_model(module.state_dict(), self.recipe.model.name, torch_dtype(self.recipe.train.dtype))
         module.load_state_dict(ckpt.analysed_state)
         return module.eval()
 

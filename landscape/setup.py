@@ -23,7 +23,7 @@ from landscape.errors import LandscapeError
 from landscape.models import build_model
 from landscape.rng import derived_seed
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {name: getattr(torch, name) for name in recipes.DTYPES}  # the recipe's dtype names -> torch
 
 
 def thread_count(threads: int) -> int:

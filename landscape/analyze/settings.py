@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from landscape.errors import LandscapeError
+from landscape.recipe import DTYPES
 
 SETTING_CHOICES = {"split": ("train", "test"), "bn_mode": ("eval", "train-batch-stats", "recompute"),
                    "backend": ("native", "pyhessian"), "hvp": ("double-backward", "forward-over-reverse"),
-                   "dtype": ("auto", "float32", "float64")}
+                   "dtype": ("auto", *DTYPES)}
 
 
 @dataclass(frozen=True)

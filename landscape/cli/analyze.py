@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from landscape.analyze.settings import SETTING_CHOICES
 from landscape.cli.common import trust_imports_option
 from landscape.errors import LandscapeError, shown
 
@@ -31,17 +32,17 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
               help="comma list of passes [default: all but surface; see `landscape list`]")
 @click.option("--analysis-samples", type=int, default=0, show_default=True,
               help="a fixed seeded subset of N samples of the split (0: all)")
-@click.option("--split", type=click.Choice(["train", "test"]), default="train", show_default=True,
+@click.option("--split", type=click.Choice(SETTING_CHOICES["split"]), default="train", show_default=True,
               help="train: the union of all clients' training data; test: the test set")
-@click.option("--bn-mode", type=click.Choice(["eval", "train-batch-stats", "recompute"]), default="eval",
+@click.option("--bn-mode", type=click.Choice(SETTING_CHOICES["bn_mode"]), default="eval",
               show_default=True, help="BatchNorm statistics used by the analysis")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N")
-@click.option("--backend", type=click.Choice(["native", "pyhessian"]), default="native", show_default=True,
+@click.option("--backend", type=click.Choice(SETTING_CHOICES["backend"]), default="native", show_default=True,
               help="pyhessian: also compute lambda_max and trace with the PyHessian package (cross-check)")
-@click.option("--hvp", type=click.Choice(["double-backward", "forward-over-reverse"]),
+@click.option("--hvp", type=click.Choice(SETTING_CHOICES["hvp"]),
               default="double-backward",
               show_default=True, help="how Hessian-vector products are computed")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "float64"]), default="auto", show_default=True,
+@click.option("--dtype", type=click.Choice(SETTING_CHOICES["dtype"]), default="auto", show_default=True,
               help="auto: the run's train.dtype (a state_dict's own dtype)")
 @click.option("--model", "model_spec", default=None, metavar="NAME|MODULE:FACTORY",
               help="PATH is a plain state_dict file or a folder of them: the model, a registered name or "
