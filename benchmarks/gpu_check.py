@@ -35,8 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape import parallel
-from landscape import recipe as recipes
+from landscape import parallel, recipe_overrides
 from landscape.analyze.directions import random_plane
 from landscape.analyze.lanczos import lanczos_topk
 from landscape.analyze.objective import AnalysisData, Objective
@@ -104,7 +103,7 @@ def main() -> None:
 
     with parallel.session():
         setup = synthetic_setup(args.clients, args.samples_per_client, args.test_samples)
-        recipe = recipes.build(None, [
+        recipe = recipe_overrides.build(None, [
             ("model.name", "resnet18"), ("algorithm.name", "fedsam"), ("partition.name", "iid"),
             ("partition.clients", args.clients), ("train.participation", args.participation),
             ("train.local_epochs", args.local_epochs), ("train.batch_size", args.batch_size),

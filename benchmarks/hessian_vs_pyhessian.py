@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 import landscape
-from landscape import recipe as recipes
+from landscape import recipe_overrides
 from landscape.analyze.lanczos import lanczos_topk, power_iteration
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.operator import HessianOperator
@@ -61,7 +61,7 @@ def train(model: str, hidden: int, out: Path) -> Path:
     overrides = [("model.name", model), ("train.rounds", 30), ("train.device", "cpu")]
     if model == "mlp":
         overrides.append(("model.hidden", [hidden]))
-    loop.start_run(recipes.build(None, overrides), out, overwrite=True, progress=False)
+    loop.start_run(recipe_overrides.build(None, overrides), out, overwrite=True, progress=False)
     return out
 
 

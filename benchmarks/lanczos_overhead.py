@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 import landscape
-from landscape import recipe as recipes
+from landscape import recipe_overrides
 from landscape.analyze.krylov import KrylovBasis
 from landscape.analyze.lanczos import lanczos_topk
 from landscape.analyze.objective import AnalysisData, Objective
@@ -33,8 +33,8 @@ from landscape.train import loop
 def train(out: Path) -> Path:
     if (out / "recipe.toml").is_file() and any((out / "checkpoints").glob("round-*.pt")):
         return out  # trained by an earlier call
-    recipe = recipes.build(None, [("model.name", "mlp"), ("model.hidden", [774, 774]), ("train.rounds", 10),
-                                  ("train.device", "cpu")])
+    recipe = recipe_overrides.build(None, [("model.name", "mlp"), ("model.hidden", [774, 774]),
+                                           ("train.rounds", 10), ("train.device", "cpu")])
     loop.start_run(recipe, out, overwrite=True, progress=False)
     return out
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import landscape.analyze.surface_evaluation as surface_module
-from landscape import recipe as recipes
+from landscape import recipe_overrides
 from landscape.analyze.context import CheckpointContext, find_sources
 from landscape.analyze.directions import random_plane
 from landscape.analyze.settings import AnalysisSettings
@@ -55,7 +55,7 @@ def model_name(recipe) -> str:
 def train(out: Path, device: str) -> Path:
     if (out / "recipe.toml").is_file() and any((out / "checkpoints").glob("round-*.pt")):
         return out  # trained by an earlier call
-    recipe = recipes.build(None, [("train.rounds", 10), ("train.device", device)])
+    recipe = recipe_overrides.build(None, [("train.rounds", 10), ("train.device", device)])
     loop.start_run(recipe, out, overwrite=True, progress=False)
     return out
 

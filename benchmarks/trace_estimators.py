@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 import landscape
-from landscape import recipe as recipes
+from landscape import recipe_overrides
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.operator import HessianOperator, MatrixOperator
 from landscape.analyze.trace import trace_estimate, xtrace
@@ -45,7 +45,7 @@ MODELS = {
 def train(overrides: list, out: Path) -> Path:
     if (out / "recipe.toml").is_file() and any((out / "checkpoints").glob("round-*.pt")):
         return out  # trained by an earlier call
-    recipe = recipes.build(None, [*overrides, ("train.rounds", 30), ("train.device", "cpu")])
+    recipe = recipe_overrides.build(None, [*overrides, ("train.rounds", 30), ("train.device", "cpu")])
     loop.start_run(recipe, out, overwrite=True, progress=False)
     return out
 

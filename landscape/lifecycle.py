@@ -16,19 +16,12 @@ from pathlib import Path
 
 from landscape import parallel
 from landscape import recipe as recipes
+from landscape.checkpoints import CheckpointError, load_checkpoint
 from landscape.data.partitions import heterogeneity
 from landscape.errors import LandscapeError
+from landscape.fileio import LOCK_NAME, os_reason, write_text
 from landscape.recipe import Recipe
-from landscape.runs import (
-    LOCK_NAME,
-    RUN_MARKER,
-    CheckpointError,
-    RunDir,
-    load_checkpoint,
-    os_reason,
-    partition_record,
-    write_text,
-)
+from landscape.runs import RUN_MARKER, RunDir, partition_record
 from landscape.setup import DataSetup
 
 # The file that marks a folder whose runs a command made (and may therefore retrain when their recipe changes).

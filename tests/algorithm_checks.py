@@ -10,6 +10,7 @@ from torch import Tensor
 
 from landscape.runs import RunDir
 from landscape.train import loop
+from landscape.train.state import TrainerState
 
 FEATURES, CLASSES = 64, 10  # digits: 8x8 images, 10 classes; w = [W (10 x 64) row-major, b (10)]
 DIM = CLASSES * FEATURES + CLASSES
@@ -54,7 +55,7 @@ def grad(w: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
     return loss_and_grad(w, batch)[1]
 
 
-def run_rounds(trainer: loop.Trainer, rounds: int) -> list[tuple[loop.TrainerState, loop.TrainerState, list]]:
+def run_rounds(trainer: loop.Trainer, rounds: int) -> list[tuple[TrainerState, TrainerState, list]]:
     """Run `rounds` rounds from the initial state; per round (state before, state after, client results)."""
     state = trainer.initial_state()
     history = []

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from landscape import recipe as recipes
+from landscape import recipe_overrides
 
 # The fuzz tests' settings: LANDSCAPE_FUZZ_EXAMPLES=2000 fuzzes deeper. No example database, and hypothesis's
 # caches go to the temporary folder, not into the repository.
@@ -39,7 +40,7 @@ def tiny_recipe(**changes) -> dict:
     overrides = dict(TINY)
     for key, value in changes.items():
         overrides[key.replace("__", ".")] = value
-    return recipes.build(None, list(overrides.items()))
+    return recipe_overrides.build(None, list(overrides.items()))
 
 
 @pytest.fixture

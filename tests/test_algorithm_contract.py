@@ -15,8 +15,9 @@ from conftest import tiny_recipe
 
 from landscape import recipe as recipes
 from landscape.algorithm_labels import ALGORITHM_LABELS
+from landscape.checkpoints import load_checkpoint
 from landscape.perturb import normalized
-from landscape.runs import RunDir, load_checkpoint
+from landscape.runs import RunDir
 from landscape.train import loop
 from landscape.train.algorithms import ALGORITHMS, NoState, ServerRound, build_algorithm
 

@@ -15,8 +15,9 @@ from algorithm_checks import (
 from conftest import tiny_recipe
 
 from landscape.errors import LandscapeError
-from landscape.train import loop, schedule
+from landscape.train import schedule
 from landscape.train.loop import build_algorithm
+from landscape.train.state import TrainerState
 
 LR, WD = 0.3, 0.01  # the trainer's constant client lr and weight decay in every equation test
 REDUCTION = {"clients": 4, "participation": 0.5, "server_lr": 0.8}  # the reduction runs: 3 rounds of these
@@ -42,7 +43,7 @@ def local_steps(trainer, client: int, t: int, start: torch.Tensor, direction, cl
     return y, torch.stack(losses).mean(), clipped
 
 
-def final_x(name: str, options: dict, tmp_path, rounds: int = 3, **kw) -> loop.TrainerState:
+def final_x(name: str, options: dict, tmp_path, rounds: int = 3, **kw) -> TrainerState:
     return run_rounds(linear_trainer(tmp_path / name, name, options, **kw), rounds)[-1][1]
 
 

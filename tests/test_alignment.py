@@ -21,12 +21,13 @@ from landscape.analyze.flatness import client_minibatch_indices, client_models
 from landscape.analyze.objective import AnalysisData, Objective
 from landscape.analyze.passes import AlignmentOptions, alignment_pass
 from landscape.analyze.settings import AnalysisSettings
+from landscape.checkpoints import load_checkpoint
 from landscape.data.datasets import load_dataset
 from landscape.data.partitions import make_partition
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
 from landscape.models import build_model
-from landscape.runs import RunDir, load_checkpoint
+from landscape.runs import RunDir
 from landscape.train import loop
 
 

@@ -290,13 +290,13 @@ def test_a_missing_figure_is_named(tmp_path):
 
 
 def test_shipped_claims_name_runs_and_quantities_their_figures_have():
-    from landscape.figures import book
+    from landscape.figures import figure_recipe
 
     files = sorted((ROOT / "claims").glob("*.toml"))
     assert len(files) >= 7
     for path in files:
         claim = claims.load_claim(path)
-        figure = book.load_figure_recipe(claim.figure)
+        figure = figure_recipe.load_figure_recipe(claim.figure)
         claims.check_run_ids(claim, [spec.id for spec in figure.runs])
         assert len(claim.seeds) >= 3, path
         for comparison in claim.comparisons:

@@ -9,7 +9,7 @@ import shlex
 import pytest
 from conftest import invoke, one_line_error, tiny_recipe
 
-from landscape import recipe as recipes
+from landscape import recipe_overrides
 from landscape.errors import LandscapeError
 
 
@@ -40,11 +40,11 @@ def test_set_names_the_key_and_suggests_keys_that_exist(assignment, expected):
     assert ".name" not in line or not line.startswith("error: recipe key 'train'")
     example = re.search(r"e\.g\. (\S+)$", line)
     if example:  # the suggested key exists: a recipe with it resolves
-        key, value = recipes.parse_assignment(example.group(1))
-        assert recipes.build(None, [(key, value)]).get(key) == value
+        key, value = recipe_overrides.parse_assignment(example.group(1))
+        assert recipe_overrides.build(None, [(key, value)]).get(key) == value
     close = re.search(r"did you mean '([^']+)'\?", line)
     if close:
-        recipes.build(None, [(close.group(1), recipes.parse_assignment(assignment)[1])])
+        recipe_overrides.build(None, [(close.group(1), recipe_overrides.parse_assignment(assignment)[1])])
 
 
 TRAIN = """
@@ -209,7 +209,7 @@ def test_the_rounds_checked_are_the_rounds_a_run_writes(swa, tmp_path):
     """METRIC_KEYS, logged_rounds and checkpoint_rounds against the files a trained run holds."""
     import json
 
-    from landscape.figures import book
+    from landscape.figures import figure_recipe, figure_rounds
     from landscape.train import loop
 
     recipe = tiny_recipe(train__rounds=5, train__eval_every=2, train__checkpoint_every=2, train__swa=swa,
@@ -217,9 +217,10 @@ def test_the_rounds_checked_are_the_rounds_a_run_writes(swa, tmp_path):
     loop.start_run(recipe, tmp_path / "run", progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     numbers = {key for row in rows for key, value in row.items() if isinstance(value, (int, float))} - {"round"}
-    assert numbers == set(book.METRIC_KEYS) - ({"swa_models"} if not swa else set())
-    for key in book.METRIC_KEYS:
-        assert book.logged_rounds(key, recipe.train) == [row["round"] for row in rows if key in row], key
+    assert numbers == set(figure_recipe.METRIC_KEYS) - ({"swa_models"} if not swa else set())
+    for key in figure_recipe.METRIC_KEYS:
+        assert (figure_rounds.logged_rounds(key, recipe.train)
+                == [row["round"] for row in rows if key in row]), key
     files = sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "run" / "checkpoints").glob("round-*.pt")
                    if ".clients" not in p.name)
-    assert book.checkpoint_rounds(recipe.train) == files == [0, 2, 4, 5]
+    assert figure_rounds.checkpoint_rounds(recipe.train) == files == [0, 2, 4, 5]

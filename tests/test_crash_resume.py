@@ -34,8 +34,9 @@ from landscape import recipe as recipes
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
+from landscape.checkpoints import load_checkpoint
 from landscape.errors import LandscapeError
-from landscape.runs import RunDir, load_checkpoint
+from landscape.runs import RunDir
 from landscape.train import loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ import io, json, os, re, signal, sys, traceback
 from pathlib import Path
 
 from landscape import recipe as recipes
-from landscape import runs, setup
+from landscape import checkpoints, fileio, runs, setup
 from landscape.analyze import catalog, scheduler
 from landscape.analyze.settings import AnalysisSettings
 from landscape.train import loop
@@ -81,7 +82,7 @@ def die():
 def kill_in_atomic_write(module, pattern, n, whole):
     # Die while the n-th file whose name matches is written: its temporary file holds half of the bytes (all
     # of them, not yet renamed, when whole).
-    real, seen = runs.atomic_write, [0]
+    real, seen = fileio.atomic_write, [0]
 
     def atomic_write(path, write, *args, **kwargs):
         if re.fullmatch(pattern, Path(path).name):
@@ -103,11 +104,11 @@ def kill_in_atomic_write(module, pattern, n, whole):
 
 def train(mode, n, recipe_file, out):
     if mode == "checkpoint":
-        kill_in_atomic_write(runs, r"round-\d{4}\.pt", n, whole=False)
+        kill_in_atomic_write(checkpoints, r"round-\d{4}\.pt", n, whole=False)
     elif mode == "checkpoint-unrenamed":
-        kill_in_atomic_write(runs, r"round-\d{4}\.pt", n, whole=True)
+        kill_in_atomic_write(checkpoints, r"round-\d{4}\.pt", n, whole=True)
     elif mode == "clients":
-        kill_in_atomic_write(runs, r"round-\d{4}\.clients\.pt", n, whole=False)
+        kill_in_atomic_write(checkpoints, r"round-\d{4}\.clients\.pt", n, whole=False)
     elif mode == "mid-round":  # die in round n when its second client starts: the first one's work is done
         real_problem, calls = loop.Trainer.local_problem, [0]
 
@@ -136,8 +137,8 @@ def train(mode, n, recipe_file, out):
 
 
 def analyze(n, path, spec):
-    # passes.write_text -> runs.write_text -> runs.atomic_write: die while the n-th result JSON is written
-    kill_in_atomic_write(runs, r".+\.json", n, whole=False)
+    # passes.write_text -> fileio.write_text -> fileio.atomic_write: die while the n-th result JSON is written
+    kill_in_atomic_write(fileio, r".+\.json", n, whole=False)
     options = {name: catalog.pass_options(name, spec["options"].get(name, {})) for name in spec["passes"]}
     scheduler.run_analysis(path, rounds="all", passes=spec["passes"],
                            settings=AnalysisSettings(**spec["settings"]), options=options, progress=False)

@@ -14,19 +14,19 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from landscape.analyze.scheduler import SUMMARY_WIDTH, AnalysisReport, analysis_data, format_summary
 from landscape.analyze.settings import AnalysisSettings
 from landscape.errors import LandscapeError
-from landscape.figures import report, report_surfaces, surfaces
+from landscape.figures import report, report_surfaces, surface_data, surface_scale, surfaces
 from landscape.recipe import to_toml
 
 # -- ticks ------------------------------------------------------------------------------------------------
 
 
-def _surface(low: float, high: float, *, log: bool = False) -> surfaces.SurfaceData:
+def _surface(low: float, high: float, *, log: bool = False) -> surface_data.SurfaceData:
     """A bowl whose values run from ``low`` (centre) to ``high`` (a corner), geometrically when ``log``."""
     x = np.linspace(-1.0, 1.0, 11)
     bowl = np.add.outer(x**2, 0.5 * x**2)
     t = bowl / bowl.max()
     values = low * (high / low) ** t if log else low + (high - low) * t
-    return surfaces.SurfaceData.from_arrays(x, values, x, accuracy=0.9 - 0.5 * t, run="bowl")
+    return surface_data.SurfaceData.from_arrays(x, values, x, accuracy=0.9 - 0.5 * t, run="bowl")
 
 
 def _number(text: str) -> tuple[float, str]:
@@ -94,14 +94,15 @@ def test_accuracy_colour_bar_and_z_axis_ticks():
 
 
 def test_nice_ticks_on_log_scales_and_bad_ranges():
-    assert surfaces.nice_ticks(1e-9, 1e9, log=True).tolist() == pytest.approx([1e-8, 1e-4, 1.0, 1e4, 1e8])
-    assert surfaces.nice_ticks(0.5, 20, log=True).tolist() == pytest.approx([0.5, 1, 2, 5, 10, 20])
-    labels = surfaces._log_labels(surfaces.nice_ticks(2e3, 9e4, log=True))
+    assert surface_scale.nice_ticks(1e-9, 1e9, log=True).tolist() == pytest.approx(
+        [1e-8, 1e-4, 1.0, 1e4, 1e8])
+    assert surface_scale.nice_ticks(0.5, 20, log=True).tolist() == pytest.approx([0.5, 1, 2, 5, 10, 20])
+    labels = surface_scale._log_labels(surface_scale.nice_ticks(2e3, 9e4, log=True))
     assert all("times10" in label or "10^" in label for label in labels)  # not 2000 beside 1 x 10^4
     with pytest.raises(LandscapeError, match="cannot place ticks"):
-        surfaces.nice_ticks(0.0, 1.0, log=True)
+        surface_scale.nice_ticks(0.0, 1.0, log=True)
     with pytest.raises(LandscapeError, match="cannot place ticks"):
-        surfaces.nice_ticks(1.0, 1.0)
+        surface_scale.nice_ticks(1.0, 1.0)
 
 
 # -- the report's surfaces ----------------------------------------------------------------------------------

@@ -13,10 +13,10 @@ from conftest import invoke, result_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from landscape import recipe as recipes
+from landscape import recipe_overrides
 from landscape.cli import cli
 from landscape.errors import LandscapeError
-from landscape.figures import book
+from landscape.figures import book, figure_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURE_RECIPES = sorted((ROOT / "figures").glob("*.toml"))
@@ -34,7 +34,7 @@ TINY_PASSES = {
 }
 
 
-def tiny_sets(fig: book.FigureRecipe) -> list[str]:
+def tiny_sets(fig: figure_recipe.FigureRecipe) -> list[str]:
     args = []
     for text in TINY_TRAIN + [s for name in fig.pass_rounds for s in TINY_PASSES[name]]:
         args += ["--set", text]
@@ -80,9 +80,9 @@ def test_the_paper_figures_are_there():
 @pytest.mark.parametrize("path", FIGURE_RECIPES, ids=lambda p: p.stem)
 @pytest.mark.parametrize("scale", ["digits", "paper"])
 def test_every_figure_recipe_builds_its_runs_at_both_scales(path, scale):
-    fig = book.load_figure_recipe(path, scale)
+    fig = figure_recipe.load_figure_recipe(path, scale)
     assert fig.scale == scale and fig.name == path.stem
-    built = [recipes.build(fig.train_recipe, fig.overrides(run)) for run in fig.runs]
+    built = [recipe_overrides.build(fig.train_recipe, fig.overrides(run)) for run in fig.runs]
     datasets = {r.dataset.name for r in built}
     assert len(datasets) == 1 and datasets <= ({"digits"} if scale == "digits" else {"cifar10", "cifar100"})
     if scale == "paper":
@@ -93,7 +93,7 @@ def test_every_figure_recipe_builds_its_runs_at_both_scales(path, scale):
 
 @pytest.mark.parametrize("path", FIGURE_RECIPES, ids=lambda p: p.stem)
 def test_every_figure_recipe_renders(path, tmp_path):
-    fig = book.load_figure_recipe(path)
+    fig = figure_recipe.load_figure_recipe(path)
     result = invoke("figures", path, "--out", tmp_path, "--quiet", "--device", "cpu", *tiny_sets(fig))
     assert result.exit_code == 0, result.output
     for plot in fig.plots:
@@ -154,10 +154,10 @@ def test_dry_run_and_scale_switch(tmp_path):
     result = invoke("figures", path, "--dry-run", "--out", tmp_path / "out")
     assert result.exit_code == 0 and "digits scale" in result.output and "2 rounds" in result.output
     assert not (tmp_path / "out").exists()
-    paper = book.load_figure_recipe(path, "paper")
+    paper = figure_recipe.load_figure_recipe(path, "paper")
     assert paper.train_set == {"partition.clients": 8, "train.rounds": 3}
     assert paper.run("b").set == {"algorithm.name": "fedsam", "algorithm.fedsam.rho": 0.2}
-    assert book.load_figure_recipe(path).run("b").set["algorithm.fedsam.rho"] == 0.02
+    assert figure_recipe.load_figure_recipe(path).run("b").set["algorithm.fedsam.rho"] == 0.02
     result = invoke("figures", path, "--dry-run", "--scale", "paper")
     assert result.exit_code == 0 and "paper scale" in result.output and "runs/figures/tiny-paper" in result.output
 
@@ -197,7 +197,7 @@ def test_bad_figure_options_are_named(tmp_path):
     result = invoke("figures", tmp_path / "missing.toml")
     assert result.exit_code == 1 and "recipe file not found" in result.output
     with pytest.raises(LandscapeError, match="must be last, all"):
-        book.load_figure_recipe(write(tmp_path, BASE + "[analyze.loss]\nrounds = \"some\"\n"))
+        figure_recipe.load_figure_recipe(write(tmp_path, BASE + "[analyze.loss]\nrounds = \"some\"\n"))
 
 
 # -- compare ---------------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ file = "fs"
 [analyze.surface]
 grid = "5"
 """)
-    fig_recipe = book.load_figure_recipe(fig)
+    fig_recipe = figure_recipe.load_figure_recipe(fig)
     result = invoke("figures", fig, "--out", tmp / "out", "--quiet", *tiny_sets(fig_recipe))
     assert result.exit_code == 0, result.output
     return tmp / "out" / "runs"
@@ -262,7 +262,8 @@ def test_compare_table_and_surfaces(analysed, tmp_path):
 
 def test_compare_names_what_is_missing(analysed, tmp_path):
     bare = tmp_path / "bare"
-    recipe = recipes.build(None, [("partition.clients", 4), ("train.rounds", 1), ("train.local_steps", 1)])
+    recipe = recipe_overrides.build(None, [("partition.clients", 4), ("train.rounds", 1),
+                                           ("train.local_steps", 1)])
     from landscape.train.loop import start_run
 
     start_run(recipe, bare, progress=False)
@@ -286,7 +287,8 @@ def test_hessian_options_refuse_a_trace_budget_hutchpp_cannot_use():
 def test_figures_never_replaces_a_run_it_did_not_make(tmp_path):
     path = write(tmp_path, BASE)
     foreign = tmp_path / "out" / "runs" / "a"
-    recipe = recipes.build(None, [("partition.clients", 4), ("train.rounds", 1), ("train.local_steps", 1)])
+    recipe = recipe_overrides.build(None, [("partition.clients", 4), ("train.rounds", 1),
+                                           ("train.local_steps", 1)])
     from landscape.train.loop import start_run
 
     start_run(recipe, foreign, progress=False)
@@ -328,7 +330,7 @@ FIGURE = st.fixed_dictionaries({}, optional={
 def test_fuzz_figure_recipes_are_read_or_refused_in_one_line(tmp_path_factory, raw, scale):
     where = tmp_path_factory.getbasetemp() / "fuzz.toml"
     try:
-        fig = book.parse_figure_recipe(raw, where, scale)
+        fig = figure_recipe.parse_figure_recipe(raw, where, scale)
     except LandscapeError as e:
         assert str(e) and "\n" not in str(e)
         return

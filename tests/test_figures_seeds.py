@@ -18,7 +18,7 @@ from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.errors import LandscapeError
-from landscape.figures import book, compare, curves, report, report_html, rundata, seeds
+from landscape.figures import compare, curves, figure_recipe, report, report_html, rundata, seeds
 from landscape.train import loop
 from landscape.workflows.figure import prepare_figure_runs
 
@@ -135,18 +135,19 @@ seeds = [3, 4, 5]
 def test_a_figure_recipe_with_seeds_expands_into_one_run_per_seed(tmp_path):
     path = tmp_path / "fig.toml"
     path.write_text(RECIPE)
-    fig = book.load_figure_recipe(path)
+    fig = figure_recipe.load_figure_recipe(path)
     assert fig.seeds == [0, 1]
     assert fig.seed_runs(tmp_path / "out") == {
         "a": [(0, tmp_path / "out" / "runs" / "a-seed0"), (1, tmp_path / "out" / "runs" / "a-seed1")],
         "b": [(0, tmp_path / "out" / "runs" / "b-seed0"), (1, tmp_path / "out" / "runs" / "b-seed1")]}
     assert fig.overrides(fig.run("b"), 1)[-1] == ("seed", 1)  # over the run's own seed = 7
-    assert book.load_figure_recipe(path, "paper").seeds == [3, 4, 5]  # the scale table's seeds, merged
+    # the scale table's seeds, merged
+    assert figure_recipe.load_figure_recipe(path, "paper").seeds == [3, 4, 5]
     fig.set_seeds([4])
     assert [p.name for _, p in fig.seed_runs(tmp_path)["a"]] == ["a-seed4"]
     plain = tmp_path / "plain.toml"
     plain.write_text(RECIPE.replace("seeds = [0, 1]\n", "").replace("[paper]\nseeds = [3, 4, 5]\n", ""))
-    one = book.load_figure_recipe(plain)
+    one = figure_recipe.load_figure_recipe(plain)
     assert one.seeds is None and one.seed_runs(tmp_path) == {"a": [(None, tmp_path / "runs" / "a")],
                                                              "b": [(None, tmp_path / "runs" / "b")]}
     assert ("seed", 7) in one.overrides(one.run("b")) and one.overrides(one.run("b"))[-1] != ("seed", None)
@@ -192,7 +193,7 @@ def test_bad_seeds_option(tmp_path, root):
 def test_figures_trains_each_seed_and_draws_their_mean(tmp_path):
     path = tmp_path / "fig.toml"
     path.write_text(RECIPE)
-    fig = book.load_figure_recipe(path)
+    fig = figure_recipe.load_figure_recipe(path)
     out = tmp_path / "out"
     threads = torch.get_num_threads()
     try:
@@ -210,7 +211,7 @@ def test_figures_trains_each_seed_and_draws_their_mean(tmp_path):
     assert sorted(p.name for p in (out / "runs").iterdir() if p.is_dir()) == ["a-seed0", "a-seed1", "b-seed0",
                                                                               "b-seed1"]
     loaded = {run_id: rundata.load_runs(paths) for run_id, paths in by_id.items()}
-    drawn = book.figure_runs(fig, fig.plots[0], loaded)
+    drawn = figure_recipe.figure_runs(fig, fig.plots[0], loaded)
     ax = curves.accuracy_figure(drawn).axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["FedAvg (n=2)", "FedSAM (n=2)"]
     for line, run_id in zip(ax.lines, ("a", "b")):

@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 
 from landscape.errors import LandscapeError
+from landscape.figures.surface_data import SurfaceData, image_arrays, load_surface
 from landscape.figures.surfaces import (
-    SurfaceData,
-    image_arrays,
-    load_surface,
     plot_contour,
     plot_curve_1d,
     plot_panels,
@@ -183,7 +181,7 @@ def _planes(tmp_path, metas, same=True):
 
 
 def test_side_by_side_planes_say_whether_they_are_one_plane_and_print_each_weight_norm(tmp_path):
-    from landscape.figures.surfaces import compare_planes
+    from landscape.figures.surface_data import compare_planes
 
     per_model = _planes(tmp_path / "f", [{"weight_norm": 10.0}, {"normalization": "filter", "weight_norm": 16.6}])
     planes = compare_planes(per_model, ["FedSAM", "FedNSAM"])

@@ -16,12 +16,13 @@ from landscape.analyze.flatness import (
     pair_mean_se,
 )
 from landscape.analyze.objective import AnalysisData, Objective
+from landscape.checkpoints import load_checkpoint
 from landscape.data.datasets import load_dataset
 from landscape.data.partitions import make_partition
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
 from landscape.models import build_model
-from landscape.runs import RunDir, load_checkpoint
+from landscape.runs import RunDir
 from landscape.train import loop
 
 RHO = 0.05

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import landscape
-from landscape import lifecycle
+from landscape import lifecycle, recipe_overrides
 from landscape import recipe as recipes
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.settings import AnalysisSettings
@@ -231,8 +231,8 @@ def test_fuzz_recipes_resolve_or_say_why_in_one_line(raw):
 @given(assignments=st.lists(st.tuples(DOTTED, RECIPE_VALUES), max_size=4), texts=st.lists(TEXT, max_size=2))
 def test_fuzz_overrides_and_set_assignments(assignments, texts):
     try:
-        overrides = assignments + [recipes.parse_assignment(t) for t in texts]
-        recipes.build_sweep(None, overrides)
+        overrides = assignments + [recipe_overrides.parse_assignment(t) for t in texts]
+        recipe_overrides.build_sweep(None, overrides)
     except LandscapeError as e:
         assert str(e) and "\n" not in str(e)
 

@@ -21,7 +21,7 @@ import torch
 from conftest import result_file, tiny_recipe
 from parallel_worker import ANALYSIS, CELLS_PER_BATCH, GRID, HESSIAN, SURFACE, problem
 
-from landscape import lifecycle, parallel
+from landscape import lifecycle, parallel, recipe_overrides
 from landscape import recipe as recipes
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.objective import AnalysisData, Objective
@@ -29,8 +29,9 @@ from landscape.analyze.operator import HessianOperator
 from landscape.analyze.scheduler import Job, run_analysis, split_work
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.surface_evaluation import evaluate_surface
+from landscape.checkpoints import load_checkpoint
 from landscape.errors import LandscapeError
-from landscape.runs import RunDir, load_checkpoint
+from landscape.runs import RunDir
 from landscape.train import loop
 
 ALGORITHMS = ["scaffold", "fedsam", "dynsam"]  # client state (c_i; int and vector statistics), SAM steps
@@ -60,7 +61,7 @@ def one_thread():
 
 def run_name(algorithm: str) -> str:
     recipe = tiny_recipe(algorithm__name=algorithm, **TRAIN)
-    return recipes.sweep_run_name(recipe, {"algorithm.name": algorithm})
+    return recipe_overrides.sweep_run_name(recipe, {"algorithm.name": algorithm})
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,12 @@
 import pytest
 
 from landscape import recipe as recipes
+from landscape import recipe_overrides
 from landscape.errors import LandscapeError
 
 
 def test_defaults_are_all_written_out():
-    r = recipes.build()
+    r = recipe_overrides.build()
     assert r.dataset.name == "digits"
     assert r.to_dict()["partition"] == {"name": "dirichlet", "clients": 20, "alpha": 0.1, "balanced": False, "min_samples": 2}
     assert r.to_dict()["model"] == {"name": "cnn", "width": 32, "hidden": 128}
@@ -15,16 +16,16 @@ def test_defaults_are_all_written_out():
 
 
 def test_toml_round_trip(tmp_path):
-    r = recipes.build(None, [("model.name", "mlp"), ("model.hidden", [7, 5]), ("train.lr", 0.25)])
+    r = recipe_overrides.build(None, [("model.name", "mlp"), ("model.hidden", [7, 5]), ("train.lr", 0.25)])
     path = tmp_path / "r.toml"
     path.write_text(recipes.to_toml(r))
-    assert recipes.build(path) == r
+    assert recipe_overrides.build(path) == r
 
 
 def test_file_then_overrides_in_order(tmp_path):
     path = tmp_path / "r.toml"
     path.write_text('seed = 3\n[train]\nlr = 0.5\nrounds = 7\n')
-    r = recipes.build(path, [("train.lr", 0.2)])
+    r = recipe_overrides.build(path, [("train.lr", 0.2)])
     assert (r.seed, r.train.lr, r.train.rounds) == (3, 0.2, 7)
 
 
@@ -33,11 +34,11 @@ def test_file_then_overrides_in_order(tmp_path):
     [("0.1", 0.1), ("3", 3), ("true", True), ("[1, 2]", [1, 2]), ('"gn"', "gn"), ("gn", "gn"), ("1e-3", 1e-3)],
 )
 def test_set_values_parse_as_toml(text, value):
-    assert recipes.parse_assignment(f"train.x={text}") == ("train.x", value)
+    assert recipe_overrides.parse_assignment(f"train.x={text}") == ("train.x", value)
 
 
 def test_int_accepted_for_float_and_stored_as_float():
-    assert recipes.build(None, [("train.lr", 1)]).train.lr == 1.0
+    assert recipe_overrides.build(None, [("train.lr", 1)]).train.lr == 1.0
 
 
 @pytest.mark.parametrize(
@@ -69,7 +70,7 @@ def test_int_accepted_for_float_and_stored_as_float():
 )
 def test_validation_names_the_key_and_the_allowed_values(overrides, message):
     with pytest.raises(LandscapeError) as err:
-        recipes.build(None, overrides)
+        recipe_overrides.build(None, overrides)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -78,52 +79,53 @@ def test_bad_toml_and_missing_file(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[train\nlr = ")
     with pytest.raises(LandscapeError, match="not valid TOML"):
-        recipes.build(bad)
+        recipe_overrides.build(bad)
     with pytest.raises(LandscapeError, match="recipe file not found"):
-        recipes.build(tmp_path / "nope.toml")
+        recipe_overrides.build(tmp_path / "nope.toml")
 
 
 def test_set_without_equals():
     with pytest.raises(LandscapeError, match="--set takes key=value"):
-        recipes.parse_assignment("train.lr")
+        recipe_overrides.parse_assignment("train.lr")
 
 
 def test_run_name_is_systematic():
-    r = recipes.build(None, [("partition.alpha", 0.6), ("seed", 2)])
+    r = recipe_overrides.build(None, [("partition.alpha", 0.6), ("seed", 2)])
     assert recipes.run_name(r) == "digits-fedavg-dir0.6-cnn-c20-s2"
 
 
 def test_per_algorithm_tables_apply_to_their_algorithm_only(tmp_path):
     path = tmp_path / "r.toml"
     path.write_text('[algorithm]\nname = "fedsam"\n[algorithm.fedsam]\nrho = 0.07\n[algorithm.fedavg]\n')
-    assert recipes.build(path).to_dict()["algorithm"] == {"name": "fedsam", "rho": 0.07}
-    assert recipes.build(path, [("algorithm.name", "fedavg")]).to_dict()["algorithm"] == {"name": "fedavg"}
+    assert recipe_overrides.build(path).to_dict()["algorithm"] == {"name": "fedsam", "rho": 0.07}
+    assert recipe_overrides.build(path, [("algorithm.name", "fedavg")]).to_dict()["algorithm"] == {
+        "name": "fedavg"}
     # a plain [algorithm] key wins over the per-algorithm table
-    assert recipes.build(path, [("algorithm.rho", 0.2)]).algorithm.options["rho"] == 0.2
+    assert recipe_overrides.build(path, [("algorithm.rho", 0.2)]).algorithm.options["rho"] == 0.2
 
 
 def test_sweep_is_the_product_of_its_axes_in_order(tmp_path):
     path = tmp_path / "r.toml"
     path.write_text('[sweep]\n"algorithm.name" = ["fedavg", "fedsam"]\n"partition.alpha" = [0.6, 0.1]\n'
                     '[algorithm.fedsam]\nrho = 0.05\n')
-    runs = recipes.build_sweep(path)
+    runs = recipe_overrides.build_sweep(path)
     assert [(r.algorithm.name, r.partition.options["alpha"]) for r, _ in runs] == [
         ("fedavg", 0.6), ("fedavg", 0.1), ("fedsam", 0.6), ("fedsam", 0.1)]
     assert runs[3][0].algorithm.options["rho"] == 0.05 and runs[3][1] == {"algorithm.name": "fedsam", "partition.alpha": 0.1}
     # an override replaces the axis; extra axes (comma lists on the command line) are added
-    runs = recipes.build_sweep(path, [("partition.alpha", 0.3)], {"seed": [0, 1]})
+    runs = recipe_overrides.build_sweep(path, [("partition.alpha", 0.3)], {"seed": [0, 1]})
     assert [(r.algorithm.name, r.partition.options["alpha"], r.seed) for r, _ in runs] == [
         ("fedavg", 0.3, 0), ("fedavg", 0.3, 1), ("fedsam", 0.3, 0), ("fedsam", 0.3, 1)]
     with pytest.raises(LandscapeError, match="a sweep of 4 runs"):
-        recipes.build(path)
+        recipe_overrides.build(path)
 
 
 def test_sweep_run_names_are_systematic_and_show_extra_axes():
-    runs = recipes.build_sweep(None, [], {"train.lr": [0.1, 0.05], "algorithm.name": ["fedavg"]})
-    names = [recipes.sweep_run_name(r, swept) for r, swept in runs]
+    runs = recipe_overrides.build_sweep(None, [], {"train.lr": [0.1, 0.05], "algorithm.name": ["fedavg"]})
+    names = [recipe_overrides.sweep_run_name(r, swept) for r, swept in runs]
     assert names == ["digits-fedavg-dir0.1-cnn-c20-s0-lr0.1", "digits-fedavg-dir0.1-cnn-c20-s0-lr0.05"]
 
 
 def test_bad_sweep_axis():
     with pytest.raises(LandscapeError, match="must be a non-empty list"):
-        recipes.build_sweep(None, [], {"seed": []})
+        recipe_overrides.build_sweep(None, [], {"seed": []})

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from conftest import analyze_args, invoke, one_line_error
 
 from landscape import recipe as recipes
+from landscape import recipe_overrides
 from landscape.cli import cli
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "train").glob("*.toml"))
@@ -20,7 +21,7 @@ def test_there_are_recipes():
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])
 def test_recipe_resolves(path):
-    runs = recipes.build_sweep(path)
+    runs = recipe_overrides.build_sweep(path)
     assert runs
     for recipe, _ in runs:
         assert recipes.resolve(recipes.tomllib.loads(recipes.to_toml(recipe))) == recipe

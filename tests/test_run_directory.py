@@ -14,11 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from landscape import recipe as recipes
+from landscape import recipe_overrides
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.errors import LandscapeError
-from landscape.runs import RunDir, RunLock
+from landscape.fileio import RunLock
+from landscape.runs import RunDir
 from landscape.train import loop
 
 # ----------------------------------------------------------------------------------------------------------
@@ -68,13 +70,13 @@ def test_a_locked_empty_directory_is_not_trained_into(tmp_path):
 @pytest.mark.parametrize("name", ["../x", "a/b", "/abs", ".", "..", "a\nb", "x" * 201, "a b", "..\\x"])
 def test_the_recipe_name_is_a_plain_folder_name(name):
     with pytest.raises(LandscapeError, match="^name must be a plain folder name") as caught:
-        recipes.build(None, [("name", name)])
+        recipe_overrides.build(None, [("name", name)])
     assert "\n" not in str(caught.value)
 
 
 def test_plain_names_are_accepted():
-    assert recipes.build(None, [("name", "fedsam-v1.2_b")]).name == "fedsam-v1.2_b"
-    assert recipes.build(None, []).name == ""
+    assert recipe_overrides.build(None, [("name", "fedsam-v1.2_b")]).name == "fedsam-v1.2_b"
+    assert recipe_overrides.build(None, []).name == ""
 
 
 def test_no_run_directory_outside_the_chosen_folder(tmp_path, monkeypatch):
@@ -94,9 +96,9 @@ def test_no_run_directory_outside_the_chosen_folder(tmp_path, monkeypatch):
 @FUZZ
 @given(value=st.text(max_size=30))
 def test_swept_values_never_make_a_path_outside_out(tmp_path, value):
-    recipe, swept = recipes.build_sweep(None, [], {"dataset.root": [value]})[0]
+    recipe, swept = recipe_overrides.build_sweep(None, [], {"dataset.root": [value]})[0]
     try:
-        name = recipes.sweep_run_name(recipe, swept)
+        name = recipe_overrides.sweep_run_name(recipe, swept)
     except LandscapeError as e:
         assert "\n" not in str(e) and "dataset.root" in str(e)
         return

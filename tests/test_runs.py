@@ -4,8 +4,10 @@ import pickle
 import pytest
 import torch
 
+from landscape.checkpoints import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from landscape.errors import LandscapeError
-from landscape.runs import CHECKPOINT_FORMAT, RunDir, load_checkpoint, save_checkpoint, write_text
+from landscape.fileio import write_text
+from landscape.runs import RunDir
 
 
 def test_checkpoint_round_trip_under_weights_only(tmp_path):

@@ -22,9 +22,9 @@ from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.surface_evaluation import evaluate_surface
 from landscape.analyze.surface_grid import SurfaceGrid, make_axis
+from landscape.checkpoints import load_checkpoint
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
-from landscape.runs import load_checkpoint
 from landscape.train import loop
 
 # ----------------------------------------------------------------------------------------------------------

@@ -13,11 +13,13 @@ import torch
 from conftest import invoke, recipe6
 
 from landscape import recipe as recipes
+from landscape import recipe_overrides
 from landscape.analyze.catalog import load_passes, pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
+from landscape.checkpoints import load_checkpoint
 from landscape.errors import LandscapeError
-from landscape.runs import RunDir, load_checkpoint
+from landscape.runs import RunDir
 from landscape.train import loop
 
 
@@ -30,7 +32,7 @@ def test_train_threads_is_a_recipe_key_recorded_in_the_run(tmp_path):
     assert recipes.read_recipe(tmp_path / "run" / "recipe.toml").train.threads == 2
     assert load_checkpoint(RunDir(tmp_path / "run").checkpoint(1))["threads"] == 2
     with pytest.raises(LandscapeError, match="train.threads"):
-        recipes.build(None, [("train.threads", -1)])
+        recipe_overrides.build(None, [("train.threads", -1)])
 
 
 def test_training_and_analysis_use_their_thread_count_whatever_the_process_has(tmp_path, monkeypatch):

@@ -8,10 +8,11 @@ import torch.nn.functional as F
 from conftest import tiny_recipe
 
 import landscape
+from landscape.checkpoints import load_checkpoint
 from landscape.errors import LandscapeError
 from landscape.recipe import TrainSettings
-from landscape.runs import RunDir, load_checkpoint
-from landscape.train import loop, schedule
+from landscape.runs import RunDir
+from landscape.train import gather, loop, schedule
 
 
 def _trainer(tmp_path, recipe):
@@ -236,7 +237,7 @@ def test_model_mismatch_is_a_clear_error(tmp_path):
 def test_average_buffers_of_batchnorm_statistics():
     a = {"bn.running_mean": torch.tensor([0.0, 2.0]), "bn.num_batches_tracked": torch.tensor(3)}
     b = {"bn.running_mean": torch.tensor([1.0, 4.0]), "bn.num_batches_tracked": torch.tensor(5)}
-    out = loop.average_buffers([a, b])
+    out = gather.average_buffers([a, b])
     assert torch.equal(out["bn.running_mean"], torch.tensor([0.5, 3.0]))
     assert out["bn.num_batches_tracked"].item() == 4 and out["bn.num_batches_tracked"].dtype == torch.long
 

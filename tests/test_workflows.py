@@ -9,7 +9,8 @@ import torch
 from conftest import assert_same_values, invoke, metrics_without_time, snapshot, tiny_recipe
 
 from landscape import recipe as recipes
-from landscape.figures import book
+from landscape import recipe_overrides
+from landscape.figures import figure_recipe
 from landscape.workflows import claims, demo, figure, sweep
 from landscape.workflows.ensure import ensure_run
 
@@ -54,7 +55,7 @@ def test_ensure_run_trains_as_the_train_command_then_reuses_the_run(tmp_path):
 
 def test_a_sweep_trains_the_runs_of_the_train_commands_sweep(tmp_path):
     flags = {"partition.clients": 4, "train.rounds": 2, "train.local_steps": 2, "train.device": "cpu"}
-    runs = recipes.build_sweep(None, list(flags.items()), {"seed": [0, 1]})
+    runs = recipe_overrides.build_sweep(None, list(flags.items()), {"seed": [0, 1]})
     plan = sweep.plan_sweep(runs, tmp_path / "wf", overwrite=False)
     assert [run.status for run in plan] == ["new", "new"]
     lines: list[str] = []
@@ -72,7 +73,7 @@ def test_a_sweep_trains_the_runs_of_the_train_commands_sweep(tmp_path):
 
 def test_the_figure_workflow_draws_what_the_figures_command_draws(tmp_path):
     (tmp_path / "fig.toml").write_text(FIGURE)
-    fig = book.load_figure_recipe(tmp_path / "fig.toml")
+    fig = figure_recipe.load_figure_recipe(tmp_path / "fig.toml")
     lines: list[str] = []
     written = figure.make_figure(fig, tmp_path / "wf", device="cpu", notify=lines.append)
     assert lines == [f"train {tmp_path / 'wf' / 'runs' / run_id}: new" for run_id in ("a", "b")]
@@ -102,10 +103,11 @@ def test_claims_are_planned_from_python_as_the_claims_command_plans_them(tmp_pat
 
 def test_the_demo_trains_the_shipped_recipe_with_its_few_changes():
     algorithms = {"algorithm.name": demo._DEMO_ALGORITHMS}
-    runs = recipes.build_sweep(demo.DEMO_RECIPE, demo._DEMO_OVERRIDES, algorithms)
+    runs = recipe_overrides.build_sweep(demo.DEMO_RECIPE, demo._DEMO_OVERRIDES, algorithms)
     assert demo.DEMO_RECIPE == ROOT / "train" / "digits-fedavg.toml"
-    assert [recipes.sweep_run_name(recipe, swept) for recipe, swept in runs] == [
+    assert [recipe_overrides.sweep_run_name(recipe, swept) for recipe, swept in runs] == [
         f"digits-{name}-dirc0.1-cnn-c20-s0" for name in ("fedavg", "fedsam", "fednsam")]
     assert all(recipe.train.keep_clients and recipe.train.device == "cpu" for recipe, _ in runs)
     fedavg = runs[0][0].with_values({"train.keep_clients": False, "train.device": "auto"})
-    assert fedavg == recipes.build(demo.DEMO_RECIPE)  # the shipped recipe, but for the demo's two changes
+    # the shipped recipe, but for the demo's two changes
+    assert fedavg == recipe_overrides.build(demo.DEMO_RECIPE)

@@ -31,10 +31,11 @@ from landscape import recipe as recipes
 from landscape.analyze.objective import AnalysisData, Objective, Problem, as_data, check_model_data
 from landscape.analyze.registry import PASSES, needs_clients
 from landscape.analyze.settings import AnalysisSettings
+from landscape.checkpoints import Checkpoint, load_client_models, load_state_dict_file, non_finite_weights
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
 from landscape.recipe import Recipe
-from landscape.runs import Checkpoint, RunDir, load_client_models, load_state_dict_file, non_finite_weights
+from landscape.runs import RunDir
 from landscape.setup import DataSetup, build_module, prepare_data, resolve_device, torch_dtype
 
 _ROUND_FILE = re.compile(r"^round-(\d{4,})\.pt$")

@@ -35,8 +35,8 @@ from landscape.analyze.results import (
     store_result,
 )
 from landscape.analyze.settings import AnalysisSettings
+from landscape.checkpoints import CheckpointError, partition_problem
 from landscape.errors import LandscapeError
-from landscape.runs import CheckpointError, partition_problem
 from landscape.setup import thread_count, using_threads
 
 

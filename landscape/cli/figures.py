@@ -11,7 +11,7 @@ from landscape.cli.common import check_printable, progress_lines, trust_imports_
 from landscape.errors import LandscapeError
 
 if TYPE_CHECKING:
-    from landscape.figures.book import FigureRecipe
+    from landscape.figures.figure_recipe import FigureRecipe
     from landscape.figures.rundata import RunData
 
 
@@ -45,22 +45,22 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     """Draw a paper figure from a figure recipe (figures/*.toml): train the runs it needs and analyse them
     where that is missing (finished runs and analyses are reused; a run whose recipe changed is retrained),
     then write <file>.png and <file>.pdf (+ <file>.html, interactive 3D, for surfaces) under --out."""
-    from landscape import recipe as recipes
+    from landscape import recipe_overrides
     from landscape.analyze.catalog import load_passes
-    from landscape.figures import book
+    from landscape.figures import figure_recipe
     from landscape.workflows import figure
 
-    fig = book.load_figure_recipe(recipe_file, scale)
+    fig = figure_recipe.load_figure_recipe(recipe_file, scale)
     for text in assignments:
         check_printable("--set", text)
-        fig.assign(*recipes.parse_assignment(text), load_passes().names())
+        fig.assign(*recipe_overrides.parse_assignment(text), load_passes().names())
     if run_paths and fig.forced:
         raise LandscapeError("--set of training keys needs the recipe's runs; with --runs nothing is trained")
     if seeds is not None:
         if run_paths:
             raise LandscapeError("--seeds needs the recipe's runs; with --runs nothing is trained (runs "
                                  "given that differ only in their seed are aggregated as they are)")
-        fig.set_seeds(book.parse_seeds(seeds, "--seeds"))
+        fig.set_seeds(figure_recipe.parse_seeds(seeds, "--seeds"))
     out = out if out is not None else figure.figure_folder(fig, Path("runs/figures"))
     if dry_run:
         given = figure.check_figure(fig, out, device=device, run_paths=run_paths)

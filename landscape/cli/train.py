@@ -100,7 +100,7 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
     Each run directory gets the fully resolved recipe, partition.json, metrics.jsonl (one line per round)
     and checkpoints/round-NNNN.pt.
     """
-    from landscape import recipe as recipes
+    from landscape import recipe_overrides
     from landscape.workflows import sweep
 
     switches = {"dataset.download": download, "train.keep_clients": keep_clients, "train.swa": swa}
@@ -109,7 +109,7 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
         others = recipe_file is not None or bool(axes) or out is not None or overwrite or dry_run
         _resume(resume_dir, overrides, others, quiet)
         return
-    runs = recipes.build_sweep(recipe_file, overrides, axes)
+    runs = recipe_overrides.build_sweep(recipe_file, overrides, axes)
     if not any(swept for _, swept in runs):  # one run: --out is its directory
         _one_run(runs[0][0], out, overwrite, dry_run, quiet)
         return
@@ -128,7 +128,7 @@ def _overrides(flags: dict[str, Any], switches: dict[str, bool | None],
                assignments: tuple[str, ...]) -> tuple[list[tuple[str, Any]], dict[str, list]]:
     """The recipe keys the flags set, in order (recipe flags, switches, then --set), and the swept ones (comma
     lists): every value checked for control characters first."""
-    from landscape import recipe as recipes
+    from landscape import recipe_overrides
 
     given = [(flag, key, flags[flag.lstrip("-").replace("-", "_")]) for flag, key, _ in _RECIPE_FLAGS]
     for flag, text in [(flag, text) for flag, _, text in given] + [("--set", a) for a in assignments]:
@@ -139,11 +139,11 @@ def _overrides(flags: dict[str, Any], switches: dict[str, bool | None],
         if text is None:
             continue
         if "," in text and key not in _NO_SWEEP:
-            axes[key] = [recipes.parse_value(item.strip()) for item in text.split(",")]
+            axes[key] = [recipe_overrides.parse_value(item.strip()) for item in text.split(",")]
         else:
-            overrides.append((key, text if key in _NO_SWEEP else recipes.parse_value(text)))
+            overrides.append((key, text if key in _NO_SWEEP else recipe_overrides.parse_value(text)))
     overrides += [(key, True) for key, enabled in switches.items() if enabled]
-    overrides += [recipes.parse_assignment(a) for a in assignments]
+    overrides += [recipe_overrides.parse_assignment(a) for a in assignments]
     return overrides, axes
 
 

@@ -135,7 +135,7 @@ def load_claim(path: str | Path, seeds: Sequence[int] | None = None) -> Claim:
 def _check_quantity(quantity: str, where: str) -> None:
     """A quantity is a metrics.jsonl key, an analysis quantity or the surface width: one line naming them
     otherwise."""
-    from landscape.figures.book import METRIC_KEYS
+    from landscape.figures.figure_recipe import METRIC_KEYS
     try:
         known = quantity in METRIC_KEYS or analysis_output(quantity) is not None
     except LandscapeError as e:  # S_rho(x) with a radius that is not a number
@@ -180,13 +180,13 @@ def _covered(rounds: str | int | tuple[int, ...], have: Sequence[int]) -> bool:
 def check_rounds(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, Any]]],
                  pass_rounds: Mapping[str, str]) -> None:
     """Every comparison's rounds exist in every run it compares, before anything is trained: a metrics.jsonl
-    key at the rounds that log it (``book.logged_rounds``), an analysis quantity at the rounds the figure
-    analyses its pass at (``pass_rounds``, ``book.analysed_rounds``). ``trained``: run id -> (seed, training
-    settings) of each of its runs. One line naming the file, the comparison, its rounds and the run's rounds
-    otherwise."""
+    key at the rounds that log it (``figure_rounds.logged_rounds``), an analysis quantity at the rounds the
+    figure analyses its pass at (``pass_rounds``, ``figure_rounds.analysed_rounds``). ``trained``: run id ->
+    (seed, training settings) of each of its runs. One line naming the file, the comparison, its rounds and the
+    run's rounds otherwise."""
     from landscape.analyze.catalog import load_passes
     from landscape.analyze.registry import KEPT_CLIENTS
-    from landscape.figures.book import analysed_rounds, logged_rounds, round_list
+    from landscape.figures.figure_rounds import analysed_rounds, logged_rounds, round_list
 
     for i, comparison in enumerate(claim.comparisons, 1):
         quantity = comparison.quantity

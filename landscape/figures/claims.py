@@ -65,7 +65,7 @@ from landscape.figures.claim_statistics import (
 )
 from landscape.figures.rundata import RunData
 from landscape.figures.seeds import mean_se
-from landscape.runs import write_text
+from landscape.fileio import write_text
 
 __all__ = [  # the claims API, with what it takes from claim_files and claim_statistics
     "DEFAULT_TAU", "HELD", "INCONCLUSIVE", "MAX_SEEDS", "NOT_HELD", "SURFACE_WIDTH", "Claim", "ClaimResult",
@@ -110,7 +110,7 @@ def surface_width(loss: np.ndarray, x: np.ndarray, y: np.ndarray, tau: float) ->
 
 def _analysis_value(run: RunData, quantity: str, round: int, tau: float) -> float:
     if quantity == SURFACE_WIDTH:
-        from landscape.figures.surfaces import load_surface, normalization_of
+        from landscape.figures.surface_data import load_surface, normalization_of
 
         surface = load_surface(run.analyses[round]["surface"].path)
         if normalization_of(surface.meta) == "filter":  # each model's plane scaled by its own weights

@@ -22,8 +22,8 @@ weight norms. Where every run with a surface has one of a mode whose directions 
 reference model), with the same length or reference for all, those are drawn instead (``comparable_surfaces``);
 otherwise the per-model ones are, and a note names the command that computes comparable ones. A line under
 the table (``Comparison.settings``), the panels' caption and their titles say which, with every model's weight
-norm ||x|| (``landscape.figures.surfaces.compare_planes``). A ``--settings`` filter on ``normalization`` (or
-a figure recipe's exact settings) is followed as given.
+norm ||x|| (``landscape.figures.surface_data.compare_planes``). A ``--settings`` filter on ``normalization``
+(or a figure recipe's exact settings) is followed as given.
 
 Each quantity is read from results of one set of settings (``landscape.figures.selection``): the defaults
 (training split, BN mode eval, the surface's global data), or those a ``Selection`` asks for (``landscape
@@ -44,7 +44,7 @@ from typing import Any
 
 from landscape.analyze.registry import Quantity
 from landscape.errors import LandscapeError
-from landscape.figures import surfaces
+from landscape.figures import surface_data, surfaces
 from landscape.figures.labels import settings_caption, settings_lines, with_settings
 from landscape.figures.report_data import (
     ComparisonGroup,
@@ -56,7 +56,8 @@ from landscape.figures.report_data import (
 )
 from landscape.figures.rundata import RunData, RunsLike, as_runs, missing_message
 from landscape.figures.selection import Selection
-from landscape.runs import surface_result_name, write_text
+from landscape.fileio import write_text
+from landscape.runs import surface_result_name
 
 # The columns the papers compare, by the plain name of report_data.quantities (S_rho is added by radius).
 COLUMNS = ["lambda_max", "trace", "Delta_FI", "mean grad cos"]
@@ -87,7 +88,7 @@ def comparable_surfaces(runs: list[RunData], name: str) -> tuple[list[RunData], 
             picked.append(again)
         else:
             sources = [run.pass_record(name).path.with_suffix(".npz") for run in picked]
-            if surfaces.compare_planes(sources).comparable:
+            if surface_data.compare_planes(sources).comparable:
                 return picked, mode
     return runs, None
 
@@ -223,9 +224,9 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
         titles = [with_settings(f"{run.label}, round {run.analysed_rounds(name)[-1]}", run.shown(name), "\n",
                                 width=45)  # panels side by side: ~45 characters of title each
                   for run in with_surface]
-        flat = [s for s in sources if not surfaces.load_surface(s).is_2d]
+        flat = [s for s in sources if not surface_data.load_surface(s).is_2d]
         if not flat and len(sources) > 1:
-            planes = surfaces.compare_planes(sources, [run.label for run in with_surface])
+            planes = surface_data.compare_planes(sources, [run.label for run in with_surface])
             surface_lines.append(f"surfaces: {planes.text}")
             if mode is None and "filter" in planes.normalizations and not _asks_normalization(runs[0].selection):
                 missing.append("the surfaces are filter-normalised to each model's own weights; planes that "

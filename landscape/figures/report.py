@@ -57,7 +57,7 @@ from landscape.figures.report_surfaces import surfaces_section
 from landscape.figures.rundata import RunData, RunsLike, as_runs
 from landscape.figures.seeds import groups
 from landscape.figures.selection import Selection
-from landscape.runs import write_text
+from landscape.fileio import write_text
 
 CURVE_KEYS = [("accuracy", "test_acc"), ("train_loss", "train_loss"),
               ("flatness_distance", "flatness_distance")]

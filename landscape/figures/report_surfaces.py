@@ -42,7 +42,7 @@ def _surface_kind(path: Path) -> str:
     except (OSError, ValueError, AttributeError):
         return path.name
     kind = meta.get("directions") if isinstance(meta, dict) else None
-    from landscape.figures.surfaces import normalization_of
+    from landscape.figures.surface_data import normalization_of
 
     random = "random plane"
     if kind == "random":
@@ -66,7 +66,8 @@ def _surface_scales(paths: Sequence[Path]) -> tuple[dict[Path, str], dict[str, t
     quantity, the (lowest, highest) value over all of them (``surfaces.value_range``; one flat surface: a
     range around its value): the colour scale and z range that the report's 3D plots of that quantity share.
     Files that cannot be read are left out here (drawing them says why)."""
-    from landscape.figures.surfaces import load_surface, value_range
+    from landscape.figures.surface_data import load_surface
+    from landscape.figures.surfaces import value_range
 
     quantity: dict[Path, str] = {}
     of_quantity: dict[str, list[Any]] = {}
@@ -85,7 +86,7 @@ def _surface_scales(paths: Sequence[Path]) -> tuple[dict[Path, str], dict[str, t
 def _plane_caption(path: Path) -> str:
     """'; ||x|| = 23.4; ...' for a 2D surface's caption: the model's weight norm and, for a per-model
     filter-normalised plane, that its axis units are that model's own (not comparable across runs)."""
-    from landscape.figures.surfaces import load_surface, normalization_of, weight_norm_text
+    from landscape.figures.surface_data import load_surface, normalization_of, weight_norm_text
 
     try:
         surface = load_surface(path)
@@ -98,9 +99,9 @@ def _plane_caption(path: Path) -> str:
 
 
 def _random_planes_line(files: Sequence[tuple[RunData, int, Path]]) -> str:
-    """What the random planes of different runs compare (``surfaces.compare_planes``); '' for fewer than
+    """What the random planes of different runs compare (``surface_data.compare_planes``); '' for fewer than
     two runs."""
-    from landscape.figures.surfaces import compare_planes, load_surface
+    from landscape.figures.surface_data import compare_planes, load_surface
 
     found = []
     for run, r, path in files:

@@ -5,8 +5,8 @@ ignoring the keys that say where or how a run was made, not what it is (``name``
 ``train.threads``, ``dataset.root``, ``dataset.download``). A configuration in which a seed repeats (two copies
 of one run) is not aggregated: each of its runs stays a group of its own. ``rundata.load_runs`` marks the runs of
 a group (``RunData.group``, ``RunData.group_label``, one colour); a figure recipe groups by run id instead
-(``book.figure_runs``: every seed of an id has the id's label and colour). ``groups`` turns loaded runs into
-``SeedGroup``s, in the order of their first run.
+(``figure_recipe.figure_runs``: every seed of an id has the id's label and colour). ``groups`` turns loaded runs
+into ``SeedGroup``s, in the order of their first run.
 
 Statistics. ``mean_se`` is the one mean and standard error every figure, table and CSV uses: the mean over
 seeds and the standard error of that mean, ``std(ddof=1) / sqrt(n)``; for one seed the standard error is

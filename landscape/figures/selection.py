@@ -80,7 +80,7 @@ class Selection:
     @classmethod
     def parse(cls, texts: Iterable[str], flag: str = "--settings") -> Selection:
         """From ``KEY=VALUE`` texts (values in TOML, as ``--set`` takes them); unknown keys are refused."""
-        from landscape.recipe import parse_value
+        from landscape.recipe_overrides import parse_value
 
         filters = []
         for text in texts:

@@ -6,17 +6,16 @@ checkpoint, or a round's clients split across processes, gives the same numbers 
 
 ``start_run`` and ``resume_run`` are the entry points; the run directory's life (creating it safely, what a
 sweep does with it, where a resume starts) is ``landscape.lifecycle``, the round schedule
-``landscape.train.schedule``, data and model set-up ``landscape.setup``.
+``landscape.train.schedule``, the trainer's state and checkpoints ``landscape.train.state``, data and model
+set-up ``landscape.setup``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,21 +23,13 @@ from torch import Tensor
 
 from landscape import lifecycle, parallel
 from landscape import recipe as recipes
+from landscape.checkpoints import load_checkpoint, partition_problem
 from landscape.errors import LandscapeError
+from landscape.fileio import RunLock, os_reason, write_text
 from landscape.flat import FlatModel
 from landscape.lifecycle import ResumePoint
 from landscape.recipe import Recipe, TrainSettings
-from landscape.runs import (
-    CHECKPOINT_FORMAT,
-    Checkpoint,
-    RunDir,
-    RunLock,
-    load_checkpoint,
-    os_reason,
-    partition_problem,
-    save_checkpoint,
-    write_text,
-)
+from landscape.runs import RunDir
 from landscape.setup import (
     DataSetup,
     build_module,
@@ -49,15 +40,8 @@ from landscape.setup import (
     torch_dtype,
     using_threads,
 )
-from landscape.train.algorithms import (
-    Algorithm,
-    ClientResult,
-    LocalProblem,
-    ParamLayout,
-    ServerRound,
-    Tensors,
-    build_algorithm,
-)
+from landscape.train.algorithms import ClientResult, LocalProblem, ParamLayout, ServerRound, build_algorithm
+from landscape.train.gather import average_buffers, gather_client_work
 from landscape.train.schedule import (
     STREAM_CLIENT,
     clients_per_round,
@@ -65,6 +49,7 @@ from landscape.train.schedule import (
     sample_clients,
     swa_cycle_ends,
 )
+from landscape.train.state import TrainerCheckpoints, TrainerState, divergence
 
 
 def check_local_work(train: TrainSettings) -> None:
@@ -76,23 +61,7 @@ def check_local_work(train: TrainSettings) -> None:
 # the trainer
 
 
-@dataclass
-class TrainerState:
-    round: int  # rounds completed; the global model is x^round
-    x: Tensor
-    buffers: dict[str, Tensor]
-    server_state: Tensors  # the algorithm's ServerState
-    client_states: dict[int, Tensors]  # the ClientState of each client that has one; on the CPU between rounds
-    swa_model: Tensor | None = None  # server SWA average x_swa, once a cycle has closed
-    swa_count: int = 0
-
-    @property
-    def model(self) -> Tensor:
-        """The model that evaluation and analysis use: x_swa once it exists, else x."""
-        return self.swa_model if self.swa_model is not None else self.x
-
-
-class Trainer:
+class Trainer(TrainerCheckpoints):
     """Runs the rounds of one resolved recipe into one run directory."""
 
     def __init__(self, recipe: Recipe, run_dir: RunDir, setup: DataSetup | None = None) -> None:
@@ -122,68 +91,6 @@ class Trainer:
         self.per_round = clients_per_round(self.train_cfg, self.num_clients)
         self.recipe_text = recipes.to_toml(recipe)
         self.threads = thread_count(self.train_cfg.threads)  # recorded in every checkpoint
-
-    # -- state ------------------------------------------------------------------------------------------
-    def initial_state(self) -> TrainerState:
-        x = self.flat.vector()
-        return TrainerState(0, x, self.flat.buffers(), self.algorithm.init_server_state(x), {})
-
-    def checkpoint_payload(self, state: TrainerState) -> dict:
-        def cpu(state: Tensors) -> dict[str, Tensor]:  # a checkpoint's table: the tensors by field name
-            return {k: v.detach().cpu() for k, v in state.named().items()}
-
-        payload = {
-            "format": CHECKPOINT_FORMAT,
-            "round": state.round,
-            "model": self.flat.state_dict(state.x, state.buffers),
-            "server_state": cpu(state.server_state),
-            "client_states": {str(i): cpu(s) for i, s in sorted(state.client_states.items())},
-            "rng": {"seed": self.recipe.seed, "scheme": "SeedSequence(seed, stream, round[, client])"},
-            "recipe": self.recipe_text,
-            "threads": self.threads,
-        }
-        if state.swa_model is not None:
-            payload["swa_model"] = self.flat.state_dict(state.swa_model, state.buffers)
-            payload["swa_count"] = state.swa_count
-        return payload
-
-    def state_from_checkpoint(self, ckpt: dict, path: Path) -> TrainerState:
-        """The training state in a checkpoint, after checking that it belongs to this recipe and model."""
-        checkpoint = Checkpoint(path, ckpt)
-        if checkpoint.recipe_text is not None:
-            difference = recipes.difference(checkpoint.recipe_text, self.recipe, lifecycle.RESUME_FREE_KEYS)
-            if difference:
-                raise LandscapeError(f"{path} was written by another recipe ({difference}); it cannot "
-                                     "continue this run")
-        checkpoint.check_model(self.flat.state_dict(self.flat.vector(), self.flat.buffers()), self.recipe.model.name,
-                               self.dtype)
-        check_training_state(ckpt, path, self.num_clients)
-        try:
-            x, buffers = self.flat.from_state_dict(ckpt["model"])
-            swa_model = self.flat.from_state_dict(ckpt["swa_model"])[0] if "swa_model" in ckpt else None
-            return TrainerState(
-                int(ckpt["round"]),
-                x,
-                buffers,
-                self.algorithm.ServerState.from_named(ckpt["server_state"]).to(self.device),
-                {int(i): self.algorithm.ClientState.from_named(s) for i, s in ckpt["client_states"].items()},
-                swa_model,
-                int(ckpt.get("swa_count", 0)),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
-            what = f"no '{e.args[0]}'" if isinstance(e, KeyError) and e.args else str(e).strip().splitlines()[0]
-            raise LandscapeError(f"{path} is not a complete training checkpoint ({what})") from None
-
-    def save(self, state: TrainerState, results: list[ClientResult] | None) -> None:
-        # The clients' file first: round-NNNN.pt, written last, marks the round as saved (a kill between the
-        # two leaves a clients file that the resumed run rewrites with the same bits).
-        if self.train_cfg.keep_clients and results:
-            kept = {str(r.client): self.flat.state_dict(r.model, state.buffers) for r in results}
-            save_checkpoint(
-                self.run_dir.clients_checkpoint(state.round),
-                {"format": CHECKPOINT_FORMAT, "round": state.round, "model": {}, "clients": kept},
-            )
-        save_checkpoint(self.run_dir.checkpoint(state.round), self.checkpoint_payload(state))
 
     # -- one client -------------------------------------------------------------------------------------
     def mixed_precision(self) -> contextlib.AbstractContextManager:
@@ -308,26 +215,6 @@ class Trainer:
     def evaluate(self, state: TrainerState) -> tuple[float, float]:
         return self.flat.evaluate(state.model, state.buffers, self.test_x, self.test_y)
 
-    def stop_diverged(self, state: TrainerState, row: dict, problems: list[str]) -> None:
-        """Record the divergence in metrics.jsonl and stop: the diverged state is never checkpointed."""
-        algorithm = self.recipe.algorithm.name
-
-        def record() -> str:
-            rounds = self.run_dir.rounds()
-            last = self.run_dir.checkpoint(rounds[-1]).relative_to(self.run_dir.path) if rounds else None
-            self.run_dir.append_event(
-                "diverged", state.round, algorithm=algorithm, lr=row["lr"], train_loss=row["train_loss"],
-                update_norm=row["update_norm"], problems=problems, last_checkpoint=str(last) if last else None,
-            )
-            return f"the last good checkpoint {last} is kept" if last else "no checkpoint was written"
-
-        kept = parallel.on_main(record)
-        raise LandscapeError(
-            f"training diverged in round {state.round} ({algorithm}, lr {row['lr']:g}): {', '.join(problems)}; "
-            f"stopped without saving that state, {kept}, the event is in metrics.jsonl (a smaller train.lr or "
-            "train.clip_norm may help)"
-        )
-
     def train(self, state: TrainerState, progress: bool = True) -> TrainerState:
         """Run rounds from ``state.round`` to the recipe's rounds, logging and checkpointing (rank 0 only:
         the other ranks of a torchrun job compute their clients and keep the same state)."""
@@ -359,100 +246,6 @@ class Trainer:
             bar.close()
         parallel.barrier()  # the other ranks return once rank 0 has written the last files
         return state
-
-
-def check_training_state(ckpt: dict, path: Path, num_clients: int) -> None:
-    """The parts of a checkpoint that only training reads: its round (the one in its file name), the server
-    state and the clients' states (named tensors each); else a one-line error naming the file."""
-    def problem() -> str | None:
-        found = re.match(r"^round-(\d+)\.pt$", Path(path).name)
-        round_ = ckpt.get("round")
-        if type(round_) is not int:
-            return f"its round is {round_!r}, not a whole number"
-        if found and int(found.group(1)) != round_:
-            return f"it holds round {round_}, its name says round {int(found.group(1))}"
-        server = ckpt.get("server_state")
-        if not isinstance(server, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in server.items()):
-            return "its server state is not a table of named tensors"
-        clients = ckpt.get("client_states")
-        if not isinstance(clients, dict):
-            return "its client states are not a table"
-        for key, state in clients.items():
-            if not (isinstance(key, str) and key.isdigit() and int(key) < num_clients):
-                return f"it holds the state of a client {key!r} this run does not have"
-            if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor)
-                                                       for k, v in state.items()):
-                return f"the state of client {key} is not a table of named tensors"
-        return None
-
-    why = problem()
-    if why is not None:
-        raise LandscapeError(f"{path} is not a complete training checkpoint ({why})")
-
-
-def divergence(state: TrainerState, row: dict) -> list[str]:
-    """What is not finite after a round: the loss, the update, the parameters (BatchNorm statistics and the
-    SWA average included), the server state and the states of the round's clients (``row["clients"]``: the
-    others did not change). Empty when the round is sound; so every checkpoint training saves is finite."""
-    problems = [f"{key}={row[key]}" for key in ("train_loss", "update_norm") if not math.isfinite(row[key])]
-    tensors = {"parameters": state.x, "SWA average": state.swa_model}
-    tensors.update({f"buffer {k}": v for k, v in state.buffers.items() if v.is_floating_point()})
-    server = state.server_state.named()
-    tensors.update({f"server state {k}": v for k, v in server.items() if v.is_floating_point()})
-    for client in row.get("clients", ()):
-        client_state = state.client_states.get(client)
-        named = client_state.named() if client_state is not None else {}
-        tensors.update({f"state {k} of client {client}": v for k, v in named.items() if v.is_floating_point()})
-    for what, tensor in tensors.items():
-        if tensor is not None:
-            bad = int((~torch.isfinite(tensor)).sum())
-            if bad:
-                problems.append(f"{bad} non-finite {what}" if what == "parameters" else f"non-finite {what}")
-    return problems
-
-
-def gather_client_work(
-    results: list[ClientResult], buffers: list[dict[str, Tensor]], device: torch.device, algorithm: Algorithm
-) -> tuple[list[ClientResult], list[dict[str, Tensor]]]:
-    """Every rank's client results and BatchNorm statistics, on every rank, in the order of the ranks'
-    blocks (``parallel.shard``): the round's client order. Tensors travel bit for bit (uploads and client
-    states by the field names of ``algorithm``'s ``Upload`` and ``ClientState``); in a single process the
-    lists come back as they are."""
-    if parallel.world_size() == 1:
-        return results, buffers
-    described, tensors = [], []
-    for r, b in zip(results, buffers):
-        loss_is_tensor = isinstance(r.train_loss, Tensor)
-        described.append({"client": r.client, "num_steps": r.num_steps, "state": r.state is not None,
-                          "buffers": list(b), "train_loss": None if loss_is_tensor else float(r.train_loss)})
-        kept = r.state.named() if r.state is not None else {}
-        tensors += [r.model, *r.upload.named().values(), *kept.values(), *b.values()]
-        if loss_is_tensor:
-            tensors.append(r.train_loss)
-
-    def take(kind: type[Tensors], stream: Iterator[Tensor]) -> Tensors:  # the next tensors, by kind's fields
-        return kind.from_named({name: next(stream) for name in kind.names()})
-
-    all_results, all_buffers = [], []
-    for meta, received in zip(parallel.all_gather_objects(described), parallel.all_gather_tensors(tensors, device)):
-        stream = iter(received)
-        for m in meta:
-            model = next(stream)
-            upload = take(algorithm.Upload, stream)
-            state = take(algorithm.ClientState, stream) if m["state"] else None
-            all_buffers.append({k: next(stream) for k in m["buffers"]})
-            loss = next(stream) if m["train_loss"] is None else m["train_loss"]
-            all_results.append(ClientResult(m["client"], model, upload, state, loss, m["num_steps"]))
-    return all_results, all_buffers
-
-
-def average_buffers(client_buffers: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """Server average of BatchNorm statistics (integer counters averaged and rounded)."""
-    out = {}
-    for name, ref in client_buffers[0].items():
-        stacked = torch.stack([b[name] for b in client_buffers])
-        out[name] = stacked.double().mean(0).round().to(ref.dtype) if not ref.is_floating_point() else stacked.mean(0)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------------

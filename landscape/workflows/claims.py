@@ -14,9 +14,9 @@ from landscape.workflows.ensure import Notify, ignore
 from landscape.workflows.figure import figure_folder, figure_selection, figure_training, prepare_figure_runs
 
 if TYPE_CHECKING:
-    from landscape.figures.book import FigureRecipe
     from landscape.figures.claim_files import Claim
     from landscape.figures.claims import ClaimResult
+    from landscape.figures.figure_recipe import FigureRecipe
 
 
 class ClaimWork(NamedTuple):
@@ -41,17 +41,17 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
     """Every claim file read and checked before anything is trained: its figure recipe (at ``scale``, with
     the ``KEY=VALUE`` ``assignments`` of every run and ``seeds``, default the file's), its run ids, that the
     figure runs the passes it reads, and that its rounds exist in the runs it compares."""
-    from landscape import recipe as recipes
+    from landscape import recipe_overrides
     from landscape.analyze.catalog import load_passes
-    from landscape.figures import book, claims
+    from landscape.figures import claims, figure_recipe, figure_rounds
     from landscape.figures.claim_files import check_rounds
 
     work = []
     for path in claim_files:
         claim = claims.load_claim(path, seeds)
-        fig = book.load_figure_recipe(claim.figure, scale)
+        fig = figure_recipe.load_figure_recipe(claim.figure, scale)
         for text in assignments:
-            fig.assign(*recipes.parse_assignment(text), load_passes().names())
+            fig.assign(*recipe_overrides.parse_assignment(text), load_passes().names())
         fig.set_seeds(list(claim.seeds))
         claims.check_run_ids(claim, [spec.id for spec in fig.runs])
         fig.runs = [spec for spec in fig.runs if spec.id in claim.run_ids()]  # only the runs it compares
@@ -67,7 +67,7 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
         fig.pass_options = {name: opts for name, opts in fig.pass_options.items() if name in needed}
         fig_out = figure_folder(fig, figures_out)
         trained = figure_training(fig, fig_out, device)  # its rounds exist in the runs it will train
-        book.check_pass_rounds(fig, trained)
+        figure_rounds.check_pass_rounds(fig, trained)
         check_rounds(claim, trained, fig.pass_rounds)
         work.append(ClaimWork(claim, fig, fig_out))
     return work

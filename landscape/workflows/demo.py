@@ -43,7 +43,7 @@ class Demo(NamedTuple):
 
 def run_demo(out: Path, *, progress: bool = False, notify: Notify = ignore) -> Demo:
     """Train (make-like: finished runs are reused), analyse and draw the demo into ``out``."""
-    from landscape import recipe as recipes
+    from landscape import recipe_overrides
     from landscape.analyze.catalog import default_passes, pass_options
     from landscape.analyze.scheduler import AnalysisReport, analysis_data, run_analysis
     from landscape.analyze.settings import AnalysisSettings
@@ -51,8 +51,8 @@ def run_demo(out: Path, *, progress: bool = False, notify: Notify = ignore) -> D
     if not DEMO_RECIPE.is_file():
         raise LandscapeError(f"the demo's recipe {DEMO_RECIPE} is missing (the demo runs from a checkout of "
                              "the repository)")
-    runs = recipes.build_sweep(DEMO_RECIPE, _DEMO_OVERRIDES, {"algorithm.name": _DEMO_ALGORITHMS})
-    paths = [out / recipes.sweep_run_name(recipe, swept) for recipe, swept in runs]
+    runs = recipe_overrides.build_sweep(DEMO_RECIPE, _DEMO_OVERRIDES, {"algorithm.name": _DEMO_ALGORITHMS})
+    paths = [out / recipe_overrides.sweep_run_name(recipe, swept) for recipe, swept in runs]
     for (recipe, _), path in zip(runs, paths):
         ensure_run(recipe, path, progress=progress, notify=notify)
     names = [*default_passes(), "surface"]

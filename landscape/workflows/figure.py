@@ -1,4 +1,4 @@
-"""The figure workflow: a figure recipe (``figures.book.FigureRecipe``) checked, its runs trained and
+"""The figure workflow: a figure recipe (``figures.figure_recipe.FigureRecipe``) checked, its runs trained and
 analysed where that is missing (make-like), then its plots drawn from the files."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from landscape.errors import LandscapeError
 from landscape.workflows.ensure import Notify, ensure_analysis, ensure_run, ignore
 
 if TYPE_CHECKING:
-    from landscape.figures.book import FigureRecipe
+    from landscape.figures.figure_recipe import FigureRecipe
     from landscape.figures.rundata import RunData
     from landscape.figures.selection import Selection
 
@@ -44,11 +44,11 @@ def figure_analysis(fig: FigureRecipe, device: str) -> tuple[Any, dict[str, Any]
 def figure_plan(fig: FigureRecipe, out: Path, device: str) -> dict[str, list[tuple[int | None, Any, Path]]]:
     """Run id -> (seed, resolved training recipe, run directory) of each of its runs
     (``FigureRecipe.seed_runs``)."""
-    from landscape import recipe as recipes
+    from landscape import recipe_overrides
 
     device_key = [("train.device", device)] if device != "auto" else []
     def resolved(run_id: str, seed: int | None) -> Any:
-        return recipes.build(fig.train_recipe, fig.overrides(fig.run(run_id), seed) + device_key)
+        return recipe_overrides.build(fig.train_recipe, fig.overrides(fig.run(run_id), seed) + device_key)
 
     return {run_id: [(seed, resolved(run_id, seed), path) for seed, path in entries]
             for run_id, entries in fig.seed_runs(out).items()}
@@ -92,13 +92,13 @@ def check_figure(fig: FigureRecipe, out: Path, *, device: str,
     """Everything checked before anything is trained: the analysis settings and pass options, and either the
     given runs (``run_paths``: returned, read) or that each round the figure analyses is a checkpoint its own
     runs will have (returns [])."""
-    from landscape.figures import book
+    from landscape.figures import figure_rounds
     from landscape.figures.rundata import load_runs
 
     figure_analysis(fig, device)
     if run_paths:
         return load_runs(list(run_paths))
-    book.check_pass_rounds(fig, figure_training(fig, out, device))
+    figure_rounds.check_pass_rounds(fig, figure_training(fig, out, device))
     return []
 
 
@@ -123,7 +123,7 @@ def make_figure(fig: FigureRecipe, out: Path, *, device: str = "auto", run_paths
 def _draw(fig: FigureRecipe, out: Path, paths: list[Path], by_id: dict[str, list[Path]] | None,
           selection: Selection, notify: Notify) -> list[Path]:
     """Every plot of the figure: over all runs of ``paths`` (``by_id`` None), else over its own run ids."""
-    from landscape.figures import book
+    from landscape.figures import book, figure_recipe
     from landscape.figures.rundata import load_runs
 
     drawn = load_runs(paths, selection)
@@ -133,7 +133,7 @@ def _draw(fig: FigureRecipe, out: Path, paths: list[Path], by_id: dict[str, list
         loaded, rest = {}, iter(drawn)
         for run_id, of_id in by_id.items():
             loaded[run_id] = [next(rest) for _ in of_id]
-        chosen = [(plot, book.figure_runs(fig, plot, loaded)) for plot in fig.plots]
+        chosen = [(plot, figure_recipe.figure_runs(fig, plot, loaded)) for plot in fig.plots]
     for run in drawn:
         for line in run.notes():
             notify(f"note: {line}")

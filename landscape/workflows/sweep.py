@@ -24,12 +24,11 @@ class SweepRun(NamedTuple):
 
 
 def plan_sweep(runs: list[tuple[Recipe, dict[str, Any]]], parent: Path, overwrite: bool) -> list[SweepRun]:
-    """The runs of ``recipe.build_sweep`` under ``parent``, each named systematically; refused in one line
-    when two of them get the same name."""
-    from landscape import lifecycle
-    from landscape import recipe as recipes
+    """The runs of ``recipe_overrides.build_sweep`` under ``parent``, each named systematically; refused in
+    one line when two of them get the same name."""
+    from landscape import lifecycle, recipe_overrides
 
-    plan = [(recipe, parent / recipes.sweep_run_name(recipe, swept)) for recipe, swept in runs]
+    plan = [(recipe, parent / recipe_overrides.sweep_run_name(recipe, swept)) for recipe, swept in runs]
     names = [p.name for _, p in plan]
     if len(set(names)) != len(names):
         first = next(i for i, name in enumerate(names) if names.index(name) != i)
