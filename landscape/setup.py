@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from landscape import parallel
+from landscape import parallel, recipe_sections
 from landscape import recipe as recipes
 from landscape.data.datasets import DatasetBundle, load_dataset
 from landscape.data.partitions import class_histogram, make_partition
@@ -23,7 +23,7 @@ from landscape.errors import LandscapeError
 from landscape.models import build_model
 from landscape.rng import derived_seed
 
-DTYPES = {name: getattr(torch, name) for name in recipes.DTYPES}  # the recipe's dtype names -> torch
+DTYPES = {name: getattr(torch, name) for name in recipe_sections.DTYPES}  # the recipe's dtype names -> torch
 
 
 def thread_count(threads: int) -> int:

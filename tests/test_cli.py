@@ -308,9 +308,9 @@ def test_train_help_shows_each_recipe_flags_default_from_the_default_recipe():
 
 def test_train_help_defaults_follow_the_recipe_not_a_copy(monkeypatch):
     import landscape.cli.train as cli_module
-    from landscape import recipe as recipes
+    from landscape import recipe_sections
 
-    monkeypatch.setattr(recipes.TrainSettings.__dataclass_fields__["lr"], "default", 0.37)
+    monkeypatch.setattr(recipe_sections.TrainSettings.__dataclass_fields__["lr"], "default", 0.37)
     monkeypatch.setattr(cli_module, "_default_recipe", cli_module._default_recipe.__wrapped__)
     assert "[default: 0.37]" in option_help("train", "--lr")
 

@@ -10,7 +10,7 @@ from conftest import tiny_recipe
 import landscape
 from landscape.checkpoints import load_checkpoint
 from landscape.errors import LandscapeError
-from landscape.recipe import TrainSettings
+from landscape.recipe_sections import TrainSettings
 from landscape.runs import RunDir
 from landscape.train import gather, loop, schedule
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from landscape.errors import LandscapeError
-from landscape.recipe import DTYPES
+from landscape.recipe_sections import DTYPES
 
 SETTING_CHOICES = {"split": ("train", "test"), "bn_mode": ("eval", "train-batch-stats", "recompute"),
                    "backend": ("native", "pyhessian"), "hvp": ("double-backward", "forward-over-reverse"),

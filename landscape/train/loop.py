@@ -28,7 +28,8 @@ from landscape.errors import LandscapeError
 from landscape.fileio import RunLock, os_reason, write_text
 from landscape.flat import FlatModel
 from landscape.lifecycle import ResumePoint
-from landscape.recipe import Recipe, TrainSettings
+from landscape.recipe import Recipe
+from landscape.recipe_sections import TrainSettings
 from landscape.runs import RunDir
 from landscape.setup import (
     DataSetup,

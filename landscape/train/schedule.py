@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from landscape.recipe import TrainSettings
+from landscape.recipe_sections import TrainSettings
 from landscape.rng import derived_seed
 
 # Tags that keep the derived random streams of one seed apart.

@@ -22,7 +22,8 @@ from landscape import recipe as recipes
 from landscape.checkpoints import CHECKPOINT_FORMAT, Checkpoint, save_checkpoint
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
-from landscape.recipe import Recipe, TrainSettings
+from landscape.recipe import Recipe
+from landscape.recipe_sections import TrainSettings
 from landscape.runs import RunDir
 from landscape.train.algorithms import Algorithm, ClientResult, Tensors
 
