@@ -36,9 +36,10 @@ import numpy as np
 import torch
 
 from landscape import parallel, recipe_overrides
+from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.directions import random_plane
 from landscape.analyze.lanczos import lanczos_topk
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator
 from landscape.analyze.surface_evaluation import default_cells_per_pass, evaluate_surface
 from landscape.analyze.surface_grid import make_axis

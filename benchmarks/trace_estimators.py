@@ -30,7 +30,8 @@ import torch
 
 import landscape
 from landscape import recipe_overrides
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.analysis_data import AnalysisData
+from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator, MatrixOperator
 from landscape.analyze.trace import trace_estimate, xtrace
 from landscape.flat import FlatModel

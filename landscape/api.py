@@ -38,11 +38,12 @@ import torch
 from torch import Tensor, nn
 
 from landscape.analyze import functions
+from landscape.analyze.analysis_data import as_data
 from landscape.analyze.density import DensityResult
 from landscape.analyze.directions import random_plane
 from landscape.analyze.flatness import FlatnessDistanceResult
 from landscape.analyze.lanczos import EigenResult
-from landscape.analyze.objective import LossFn, Objective, Problem, as_data
+from landscape.analyze.objective import LossFn, Objective, Problem
 from landscape.analyze.operator import Progress
 from landscape.analyze.sharpness import SharpnessProfile
 from landscape.analyze.trace import DEFAULT_TRACE_METHOD, TraceResult

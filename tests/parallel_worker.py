@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from landscape import parallel
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.analysis_data import AnalysisData
+from landscape.analyze.objective import Objective
 from landscape.data.datasets import load_dataset
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel

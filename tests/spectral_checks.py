@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch.func import functional_call
 
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.analysis_data import AnalysisData
+from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator
 from landscape.flat import FlatModel
 from landscape.models import build_model

@@ -16,9 +16,10 @@ from landscape.analyze.alignment import (
     minibatch_alignment,
     update_alignment,
 )
+from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.context import CheckpointContext, find_sources
 from landscape.analyze.flatness import client_minibatch_indices, client_models
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.objective import Objective
 from landscape.analyze.passes import AlignmentOptions, alignment_pass
 from landscape.analyze.settings import AnalysisSettings
 from landscape.checkpoints import load_checkpoint

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from conftest import tiny_recipe
 
 from landscape import setup
+from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.flatness import (
     client_minibatch_indices,
     client_models,
@@ -15,7 +16,7 @@ from landscape.analyze.flatness import (
     flatness_incompatibility,
     pair_mean_se,
 )
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.objective import Objective
 from landscape.checkpoints import load_checkpoint
 from landscape.data.datasets import load_dataset
 from landscape.data.partitions import make_partition

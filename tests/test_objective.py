@@ -3,7 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.analysis_data import AnalysisData
+from landscape.analyze.objective import Objective
 from landscape.flat import FlatModel
 from landscape.models import build_model
 

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from landscape.analyze.objective import AnalysisData, Objective, recompute_bn_statistics
+from landscape.analyze.analysis_data import AnalysisData
+from landscape.analyze.objective import Objective, recompute_bn_statistics
 from landscape.analyze.operator import HessianOperator, MatrixOperator
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel

@@ -23,8 +23,9 @@ from parallel_worker import ANALYSIS, CELLS_PER_BATCH, GRID, HESSIAN, SURFACE, p
 
 from landscape import lifecycle, parallel, recipe_overrides
 from landscape import recipe as recipes
+from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator
 from landscape.analyze.scheduler import Job, run_analysis, split_work
 from landscape.analyze.settings import AnalysisSettings

@@ -7,8 +7,9 @@ import torch
 from torch import nn
 
 import landscape.analyze.surface_evaluation as surface_module
+from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.directions import random_plane
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.objective import Objective
 from landscape.analyze.surface_evaluation import default_cells_per_pass, evaluate_surface
 from landscape.analyze.surface_grid import make_axis
 from landscape.errors import LandscapeError

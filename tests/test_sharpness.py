@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.analysis_data import AnalysisData
+from landscape.analyze.objective import Objective
 from landscape.analyze.sharpness import (
     asam_weight_mask,
     local_sharpness,

@@ -13,10 +13,11 @@ from torch import nn
 
 import landscape.analyze.surface as surface_module
 from landscape import setup
+from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import CheckpointContext, find_sources
 from landscape.analyze.directions import direction_seed, filter_normalized_direction, random_plane
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.objective import Objective
 from landscape.analyze.results import result_name, same_settings, settings_record
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.directions import filter_normalized_direction, random_plane
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.objective import Objective
 from landscape.analyze.surface_evaluation import evaluate_surface
 from landscape.analyze.surface_grid import make_axis, make_line
 from landscape.analyze.surface_partial import load_partial, save_partial

@@ -18,7 +18,7 @@ from conftest import tiny_recipe
 from torch import nn
 
 import landscape
-from landscape.analyze.objective import as_data
+from landscape.analyze.analysis_data import as_data
 from landscape.analyze.pyhessian_backend import pyhessian_lambda_max_and_trace
 from landscape.cli import cli
 from landscape.errors import LandscapeError

@@ -28,7 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from landscape import recipe as recipes
-from landscape.analyze.objective import AnalysisData, Objective, Problem, as_data, check_model_data
+from landscape.analyze.analysis_data import AnalysisData, as_data, check_model_data
+from landscape.analyze.objective import Objective, Problem
 from landscape.analyze.registry import PASSES, needs_clients
 from landscape.analyze.settings import AnalysisSettings
 from landscape.checkpoints import Checkpoint, load_client_models, load_state_dict_file, non_finite_weights

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from landscape.analyze.objective import AnalysisData
+from landscape.analyze.analysis_data import AnalysisData
 from landscape.errors import LandscapeError
 from landscape.flat import FlatModel
 

@@ -19,7 +19,8 @@ from torch import Tensor
 
 from landscape import parallel
 from landscape.analyze import directions as dirs
-from landscape.analyze.objective import AnalysisData, Objective
+from landscape.analyze.analysis_data import AnalysisData
+from landscape.analyze.objective import Objective
 from landscape.analyze.registry import PASSES, Cost, PassOutput
 from landscape.analyze.results import result_name, settings_record
 from landscape.analyze.surface_evaluation import evaluate_surface, vectorizable
