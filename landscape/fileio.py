@@ -43,7 +43,7 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # files this tool writes are never ope
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO in place of a file does not hang the open
 
 
-def _open_no_follow(path: str, flags: int) -> int:
+def open_no_follow(path: str, flags: int) -> int:
     return os.open(path, flags | _NOFOLLOW, _FILE_MODE)
 
 

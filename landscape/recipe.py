@@ -35,8 +35,8 @@ from landscape.recipe_sections import (
     ModelSettings,
     PartitionSettings,
     TrainSettings,
-    _coerce,
-    _unknown_key,
+    coerce_value,
+    unknown_key_message,
 )
 from landscape.registry import Registry
 
@@ -196,7 +196,7 @@ def _resolve_section(section: str, given: dict, registry: Registry | None, check
                                  f"{section}.{key}=VALUE")
     if registry is None:
         if per_entry:  # [train] has no entries: a table under it is an unknown key
-            raise LandscapeError(_unknown_key(f"{section}.{next(iter(per_entry))}", list(common_fields),
+            raise LandscapeError(unknown_key_message(f"{section}.{next(iter(per_entry))}", list(common_fields),
                                               f"in [{section}]"))
         return _resolve_values(section, plain, common_fields, {}, None)
     if not isinstance(name, str):
@@ -216,11 +216,11 @@ def _resolve_values(where: str, given: dict, common_fields: dict, option_default
     for key in given:
         if key not in allowed:
             owner = f"[{where}] with {where}.name = '{entry.name}'" if entry is not None and common_fields else f"[{where}]"
-            raise LandscapeError(_unknown_key(f"{where}.{key}", allowed, f"in {owner}"))
+            raise LandscapeError(unknown_key_message(f"{where}.{key}", allowed, f"in {owner}"))
     out: dict[str, Any] = {}
     for key in allowed:
         default = defaults[key] if key in common_fields else option_defaults[key]
-        value = _coerce(f"{where}.{key}", default, given[key]) if key in given else default
+        value = coerce_value(f"{where}.{key}", default, given[key]) if key in given else default
         meta = common_fields[key].metadata if key in common_fields else {}
         if "check" in meta and not meta["check"](value):
             raise LandscapeError(f"{where}.{key} {meta['rule']} (got {shown(repr(value))})")
@@ -254,12 +254,12 @@ def resolve(raw: dict, *, algorithms: bool = True, recorded: bool = False, trust
     allowed = list(TOP_LEVEL) + list(SECTIONS)
     for key in raw:
         if key not in allowed:
-            raise LandscapeError(_unknown_key(key, allowed, "top-level keys"))
+            raise LandscapeError(unknown_key_message(key, allowed, "top-level keys"))
     regs = registries(algorithms)
     out: dict[str, Any] = {}
     missing: list[str] = []  # entries of a recorded recipe that only its not-imported modules can provide
     for key, default in TOP_LEVEL.items():
-        out[key] = _coerce(key, default, raw[key]) if key in raw else default
+        out[key] = coerce_value(key, default, raw[key]) if key in raw else default
     check_name(out["name"])
     if not all(isinstance(m, str) for m in out["imports"]):
         raise LandscapeError(f"imports must be a list of module names (got {out['imports']!r})")

@@ -132,7 +132,7 @@ SECTIONS: dict[str, type] = {
 
 # Values of recipe keys checked against their defaults' kinds (used by landscape.recipe's resolve).
 
-def _type_ok(default: Any, value: Any) -> bool:
+def type_ok(default: Any, value: Any) -> bool:
     if isinstance(default, bool):
         return isinstance(value, bool)
     if isinstance(default, int):
@@ -146,16 +146,16 @@ def _type_ok(default: Any, value: Any) -> bool:
     return True
 
 
-def _type_name(default: Any) -> str:
+def type_name(default: Any) -> str:
     for t, name in ((bool, "true or false"), (int, "an integer"), (float, "a number"), (str, "a string")):
         if isinstance(default, t):
             return name
     return "a list" if isinstance(default, (list, tuple)) else type(default).__name__
 
 
-def _coerce(where: str, default: Any, value: Any) -> Any:
-    if not _type_ok(default, value):
-        raise LandscapeError(f"{shown(where)} must be {_type_name(default)} (got {shown(repr(value))})")
+def coerce_value(where: str, default: Any, value: Any) -> Any:
+    if not type_ok(default, value):
+        raise LandscapeError(f"{shown(where)} must be {type_name(default)} (got {shown(repr(value))})")
     if isinstance(default, float) and not isinstance(value, bool):
         value = float(value)
         if not math.isfinite(value):
@@ -165,7 +165,7 @@ def _coerce(where: str, default: Any, value: Any) -> Any:
     return value
 
 
-def _unknown_key(dotted: str, allowed: list[str], where: str) -> str:
+def unknown_key_message(dotted: str, allowed: list[str], where: str) -> str:
     """The message for an unknown recipe key: the keys allowed ``where`` ('in [train]', 'top-level'), then the
     closest of them (difflib) when one is close."""
     prefix, _, key = dotted.rpartition(".")

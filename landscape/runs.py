@@ -31,7 +31,7 @@ import torch
 
 from landscape.checkpoints import Checkpoint, read_partition
 from landscape.errors import LandscapeError
-from landscape.fileio import LOCK_NAME, _open_no_follow, os_reason, write_text
+from landscape.fileio import LOCK_NAME, open_no_follow, os_reason, write_text
 
 _CKPT = re.compile(r"^round-(\d{4,})\.pt$")
 # Temporary files of atomic_write ('.<name>.<random>.tmp') of a run's own files, left by a killed process.
@@ -170,7 +170,7 @@ class RunDir:
 
     def append_metrics(self, row: dict) -> None:
         try:  # never through a symbolic link (a resume writes the file anew first: a link is replaced)
-            with open(self.metrics, "a", opener=_open_no_follow) as f:
+            with open(self.metrics, "a", opener=open_no_follow) as f:
                 f.write(json.dumps(row, allow_nan=True) + "\n")
                 f.flush()
                 os.fsync(f.fileno())

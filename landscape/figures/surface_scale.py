@@ -18,7 +18,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullForm
 from landscape.errors import LandscapeError
 
 
-def _color_scale(values: list[np.ndarray], log_levels: bool, count: int) -> tuple[np.ndarray, Normalize]:
+def color_scale(values: list[np.ndarray], log_levels: bool, count: int) -> tuple[np.ndarray, Normalize]:
     finite = np.concatenate([v[np.isfinite(v)].ravel() for v in values]) if values else np.array([])
     if log_levels:
         finite = finite[finite > 0]
@@ -34,7 +34,7 @@ def _color_scale(values: list[np.ndarray], log_levels: bool, count: int) -> tupl
 
 
 TICKS = 5  # about this many labelled ticks on a colour bar or a z axis
-_STEPS = [1, 2, 2.5, 5, 10]  # linear ticks are multiples of these x 10^k
+TICK_STEPS = [1, 2, 2.5, 5, 10]  # linear ticks are multiples of these x 10^k
 
 
 def nice_ticks(vmin: float, vmax: float, log: bool = False, count: int = TICKS) -> np.ndarray:
@@ -64,7 +64,7 @@ def nice_ticks(vmin: float, vmax: float, log: bool = False, count: int = TICKS) 
         options = [ticks for ticks in options if len(ticks) >= 3]
         if options:  # the count nearest ``count``; of two as near, the fewer kinds of mantissa
             return min(options, key=lambda ticks: abs(len(ticks) - count))
-    ticks = inside(MaxNLocator(count, steps=_STEPS).tick_values(lo, hi))
+    ticks = inside(MaxNLocator(count, steps=TICK_STEPS).tick_values(lo, hi))
     return ticks if len(ticks) >= 2 else np.array([lo, hi])
 
 
@@ -115,7 +115,7 @@ def set_ticks(axis: Any, vmin: float, vmax: float, log: bool = False) -> np.ndar
     return ticks
 
 
-def _colorbar(fig: Figure, mappable: Any, ax: Any, label: str, shrink: float = 1.0,
+def colorbar(fig: Figure, mappable: Any, ax: Any, label: str, shrink: float = 1.0,
               pad: float = 0.05) -> None:
     bar = fig.colorbar(mappable, ax=ax, label=label, shrink=shrink, pad=pad)
     log = isinstance(mappable.norm, LogNorm)

@@ -37,7 +37,14 @@ from landscape.figures.surface_data import (
     compare_planes,
     image_arrays,
 )
-from landscape.figures.surface_scale import _STEPS, TICKS, _color_scale, _colorbar, set_ticks, tick_formatter
+from landscape.figures.surface_scale import (
+    TICK_STEPS,
+    TICKS,
+    color_scale,
+    colorbar,
+    set_ticks,
+    tick_formatter,
+)
 from landscape.fileio import atomic_write, write_text
 
 CMAP = "viridis"
@@ -154,11 +161,11 @@ def plot_contour(source: str | Path | SurfaceData, out: str | Path, *, quantity:
     bar naming the quantity and data; ``overlay``: "trajectory" (PCA), "clients" (client plane), "auto"
     (whichever the surface has) or None."""
     surface = _as_surface(source)
-    level_values, norm = _color_scale([surface.values(quantity)], log_levels, levels)
+    level_values, norm = color_scale([surface.values(quantity)], log_levels, levels)
     fig = Figure(figsize=(6.4, 5.2), layout="constrained")
     ax = fig.add_subplot()
     panel, mappable = _contour_panel(ax, surface, quantity, level_values, norm, filled, lines, overlay)
-    _colorbar(fig, mappable, ax, surface.quantity_label(quantity))
+    colorbar(fig, mappable, ax, surface.quantity_label(quantity))
     ax.set_title(surface.title() if title is None else title)
     save_figure(fig, out)
     return panel
@@ -188,7 +195,7 @@ def panels_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[
     titles = list(titles) if titles else [s.title() for s in surfaces]
     if len(titles) != len(surfaces):
         raise LandscapeError(f"{len(titles)} titles for {len(surfaces)} surfaces")
-    level_values, norm = _color_scale([s.values(quantity) for s in surfaces], log_levels, levels)
+    level_values, norm = color_scale([s.values(quantity) for s in surfaces], log_levels, levels)
     planes = compare_planes(surfaces, _short_labels(titles)) if len(surfaces) > 1 else None
     titles = _panel_titles(surfaces, titles)
     width = 5.6 if kind == "3d" else 4.6  # 3D panels: room for the z label beside each box
@@ -209,7 +216,7 @@ def panels_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[
         ax.set_title(title)
         panels.append(panel)
         axes.append(ax)
-    _colorbar(fig, mappable, axes, surfaces[0].quantity_label(quantity), shrink=0.85,
+    colorbar(fig, mappable, axes, surfaces[0].quantity_label(quantity), shrink=0.85,
               pad=0.08 if kind == "3d" else 0.05)  # room for the z label
     if planes is not None:  # what the panels' axes are: one plane, or each model's own filter norms
         # above 3D panels (their axis labels reach below the boxes, where the layout does not see them)
@@ -236,7 +243,7 @@ def _surface_panel(ax: Any, surface: SurfaceData, quantity: str, norm: Normalize
         ax.set_zscale("log")
         set_ticks(ax.zaxis, norm.vmin, norm.vmax, log=True)
     else:  # MaxNLocator follows the z limits (set after this by the panels, autoscaled otherwise)
-        ax.zaxis.set_major_locator(MaxNLocator(TICKS, steps=_STEPS))
+        ax.zaxis.set_major_locator(MaxNLocator(TICKS, steps=TICK_STEPS))
         ax.zaxis.set_major_formatter(tick_formatter(np.array([]), log=False))
     return PanelData(x_grid, y_grid, z, np.array([]), float(norm.vmin), float(norm.vmax)), mappable
 
@@ -245,12 +252,12 @@ def plot_surface_3d(source: str | Path | SurfaceData, out: str | Path, *, quanti
                     log_levels: bool = False, title: str | None = None) -> PanelData:
     """Static 3D view of one 2D surface (matplotlib), the checkpoint marked, with a colour bar."""
     surface = _as_surface(source)
-    _, norm = _color_scale([surface.values(quantity)], log_levels, 2)
+    _, norm = color_scale([surface.values(quantity)], log_levels, 2)
     fig = Figure(figsize=(6.4, 5.2), layout="constrained")
     ax = fig.add_subplot(projection="3d", computed_zorder=False)
     panel, mappable = _surface_panel(ax, surface, quantity, norm, log_levels)
     ax.set_title(surface.title() if title is None else title)
-    _colorbar(fig, mappable, ax, surface.quantity_label(quantity), shrink=0.7, pad=0.12)
+    colorbar(fig, mappable, ax, surface.quantity_label(quantity), shrink=0.7, pad=0.12)
     save_figure(fig, out)
     return panel
 
@@ -299,7 +306,7 @@ def plot_curve_1d(sources: Sequence[str | Path | SurfaceData], out: str | Path, 
 
 def value_range(sources: Sequence[str | Path | SurfaceData], quantity: str = "loss") -> tuple[float, float]:
     """(lowest, highest) finite value of the surfaces together: the colour and z range they share."""
-    _, norm = _color_scale([_as_surface(s).values(quantity) for s in sources], False, 2)
+    _, norm = color_scale([_as_surface(s).values(quantity) for s in sources], False, 2)
     return float(norm.vmin), float(norm.vmax)
 
 
@@ -316,7 +323,7 @@ def surface_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence
     titles = list(titles) if titles else [s.title() or f"surface {k}" for k, s in enumerate(surfaces)]
     planes = compare_planes(surfaces, _short_labels(titles)) if len(surfaces) > 1 else None
     titles = [t.replace("\n", "<br>") for t in _panel_titles(surfaces, titles)]
-    _, norm = _color_scale([s.values(quantity) for s in surfaces], False, 2)
+    _, norm = color_scale([s.values(quantity) for s in surfaces], False, 2)
     if limits is not None:
         low, high = (float(v) for v in limits)
         if not (np.isfinite(low) and np.isfinite(high) and low < high):
