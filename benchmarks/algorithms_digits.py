@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from landscape.recipe import read_toml
-from landscape.runs import RunDir
+from landscape.config.recipe import read_toml
+from landscape.store.runs import RunDir
 
 
 def main() -> None:

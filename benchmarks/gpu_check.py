@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape import parallel, recipe_overrides
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.directions import random_plane
 from landscape.analyze.lanczos import lanczos_topk
@@ -43,14 +42,16 @@ from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator
 from landscape.analyze.surface_evaluation import default_cells_per_pass, evaluate_surface
 from landscape.analyze.surface_grid import make_axis
+from landscape.config import recipe_overrides
+from landscape.core import parallel
+from landscape.core.flat import FlatModel
 from landscape.data.datasets import ArrayDataset, DatasetBundle
 from landscape.data.partitions import class_histogram
-from landscape.flat import FlatModel
-from landscape.runs import RunDir
+from landscape.store.runs import RunDir
 from landscape.train.loop import Trainer
 
 try:  # where the data set-up lives (moved out of the training loop)
-    from landscape.setup import DataSetup, build_module
+    from landscape.config.setup import DataSetup, build_module
 except ImportError:
     from landscape.train.loop import DataSetup, build_module
 

@@ -39,13 +39,13 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 import landscape
-from landscape import recipe_overrides
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.lanczos import lanczos_topk, power_iteration
 from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator
 from landscape.analyze.pyhessian_backend import pyhessian_lambda_max_and_trace
-from landscape.flat import FlatModel
+from landscape.config import recipe_overrides
+from landscape.core.flat import FlatModel
 from landscape.train import loop
 
 TOP = 5

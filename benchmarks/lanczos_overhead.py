@@ -21,13 +21,13 @@ import numpy as np
 import torch
 
 import landscape
-from landscape import recipe_overrides
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.krylov import KrylovBasis
 from landscape.analyze.lanczos import lanczos_topk
 from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator
-from landscape.flat import FlatModel
+from landscape.config import recipe_overrides
+from landscape.core.flat import FlatModel
 from landscape.train import loop
 
 

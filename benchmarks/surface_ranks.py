@@ -5,7 +5,7 @@ The model and data of ``surface_vs_loop.py``: the digits CNN (53,002 parameters)
 mode, batches of 512) and one filter-normalised random plane (seed 0); the grid evaluated by
 ``evaluate_surface`` (vmap, 16 cells per pass). Each configuration RANKSxTHREADS is one
 ``torchrun --standalone --nproc-per-node RANKS`` job with OMP_NUM_THREADS=THREADS per rank; the ranks split
-the grid's chunks of cells (``landscape.parallel``) and rank 0 records the wall time between two barriers
+the grid's chunks of cells (``landscape.core.parallel``) and rank 0 records the wall time between two barriers
 (the grid only: start-up, data and model loading excluded) and the grid, which must equal the first
 configuration's (max |difference| printed). Prints a Markdown table. Timings, not assertions: run it on a
 quiet machine. Usage:
@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape import parallel
 from landscape.analyze.context import CheckpointContext, find_sources
 from landscape.analyze.directions import random_plane
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.surface_evaluation import evaluate_surface
 from landscape.analyze.surface_grid import make_axis
+from landscape.core import parallel
 
 
 def worker(run: Path, grid: int, out: Path) -> None:

@@ -29,12 +29,12 @@ import numpy as np
 import torch
 
 import landscape
-from landscape import recipe_overrides
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator, MatrixOperator
 from landscape.analyze.trace import trace_estimate, xtrace
-from landscape.flat import FlatModel
+from landscape.config import recipe_overrides
+from landscape.core.flat import FlatModel
 from landscape.train import loop
 
 MODELS = {

@@ -47,8 +47,8 @@ from landscape.analyze.objective import LossFn, Objective, Problem
 from landscape.analyze.operator import Progress
 from landscape.analyze.sharpness import SharpnessProfile
 from landscape.analyze.trace import DEFAULT_TRACE_METHOD, TraceResult
-from landscape.errors import LandscapeError, shown
-from landscape.flat import FlatModel
+from landscape.core.errors import LandscapeError, shown
+from landscape.core.flat import FlatModel
 
 __all__ = ["Problem", "Surface", "as_data", "density", "flatness_distance", "hessian_eigs", "problem", "sharpness",
            "surface", "trace"]

@@ -8,7 +8,7 @@ import torch
 from conftest import tiny_recipe
 from torch import Tensor
 
-from landscape.runs import RunDir
+from landscape.store.runs import RunDir
 from landscape.train import loop
 from landscape.train.state import TrainerState
 

@@ -13,8 +13,8 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from landscape import recipe as recipes
-from landscape import recipe_overrides
+from landscape.config import recipe as recipes
+from landscape.config import recipe_overrides
 
 # The fuzz tests' settings: LANDSCAPE_FUZZ_EXAMPLES=2000 fuzzes deeper. No example database, and hypothesis's
 # caches go to the temporary folder, not into the repository.
@@ -121,7 +121,7 @@ def snapshot(path: Path) -> dict[str, bytes]:
 
 def metrics_without_time(path: Path) -> list[dict]:
     """The metrics rows of the run at ``path``, less their timing (``seconds``)."""
-    from landscape.runs import RunDir
+    from landscape.store.runs import RunDir
 
     return [{k: v for k, v in row.items() if k != "seconds"} for row in RunDir(path).read_metrics()]
 

@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 tests/parallel_worker.py OUT RUN_DIR
 
-Checks the collectives of ``landscape.parallel`` on the spot (a failed assertion ends the rank, and torchrun
+Checks the collectives of ``landscape.core.parallel`` on the spot (a failed assertion ends the rank, and torchrun
 with an error), then computes, with the work split across the ranks, what the test compares with a single
 process: a Hessian-vector product (``hvp.pt``), a resumed surface grid (``surface.npz``) and
 ``run_analysis`` over RUN_DIR (written into RUN_DIR by rank 0). ``problem()`` builds the same model, data,
@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape import parallel
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.objective import Objective
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 from landscape.data.datasets import load_dataset
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
 from landscape.models import build_model
 
 GRID = (np.linspace(-1.0, 1.0, 9), np.linspace(-0.5, 0.5, 7))  # 63 cells: chunks of 4 split unevenly

@@ -16,7 +16,7 @@ from torch.func import functional_call
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator
-from landscape.flat import FlatModel
+from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 

@@ -13,11 +13,11 @@ import torch
 from algorithm_checks import DIM, linear_trainer
 from conftest import tiny_recipe
 
-from landscape import recipe as recipes
-from landscape.algorithm_labels import ALGORITHM_LABELS
-from landscape.checkpoints import load_checkpoint
-from landscape.perturb import normalized
-from landscape.runs import RunDir
+from landscape.config import recipe as recipes
+from landscape.core.algorithm_labels import ALGORITHM_LABELS
+from landscape.core.perturb import normalized
+from landscape.store.checkpoints import load_checkpoint
+from landscape.store.runs import RunDir
 from landscape.train import loop
 from landscape.train.algorithms import ALGORITHMS, NoState, ServerRound, build_algorithm
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from algorithm_checks import assert_close, client_batches, grad, linear_trainer, loss_and_grad, run_rounds
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.train.loop import build_algorithm
 
 

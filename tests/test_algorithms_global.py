@@ -16,7 +16,7 @@ from algorithm_checks import (
 )
 from conftest import tiny_recipe
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.train.loop import build_algorithm
 
 LR, WD = 0.3, 0.01  # the clients' constant lr (linear_trainer's default) and the weight decay used here

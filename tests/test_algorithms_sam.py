@@ -17,7 +17,7 @@ from algorithm_checks import (
 )
 from conftest import tiny_recipe
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.train.loop import build_algorithm
 
 # ----------------------------------------------------------------------------------------------------------

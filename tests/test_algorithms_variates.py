@@ -14,7 +14,7 @@ from algorithm_checks import (
 )
 from conftest import tiny_recipe
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.train import schedule
 from landscape.train.loop import build_algorithm
 from landscape.train.state import TrainerState

@@ -8,8 +8,6 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_recipe
 
-from landscape import recipe as recipes
-from landscape import setup
 from landscape.analyze.alignment import (
     cosine_matrix,
     gradient_alignment,
@@ -22,13 +20,15 @@ from landscape.analyze.flatness import client_minibatch_indices, client_models
 from landscape.analyze.objective import Objective
 from landscape.analyze.passes import AlignmentOptions, alignment_pass
 from landscape.analyze.settings import AnalysisSettings
-from landscape.checkpoints import load_checkpoint
+from landscape.config import recipe as recipes
+from landscape.config import setup
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 from landscape.data.datasets import load_dataset
 from landscape.data.partitions import make_partition
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
 from landscape.models import build_model
-from landscape.runs import RunDir
+from landscape.store.checkpoints import load_checkpoint
+from landscape.store.runs import RunDir
 from landscape.train import loop
 
 

@@ -18,7 +18,7 @@ from landscape.analyze.results import SCHEMA_VERSION
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.cli import cli
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.train import loop
 
 

@@ -162,7 +162,7 @@ def test_a_recipe_imports_the_users_registrations(tmp_path, user_module):
     assert f'imports = ["{user_module}"]' in (tmp_path / "run" / "recipe.toml").read_text()
     model = landscape.open_run(tmp_path / "run").model()
     assert isinstance(model, torch.nn.Sequential)
-    with pytest.raises(landscape.errors.LandscapeError, match="cannot import recipe import 'nosuch_mod_q'"):
+    with pytest.raises(landscape.core.errors.LandscapeError, match="cannot import recipe import 'nosuch_mod_q'"):
         tiny_recipe(imports=["nosuch_mod_q"])
 
 

@@ -20,11 +20,11 @@ import torch
 from conftest import analyze_args, invoke, one_line_error, recipe6, snapshot, tiny_recipe
 
 import landscape
-from landscape.checkpoints import CHECKPOINT_FORMAT, load_checkpoint
+from landscape.core.errors import LandscapeError
 from landscape.data.datasets import load_dataset
-from landscape.errors import LandscapeError
 from landscape.models import build_model
-from landscape.runs import RunDir
+from landscape.store.checkpoints import CHECKPOINT_FORMAT, load_checkpoint
+from landscape.store.runs import RunDir
 from landscape.train import loop
 
 
@@ -192,7 +192,7 @@ def _values(kind: str) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["finite, its sum overflows float32", "finite, its sum overflows float16",
                                   "NaN, inf and -inf", "complex", "empty"])
 def test_the_non_finite_count_of_a_tensor_matches_numpy(kind):
-    from landscape.checkpoints import non_finite_tensor
+    from landscape.store.checkpoints import non_finite_tensor
 
     values = _values(kind)
     array = values.numpy()

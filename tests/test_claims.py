@@ -1,4 +1,4 @@
-"""Claims (landscape.figures.claims): claim files, one number per run, the paired test and the verdicts."""
+"""Claims (landscape.claims.checks): claim files, one number per run, the paired test and the verdicts."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from landscape.errors import LandscapeError
-from landscape.figures import claims
+from landscape.claims import checks as claims
+from landscape.core.errors import LandscapeError
 from landscape.figures.rundata import RunData
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -49,7 +49,7 @@ def test_list_comes_from_the_registries():
 
 def test_list_prints_every_default_as_a_toml_value_to_paste():
     from landscape.analyze.catalog import load_passes
-    from landscape.recipe import registries
+    from landscape.config.recipe import registries
 
     lines = invoke("list").output.splitlines()
     checked = 0
@@ -296,7 +296,7 @@ def option_help(command: str, flag: str) -> str:
 
 
 def test_train_help_shows_each_recipe_flags_default_from_the_default_recipe():
-    from landscape.recipe import resolve
+    from landscape.config.recipe import resolve
 
     defaults = resolve({})
     for flag, key, _ in _RECIPE_FLAGS:
@@ -308,7 +308,7 @@ def test_train_help_shows_each_recipe_flags_default_from_the_default_recipe():
 
 def test_train_help_defaults_follow_the_recipe_not_a_copy(monkeypatch):
     import landscape.cli.train as cli_module
-    from landscape import recipe_sections
+    from landscape.config import recipe_sections
 
     monkeypatch.setattr(recipe_sections.TrainSettings.__dataclass_fields__["lr"], "default", 0.37)
     monkeypatch.setattr(cli_module, "_default_recipe", cli_module._default_recipe.__wrapped__)

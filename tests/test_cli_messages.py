@@ -9,8 +9,8 @@ import shlex
 import pytest
 from conftest import invoke, one_line_error, tiny_recipe
 
-from landscape import recipe_overrides
-from landscape.errors import LandscapeError
+from landscape.config import recipe_overrides
+from landscape.core.errors import LandscapeError
 
 
 @pytest.mark.parametrize("given", ["", ",", " , "])
@@ -166,7 +166,7 @@ def test_printed_commands_are_shell_quoted(case, spaced_run, tmp_path):
             loaded.pass_record("hessian", 0 if case == "missing round" else None)
         text = str(e.value)
     else:
-        from landscape.runs import open_run
+        from landscape.store.runs import open_run
 
         (run / "partition.json").unlink()
         with pytest.raises(LandscapeError) as e:

@@ -29,14 +29,14 @@ from conftest import (
 )
 
 import landscape
-from landscape import lifecycle
-from landscape import recipe as recipes
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.checkpoints import load_checkpoint
-from landscape.errors import LandscapeError
-from landscape.runs import RunDir
+from landscape.config import recipe as recipes
+from landscape.core.errors import LandscapeError
+from landscape.store import lifecycle
+from landscape.store.checkpoints import load_checkpoint
+from landscape.store.runs import RunDir
 from landscape.train import loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,8 +68,11 @@ CHILD = r"""
 import io, json, os, re, signal, sys, traceback
 from pathlib import Path
 
-from landscape import recipe as recipes
-from landscape import checkpoints, fileio, runs, setup
+from landscape.config import recipe as recipes
+from landscape.store import checkpoints
+from landscape.store import fileio
+from landscape.store import runs
+from landscape.config import setup
 from landscape.analyze import catalog, scheduler
 from landscape.analyze.settings import AnalysisSettings
 from landscape.train import loop
@@ -417,7 +420,7 @@ def test_a_failed_write_says_why_keeps_the_previous_checkpoint_and_leaves_no_tem
                 _enospc()
             return real_open(file, mode, *args, **kwargs)
 
-        monkeypatch.setattr("landscape.runs.open", open_, raising=False)
+        monkeypatch.setattr("landscape.store.runs.open", open_, raising=False)
         expected = f"error: cannot write {out / 'metrics.jsonl'}: [Errno 28] No space left on device"
     assert one_line_error(invoke("train", recipe_file, "--out", out, "--quiet")) == expected
     monkeypatch.undo()

@@ -22,8 +22,8 @@ from torch import nn
 
 import landscape
 from landscape.cli import cli
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 
 
 def _model_and_data(n: int = 40):

@@ -16,8 +16,8 @@ import pytest
 import torch
 import torchvision.datasets
 
+from landscape.core.errors import LandscapeError
 from landscape.data.datasets import DATASETS, dataset_option_defaults, load_dataset
-from landscape.errors import LandscapeError
 
 
 def load(name: str, root: Path | str = "unused", augment: bool = False, download: bool = False, seed: int = 0,

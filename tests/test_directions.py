@@ -12,8 +12,8 @@ from landscape.analyze.directions import (
     pca_plane,
     random_plane,
 )
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 

@@ -13,9 +13,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from landscape.analyze.scheduler import SUMMARY_WIDTH, AnalysisReport, analysis_data, format_summary
 from landscape.analyze.settings import AnalysisSettings
-from landscape.errors import LandscapeError
+from landscape.config.recipe import to_toml
+from landscape.core.errors import LandscapeError
 from landscape.figures import report, report_surfaces, surface_data, surface_scale, surfaces
-from landscape.recipe import to_toml
 
 # -- ticks ------------------------------------------------------------------------------------------------
 

@@ -13,9 +13,9 @@ from conftest import invoke, result_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from landscape import recipe_overrides
 from landscape.cli import cli
-from landscape.errors import LandscapeError
+from landscape.config import recipe_overrides
+from landscape.core.errors import LandscapeError
 from landscape.figures import book, figure_recipe
 
 ROOT = Path(__file__).resolve().parents[1]

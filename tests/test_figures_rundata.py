@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from figure_runs import analysed_runs
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.figures import rundata
 
 

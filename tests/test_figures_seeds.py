@@ -17,7 +17,7 @@ from matplotlib.collections import PolyCollection
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.figures import compare, curves, figure_recipe, report, report_html, rundata, seeds
 from landscape.train import loop
 from landscape.workflows.figure import prepare_figure_runs

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.figures.surface_data import SurfaceData, image_arrays, load_surface
 from landscape.figures.surfaces import (
     plot_contour,

@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_recipe
 
-from landscape import setup
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.flatness import (
     client_minibatch_indices,
@@ -17,13 +16,14 @@ from landscape.analyze.flatness import (
     pair_mean_se,
 )
 from landscape.analyze.objective import Objective
-from landscape.checkpoints import load_checkpoint
+from landscape.config import setup
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 from landscape.data.datasets import load_dataset
 from landscape.data.partitions import make_partition
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
 from landscape.models import build_model
-from landscape.runs import RunDir
+from landscape.store.checkpoints import load_checkpoint
+from landscape.store.runs import RunDir
 from landscape.train import loop
 
 RHO = 0.05

@@ -18,7 +18,7 @@ import pytest
 from conftest import invoke, one_line_error, tiny_recipe
 
 import landscape
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 MARKED = textwrap.dedent('''
     from pathlib import Path

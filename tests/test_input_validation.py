@@ -17,12 +17,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 import landscape
-from landscape import lifecycle, recipe_overrides
-from landscape import recipe as recipes
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.settings import AnalysisSettings
 from landscape.cli import cli
-from landscape.errors import LandscapeError
+from landscape.config import recipe as recipes
+from landscape.config import recipe_overrides
+from landscape.core.errors import LandscapeError
+from landscape.store import lifecycle
 from landscape.train import loop
 
 

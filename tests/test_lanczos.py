@@ -11,7 +11,7 @@ from landscape.analyze.lanczos import client_lambda_max, lanczos_topk, power_ite
 from landscape.analyze.objective import Objective
 from landscape.analyze.operator import MatrixOperator
 from landscape.analyze.pyhessian_backend import pyhessian_lambda_max_and_trace
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 digits_mlp = pytest.fixture(scope="module", name="digits_mlp")(digits_mlp_problem)
 

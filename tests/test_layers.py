@@ -121,7 +121,7 @@ def analysed_runs(tmp_path_factory) -> Path:
 
 
 # What reading stored results may load of the analysis: the results' names and files (torch comes with
-# landscape.runs, the run directory, and analyze.serial; neither builds a model or reads a data set).
+# landscape.store.runs, the run directory, and analyze.serial; neither builds a model or reads a data set).
 RESULT_FILES = {"landscape.analyze", "landscape.analyze.results", "landscape.analyze.registry",
                 "landscape.analyze.serial", "landscape.analyze.settings"}
 # KNOWN (to be emptied): what figures still import for the names their results are labelled by, with everything
@@ -163,5 +163,5 @@ def test_figures_from_stored_results_load_no_pass_model_or_data_set(analysed_run
     known = _heavy(_loaded_modules("".join(f"import {m}\n" for m in KNOWN))) if KNOWN else set()
     assert not any(m.startswith("landscape.train") for m in known)
     assert [m for m in loaded if m.startswith(("landscape.models", "landscape.data", "landscape.train"))
-            or m == "landscape.setup"] == []
+            or m == "landscape.config.setup"] == []
     assert sorted(_heavy(loaded) - known) == []

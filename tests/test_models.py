@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.models import MODELS, build_model
 
 DIGITS = (1, 8, 8)

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.objective import Objective
-from landscape.flat import FlatModel
+from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 

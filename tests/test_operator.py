@@ -10,8 +10,8 @@ from torch.func import functional_call
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.objective import Objective, recompute_bn_statistics
 from landscape.analyze.operator import HessianOperator, MatrixOperator
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 BACKENDS = ("double-backward", "forward-over-reverse")

@@ -21,8 +21,6 @@ import torch
 from conftest import result_file, tiny_recipe
 from parallel_worker import ANALYSIS, CELLS_PER_BATCH, GRID, HESSIAN, SURFACE, problem
 
-from landscape import lifecycle, parallel, recipe_overrides
-from landscape import recipe as recipes
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.objective import Objective
@@ -30,9 +28,13 @@ from landscape.analyze.operator import HessianOperator
 from landscape.analyze.scheduler import Job, run_analysis, split_work
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.surface_evaluation import evaluate_surface
-from landscape.checkpoints import load_checkpoint
-from landscape.errors import LandscapeError
-from landscape.runs import RunDir
+from landscape.config import recipe as recipes
+from landscape.config import recipe_overrides
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
+from landscape.store import lifecycle
+from landscape.store.checkpoints import load_checkpoint
+from landscape.store.runs import RunDir
 from landscape.train import loop
 
 ALGORITHMS = ["scaffold", "fedsam", "dynsam"]  # client state (c_i; int and vector statistics), SAM steps

@@ -13,6 +13,7 @@ from conftest import analyze_args, invoke
 from sklearn.datasets import load_digits
 
 import landscape
+from landscape.core.errors import LandscapeError
 from landscape.data.partitions import (
     PARTITIONS,
     class_histogram,
@@ -21,7 +22,6 @@ from landscape.data.partitions import (
     make_partition,
     mean_label_entropy,
 )
-from landscape.errors import LandscapeError
 from landscape.train import loop
 
 

@@ -16,7 +16,7 @@ from landscape.analyze import operator
 from landscape.analyze.catalog import load_passes, pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.train.algorithms import ALGORITHMS
 
 PASSES = load_passes()

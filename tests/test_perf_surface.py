@@ -12,8 +12,8 @@ from landscape.analyze.directions import random_plane
 from landscape.analyze.objective import Objective
 from landscape.analyze.surface_evaluation import default_cells_per_pass, evaluate_surface
 from landscape.analyze.surface_grid import make_axis
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 

@@ -1,8 +1,8 @@
 import pytest
 
-from landscape import recipe as recipes
-from landscape import recipe_overrides
-from landscape.errors import LandscapeError
+from landscape.config import recipe as recipes
+from landscape.config import recipe_overrides
+from landscape.core.errors import LandscapeError
 
 
 def test_defaults_are_all_written_out():

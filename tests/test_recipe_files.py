@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import analyze_args, invoke, one_line_error
 
-from landscape import recipe as recipes
-from landscape import recipe_overrides
 from landscape.cli import cli
+from landscape.config import recipe as recipes
+from landscape.config import recipe_overrides
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "train").glob("*.toml"))
 

@@ -27,7 +27,7 @@ from landscape.analyze.results import (
 )
 from landscape.analyze.settings import AnalysisSettings
 from landscape.cli import cli
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.figures import extract, labels, rundata
 from landscape.figures.compare import compare
 from landscape.figures.report import build_report

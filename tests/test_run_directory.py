@@ -13,14 +13,14 @@ from conftest import FUZZ, invoke, one_line_error, recipe6, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
 
-from landscape import recipe as recipes
-from landscape import recipe_overrides
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.errors import LandscapeError
-from landscape.fileio import RunLock
-from landscape.runs import RunDir
+from landscape.config import recipe as recipes
+from landscape.config import recipe_overrides
+from landscape.core.errors import LandscapeError
+from landscape.store.fileio import RunLock
+from landscape.store.runs import RunDir
 from landscape.train import loop
 
 # ----------------------------------------------------------------------------------------------------------

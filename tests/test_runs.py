@@ -4,10 +4,10 @@ import pickle
 import pytest
 import torch
 
-from landscape.checkpoints import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
-from landscape.errors import LandscapeError
-from landscape.fileio import write_text
-from landscape.runs import RunDir
+from landscape.core.errors import LandscapeError
+from landscape.store.checkpoints import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
+from landscape.store.fileio import write_text
+from landscape.store.runs import RunDir
 
 
 def test_checkpoint_round_trip_under_weights_only(tmp_path):

@@ -13,10 +13,10 @@ from landscape.analyze.sharpness import (
     rho_sharpness,
     sharpness_profile,
 )
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 from landscape.data.datasets import load_dataset
 from landscape.data.partitions import make_partition
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
 from landscape.models import build_model
 
 

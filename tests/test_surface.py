@@ -12,7 +12,6 @@ from conftest import tiny_recipe
 from torch import nn
 
 import landscape.analyze.surface as surface_module
-from landscape import setup
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import CheckpointContext, find_sources
@@ -23,9 +22,10 @@ from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.surface_evaluation import evaluate_surface
 from landscape.analyze.surface_grid import SurfaceGrid, make_axis
-from landscape.checkpoints import load_checkpoint
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
+from landscape.config import setup
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
+from landscape.store.checkpoints import load_checkpoint
 from landscape.train import loop
 
 # ----------------------------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from landscape.analyze.objective import Objective
 from landscape.analyze.surface_evaluation import evaluate_surface
 from landscape.analyze.surface_grid import make_axis, make_line
 from landscape.analyze.surface_partial import load_partial, save_partial
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 

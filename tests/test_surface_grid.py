@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from landscape.analyze.surface_grid import make_axis, make_line, parse_grid, parse_span
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 
 def test_axes_are_symmetric_with_the_checkpoint_exactly_at_the_centre():

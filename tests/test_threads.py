@@ -12,14 +12,14 @@ import pytest
 import torch
 from conftest import invoke, recipe6
 
-from landscape import recipe as recipes
-from landscape import recipe_overrides
 from landscape.analyze.catalog import load_passes, pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.checkpoints import load_checkpoint
-from landscape.errors import LandscapeError
-from landscape.runs import RunDir
+from landscape.config import recipe as recipes
+from landscape.config import recipe_overrides
+from landscape.core.errors import LandscapeError
+from landscape.store.checkpoints import load_checkpoint
+from landscape.store.runs import RunDir
 from landscape.train import loop
 
 

@@ -16,7 +16,7 @@ from landscape.analyze.trace import (
     trace_estimate,
     xtrace,
 )
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 digits_mlp = pytest.fixture(scope="module", name="digits_mlp")(digits_mlp_problem)
 

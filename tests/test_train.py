@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from conftest import tiny_recipe
 
 import landscape
-from landscape.checkpoints import load_checkpoint
-from landscape.errors import LandscapeError
-from landscape.recipe_sections import TrainSettings
-from landscape.runs import RunDir
+from landscape.config.recipe_sections import TrainSettings
+from landscape.core.errors import LandscapeError
+from landscape.store.checkpoints import load_checkpoint
+from landscape.store.runs import RunDir
 from landscape.train import gather, loop, schedule
 
 

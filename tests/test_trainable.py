@@ -21,8 +21,8 @@ import landscape
 from landscape.analyze.analysis_data import as_data
 from landscape.analyze.pyhessian_backend import pyhessian_lambda_max_and_trace
 from landscape.cli import cli
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 
 IN, HIDDEN, OUT = 5, 4, 3
 TRAINABLE = HIDDEN + OUT * HIDDEN + OUT  # 0.bias, 2.weight, 2.bias: 19 entries

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from conftest import assert_same_values, invoke, metrics_without_time, snapshot, tiny_recipe
 
-from landscape import recipe as recipes
-from landscape import recipe_overrides
+from landscape.config import recipe as recipes
+from landscape.config import recipe_overrides
 from landscape.figures import figure_recipe
 from landscape.workflows import claims, demo, figure, sweep
 from landscape.workflows.ensure import ensure_run

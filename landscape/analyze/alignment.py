@@ -35,7 +35,7 @@ from landscape.analyze.flatness import (
     client_minibatches,
     pair_mean_se,
 )
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 
 def _unit_rows(vectors: Tensor) -> tuple[Tensor, Tensor]:

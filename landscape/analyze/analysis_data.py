@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from landscape.errors import LandscapeError, shown
-from landscape.flat import FlatModel
+from landscape.core.errors import LandscapeError, shown
+from landscape.core.flat import FlatModel
 
 # Analysis sets up to this size live on the GPU; larger ones stay in pinned host memory and stream to it one
 # batch at a time (``AnalysisData.place``), so an HVP over them holds one batch on the device.

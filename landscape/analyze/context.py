@@ -27,17 +27,22 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from landscape import recipe as recipes
 from landscape.analyze.analysis_data import AnalysisData, as_data, check_model_data
 from landscape.analyze.objective import Objective, Problem
 from landscape.analyze.registry import PASSES, needs_clients
 from landscape.analyze.settings import AnalysisSettings
-from landscape.checkpoints import Checkpoint, load_client_models, load_state_dict_file, non_finite_weights
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
-from landscape.recipe import Recipe
-from landscape.runs import RunDir
-from landscape.setup import DataSetup, build_module, prepare_data, resolve_device, torch_dtype
+from landscape.config import recipe as recipes
+from landscape.config.recipe import Recipe
+from landscape.config.setup import DataSetup, build_module, prepare_data, resolve_device, torch_dtype
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
+from landscape.store.checkpoints import (
+    Checkpoint,
+    load_client_models,
+    load_state_dict_file,
+    non_finite_weights,
+)
+from landscape.store.runs import RunDir
 
 _ROUND_FILE = re.compile(r"^round-(\d{4,})\.pt$")
 
@@ -100,7 +105,7 @@ class Source:
     def check_recipe(self, checkpoint: Checkpoint) -> None:
         """A checkpoint that carries another recipe than this run's (another seed's run copied in, an edited
         recipe.toml) is refused, as resuming refuses it: its analysis would rebuild other data and partition."""
-        from landscape.lifecycle import RESUME_FREE_KEYS
+        from landscape.store.lifecycle import RESUME_FREE_KEYS
 
         if checkpoint.recipe_text is None:
             return
@@ -203,7 +208,7 @@ class StateDictSource(Source):
         return copy.deepcopy(self._module)
 
     def _make_module(self) -> nn.Module:
-        from landscape.imports import call_factory
+        from landscape.config.imports import call_factory
         from landscape.models import MODELS, build_model
 
         if ":" in self.spec.model:
@@ -227,7 +232,7 @@ class StateDictSource(Source):
         registered data set: its name and the split setting say it). Computing it imports and calls both
         factories (once): a bad --model or --dataset is a one-line error before anything is taken for done."""
         if self._inputs is None:
-            from landscape.imports import load_object
+            from landscape.config.imports import load_object
 
             module = self.build_module()
             x, y = self.analysis_set("train")  # a factory's data: whatever the split
@@ -280,7 +285,7 @@ class StateDictSource(Source):
         key = "factory" if ":" in self.spec.dataset else split
         if key not in self._data:
             if key == "factory":
-                from landscape.imports import call_factory
+                from landscape.config.imports import call_factory
 
                 data = as_data(call_factory(self.spec.dataset, "data factory"),
                                name=f"data factory '{self.spec.dataset}'")

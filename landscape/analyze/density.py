@@ -21,7 +21,7 @@ from landscape.analyze.probes import (
     rademacher_vectors,
     seeded_generator,
 )
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 
 FILTER_EPS = 1e-10  # Li et al.'s guard in d * ||w|| / (||d|| + eps)
 

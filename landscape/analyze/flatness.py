@@ -45,10 +45,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from landscape import perturb
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
-from landscape.rng import derived_seed
+from landscape.core import perturb
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
+from landscape.core.rng import derived_seed
 
 _STREAM_ANALYSIS_BATCHES = 101  # keeps the analysis minibatch streams apart from training's streams
 

@@ -18,7 +18,7 @@ from landscape.analyze.objective import Problem
 from landscape.analyze.operator import HessianOperator, Progress
 from landscape.analyze.sharpness import SharpnessProfile, asam_weight_mask, sharpness_profile
 from landscape.analyze.trace import TraceResult, trace_estimate
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 # The determinism probe ``hessian_eigs`` runs first costs two products (``LinearOperator.check_determinism``),
 # counted by the operator but not in the eigenvalues' ``hvp_count``.

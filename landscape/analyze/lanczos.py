@@ -19,7 +19,7 @@ from landscape.analyze.krylov import lanczos, tridiagonal
 from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator, LinearOperator, Progress
 from landscape.analyze.probes import float_norm, gaussian_vectors, seeded_generator
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 WHICH = ("largest-algebraic", "smallest-algebraic", "largest-magnitude")
 

@@ -4,7 +4,7 @@ loss function is given, e.g. mean squared error for a regression model).
 Everything ``landscape analyze`` measures is a function of F (or of a client's F_i) at a point w, the flat
 parameter vector of a checkpoint. ``Objective`` evaluates F, its gradient and minibatch versions of both,
 with batches weighted by their size and with no weight-decay term. The model is used through
-``torch.func.functional_call`` (``landscape.flat.FlatModel``), so its parameters, ``requires_grad`` flags
+``torch.func.functional_call`` (``landscape.core.flat.FlatModel``), so its parameters, ``requires_grad`` flags
 and ``.grad`` fields are never touched; its training flag is set per evaluation and restored afterwards.
 w holds the trainable parameters only (``requires_grad=True``); frozen parameters are constants of F at the
 values in ``buffers`` (with the BatchNorm buffers), so F, its gradient and its Hessian are functions of the
@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from landscape.analyze.analysis_data import AnalysisData, check_model_data
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 
 BN_MODES = ("eval", "train-batch-stats", "recompute")
 

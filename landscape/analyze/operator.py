@@ -45,9 +45,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from landscape import parallel
 from landscape.analyze.objective import Objective
-from landscape.errors import LandscapeError
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
 
 BACKENDS = ("double-backward", "forward-over-reverse")
 

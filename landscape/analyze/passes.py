@@ -18,8 +18,8 @@ from landscape.analyze import functions
 from landscape.analyze.registry import CLIENTS, KEPT_CLIENTS, PASSES, Cost, PassOutput, Quantity, StoredResult
 from landscape.analyze.serial import split_result
 from landscape.analyze.trace import DEFAULT_TRACE_METHOD, TRACE_METHODS
-from landscape.errors import LandscapeError
-from landscape.registry import NON_NEGATIVE, POSITIVE
+from landscape.core.errors import LandscapeError
+from landscape.core.registry import NON_NEGATIVE, POSITIVE
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext

@@ -38,8 +38,8 @@ import torch
 from torch import Tensor, nn
 
 from landscape.analyze.analysis_data import AnalysisData
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from typing import Any
 
 from landscape.analyze.catalog import load_passes
 from landscape.analyze.settings import AnalysisSettings
-from landscape.errors import LandscapeError
-from landscape.recipe import read_toml
+from landscape.config.recipe import read_toml
+from landscape.core.errors import LandscapeError
 
 TOP_LEVEL = ("rounds", "passes", "settings", "title")
 

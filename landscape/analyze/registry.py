@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from landscape.registry import Registry
+from landscape.core.registry import Registry
 
 
 @dataclass

@@ -27,8 +27,8 @@ import numpy as np
 
 from landscape.analyze.registry import PASSES
 from landscape.analyze.serial import json_ready, to_plain
-from landscape.errors import LandscapeError
-from landscape.fileio import atomic_write, write_text
+from landscape.core.errors import LandscapeError
+from landscape.store.fileio import atomic_write, write_text
 
 SCHEMA_VERSION = 2  # 2: Delta_D around the clients' mean, trainable parameters only, calibrated SEs
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from landscape import parallel
 from landscape.analyze.catalog import load_passes
 from landscape.analyze.context import (
     CheckpointContext,
@@ -35,9 +34,10 @@ from landscape.analyze.results import (
     store_result,
 )
 from landscape.analyze.settings import AnalysisSettings
-from landscape.checkpoints import CheckpointError, partition_problem
-from landscape.errors import LandscapeError
-from landscape.setup import thread_count, using_threads
+from landscape.config.setup import thread_count, using_threads
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
+from landscape.store.checkpoints import CheckpointError, partition_problem
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from landscape.errors import LandscapeError
-from landscape.recipe_sections import DTYPES
+from landscape.config.recipe_sections import DTYPES
+from landscape.core.errors import LandscapeError
 
 SETTING_CHOICES = {"split": ("train", "test"), "bn_mode": ("eval", "train-batch-stats", "recompute"),
                    "backend": ("native", "pyhessian"), "hvp": ("double-backward", "forward-over-reverse"),

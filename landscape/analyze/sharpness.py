@@ -57,9 +57,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from landscape import perturb
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
+from landscape.core import perturb
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 
 DEFAULT_ETA = 0.01  # ASAM's eta (Kwon et al. 2021)
 DEFAULT_STEPS = 50  # the most trial points per radius

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch import Tensor
 
-from landscape import parallel
 from landscape.analyze import directions as dirs
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.objective import Objective
@@ -33,7 +32,8 @@ from landscape.analyze.surface_options import (
     parse_reference_round,
 )
 from landscape.analyze.surface_partial import PARTIAL_SCHEMA, load_partial, save_partial, tensor_digest
-from landscape.errors import LandscapeError
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext

@@ -29,10 +29,10 @@ import torch
 from torch import Tensor
 from torch.func import vmap
 
-from landscape import parallel
 from landscape.analyze.objective import Objective
 from landscape.analyze.surface_grid import SurfaceGrid
-from landscape.errors import LandscapeError
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
 
 
 def vectorizable(objective: Any) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 AXES_2D = ("ix", "iy")
 AXES_1D = ("ix",)

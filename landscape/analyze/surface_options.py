@@ -12,8 +12,8 @@ import torch
 
 from landscape.analyze import directions as dirs
 from landscape.analyze.surface_grid import make_axis, make_line, parse_grid, parse_span
-from landscape.errors import LandscapeError
-from landscape.runs import surface_result_name
+from landscape.core.errors import LandscapeError
+from landscape.store.runs import surface_result_name
 
 DIRECTIONS = ("random", "pca", "clients", "interpolate")
 DEFAULT_SPANS = {"random": "-1:1", "pca": "auto", "clients": "auto", "interpolate": "-0.5:1.5"}

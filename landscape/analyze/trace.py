@@ -24,7 +24,7 @@ from landscape.analyze.probes import (
     rademacher_vectors,
     seeded_generator,
 )
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 TRACE_METHODS = ("xtrace", "hutch++", "hutchinson")
 # the smallest error per product of the three (benchmarks/trace_estimators.py)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from landscape import __version__, parallel
+from landscape import __version__
 from landscape.cli.analyze import analyze_command
 from landscape.cli.claims import claims_command
 from landscape.cli.compare import compare_command
@@ -16,7 +16,8 @@ from landscape.cli.figures import figures_command
 from landscape.cli.listing import list_command
 from landscape.cli.report import report_command
 from landscape.cli.train import train_command
-from landscape.errors import LandscapeError
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
 
 
 class _Group(click.Group):

@@ -11,7 +11,7 @@ import click
 
 from landscape.analyze.settings import SETTING_CHOICES
 from landscape.cli.common import trust_imports_option
-from landscape.errors import LandscapeError, shown
+from landscape.core.errors import LandscapeError, shown
 
 
 def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
@@ -159,7 +159,7 @@ def _pass_names(passes: str | None, surface_flags: dict[str, str], state_dict: b
 def _pass_values(names: list[str], recipe_options: dict[str, dict], surface_flags: dict[str, str],
                  assignments: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """Each chosen pass's option values as given: the analysis recipe's, the surface flags, then --set."""
-    from landscape.recipe_overrides import parse_assignment
+    from landscape.config.recipe_overrides import parse_assignment
 
     values: dict[str, dict] = {name: dict(recipe_options.get(name, {})) for name in names}
     if surface_flags:

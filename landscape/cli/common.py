@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from landscape import parallel
-from landscape.errors import LandscapeError
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
 
 if TYPE_CHECKING:
     from landscape.workflows.ensure import Notify
@@ -30,9 +30,9 @@ def check_printable(flag: str, text: str | None) -> None:
 
 def _trusting(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     """--trust-imports: the recorded recipes read by this command have their imports imported (for the
-    command's duration: ``landscape.imports.trusted_imports``)."""
+    command's duration: ``landscape.config.imports.trusted_imports``)."""
     if value:
-        from landscape.imports import trusted_imports
+        from landscape.config.imports import trusted_imports
 
         ctx.with_resource(trusted_imports(True))
 

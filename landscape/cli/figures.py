@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from landscape.cli.common import check_printable, progress_lines, trust_imports_option
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 if TYPE_CHECKING:
     from landscape.figures.figure_recipe import FigureRecipe
@@ -45,8 +45,8 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     """Draw a paper figure from a figure recipe (figures/*.toml): train the runs it needs and analyse them
     where that is missing (finished runs and analyses are reused; a run whose recipe changed is retrained),
     then write <file>.png and <file>.pdf (+ <file>.html, interactive 3D, for surfaces) under --out."""
-    from landscape import recipe_overrides
     from landscape.analyze.catalog import load_passes
+    from landscape.config import recipe_overrides
     from landscape.figures import figure_recipe
     from landscape.workflows import figure
 
@@ -85,8 +85,8 @@ def _print_given(fig: FigureRecipe, runs: list[RunData], out: Path) -> None:
 
 def _print_plan(fig: FigureRecipe, out: Path, device: str) -> None:
     """--dry-run: each run with what would be done with it, the passes at their rounds and the plots."""
-    from landscape import lifecycle
-    from landscape import recipe as recipes
+    from landscape.config import recipe as recipes
+    from landscape.store import lifecycle
     from landscape.workflows.figure import figure_plan
 
     seeded = f", {len(fig.seeds)} seeds: {','.join(map(str, fig.seeds))}" if fig.seeds else ""

@@ -10,7 +10,7 @@ def list_command() -> None:
     """List everything a recipe can name (algorithms, data sets, models, partitions) and the analysis passes,
     each with its options' defaults as recipe lines (TOML: paste them into the entry's table)."""
     from landscape.analyze.catalog import load_passes
-    from landscape.recipe import registries
+    from landscape.config.recipe import registries
 
     headers = [(f"{registry.kind}s ([{section}] name = ...):", registry)
                for section, registry in registries().items()]
@@ -27,7 +27,7 @@ def list_command() -> None:
 
 def _toml_lines(values: dict, prefix: str = "") -> list[str]:
     """``key = value`` lines as a recipe writes them (true, "gn", [200, 200], 0.1; tables as dotted keys)."""
-    from landscape.recipe import to_toml
+    from landscape.config.recipe import to_toml
 
     lines = []
     for key, value in values.items():

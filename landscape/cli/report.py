@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 
 @click.command("report")

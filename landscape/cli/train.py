@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from landscape.cli.common import check_printable, progress_lines, trust_imports_option
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 # Flags that set one recipe key each: (option name, recipe key, help). Comma lists (--alpha 0.6,0.1) sweep.
 # The help shows each key's value in the default recipe; the flags themselves default to None (not given), so
@@ -40,7 +40,7 @@ _NO_SWEEP = {"dataset.root", "train.device"}  # values that may hold commas them
 
 @functools.lru_cache(maxsize=1)
 def _default_recipe() -> Any:
-    from landscape import recipe as recipes
+    from landscape.config import recipe as recipes
 
     return recipes.resolve({})
 
@@ -100,7 +100,7 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
     Each run directory gets the fully resolved recipe, partition.json, metrics.jsonl (one line per round)
     and checkpoints/round-NNNN.pt.
     """
-    from landscape import recipe_overrides
+    from landscape.config import recipe_overrides
     from landscape.workflows import sweep
 
     switches = {"dataset.download": download, "train.keep_clients": keep_clients, "train.swa": swa}
@@ -128,7 +128,7 @@ def _overrides(flags: dict[str, Any], switches: dict[str, bool | None],
                assignments: tuple[str, ...]) -> tuple[list[tuple[str, Any]], dict[str, list]]:
     """The recipe keys the flags set, in order (recipe flags, switches, then --set), and the swept ones (comma
     lists): every value checked for control characters first."""
-    from landscape import recipe_overrides
+    from landscape.config import recipe_overrides
 
     given = [(flag, key, flags[flag.lstrip("-").replace("-", "_")]) for flag, key, _ in _RECIPE_FLAGS]
     for flag, text in [(flag, text) for flag, _, text in given] + [("--set", a) for a in assignments]:
@@ -167,13 +167,13 @@ def _resume(resume_dir: Path, overrides: list[tuple[str, Any]], others: bool, qu
 
 def _one_run(recipe: Any, out: Path | None, overwrite: bool, dry_run: bool, quiet: bool) -> None:
     """One run into --out (default runs/<its name>), or with --dry-run its recipe and client x class table."""
-    from landscape import recipe as recipes
+    from landscape.config import recipe as recipes
     from landscape.train import loop
 
     out = out if out is not None else Path("runs") / (recipe.name or recipes.run_name(recipe))
     if dry_run:
+        from landscape.config.setup import prepare_data
         from landscape.data.partitions import format_partition_table, heterogeneity
-        from landscape.setup import prepare_data
 
         setup = prepare_data(recipe)
         loop.check_local_work(recipe.train)
@@ -188,7 +188,7 @@ def _one_run(recipe: Any, out: Path | None, overwrite: bool, dry_run: bool, quie
 
 def _report(out: Path, rounds: int) -> None:
     """The result line of a trained run: its rounds and its last test accuracy."""
-    from landscape.runs import RunDir
+    from landscape.store.runs import RunDir
 
     rows = [r for r in RunDir(out).read_metrics() if "test_acc" in r]
     tail = f"; test accuracy {rows[-1]['test_acc']:.4f} (round {rows[-1]['round']})" if rows else ""

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from landscape.errors import LandscapeError
-from landscape.registry import Registry
+from landscape.core.errors import LandscapeError
+from landscape.core.registry import Registry
 
 Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 

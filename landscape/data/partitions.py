@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from landscape.errors import LandscapeError
-from landscape.registry import Registry
+from landscape.core.errors import LandscapeError
+from landscape.core.registry import Registry
 
 PartitionFn = Callable[..., list[np.ndarray]]
 PARTITIONS: Registry[PartitionFn] = Registry("partition")

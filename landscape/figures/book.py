@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 
 from landscape.figures import curves, surfaces
 from landscape.figures.rundata import RunData, require_passes
-from landscape.fileio import write_text
+from landscape.store.fileio import write_text
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from landscape.analyze.registry import Quantity
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.figures import surface_data, surfaces
 from landscape.figures.labels import settings_caption, settings_lines, with_settings
 from landscape.figures.report_data import (
@@ -56,8 +56,8 @@ from landscape.figures.report_data import (
 )
 from landscape.figures.rundata import RunData, RunsLike, as_runs, missing_message
 from landscape.figures.selection import Selection
-from landscape.fileio import write_text
-from landscape.runs import surface_result_name
+from landscape.store.fileio import write_text
+from landscape.store.runs import surface_result_name
 
 # The columns the papers compare, by the plain name of report_data.quantities (S_rho is added by radius).
 COLUMNS = ["lambda_max", "trace", "Delta_FI", "mean grad cos"]

@@ -29,7 +29,7 @@ import numpy as np
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.figures.extract import (
     INCOMPATIBILITY_PARTS,
     HessianSummary,

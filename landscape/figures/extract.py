@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.figures.rundata import RunData, RunsLike, as_runs, require_passes
 
 # -- global sharpness and lambda_1 over rounds ---------------------------------------------------------------

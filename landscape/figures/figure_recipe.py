@@ -53,11 +53,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from landscape.errors import LandscapeError
+from landscape.config.recipe import read_toml
+from landscape.core.errors import LandscapeError
 from landscape.figures.book import PLOT_KINDS, PlotSpec
 from landscape.figures.rundata import RunData
-from landscape.recipe import read_toml
-from landscape.runs import surface_result_name
+from landscape.store.runs import surface_result_name
 
 SCALES = ("digits", "paper")
 ANALYSIS_SETTINGS = {"split": str, "analysis_samples": int, "bn_mode": str, "hvp": str, "dtype": str, "seed": int,

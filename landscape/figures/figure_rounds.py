@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.figures.figure_recipe import FigureRecipe
 
 EVAL_KEYS = ("test_loss", "test_acc")  # logged every train.eval_every rounds and at the last one

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.figures.extract import choose_rho
 from landscape.figures.labels import settings_lines
 from landscape.figures.report_data import all_rhos
@@ -57,7 +57,7 @@ from landscape.figures.report_surfaces import surfaces_section
 from landscape.figures.rundata import RunData, RunsLike, as_runs
 from landscape.figures.seeds import groups
 from landscape.figures.selection import Selection
-from landscape.fileio import write_text
+from landscape.store.fileio import write_text
 
 CURVE_KEYS = [("accuracy", "test_acc"), ("train_loss", "train_loss"),
               ("flatness_distance", "flatness_distance")]

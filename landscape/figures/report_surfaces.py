@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from matplotlib.colors import to_hex
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.figures.report_data import surface_files
 from landscape.figures.report_html import Page, note
 from landscape.figures.report_plotly import line_surface_figure

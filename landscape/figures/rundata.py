@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 
 from landscape.analyze.results import qualified_settings, record_output, record_pass, result_name
-from landscape.errors import LandscapeError
+from landscape.config.recipe import read_toml
+from landscape.core.errors import LandscapeError
 from landscape.figures.labels import run_labels
 from landscape.figures.seeds import recipe_groups, without_seed
 from landscape.figures.selection import Chosen, Selection, choose, settings_label, variant_of
-from landscape.recipe import read_toml
-from landscape.runs import RunDir
+from landscape.store.runs import RunDir
 
 _ROUND_DIR = re.compile(r"^round-(\d{4,})$")
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "Infinity": math.inf,

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 # A run is a ``rundata.RunData`` (not imported: rundata imports this module, and the package has no import cycle).
 RunData = Any

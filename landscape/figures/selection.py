@@ -38,7 +38,7 @@ from landscape.analyze.results import (
     value_text,
 )
 from landscape.analyze.settings import AnalysisSettings
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 # What F is: read at its default unless a filter names it.
 PINNED = ("split", "bn_mode", "surface.data")
@@ -80,7 +80,7 @@ class Selection:
     @classmethod
     def parse(cls, texts: Iterable[str], flag: str = "--settings") -> Selection:
         """From ``KEY=VALUE`` texts (values in TOML, as ``--set`` takes them); unknown keys are refused."""
-        from landscape.recipe_overrides import parse_value
+        from landscape.config.recipe_overrides import parse_value
 
         filters = []
         for text in texts:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 # -- reading ----------------------------------------------------------------------------------------------
 

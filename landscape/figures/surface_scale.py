@@ -15,7 +15,7 @@ from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, ScalarFormatter
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 
 def color_scale(values: list[np.ndarray], log_levels: bool, count: int) -> tuple[np.ndarray, Normalize]:

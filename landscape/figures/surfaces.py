@@ -28,7 +28,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.figures.surface_data import (
     SurfaceData,
     _as_surface,
@@ -45,7 +45,7 @@ from landscape.figures.surface_scale import (
     set_ticks,
     tick_formatter,
 )
-from landscape.fileio import atomic_write, write_text
+from landscape.store.fileio import atomic_write, write_text
 
 CMAP = "viridis"
 OUTLINED = [patheffects.withStroke(linewidth=2, foreground="black")]  # white labels readable on any colour

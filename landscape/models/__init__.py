@@ -16,9 +16,9 @@ from typing import Any
 
 from torch import nn
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
+from landscape.core.registry import Registry
 from landscape.models.resnet import ResNet18, norm_factory
-from landscape.registry import Registry
 
 ModelBuilder = Callable[[tuple[int, ...], int, Any], nn.Module]
 

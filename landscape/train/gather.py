@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from landscape import parallel
+from landscape.core import parallel
 from landscape.train.algorithms import Algorithm, ClientResult, Tensors
 
 

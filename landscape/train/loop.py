@@ -5,9 +5,9 @@ and augmentation from (seed, round, client), model initialisation from seed. So 
 checkpoint, or a round's clients split across processes, gives the same numbers as one uninterrupted run.
 
 ``start_run`` and ``resume_run`` are the entry points; the run directory's life (creating it safely, what a
-sweep does with it, where a resume starts) is ``landscape.lifecycle``, the round schedule
+sweep does with it, where a resume starts) is ``landscape.store.lifecycle``, the round schedule
 ``landscape.train.schedule``, the trainer's state and checkpoints ``landscape.train.state``, data and model
-set-up ``landscape.setup``.
+set-up ``landscape.config.setup``.
 """
 
 from __future__ import annotations
@@ -21,17 +21,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from landscape import lifecycle, parallel
-from landscape import recipe as recipes
-from landscape.checkpoints import load_checkpoint, partition_problem
-from landscape.errors import LandscapeError
-from landscape.fileio import RunLock, os_reason, write_text
-from landscape.flat import FlatModel
-from landscape.lifecycle import ResumePoint
-from landscape.recipe import Recipe
-from landscape.recipe_sections import TrainSettings
-from landscape.runs import RunDir
-from landscape.setup import (
+from landscape.config import recipe as recipes
+from landscape.config.recipe import Recipe
+from landscape.config.recipe_sections import TrainSettings
+from landscape.config.setup import (
     DataSetup,
     build_module,
     derived_seed,
@@ -41,6 +34,14 @@ from landscape.setup import (
     torch_dtype,
     using_threads,
 )
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
+from landscape.store import lifecycle
+from landscape.store.checkpoints import load_checkpoint, partition_problem
+from landscape.store.fileio import RunLock, os_reason, write_text
+from landscape.store.lifecycle import ResumePoint
+from landscape.store.runs import RunDir
 from landscape.train.algorithms import ClientResult, LocalProblem, ParamLayout, ServerRound, build_algorithm
 from landscape.train.gather import average_buffers, gather_client_work
 from landscape.train.schedule import (

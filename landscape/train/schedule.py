@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from landscape.recipe_sections import TrainSettings
-from landscape.rng import derived_seed
+from landscape.config.recipe_sections import TrainSettings
+from landscape.core.rng import derived_seed
 
 # Tags that keep the derived random streams of one seed apart.
 STREAM_SAMPLING, STREAM_CLIENT = 1, 2

@@ -17,14 +17,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from landscape import lifecycle, parallel
-from landscape import recipe as recipes
-from landscape.checkpoints import CHECKPOINT_FORMAT, Checkpoint, save_checkpoint
-from landscape.errors import LandscapeError
-from landscape.flat import FlatModel
-from landscape.recipe import Recipe
-from landscape.recipe_sections import TrainSettings
-from landscape.runs import RunDir
+from landscape.config import recipe as recipes
+from landscape.config.recipe import Recipe
+from landscape.config.recipe_sections import TrainSettings
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
+from landscape.store import lifecycle
+from landscape.store.checkpoints import CHECKPOINT_FORMAT, Checkpoint, save_checkpoint
+from landscape.store.runs import RunDir
 from landscape.train.algorithms import Algorithm, ClientResult, Tensors
 
 

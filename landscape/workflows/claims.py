@@ -8,14 +8,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from landscape import parallel
-from landscape.errors import LandscapeError
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
 from landscape.workflows.ensure import Notify, ignore
 from landscape.workflows.figure import figure_folder, figure_selection, figure_training, prepare_figure_runs
 
 if TYPE_CHECKING:
-    from landscape.figures.claim_files import Claim
-    from landscape.figures.claims import ClaimResult
+    from landscape.claims.checks import ClaimResult
+    from landscape.claims.claim_files import Claim
     from landscape.figures.figure_recipe import FigureRecipe
 
 
@@ -41,10 +41,11 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
     """Every claim file read and checked before anything is trained: its figure recipe (at ``scale``, with
     the ``KEY=VALUE`` ``assignments`` of every run and ``seeds``, default the file's), its run ids, that the
     figure runs the passes it reads, and that its rounds exist in the runs it compares."""
-    from landscape import recipe_overrides
     from landscape.analyze.catalog import load_passes
-    from landscape.figures import claims, figure_recipe, figure_rounds
-    from landscape.figures.claim_files import check_rounds
+    from landscape.claims import checks as claims
+    from landscape.claims.claim_files import check_rounds
+    from landscape.config import recipe_overrides
+    from landscape.figures import figure_recipe, figure_rounds
 
     work = []
     for path in claim_files:
@@ -77,7 +78,7 @@ def check_claims(work: Sequence[ClaimWork], out: Path, *, device: str = "auto", 
                  notify: Notify = ignore) -> Verdicts:
     """Train and analyse each claim's runs where missing, test its comparisons over seeds, take Holm's step
     over every comparison of ``work`` and write claims.md and claims.json into ``out``."""
-    from landscape.figures import claims
+    from landscape.claims import checks as claims
     from landscape.figures.rundata import load_runs
 
     results = []

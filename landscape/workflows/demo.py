@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from landscape import parallel
-from landscape.errors import LandscapeError
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
 from landscape.workflows.ensure import Notify, ensure_run, ignore
 
 if TYPE_CHECKING:
@@ -43,10 +43,10 @@ class Demo(NamedTuple):
 
 def run_demo(out: Path, *, progress: bool = False, notify: Notify = ignore) -> Demo:
     """Train (make-like: finished runs are reused), analyse and draw the demo into ``out``."""
-    from landscape import recipe_overrides
     from landscape.analyze.catalog import default_passes, pass_options
     from landscape.analyze.scheduler import AnalysisReport, analysis_data, run_analysis
     from landscape.analyze.settings import AnalysisSettings
+    from landscape.config import recipe_overrides
 
     if not DEMO_RECIPE.is_file():
         raise LandscapeError(f"the demo's recipe {DEMO_RECIPE} is missing (the demo runs from a checkout of "

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from landscape.recipe import Recipe
+    from landscape.config.recipe import Recipe
 
 # receives a workflow's progress lines and notes (the CLI prints them on stderr)
 Notify = Callable[[str], None]
@@ -20,7 +20,7 @@ def ignore(line: str) -> None:
 def ensure_run(recipe: Recipe, path: Path, *, progress: bool = False, notify: Notify = ignore) -> None:
     """Train a run directory the workflow owns, make-like: reuse it when done, resume it when unfinished,
     retrain it when its recipe changed."""
-    from landscape import lifecycle
+    from landscape.store import lifecycle
     from landscape.train import loop
 
     status = lifecycle.owned_run_status(recipe, path)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from landscape import parallel
-from landscape.errors import LandscapeError
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
 from landscape.workflows.ensure import Notify, ensure_analysis, ensure_run, ignore
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def figure_analysis(fig: FigureRecipe, device: str) -> tuple[Any, dict[str, Any]
 def figure_plan(fig: FigureRecipe, out: Path, device: str) -> dict[str, list[tuple[int | None, Any, Path]]]:
     """Run id -> (seed, resolved training recipe, run directory) of each of its runs
     (``FigureRecipe.seed_runs``)."""
-    from landscape import recipe_overrides
+    from landscape.config import recipe_overrides
 
     device_key = [("train.device", device)] if device != "auto" else []
     def resolved(run_id: str, seed: int | None) -> Any:

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.workflows.ensure import Notify, ignore
 
 if TYPE_CHECKING:
-    from landscape.recipe import Recipe
+    from landscape.config.recipe import Recipe
 
 
 class SweepRun(NamedTuple):
@@ -26,7 +26,8 @@ class SweepRun(NamedTuple):
 def plan_sweep(runs: list[tuple[Recipe, dict[str, Any]]], parent: Path, overwrite: bool) -> list[SweepRun]:
     """The runs of ``recipe_overrides.build_sweep`` under ``parent``, each named systematically; refused in
     one line when two of them get the same name."""
-    from landscape import lifecycle, recipe_overrides
+    from landscape.config import recipe_overrides
+    from landscape.store import lifecycle
 
     plan = [(recipe, parent / recipe_overrides.sweep_run_name(recipe, swept)) for recipe, swept in runs]
     names = [p.name for _, p in plan]

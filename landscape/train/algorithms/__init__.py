@@ -22,7 +22,7 @@ states on the CPU between rounds and saves both in checkpoints. Hyper-parameters
 options dataclass (the recipe's ``[algorithm]`` keys, reference defaults); none is hard-coded in a rule.
 
 Every module in this package is imported on first use, so adding an algorithm is adding one file (and its
-display label in ``landscape.algorithm_labels``, which figures read without importing torch).
+display label in ``landscape.core.algorithm_labels``, which figures read without importing torch).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from landscape.algorithm_labels import algorithm_label
-from landscape.registry import Registry
+from landscape.core.algorithm_labels import algorithm_label
+from landscape.core.registry import Registry
 
 Batch = tuple[Tensor, Tensor]
 
@@ -238,7 +238,7 @@ def local_sgd(
 
 class AlgorithmRegistry(Registry[type[Algorithm]]):
     """The registry of algorithm classes: registering one also gives it its ``name`` and display ``label``
-    (``landscape.algorithm_labels``: the name itself for an algorithm of a user's module without one)."""
+    (``landscape.core.algorithm_labels``: the name itself for an algorithm of a user's module without one)."""
 
     def register(self, name: str, *, options: type | None = None,
                  summary: str = "") -> Callable[[type[Algorithm]], type[Algorithm]]:
@@ -255,7 +255,7 @@ ALGORITHMS = AlgorithmRegistry("algorithm")
 
 
 def build_algorithm(recipe: Any, layout: ParamLayout) -> Algorithm:
-    """The algorithm of ``recipe`` (a resolved ``landscape.recipe.Recipe``; not imported here: the recipe
+    """The algorithm of ``recipe`` (a resolved ``landscape.config.recipe.Recipe``; not imported here: the recipe
     module imports this registry) with its options: the trainer's, and the alignment pass's to rebuild a
     broadcast."""
     entry = ALGORITHMS.get(recipe.algorithm.name)

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from landscape import perturb
-from landscape.errors import LandscapeError
+from landscape.core import perturb
+from landscape.core.errors import LandscapeError
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from landscape import perturb
-from landscape.errors import LandscapeError
+from landscape.core import perturb
+from landscape.core.errors import LandscapeError
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.train.algorithms import ALGORITHMS, LocalProblem
 from landscape.train.algorithms.fedsam import sam_direction
 from landscape.train.algorithms.scaffold import Direction, Scaffold

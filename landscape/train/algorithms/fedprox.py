@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,

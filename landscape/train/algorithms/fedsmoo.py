@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from landscape.errors import LandscapeError
-from landscape.perturb import normalized, sam_perturbation
+from landscape.core.errors import LandscapeError
+from landscape.core.perturb import normalized, sam_perturbation
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,

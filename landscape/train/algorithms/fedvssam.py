@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from landscape.errors import LandscapeError
-from landscape.perturb import sam_perturbation
+from landscape.core.errors import LandscapeError
+from landscape.core.perturb import sam_perturbation
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,

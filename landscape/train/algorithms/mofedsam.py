@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,

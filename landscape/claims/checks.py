@@ -29,7 +29,7 @@ plane (the ``surface`` output, filter-normalised random directions) whose loss l
 comparison key, default 0.5 nats) of the loss at the centre x. ``rounds``: ``"last"``, ``"last N"`` (the mean of
 the last N), ``"all"``, a round number or a list of rounds; a run lacking one of them is an error that names it.
 
-The statistics of each comparison and the verdict rule: ``landscape.figures.claim_statistics``.
+The statistics of each comparison and the verdict rule: ``landscape.claims.claim_statistics``.
 """
 
 from __future__ import annotations
@@ -43,8 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from landscape.errors import LandscapeError
-from landscape.figures.claim_files import (
+from landscape.claims.claim_files import (
     _QUANTITIES,
     DEFAULT_TAU,
     LAST_N,
@@ -55,7 +54,7 @@ from landscape.figures.claim_files import (
     check_run_ids,
     load_claim,
 )
-from landscape.figures.claim_statistics import (
+from landscape.claims.claim_statistics import (
     MAX_SEEDS,
     POWER,
     detectable_difference,
@@ -63,9 +62,10 @@ from landscape.figures.claim_statistics import (
     one_sided_paired_t,
     sign_flip_p,
 )
+from landscape.core.errors import LandscapeError
 from landscape.figures.rundata import RunData
 from landscape.figures.seeds import mean_se
-from landscape.fileio import write_text
+from landscape.store.fileio import write_text
 
 __all__ = [  # the claims API, with what it takes from claim_files and claim_statistics
     "DEFAULT_TAU", "HELD", "INCONCLUSIVE", "MAX_SEEDS", "NOT_HELD", "SURFACE_WIDTH", "Claim", "ClaimResult",

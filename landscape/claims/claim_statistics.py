@@ -1,4 +1,4 @@
-"""The statistics of a claim's comparison over seeds (``landscape.figures.claims``): the one-sided paired
+"""The statistics of a claim's comparison over seeds (``landscape.claims.checks``): the one-sided paired
 t-test, the exact sign-flip permutation test, the detectable difference and Holm's step; docs/metrics.md,
 "Claims statistics", gives the definitions.
 
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 from landscape.figures.seeds import mean_se
 
 POWER = 0.8  # the power at which ``detectable_difference`` is computed

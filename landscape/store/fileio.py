@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 try:
     import fcntl

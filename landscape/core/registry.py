@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 T = TypeVar("T")
 

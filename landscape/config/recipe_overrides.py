@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from landscape.errors import LandscapeError, shown
-from landscape.recipe import Recipe, read_toml, resolve, run_name, set_key
+from landscape.config.recipe import Recipe, read_toml, resolve, run_name, set_key
+from landscape.core.errors import LandscapeError, shown
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -15,13 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from landscape import parallel, recipe_sections
-from landscape import recipe as recipes
+from landscape.config import recipe as recipes
+from landscape.config import recipe_sections
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
+from landscape.core.rng import derived_seed
 from landscape.data.datasets import DatasetBundle, load_dataset
 from landscape.data.partitions import class_histogram, make_partition
-from landscape.errors import LandscapeError
 from landscape.models import build_model
-from landscape.rng import derived_seed
 
 DTYPES = {name: getattr(torch, name) for name in recipe_sections.DTYPES}  # the recipe's dtype names -> torch
 

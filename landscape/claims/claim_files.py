@@ -1,5 +1,5 @@
 """Claim files (``claims/*.toml``): their schema, read and checked (``load_claim``); the format is described in
-``landscape.figures.claims``."""
+``landscape.claims.checks``."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from landscape.errors import LandscapeError
-from landscape.figures.claim_statistics import MAX_SEEDS
+from landscape.claims.claim_statistics import MAX_SEEDS
+from landscape.config.recipe import read_toml
+from landscape.core.errors import LandscapeError
 from landscape.figures.report_data import quantities
-from landscape.recipe import read_toml
 
 DEFAULT_TAU = 0.5  # nats above the centre's loss: the level set whose area ``surface width`` measures
 _TOP_KEYS = {"claim", "source", "figure", "seeds", "quantity", "rounds", "level", "tau", "compare"}

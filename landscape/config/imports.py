@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -78,7 +78,7 @@ def import_recipe_modules(modules: tuple[str, ...] | list[str], *, search_cwd: b
     """Import a recipe's ``imports`` in order, naming each one newly imported on stderr once it is imported
     (``note: importing mylab.registry (recipe imports: runs its code)``; under torchrun on rank 0 only). One
     that fails is the one-line error alone."""
-    from landscape import parallel
+    from landscape.core import parallel
 
     for module in modules:
         new = module not in sys.modules

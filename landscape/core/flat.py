@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 
 class FlatModel:

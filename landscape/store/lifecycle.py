@@ -14,15 +14,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from landscape import parallel
-from landscape import recipe as recipes
-from landscape.checkpoints import CheckpointError, load_checkpoint
+from landscape.config import recipe as recipes
+from landscape.config.recipe import Recipe
+from landscape.config.setup import DataSetup
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
 from landscape.data.partitions import heterogeneity
-from landscape.errors import LandscapeError
-from landscape.fileio import LOCK_NAME, os_reason, write_text
-from landscape.recipe import Recipe
-from landscape.runs import RUN_MARKER, RunDir, partition_record
-from landscape.setup import DataSetup
+from landscape.store.checkpoints import CheckpointError, load_checkpoint
+from landscape.store.fileio import LOCK_NAME, os_reason, write_text
+from landscape.store.runs import RUN_MARKER, RunDir, partition_record
 
 # The file that marks a folder whose runs a command made (and may therefore retrain when their recipe changes).
 OWNED_MARKER = ".landscape-owned"

@@ -1,6 +1,6 @@
 """The tables of a recipe as frozen settings dataclasses (``[dataset]``, ``[partition]``, ``[model]``,
 ``[algorithm]``, ``[train]``), with each common setting's default and rule, and the top-level keys; read,
-resolved and written by ``landscape.recipe``."""
+resolved and written by ``landscape.config.recipe``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from landscape.errors import LandscapeError, shown
+from landscape.core.errors import LandscapeError, shown
 
 
 def _check(predicate: Callable[[Any], bool], rule: str) -> dict:
@@ -119,7 +119,7 @@ class TrainSettings:
 
 # imports: modules of the user's own that register models, data sets, partitions or algorithms when imported
 # (``imports = ["mylab.models"]``). Importing runs their code: a recipe the user names is imported before it is
-# checked; a recorded one (a run's recipe.toml) only when trusted (``resolve(recorded=True)``, landscape.imports).
+# checked; a recorded one (a run's recipe.toml) only when trusted (``resolve(recorded=True)``, landscape.config.imports).
 TOP_LEVEL = {"name": "", "seed": 0, "imports": []}
 SECTIONS: dict[str, type] = {
     "dataset": DatasetSettings,
@@ -130,7 +130,7 @@ SECTIONS: dict[str, type] = {
 }
 
 
-# Values of recipe keys checked against their defaults' kinds (used by landscape.recipe's resolve).
+# Values of recipe keys checked against their defaults' kinds (used by landscape.config.recipe's resolve).
 
 def type_ok(default: Any, value: Any) -> bool:
     if isinstance(default, bool):

@@ -1,6 +1,6 @@
 """TOML recipes: the frozen ``Recipe`` settings, read, validated, resolved and written back.
 
-Overrides (``--set key=value``, flags, sweeps) live in ``landscape.recipe_overrides``; ``set_key``
+Overrides (``--set key=value``, flags, sweeps) live in ``landscape.config.recipe_overrides``; ``set_key``
 (one key of a raw recipe dict) stays here for ``Recipe.with_values``.
 
 A recipe has two top-level keys (``name``, ``seed``) and five tables. Four of them name a registry entry
@@ -26,8 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from landscape.errors import LandscapeError, shown
-from landscape.recipe_sections import (
+from landscape.config.recipe_sections import (
     SECTIONS,
     TOP_LEVEL,
     AlgorithmSettings,
@@ -38,7 +37,8 @@ from landscape.recipe_sections import (
     coerce_value,
     unknown_key_message,
 )
-from landscape.registry import Registry
+from landscape.core.errors import LandscapeError, shown
+from landscape.core.registry import Registry
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -244,7 +244,7 @@ def resolve(raw: dict, *, algorithms: bool = True, recorded: bool = False, trust
     ``imports`` run code. The user's own recipe (``recorded=False``) has them imported (the current folder
     searched too), each newly imported module named on stderr. A recorded recipe (``recorded=True``: a run's
     recipe.toml, a checkpoint's, called ``origin`` in messages) has them imported only when ``trust_imports``
-    (None: ``landscape.imports.imports_trusted()``, the CLI's --trust-imports), without searching the current
+    (None: ``landscape.config.imports.imports_trusted()``, the CLI's --trust-imports), without searching the current
     folder. Untrusted, nothing is imported: each registry section is checked against the entries registered
     now (built-in ones, and those of modules already imported in this process); a section naming an entry no
     registry holds is refused in one line naming the modules and --trust-imports, or with ``defer`` read as
@@ -263,7 +263,7 @@ def resolve(raw: dict, *, algorithms: bool = True, recorded: bool = False, trust
     check_name(out["name"])
     if not all(isinstance(m, str) for m in out["imports"]):
         raise LandscapeError(f"imports must be a list of module names (got {out['imports']!r})")
-    from landscape.imports import import_recipe_modules, imports_trusted, untrusted
+    from landscape.config.imports import import_recipe_modules, imports_trusted, untrusted
 
     trusted = not recorded or (imports_trusted() if trust_imports is None else trust_imports)
     if trusted:

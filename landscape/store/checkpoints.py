@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from landscape.errors import LandscapeError
-from landscape.fileio import atomic_write, os_reason
+from landscape.core.errors import LandscapeError
+from landscape.store.fileio import atomic_write, os_reason
 
 CHECKPOINT_FORMAT = 1
 

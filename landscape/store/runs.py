@@ -8,8 +8,8 @@ runs/<name>/
   checkpoints/round-0050.pt        global model, server and client state, round, RNG scheme
   checkpoints/round-0050.clients.pt  that round's clients' final local models (--keep-clients)
 ```
-Every file is written atomically (``landscape.fileio``), and checkpoints load safely
-(``landscape.checkpoints``: they hold only tensors and plain containers).
+Every file is written atomically (``landscape.store.fileio``), and checkpoints load safely
+(``landscape.store.checkpoints``: they hold only tensors and plain containers).
 
 Besides one row per round, metrics.jsonl may hold event rows (``{"round": t, "event": "diverged", ...}``):
 ``read_metrics`` returns the round rows only, ``read_events`` the event rows. A process that trains into a
@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from landscape.checkpoints import Checkpoint, read_partition
-from landscape.errors import LandscapeError
-from landscape.fileio import LOCK_NAME, open_no_follow, os_reason, write_text
+from landscape.core.errors import LandscapeError
+from landscape.store.checkpoints import Checkpoint, read_partition
+from landscape.store.fileio import LOCK_NAME, open_no_follow, os_reason, write_text
 
 _CKPT = re.compile(r"^round-(\d{4,})\.pt$")
 # Temporary files of atomic_write ('.<name>.<random>.tmp') of a run's own files, left by a killed process.
@@ -272,13 +272,13 @@ class Run:
     the run used them), ``.client_data(i)`` and ``.partition()``.
 
     The recipe's ``imports`` (modules that run code when imported) are imported only with ``trust_imports=True``
-    (or inside ``landscape.imports.trusted_imports()``); without, the recipe, metrics and events read as
+    (or inside ``landscape.config.imports.trusted_imports()``); without, the recipe, metrics and events read as
     recorded, and building a model, data set or partition that only those modules provide is refused in one
     line naming them.
     """
 
     def __init__(self, path: str | Path, trust_imports: bool = False) -> None:
-        from landscape import recipe as recipes
+        from landscape.config import recipe as recipes
 
         if not isinstance(path, (str, os.PathLike)):
             raise LandscapeError(f"open_run takes the path of a run directory, not {path!r:.80}")
@@ -315,7 +315,7 @@ class Run:
 
     def _data_setup(self):
         if self._setup is None:
-            from landscape.setup import prepare_data
+            from landscape.config.setup import prepare_data
 
             self.recipe.require_entries()  # a data set or partition only its untrusted imports provide
             self._setup = prepare_data(self.recipe)
@@ -359,7 +359,7 @@ class Run:
     def model(self, round: int | None = None) -> torch.nn.Module:
         """The global model of a checkpointed round (default: the last; x_swa once server SWA has begun),
         on the CPU, in eval mode, in the checkpoint's dtype (a float64 run stays float64)."""
-        from landscape.setup import build_module, torch_dtype
+        from landscape.config.setup import build_module, torch_dtype
 
         self.recipe.require_entries()  # a model only its untrusted imports provide: refused in one line
         module = build_module(self.recipe, self._data_setup().bundle)

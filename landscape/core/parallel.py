@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from landscape.errors import LandscapeError
+from landscape.core.errors import LandscapeError
 
 if TYPE_CHECKING:
     import torch
