@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from landscape.config.recipe import read_toml
+from landscape.config.schema import read_toml
 from landscape.store.runs import RunDir
 
 

@@ -191,23 +191,9 @@ def pyhessian_product(module, data: AnalysisData):
 # -- the tables ---------------------------------------------------------------------------------------------
 
 
-def product_costs(module, flat: FlatModel, objective: Objective, w: torch.Tensor, calls: int) -> list[tuple]:
-    """Seconds of one gradient, one product by each path, the graph build: min over interleaved calls."""
-    v = torch.randn(flat.dim, generator=torch.Generator().manual_seed(1))
-    recomputed = HessianOperator(objective, w, keep_graph=False)
-    kept = HessianOperator(objective, w, keep_graph=True)
-    reference = recomputed @ v
-
-    def build():
-        HessianOperator(objective, w, keep_graph=True) @ v  # the first product builds and keeps the graphs
-
-    paths = {
-        "gradient of F (Objective.loss_and_grad)": lambda: objective.loss_and_grad(w),
-        "ours: HVP through the kept graphs (default where they fit)": lambda: kept @ v,
-        "ours: HVP with the gradient graph rebuilt (keep_graph=False)": lambda: recomputed @ v,
-        "ours: first product of a fresh operator (graph build + 1 HVP, once per operator)": build,
-    }
-    agreement = {"ours: HVP through the kept graphs (default where they fit)": kept @ v}
+def _add_peers(module, objective: Objective, v: torch.Tensor, paths: dict, agreement: dict) -> dict:
+    """The peers' product paths added to ``paths`` (and their H v to ``agreement``); name -> why for those
+    that do not install or run."""
     def curvlinops_product():
         operator = curvlinops_operator(module, objective.data)
         return lambda u: operator @ u
@@ -227,14 +213,41 @@ def product_costs(module, flat: FlatModel, objective: Objective, w: torch.Tensor
             paths[name] = lambda product=product: product(v)
         except Exception as error:  # noqa: BLE001 - a peer that does not install or run is reported, not faked
             missing[name] = f"{type(error).__name__}: {str(error)[:120]}"
+    return missing
+
+
+def _min_seconds(paths: dict, calls: int) -> dict[str, float]:
+    """Seconds of each path: one warm-up call each, then the minimum over ``calls`` interleaved calls."""
     best = {name: float("inf") for name in paths}
-    for name, fn in paths.items():
+    for fn in paths.values():
         fn()  # warm-up
     for _ in range(calls):
         for name, fn in paths.items():
             started = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - started)
+    return best
+
+
+def product_costs(module, flat: FlatModel, objective: Objective, w: torch.Tensor, calls: int) -> list[tuple]:
+    """Seconds of one gradient, one product by each path, the graph build: min over interleaved calls."""
+    v = torch.randn(flat.dim, generator=torch.Generator().manual_seed(1))
+    recomputed = HessianOperator(objective, w, keep_graph=False)
+    kept = HessianOperator(objective, w, keep_graph=True)
+    reference = recomputed @ v
+
+    def build():
+        HessianOperator(objective, w, keep_graph=True) @ v  # the first product builds and keeps the graphs
+
+    paths = {
+        "gradient of F (Objective.loss_and_grad)": lambda: objective.loss_and_grad(w),
+        "ours: HVP through the kept graphs (default where they fit)": lambda: kept @ v,
+        "ours: HVP with the gradient graph rebuilt (keep_graph=False)": lambda: recomputed @ v,
+        "ours: first product of a fresh operator (graph build + 1 HVP, once per operator)": build,
+    }
+    agreement = {"ours: HVP through the kept graphs (default where they fit)": kept @ v}
+    missing = _add_peers(module, objective, v, paths, agreement)
+    best = _min_seconds(paths, calls)
     gradient = best["gradient of F (Objective.loss_and_grad)"]
     rows = []
     for name, seconds in best.items():
@@ -246,7 +259,59 @@ def product_costs(module, flat: FlatModel, objective: Objective, w: torch.Tensor
     return rows
 
 
-def main() -> None:
+def _print_products(costs: list[tuple]) -> None:
+    print("\nOne product against one gradient of F (min over interleaved calls):\n")
+    print("| path | seconds | x gradient | rel. difference to our rebuilt-graph HVP |")
+    print("|---|---|---|---|")
+    for name, seconds, ratio, difference in costs:
+        if seconds is None:
+            print(f"| {name} | did not run: {difference} | | |")
+        else:
+            shown = "-" if difference is None else f"{difference:.1e}"
+            print(f"| {name} | {seconds:.4f} | {ratio:.2f}x | {shown} |")
+
+
+def _print_topk(rows: list[tuple], failed: list[tuple], seed: int, repeat: int) -> None:
+    print(f"\nTop-{TOP} eigenvalues (seed {seed}, median of {repeat} timed calls):\n")
+    print("| method | HVPs | seconds | max rel. error lambda_1..5 | all converged |")
+    print("|---|---|---|---|---|")
+    for name, _, hvps, seconds, error, converged in rows:
+        flag = "-" if converged is None else ("yes" if converged else "no")
+        print(f"| {name} | {hvps} | {seconds:.2f} | {error:.2e} | {flag} |")
+    for name, reason in failed:
+        print(f"| {name} | did not run: {reason} | | | |")
+
+
+def _print_seeds(seed_rows: list[tuple]) -> None:
+    print(f"\nDefault against default over {len(seed_rows)} start vectors (one timed call each):\n")
+    print("| seed | ours HVPs | ours s | ours error | PyHessian HVPs | PyHessian s | PyHessian error | HVP ratio "
+          "| time ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for seed, oh, os_, oe, ph, ps, pe in seed_rows:
+        print(f"| {seed} | {oh} | {os_:.2f} | {oe:.1e} | {ph} | {ps:.2f} | {pe:.1e} | {ph / oh:.2f}x | {ps / os_:.2f}x |")
+    if seed_rows:
+        table = np.array([r[1:] for r in seed_rows], dtype=float)
+        print(f"| mean | {table[:, 0].mean():.1f} | {table[:, 1].mean():.2f} | {table[:, 2].mean():.1e} | "
+              f"{table[:, 3].mean():.1f} | {table[:, 4].mean():.2f} | {table[:, 5].mean():.1e} | "
+              f"{table[:, 3].sum() / table[:, 0].sum():.2f}x | {table[:, 4].sum() / table[:, 1].sum():.2f}x |")
+
+
+def _reference(run, data: AnalysisData, device: torch.device, dim: int, dense_limit: int):
+    """The float64 reference lambda_1..5: a dense Hessian up to ``dense_limit`` parameters, else ARPACK on float64
+    products; with how it was computed and its seconds."""
+    module64 = run.model().double().to(device)
+    flat64 = FlatModel(module64)
+    data64 = data.to(device, torch.float64)
+    started = time.perf_counter()
+    if dim <= dense_limit:
+        reference, how = dense_reference(flat64, data64, flat64.vector()), "dense float64 Hessian"
+    else:
+        op64 = HessianOperator(Objective(flat64, flat64.buffers(), data64), flat64.vector())
+        reference, how = arpack_reference(op64), "ARPACK eigsh (tol 1e-10) on float64 HVPs"
+    return reference, how, time.perf_counter() - started
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", help="an existing run directory (default: train one)")
     parser.add_argument("--model", default="cnn")
@@ -261,7 +326,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10, help="interleaved calls per product path (min)")
     parser.add_argument("--batch-size", type=int, default=479, help="analysis batch (479: 3 equal batches)")
     parser.add_argument("--quick", action="store_true", help="PyHessian only at its default tolerance")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _arguments()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cpu")
@@ -276,17 +345,7 @@ def main() -> None:
     objective = Objective(flat, flat.buffers(), data, "eval")
     load = os.getloadavg()
 
-    # reference (float64)
-    module64 = run.model().double().to(device)
-    flat64 = FlatModel(module64)
-    data64 = data.to(device, torch.float64)
-    started = time.perf_counter()
-    if flat.dim <= args.dense_limit:
-        reference, how = dense_reference(flat64, data64, flat64.vector()), "dense float64 Hessian"
-    else:
-        op64 = HessianOperator(Objective(flat64, flat64.buffers(), data64), flat64.vector())
-        reference, how = arpack_reference(op64), "ARPACK eigsh (tol 1e-10) on float64 HVPs"
-    reference_seconds = time.perf_counter() - started
+    reference, how, reference_seconds = _reference(run, data, device, flat.dim, args.dense_limit)
 
     costs = product_costs(module, flat, objective, w, args.calls)
 
@@ -349,38 +408,13 @@ def main() -> None:
           f"samples in batches of {data.batch_size}, device {device}, torch threads {torch.get_num_threads()} of "
           f"{os.cpu_count()} cores; load average {load[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"reference: {how} ({reference_seconds:.1f} s): lambda_1..5 = " + ", ".join(f"{v:.6g}" for v in reference))
-    print("\nOne product against one gradient of F (min over interleaved calls):\n")
-    print("| path | seconds | x gradient | rel. difference to our rebuilt-graph HVP |")
-    print("|---|---|---|---|")
-    for name, seconds, ratio, difference in costs:
-        if seconds is None:
-            print(f"| {name} | did not run: {difference} | | |")
-        else:
-            shown = "-" if difference is None else f"{difference:.1e}"
-            print(f"| {name} | {seconds:.4f} | {ratio:.2f}x | {shown} |")
-    print(f"\nTop-{TOP} eigenvalues (seed {args.seed}, median of {args.repeat} timed calls):\n")
-    print("| method | HVPs | seconds | max rel. error lambda_1..5 | all converged |")
-    print("|---|---|---|---|---|")
-    for name, _, hvps, seconds, error, converged in rows:
-        flag = "-" if converged is None else ("yes" if converged else "no")
-        print(f"| {name} | {hvps} | {seconds:.2f} | {error:.2e} | {flag} |")
-    for name, reason in failed:
-        print(f"| {name} | did not run: {reason} | | | |")
+    _print_products(costs)
+    _print_topk(rows, failed, args.seed, args.repeat)
     ours = rows[0]
     baseline = next(r for r in rows if r[1] == "pyhessian")
     print(f"\nPyHessian default / ours default (seed {args.seed}): HVPs {baseline[2] / ours[2]:.2f}x, time "
           f"{baseline[3] / ours[3]:.2f}x, error {baseline[4] / ours[4]:.0f}x larger ({baseline[4]:.1e} vs {ours[4]:.1e})")
-    print(f"\nDefault against default over {args.seeds} start vectors (one timed call each):\n")
-    print("| seed | ours HVPs | ours s | ours error | PyHessian HVPs | PyHessian s | PyHessian error | HVP ratio "
-          "| time ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for seed, oh, os_, oe, ph, ps, pe in seed_rows:
-        print(f"| {seed} | {oh} | {os_:.2f} | {oe:.1e} | {ph} | {ps:.2f} | {pe:.1e} | {ph / oh:.2f}x | {ps / os_:.2f}x |")
-    if seed_rows:
-        table = np.array([r[1:] for r in seed_rows], dtype=float)
-        print(f"| mean | {table[:, 0].mean():.1f} | {table[:, 1].mean():.2f} | {table[:, 2].mean():.1e} | "
-              f"{table[:, 3].mean():.1f} | {table[:, 4].mean():.2f} | {table[:, 5].mean():.1e} | "
-              f"{table[:, 3].sum() / table[:, 0].sum():.2f}x | {table[:, 4].sum() / table[:, 1].sum():.2f}x |")
+    _print_seeds(seed_rows)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({

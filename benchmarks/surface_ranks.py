@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape.analyze.context import CheckpointContext, find_sources
+from landscape.analyze.context import CheckpointContext
 from landscape.analyze.directions import random_plane
 from landscape.analyze.settings import AnalysisSettings
+from landscape.analyze.source import find_sources
 from landscape.analyze.surface_evaluation import evaluate_surface
 from landscape.analyze.surface_grid import make_axis
 from landscape.core import parallel

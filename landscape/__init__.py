@@ -1,9 +1,9 @@
 """landscape: federated sharpness-aware training and loss-landscape analysis.
 
-Notebook use: ``run = landscape.open_run("runs/x")`` (see ``landscape.store.runs.Run``); analysis of any model on any
-data, with no run directory: ``landscape.hessian_eigs(model, data, k=5)``, ``landscape.trace``,
-``landscape.density``, ``landscape.sharpness``, ``landscape.surface``, ``landscape.flatness_distance``
-(see ``landscape.api``).
+Notebook use: ``run = landscape.open_run("runs/x")`` (see ``landscape.store.run.Run``, the one read model of a
+run, which the figures read too); analysis of any model on any data, with no run directory:
+``landscape.hessian_eigs(model, data, k=5)``, ``landscape.trace``, ``landscape.density``, ``landscape.sharpness``,
+``landscape.surface``, ``landscape.flatness_distance`` (see ``landscape.api``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ __all__ = [
 def __getattr__(name: str):
     # Imported on first use so that `landscape --help` does not wait for torch.
     if name == "open_run":
-        from landscape.store.runs import open_run
+        from landscape.store.run import open_run
 
         return open_run
     if name in _API:

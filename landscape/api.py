@@ -90,22 +90,34 @@ def _progress(progress: Any) -> Progress | None:
 
 def _device(device: Any, own: torch.device) -> torch.device:
     """The analysis device: the model's own (``device`` None), or the one named, which must exist here."""
-    if device is None:
-        chosen, name = own, str(own)
-        if chosen.type == "meta":
-            raise LandscapeError("the model's parameters are on device 'meta', which holds no data: load its "
-                                 "weights first (module.to_empty(device='cpu'), then load_state_dict)")
-    elif isinstance(device, (str, torch.device)):
-        name = str(device)
-        try:
-            chosen = torch.device(device)
-        except RuntimeError:
-            raise LandscapeError(f"unknown device {shown(repr(name))}; use cpu, cuda or cuda:N") from None
-    else:
-        raise LandscapeError(f"device must be a device name (cpu, cuda, cuda:N) or a torch.device, not "
-                             f"{shown(repr(device))}")
+    chosen, name = _chosen_device(device, own)
     if chosen.type == "meta":
         raise LandscapeError("device 'meta' holds no data (it is for shapes only): analyse on cpu or cuda")
+    _check_device_here(chosen, name)
+    return chosen
+
+
+def _chosen_device(device: Any, own: torch.device) -> tuple[torch.device, str]:
+    """(the device, its name as given): the model's own when ``device`` is None (never 'meta'), else the one
+    ``device`` names."""
+    if device is None:
+        if own.type == "meta":
+            raise LandscapeError("the model's parameters are on device 'meta', which holds no data: load its "
+                                 "weights first (module.to_empty(device='cpu'), then load_state_dict)")
+        return own, str(own)
+    if not isinstance(device, (str, torch.device)):
+        raise LandscapeError(f"device must be a device name (cpu, cuda, cuda:N) or a torch.device, not "
+                             f"{shown(repr(device))}")
+    name = str(device)
+    try:
+        return torch.device(device), name
+    except RuntimeError:
+        raise LandscapeError(f"unknown device {shown(repr(name))}; use cpu, cuda or cuda:N") from None
+
+
+def _check_device_here(chosen: torch.device, name: str) -> None:
+    """A CUDA or MPS device must be available here (a CUDA index must exist); any other type than cpu, cuda
+    and mps is refused."""
     if chosen.type == "cuda":
         if not torch.cuda.is_available():
             raise LandscapeError(f"device '{name}' asked for, but no CUDA device is available here")
@@ -117,7 +129,6 @@ def _device(device: Any, own: torch.device) -> torch.device:
             raise LandscapeError(f"device '{name}' asked for, but MPS is not available here")
     elif chosen.type != "cpu":
         raise LandscapeError(f"unsupported device '{name}'; use cpu, cuda or cuda:N")
-    return chosen
 
 
 def _dtype(dtype: Any, own: torch.dtype) -> torch.dtype:

@@ -13,10 +13,10 @@ from conftest import analyze_args, invoke, no_traceback, one_line_error, recipe6
 
 import landscape
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import find_sources
 from landscape.analyze.results import SCHEMA_VERSION
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
+from landscape.analyze.source import find_sources
 from landscape.cli import cli
 from landscape.core.errors import LandscapeError
 from landscape.train import loop
@@ -132,7 +132,7 @@ def test_checkpoint_that_does_not_match_the_recipe(run_copy):
 def test_unknown_pass_and_bad_set(run_copy):
     _one_line_error(analyze(run_copy, "--passes", "curvature"), "unknown analysis pass 'curvature'; choose from: ")
     _one_line_error(analyze(run_copy, "--passes", "loss", "--set", "loss.nope=1"),
-                    "unknown option 'nope' for loss; allowed: clients")
+                    "unknown pass option 'loss.nope'; allowed in [loss]: clients")
     with pytest.raises(LandscapeError):
         find_sources(run_copy / "nothing-here")
 

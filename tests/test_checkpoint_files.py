@@ -20,6 +20,7 @@ import torch
 from conftest import analyze_args, invoke, one_line_error, recipe6, snapshot, tiny_recipe
 
 import landscape
+from landscape.config import recipe as recipes
 from landscape.core.errors import LandscapeError
 from landscape.data.datasets import load_dataset
 from landscape.models import build_model
@@ -208,7 +209,10 @@ def test_the_non_finite_count_of_a_tensor_matches_numpy(kind):
 
 def test_a_run_whose_recipe_was_edited_to_another_model_is_refused(six_round_copy):
     recipe_file = six_round_copy / "recipe.toml"
-    recipe_file.write_text(recipe_file.read_text().replace("hidden = [16]", "hidden = [8]"))
+    tables = recipes.tomllib.loads(recipe_file.read_text())
+    assert tables["model"]["hidden"] == [16]
+    tables["model"]["hidden"] = [8]
+    recipe_file.write_text(recipes.to_toml(tables))
     before = snapshot(six_round_copy)
     line = one_line_error(invoke("train", "--resume", six_round_copy, "--quiet"))
     assert line == (f"error: {six_round_copy / 'checkpoints' / 'round-0006.pt'} was written by another "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,14 +13,20 @@ import pytest
 from landscape.claims import checks as claims
 from landscape.core.errors import LandscapeError
 from landscape.figures.rundata import RunData
+from landscape.store.run import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def fake_run(path: Path, seed: int, distances: list[float]) -> RunData:
-    """A run that logged flatness_distance at rounds 1..len(distances) (no analysis)."""
-    metrics = [{"round": r, "flatness_distance": d, "test_acc": 0.5} for r, d in enumerate(distances, 1)]
-    return RunData(path / f"seed{seed}", {"seed": seed, "algorithm": {"name": "fedsam"}}, metrics, {})
+    """A run directory that logged flatness_distance at rounds 1..len(distances) (no analysis), read."""
+    folder = path / f"seed{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "recipe.toml").write_text(f'seed = {seed}\n\n[algorithm]\nname = "fedsam"\n')
+    (folder / "metrics.jsonl").write_text("".join(
+        json.dumps({"round": r, "flatness_distance": d, "flatness_distance_to_global": d, "test_acc": 0.5}) + "\n"
+        for r, d in enumerate(distances, 1)))
+    return RunData(Run(folder))
 
 
 def claim_file(tmp_path: Path, body: str, name: str = "c.toml") -> Path:
@@ -272,8 +280,17 @@ def test_one_seed_and_non_finite_values_are_untested(tmp_path):
     ('seeds = ' + str(list(range(41))) + '\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\n'
      'rounds = "last"\n', "at most 40 seeds"),
     ('tau = -1\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', "positive"),
-    ('colour = 1\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', "unknown key"),
-    ('[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\nbigger = "c"\n', "unknown key"),
+    ('colour = 1\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n',
+     "c.toml: unknown claim key 'colour'; allowed top-level: claim, figure, source, seeds, quantity, rounds, level, "
+     "tau, compare"),
+    ('[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\nbigger = "c"\n',
+     r"unknown claim key 'compare\[0\].bigger'; allowed in \[compare\[0\]\]: lower, higher, quantity, rounds, tau"),
+    ('[[compare]]\nlower = 3\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', r"compare\[0\].lower must be a string"),
+    ('[[compare]]\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', r"compare\[0\].lower is required"),
+    ('level = "0.05"\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n',
+     "level must be a number"),
+    ('seeds = [0, -1]\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n',
+     r"seeds\[1\] must be >= 0 \(got -1\)"),
 ])
 def test_bad_claim_files_get_one_line(tmp_path, body, message):
     with pytest.raises(LandscapeError, match=message) as error:
@@ -407,3 +424,26 @@ def test_landscape_claims_trains_analyses_and_tests(tmp_path):
     bad = CliRunner().invoke(cli, ["claims", str(tmp_path / "bad.toml"), "--figures-out", str(tmp_path / "x")])
     assert bad.exit_code == 1 and "nobody" in bad.output and "Traceback" not in bad.output
     assert not (tmp_path / "x").exists()
+
+
+def test_claims_read_set_as_figures_does(tmp_path):
+    from landscape.workflows.claims import plan_claims
+
+    (tmp_path / "fig.toml").write_text(TINY_FIGURE)
+    (tmp_path / "c.toml").write_text(TINY_CLAIM)
+
+    def planned(*assignments: str):
+        (work,) = plan_claims([tmp_path / "c.toml"], figures_out=tmp_path / "figs", assignments=assignments)
+        return work.fig
+
+    fig = planned("train.rounds=4", "analyze.analysis_samples=32", "hessian.top_k=2", "hessian.rounds=all")
+    assert fig.forced == {"train.rounds": 4} and fig.settings["analysis_samples"] == 32
+    assert fig.pass_options["hessian"]["top_k"] == 2 and fig.pass_rounds == {"hessian": "all"}
+    for assignment, message in (("surface.grid=3", "--set surface.grid: this figure runs no surface pass"),
+                                ("analyze.colour=1", "--set analyze.colour: unknown analysis setting 'analyze.colour'"),
+                                ("analyze.split=3", "--set analyze.split: analyze.split must be a string (got 3)"),
+                                ("train.lrr=1", "unknown recipe key 'train.lrr'")):
+        with pytest.raises(LandscapeError, match=re.escape(message)) as e:
+            planned(assignment)
+        assert "\n" not in str(e.value)
+    assert not (tmp_path / "figs").exists()  # nothing was trained

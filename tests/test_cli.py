@@ -132,7 +132,7 @@ BAD_INPUT = [
     (["--alpha", "0"], "partition.alpha must be > 0 (got 0.0)"),
     (["--alpha", "-0.5"], "partition.alpha must be > 0 (got -0.5)"),
     (["--participation", "1.5"], "train.participation must be in (0, 1] (got 1.5)"),
-    (["--participation", "0"], "train.participation must be in (0, 1] (got 0.0)"),
+    (["--participation", "0"], "train.participation must be in (0, 1] (got 0)"),
     (["--clients", "5000"], "5000 clients but only 1437 training samples"),
     (["--set", "train.lrr=0.1"], "unknown recipe key 'train.lrr'; allowed in [train]: rounds"),
     (["--set", "colour=red"], "unknown recipe key 'colour'; allowed top-level keys"),

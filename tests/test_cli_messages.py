@@ -80,7 +80,7 @@ CLAIM = 'claim = "x"\nfigure = "fig.toml"\nseeds = [0, 1]\n[[compare]]\nlower = 
 # (figure recipe's extra lines, claim's comparison lines or None for `landscape figures`, what the line says)
 BEFORE_TRAINING = [
     ('[[plots]]\nkind = "metric"\nkey = "test_accuracy"\n', None,
-     "fig.toml: plots[0].key test_accuracy is not a metrics.jsonl key; the keys: lr, train_loss, "),
+     "fig.toml: plots[0].key must be a metrics.jsonl key (lr, train_loss, "),
     (HESSIAN_PLOT.format(rounds="rounds = [999]"), None,
      "fig.toml: analyze.hessian.rounds: round 999 is not a checkpoint of run avg (checkpoints at rounds 0, 2, 3"),
     (HESSIAN_PLOT.format(rounds="rounds = [0, 1]"), None,
@@ -166,7 +166,7 @@ def test_printed_commands_are_shell_quoted(case, spaced_run, tmp_path):
             loaded.pass_record("hessian", 0 if case == "missing round" else None)
         text = str(e.value)
     else:
-        from landscape.store.runs import open_run
+        from landscape.store.run import open_run
 
         (run / "partition.json").unlink()
         with pytest.raises(LandscapeError) as e:
@@ -178,17 +178,17 @@ def test_printed_commands_are_shell_quoted(case, spaced_run, tmp_path):
 
 
 @pytest.mark.parametrize("assignment, expected", [
-    ("hessian.top_k=nan", "hessian.top_k must be a whole number (got nan)"),
-    ("hessian.top_k=inf", "hessian.top_k must be a whole number (got inf)"),
-    ("sharpness.rhos=[-0.05]", "sharpness.rhos must be a finite number > 0 (got [-0.05])"),
-    ("sharpness.rhos=[0.05, 0]", "sharpness.rhos must be a finite number > 0 (got [0.05, 0])"),
-    ("sharpness.local_rho=-0.05", "sharpness.local_rho must be a finite number > 0 (got -0.05)"),
-    ("sharpness.starts=0", "sharpness.starts must be a finite number > 0 (got 0)"),
-    ("sharpness.steps=-3", "sharpness.steps must be a finite number > 0 (got -3)"),
-    ("sharpness.tol=-1.0", "sharpness.tol must be a finite number >= 0 (got -1.0)"),
-    ("sharpness.clients=-1", "sharpness.clients must be a finite number >= 0 (got -1)"),
-    ("incompatibility.rho=0.0", "incompatibility.rho must be a finite number > 0 (got 0.0)"),
-    ("alignment.batches=-2", "alignment.batches must be a finite number > 0 (got -2)"),
+    ("hessian.top_k=nan", "hessian.top_k must be an integer (got nan)"),
+    ("hessian.top_k=inf", "hessian.top_k must be an integer (got inf)"),
+    ("sharpness.rhos=[-0.05]", "sharpness.rhos[0] must be > 0 (got -0.05)"),
+    ("sharpness.rhos=[0.05, 0]", "sharpness.rhos[1] must be > 0 (got 0)"),
+    ("sharpness.local_rho=-0.05", "sharpness.local_rho must be > 0 (got -0.05)"),
+    ("sharpness.starts=0", "sharpness.starts must be > 0 (got 0)"),
+    ("sharpness.steps=-3", "sharpness.steps must be > 0 (got -3)"),
+    ("sharpness.tol=-1.0", "sharpness.tol must be >= 0 (0: run all steps) (got -1.0)"),
+    ("sharpness.clients=-1", "sharpness.clients must be >= 0 (0: all clients) (got -1)"),
+    ("incompatibility.rho=0.0", "incompatibility.rho must be > 0 (got 0.0)"),
+    ("alignment.batches=-2", "alignment.batches must be > 0 (got -2)"),
 ])
 @pytest.mark.parametrize("route", ["--set", "analysis recipe"])
 def test_pass_options_out_of_bounds_are_refused_before_the_plan(assignment, expected, route, tmp_path):
@@ -199,6 +199,7 @@ def test_pass_options_out_of_bounds_are_refused_before_the_plan(assignment, expe
     else:
         (tmp_path / "a.toml").write_text(f"[{pass_name}]\n{option} = {value}\n")
         given = [tmp_path / "a.toml"]
+        expected = f"{tmp_path / 'a.toml'}: {expected}"  # the recipe's file named
     run = tmp_path / "no run"  # refused before the run is looked at, also with --dry-run
     line = one_line_error(invoke("analyze", run, *given, "--passes", pass_name, "--dry-run"))
     assert line == f"error: {expected}"

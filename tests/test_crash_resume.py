@@ -69,6 +69,7 @@ import io, json, os, re, signal, sys, traceback
 from pathlib import Path
 
 from landscape.config import recipe as recipes
+from landscape.config import schema
 from landscape.store import checkpoints
 from landscape.store import fileio
 from landscape.store import runs
@@ -136,7 +137,7 @@ def train(mode, n, recipe_file, out):
             real_append(self, row)
 
         runs.RunDir.append_metrics = append_metrics
-    loop.start_run(recipes.resolve(recipes.read_toml(recipe_file)), out, progress=False)
+    loop.start_run(recipes.resolve(schema.read_toml(recipe_file)), out, progress=False)
 
 
 def analyze(n, path, spec):
@@ -148,7 +149,7 @@ def analyze(n, path, spec):
 
 
 jobs = json.loads(sys.argv[1])
-setup.prepare_data(recipes.resolve(recipes.read_toml(jobs[0][3])))  # warm: imports and the data set
+setup.prepare_data(recipes.resolve(schema.read_toml(jobs[0][3])))  # warm: imports and the data set
 pids = {}
 for i, (kind, mode, n, *args) in enumerate(jobs):
     pid = os.fork()

@@ -11,8 +11,8 @@ import pytest
 from conftest import tiny_recipe
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from landscape.analyze.scheduler import SUMMARY_WIDTH, AnalysisReport, analysis_data, format_summary
 from landscape.analyze.settings import AnalysisSettings
+from landscape.analyze.summary import SUMMARY_WIDTH, AnalysisReport, analysis_data, format_summary
 from landscape.config.recipe import to_toml
 from landscape.core.errors import LandscapeError
 from landscape.figures import report, report_surfaces, surface_data, surface_scale, surfaces

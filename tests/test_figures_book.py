@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,12 @@ from hypothesis import strategies as st
 from landscape.cli import cli
 from landscape.config import recipe_overrides
 from landscape.core.errors import LandscapeError
-from landscape.figures import book, figure_recipe
+from landscape.figures import figure_recipe, plot_kinds
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURE_RECIPES = sorted((ROOT / "figures").glob("*.toml"))
@@ -163,18 +169,25 @@ def test_dry_run_and_scale_switch(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    (("", "colour = 1\n"), "unknown key(s) colour"),
+    (("", "colour = 1\n"), "unknown figure recipe key 'colour'; allowed top-level: name, title, seeds, train, "),
     (('kind = "accuracy"', 'kind = "pie"'), "kind must be one of surfaces"),
     (('kind = "accuracy"', 'kind = "accuracy"\nruns = ["z"]'), "names unknown run(s) z"),
     (('id = "b"', 'id = "a"'), "run ids must be unique"),
     (('id = "b"', 'id = "../b"'), "must be letters, digits"),
-    (('kind = "accuracy"', 'kind = "metric"'), "a metric plot needs key"),
-    (('kind = "accuracy"', 'kind = "accuracy"\nrho = 0.1'), "(accuracy) takes"),
+    (('kind = "accuracy"', 'kind = "metric"'), "fig.toml: plots[0].key is required"),
+    (('kind = "accuracy"', 'kind = "accuracy"\nrho = 0.1'),
+     "unknown accuracy plot key 'plots[0].rho'; allowed in [plots[0]]: kind, file, runs, title"),
+    (('kind = "accuracy"', 'kind = "surfaces"\nquantity = "acc"'),
+     "plots[0].quantity must be one of loss, accuracy (got 'acc')"),
+    (('kind = "accuracy"', 'kind = "accuracy"\nfile = "a/b"'), "plots[0].file must be letters, digits"),
+    (('label = "FedAvg"', 'label = 3'), "runs[0].label must be a string (got 3)"),
     (("", 'scale = "huge"\n'), "scale must be one of digits, paper"),
     (("", '[train]\nrecipe = "nope.toml"\n'), "train.recipe 'nope.toml' not found"),
-    (("", "[analyze]\nsplit = 3\n"), "analyze.split must be a str"),
-    (("", "[analyze]\nwhatever = 3\n"), "analyze.whatever is not an analysis setting"),
-    (("", "[paper.trian]\nrecipe = 1\n"), "[paper] may hold train, analyze"),
+    (("", "[analyze]\nsplit = 3\n"), "analyze.split must be a string (got 3)"),
+    (("", "[analyze]\nwhatever = 3\n"), "unknown analysis setting 'analyze.whatever'; allowed in [analyze]: split"),
+    (("", "[paper.trian]\nrecipe = 1\n"), "unknown figure recipe key 'paper.trian'; allowed in [paper]: name, "
+                                          "title, seeds, train, runs, analyze, plots; did you mean 'paper.train'?"),
+    (("", "[train]\nrecipe = 3\n"), "fig.toml: train.recipe must be a string (got 3)"),
 ])
 def test_bad_figure_recipes_are_named(tmp_path, change, message):
     old, new = change
@@ -193,11 +206,122 @@ def test_bad_figure_options_are_named(tmp_path):
     result = invoke("figures", path, "--set", "hessian.top_k=3", "--dry-run")
     assert result.exit_code == 1 and "this figure runs no hessian pass" in result.output
     result = invoke("figures", path, "--set", "analyze.colour=1", "--dry-run")
-    assert result.exit_code == 1 and "analysis settings are" in result.output
+    assert result.exit_code == 1 and ("--set analyze.colour: unknown analysis setting 'analyze.colour'; allowed in "
+                                      "[analyze]: split, ") in result.output
     result = invoke("figures", tmp_path / "missing.toml")
     assert result.exit_code == 1 and "recipe file not found" in result.output
     with pytest.raises(LandscapeError, match="must be last, all"):
         figure_recipe.load_figure_recipe(write(tmp_path, BASE + "[analyze.loss]\nrounds = \"some\"\n"))
+
+
+# -- the plot kinds: one registry entry each, with its options and the passes it reads ------------------------
+
+
+def _smallest_table(kind: plot_kinds.PlotKind) -> dict:
+    """The smallest [[plots]] table of a kind: its kind, and the first choice of every option it requires."""
+    import dataclasses
+
+    from landscape.config.schema import choices
+
+    required = [f.name for f in dataclasses.fields(kind.options)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name != "kind"]
+    table = {"kind": kind.name}
+    for name in required:
+        assert choices(kind.options, name), f"{kind.name}.{name}: a required option the contract cannot fill"
+        table[name] = choices(kind.options, name)[0]
+    return table
+
+
+@pytest.mark.parametrize("name", sorted(plot_kinds.PLOT_KINDS))
+def test_every_plot_kind_declares_its_options_and_the_passes_it_reads(name, tmp_path):
+    from landscape.analyze.catalog import load_passes
+
+    kind = plot_kinds.PLOT_KINDS[name]
+    assert kind.name == name and kind.summary and callable(kind.draw)
+    assert issubclass(kind.options, plot_kinds.PlotTable)
+    assert set(kind.passes) <= set(load_passes().names()), kind.passes  # passes that exist
+    assert set(kind.passes.values()) <= {"last", "all"}
+    raw = tomllib.loads(BASE)
+    raw["plots"] = [_smallest_table(kind)]
+    fig = figure_recipe.parse_figure_recipe(raw, tmp_path / "fig.toml")
+    (plot,) = fig.plots
+    assert isinstance(plot.options, kind.options) and plot.runs == ("a", "b") and plot.file == "tiny"
+    assert set(kind.passes) <= set(fig.pass_rounds)  # the figure analyses what its plot reads
+    raw["plots"] = [{**_smallest_table(kind), "colour": "red"}]  # an option no kind has: one line naming it
+    with pytest.raises(LandscapeError) as e:
+        figure_recipe.parse_figure_recipe(raw, tmp_path / "fig.toml")
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"{tmp_path / 'fig.toml'}: unknown {name} plot key "
+                                                        "'plots[0].colour'; allowed in [plots[0]]: kind, file, runs")
+
+
+def test_a_plot_kind_is_registered_once():
+    with pytest.raises(ValueError, match="registered twice"):
+        plot_kinds.plot_kind("accuracy", "again")(lambda runs, plot, surface: None)
+
+
+# -- --set: one grammar for every command, each refusing the kinds it does not take -------------------------
+
+
+def test_a_set_key_is_classified_by_its_first_part():
+    passes = ["hessian", "surface"]
+    kinds = {key: recipe_overrides.classify_assignment(key, passes) for key in (
+        "train.lr", "dataset.name", "partition.alpha", "model.name", "algorithm.fedsam.rho", "seed", "name",
+        "analyze.split", "hessian.top_k", "surface.rounds", "colour.x")}
+    assert kinds == {"train.lr": recipe_overrides.RECIPE_KEY, "dataset.name": recipe_overrides.RECIPE_KEY,
+                     "partition.alpha": recipe_overrides.RECIPE_KEY, "model.name": recipe_overrides.RECIPE_KEY,
+                     "algorithm.fedsam.rho": recipe_overrides.RECIPE_KEY, "seed": recipe_overrides.RECIPE_KEY,
+                     "name": recipe_overrides.RECIPE_KEY, "analyze.split": recipe_overrides.ANALYSIS_SETTING,
+                     "hessian.top_k": recipe_overrides.PASS_OPTION, "surface.rounds": recipe_overrides.PASS_OPTION,
+                     "colour.x": None}
+    # the pass names are asked for only when the key names no recipe table or key and is not analyze.<setting>
+    asked = []
+    assert recipe_overrides.classify_assignment("train.lr", lambda: asked.append(1) or passes) == "a training recipe key"
+    assert asked == []
+    # a command that takes training recipe keys reads an unknown first part as one (the recipe names its keys)
+    assert recipe_overrides.classify_assignment("colour.x", passes, "figures") == recipe_overrides.RECIPE_KEY
+
+
+ELSEWHERE = "landscape analyze, landscape figures or landscape claims"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--set", "hessian.top_k=10", "--dry-run"],
+     f"--set hessian.top_k is a pass option: give it to {ELSEWHERE}"),
+    (["train", "--set", "analyze.analysis_samples=500", "--dry-run"],
+     f"--set analyze.analysis_samples is an analysis setting: give it to {ELSEWHERE}"),
+    (["analyze", "no-run", "--set", "train.rounds=10", "--dry-run"],
+     "--set train.rounds is a training recipe key: give it to landscape train, landscape figures or landscape "
+     "claims"),
+    (["analyze", "no-run", "--set", "seed=3", "--dry-run"], "--set seed is a training recipe key: give it to "),
+    (["analyze", "no-run", "--set", "hesian.top_k=3", "--dry-run"],
+     "--set hesian.top_k: 'hesian' is neither analyze (analyze.<setting>) nor a pass (alignment, "),
+    (["analyze", "no-run", "--set", "analyze.colour=1", "--dry-run"],
+     "unknown analysis setting 'analyze.colour'; allowed in [analyze]: split, analysis_samples, "),
+    (["analyze", "no-run", "--set", "hessian.top_k=3", "--passes", "loss", "--dry-run"],
+     "--set takes PASS.KEY=VALUE for a chosen pass (loss); got 'hessian.top_k'"),
+])
+def test_each_command_refuses_the_set_keys_it_does_not_take(args, message):
+    result = invoke(*args)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: ") and message in line, line
+
+
+def test_analyze_takes_an_analysis_setting_with_set(tmp_path):
+    from landscape.train.loop import start_run
+
+    run = tmp_path / "run"
+    start_run(recipe_overrides.build(None, [("partition.clients", 4), ("train.rounds", 1), ("train.local_steps", 1),
+                                            ("model.name", "mlp")]), run, progress=False)
+    result = invoke("analyze", run, "--passes", "loss", "--split", "train", "--set", "analyze.split=test",
+                    "--set", "analyze.analysis_samples=32", "--quiet")
+    assert result.exit_code == 0, result.output
+    (found,) = (run / "analysis" / "round-0001").glob("loss*.json")
+    recorded = json.loads(found.read_text())["settings"]["analysis"]
+    assert recorded["split"] == "test" and recorded["analysis_samples"] == 32  # --set over the flags
+    bad = invoke("analyze", run, "--passes", "loss", "--set", "analyze.split=tset", "--dry-run")
+    assert bad.exit_code == 1 and "split must be one of train, test" in bad.output
 
 
 # -- compare ---------------------------------------------------------------------------------------------
@@ -279,7 +403,7 @@ def test_compare_names_what_is_missing(analysed, tmp_path):
 def test_hessian_options_refuse_a_trace_budget_hutchpp_cannot_use():
     from landscape.analyze.catalog import pass_options
 
-    with pytest.raises(LandscapeError, match=r"trace_hvps >= 6 \(Hutch\+\+\)"):
+    with pytest.raises(LandscapeError, match=r"hessian.trace_hvps must be >= 6 \(Hutch\+\+\)"):
         pass_options("hessian", {"trace_hvps": 5})
     assert pass_options("hessian", {"trace_hvps": 6}).trace_hvps == 6
 
@@ -316,7 +440,7 @@ RUN = st.fixed_dictionaries({"id": st.sampled_from(["a", "b", "../c", ""]) | LEA
                             optional={"label": VALUE, "set": st.dictionaries(
                                 st.sampled_from(["algorithm.name", "train.rounds", "x"]), LEAF, max_size=2),
                                 "digits": VALUE, "paper": VALUE})
-PLOT = st.fixed_dictionaries({"kind": st.sampled_from(list(book.PLOT_KINDS)) | LEAF},
+PLOT = st.fixed_dictionaries({"kind": st.sampled_from(list(plot_kinds.PLOT_KINDS)) | LEAF},
                              optional={"file": VALUE, "runs": st.lists(st.sampled_from(["a", "b", "z"]), max_size=3)
                                        | VALUE, "rho": VALUE, "key": VALUE, "log": VALUE, "title": VALUE})
 FIGURE = st.fixed_dictionaries({}, optional={

@@ -11,6 +11,7 @@ from figure_runs import analysed_runs
 
 from landscape.core.errors import LandscapeError
 from landscape.figures import rundata
+from landscape.store.run import PassRecord
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def test_a_split_result_is_found_in_either_file(tmp_path):
               "result": {"gradients": {"clients": [0, 1, 2, 3, 4], "mean_off_diagonal": "nan"},
                          "minibatch": {"mean_cosine": 0.5, "client_mean_cosine": [0.25, "inf"]}}}
     (folder / "alignment.json").write_text(json.dumps(record))
-    rec = rundata.PassRecord(folder / "alignment.json", record)
+    rec = PassRecord(folder / "alignment.json", record)
     np.testing.assert_array_equal(rec.value("gradients.cosine_matrix"), matrix)
     assert np.isnan(rec.value("gradients.mean_off_diagonal"))
     assert rec.value("minibatch.client_mean_cosine") == [0.25, float("inf")]
@@ -87,3 +88,46 @@ def test_event_rows_are_skipped(root, tmp_path):
     (run,) = rundata.load_runs(copy)
     assert len(run.metrics) == 3 and all("event" not in row for row in run.metrics)
     assert 9.0 not in run.series("test_acc")[1]
+
+
+def test_figures_compare_report_claims_and_open_run_read_one_model(root, tmp_path, monkeypatch):
+    """A figure, compare, the report and a claim read the runs that open_run gives through the one read model
+    (landscape.store.run.Run): each run's metrics.jsonl and analysis results are read once, and every reader
+    shows the numbers of the same rows and records."""
+    import landscape
+    from landscape.claims import checks
+    from landscape.figures import compare, curves, report
+    from landscape.store import run as store_run
+    from landscape.store.runs import RunDir
+
+    reads = []
+    read_rows, read_results = RunDir.read_rows, store_run.read_results
+    monkeypatch.setattr(RunDir, "read_rows", lambda self: reads.append(("metrics", self.path)) or read_rows(self))
+    monkeypatch.setattr(store_run, "read_results", lambda path: reads.append(("results", path)) or read_results(path))
+    opened = [landscape.open_run(root / "analysed" / name) for name in ("fedavg", "fedsam")]
+    assert all(isinstance(run, store_run.Run) for run in opened)
+    runs = rundata.load_runs(opened)
+    assert [r.run for r in runs] == opened and [r.label for r in runs] == ["FedAvg alpha=0.5", "FedSAM alpha=0.5"]
+
+    lines = curves.metric_figure(runs, "train_loss").axes[0].get_lines()
+    table = compare.compare(runs, tmp_path / "compare")
+    page = report.build_report(runs)
+    claimed, at = checks.run_value(runs[0], "Delta_FI", "last")
+    assert sorted(reads) == sorted((kind, run.path) for run in opened for kind in ("metrics", "results"))
+
+    for run, seen, line, row in zip(opened, runs, lines, table.rows):
+        assert seen.metrics is run.metrics() and run.metrics() == RunDir(run.path).read_metrics()
+        assert list(line.get_ydata()) == [r["train_loss"] for r in run.metrics()]
+        acc = f"{100 * run.metrics()[-1]['test_acc']:.4g}"
+        assert row[table.header.index("test acc (%)")] == acc and acc in page
+        (incompatibility,) = [rec for rec in run.results()[3] if rec.name == "incompatibility"]
+        assert seen.analyses[3]["incompatibility"] is incompatibility
+        delta = incompatibility.value("incompatibility")
+        assert row[table.header.index("Delta_FI")].startswith(f"{delta:.4g} +- ") and f"{delta:.4g}" in page
+    assert at == [3] and claimed == float(
+        next(rec for rec in opened[0].results()[3] if rec.name == "incompatibility").value("incompatibility"))
+    fresh = rundata.load_runs(root / "analysed")  # read again from the files: the same rows and records
+    for run, again in zip(opened, fresh):
+        assert again.metrics == run.metrics() and again.recipe == run.recipe_table()
+        assert ({r: [rec.record for rec in recs] for r, recs in again.results.items()}
+                == {r: [rec.record for rec in recs] for r, recs in run.results().items()})

@@ -166,9 +166,10 @@ def test_a_figure_recipe_with_seeds_expands_into_one_run_per_seed(tmp_path):
 @pytest.mark.parametrize("change, message", [
     (("seeds = [0, 1]", "seeds = [0, 0]"), "must not repeat a seed"),
     (("seeds = [0, 1]", "seeds = []"), "non-empty list of seeds"),
-    (("seeds = [0, 1]", 'seeds = "0,1"'), "non-empty list of seeds"),
-    (("seeds = [0, 1]", "seeds = [-1]"), "non-empty list of seeds"),
-    (("seeds = [0, 1]", "seeds = [true]"), "non-empty list of seeds"),
+    (("seeds = [0, 1]", 'seeds = "0,1"'), "fig.toml: seeds must be a list (got '0,1')"),
+    (("seeds = [0, 1]", "seeds = [-1]"), "fig.toml: seeds[0] must be >= 0 (got -1)"),
+    (("seeds = [0, 1]", "seeds = [0, 4294967296]"), "fig.toml: seeds[1] must be <= 4294967295 (got 4294967296)"),
+    (("seeds = [0, 1]", "seeds = [true]"), "fig.toml: seeds[0] must be an integer (got True)"),
 ])
 def test_bad_seeds_are_named_in_one_line(tmp_path, change, message):
     path = tmp_path / "fig.toml"

@@ -28,13 +28,13 @@ from landscape.train import loop
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"batch_size": -1}, "batch_size must be a whole number >= 1 (got -1)"),
-    ({"batch_size": 0}, "batch_size must be a whole number >= 1 (got 0)"),
-    ({"split": "val"}, "split must be one of train, test (got 'val')"),
-    ({"seed": -1}, "seed must be a whole number in 0..4294967295 (got -1)"),
-    ({"analysis_samples": 2.5}, "analysis_samples must be a whole number >= 0 (got 2.5)"),
-    ({"threads": 100000}, "threads must be a whole number in 0..4096 (got 100000)"),
-    ({"bn_mode": "train"}, "bn_mode must be one of eval, train-batch-stats, recompute"),
+    ({"batch_size": -1}, "settings.batch_size must be >= 1 (got -1)"),
+    ({"batch_size": 0}, "settings.batch_size must be >= 1 (got 0)"),
+    ({"split": "val"}, "settings.split must be one of train, test (got 'val')"),
+    ({"seed": -1}, "settings.seed must be in 0..4294967295 (got -1)"),
+    ({"analysis_samples": 2.5}, "settings.analysis_samples must be an integer (got 2.5)"),
+    ({"threads": 100000}, "settings.threads must be in 0..4096 (0: every core) (got 100000)"),
+    ({"bn_mode": "train"}, "settings.bn_mode must be one of eval, train-batch-stats, recompute"),
 ])
 def test_bad_analysis_settings_are_refused_where_they_enter(settings, message):
     with pytest.raises(LandscapeError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -49,12 +49,12 @@ def run_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("recipe, message", [
-    ("[settings]\nbatch_size = -1\n", "batch_size must be a whole number >= 1 (got -1)"),
-    ("[settings]\nbatch_size = 0\n", "batch_size must be a whole number >= 1 (got 0)"),
-    ('[settings]\nsplit = "val"\n', "split must be one of train, test (got 'val')"),
-    ("[settings]\nseed = -1\n", "seed must be a whole number in 0..4294967295 (got -1)"),
-    ("[hessian]\ntop_k = 2.5\n", "hessian.top_k must be a whole number (got 2.5)"),
-    ("[sharpness]\nrhos = [inf]\n", "sharpness.rhos must be a finite number (got inf)"),
+    ("[settings]\nbatch_size = -1\n", "settings.batch_size must be >= 1 (got -1)"),
+    ("[settings]\nbatch_size = 0\n", "settings.batch_size must be >= 1 (got 0)"),
+    ('[settings]\nsplit = "val"\n', "settings.split must be one of train, test (got 'val')"),
+    ("[settings]\nseed = -1\n", "settings.seed must be in 0..4294967295 (got -1)"),
+    ("[hessian]\ntop_k = 2.5\n", "hessian.top_k must be an integer (got 2.5)"),
+    ("[sharpness]\nrhos = [inf]\n", "sharpness.rhos[0] must be finite (got inf)"),
 ])
 def test_bad_analysis_recipes_are_one_line_even_in_a_dry_run(run_dir, tmp_path, recipe, message):
     path = tmp_path / "a.toml"
@@ -66,12 +66,12 @@ def test_bad_analysis_recipes_are_one_line_even_in_a_dry_run(run_dir, tmp_path, 
 
 def test_a_negative_seed_flag_is_refused(run_dir):
     result = CliRunner().invoke(cli, ["analyze", str(run_dir), "--passes", "loss", "--seed", "-1"])
-    assert "seed must be a whole number in 0..4294967295 (got -1)" in one_line_error(result)
+    assert "settings.seed must be in 0..4294967295 (got -1)" in one_line_error(result)
 
 
 def test_a_number_where_a_list_goes_is_a_one_element_list():
     assert pass_options("sharpness", {"rhos": 0.05}).rhos == (0.05,)
-    with pytest.raises(LandscapeError, match=r"hessian.top_k must be a whole number \(got 3.0\)"):
+    with pytest.raises(LandscapeError, match=r"hessian.top_k must be an integer \(got 3.0\)"):
         pass_options("hessian", {"top_k": 3.0})
 
 

@@ -1,7 +1,7 @@
 """The layers of the package (docs/architecture.md): the import-linter contracts of pyproject.toml hold, the
 document's module list is current, the module graph has no import cycles, analysing a run loads nothing of
-training, and drawing figures from stored results loads no analysis pass, model or data set (but
-``KNOWN``)."""
+training, and drawing figures from stored results loads no pass function, model or data set: of the analysis
+only the result files and the passes' declarations."""
 
 from __future__ import annotations
 
@@ -121,24 +121,31 @@ def analysed_runs(tmp_path_factory) -> Path:
 
 
 # What reading stored results may load of the analysis: the results' names and files (torch comes with
-# landscape.store.runs, the run directory, and analyze.serial; neither builds a model or reads a data set).
+# landscape.store.run, the read model of a run, and analyze.serial; neither builds a model or reads a data set),
+# and the passes' declarations, for the names their results are labelled by (each pass's options, needs and
+# summary quantities; the surface options check their grid with the grid's parsers, numpy only).
 RESULT_FILES = {"landscape.analyze", "landscape.analyze.results", "landscape.analyze.registry",
                 "landscape.analyze.serial", "landscape.analyze.settings"}
-# KNOWN (to be emptied): what figures still import for the names their results are labelled by, with everything
-# it imports: the pass registry, for each pass's options dataclass and summary quantities, which live beside
-# the pass functions. It brings the pass modules (and torch) but no model, no data set, no set-up and nothing
-# of training, which the test checks whatever KNOWN holds.
-KNOWN = ("landscape.analyze.catalog",)
+PASS_SPECS = {"landscape.analyze.pass_specs", "landscape.analyze.surface_options",
+              "landscape.analyze.surface_grid"}
 
 
 def _heavy(modules: list[str]) -> set[str]:
-    """The analysis (beyond the result files), model, data set and training modules among ``modules``."""
-    return {m for m in modules if (m.startswith("landscape.analyze") and m not in RESULT_FILES)
+    """The analysis (beyond the result files and the passes' declarations), model, data set and training
+    modules among ``modules``."""
+    return {m for m in modules if (m.startswith("landscape.analyze") and m not in RESULT_FILES | PASS_SPECS)
             or m.startswith(("landscape.models", "landscape.data", "landscape.train"))}
 
 
+def _pass_function_modules() -> set[str]:
+    """The modules of the pass functions (what the catalog imports to attach them)."""
+    from landscape.analyze.catalog import load_passes
+
+    return {entry.factory.__module__ for entry in load_passes().entries()}
+
+
 @pytest.mark.parametrize("what", ["figure", "report", "compare"])
-def test_figures_from_stored_results_load_no_pass_model_or_data_set(analysed_runs, tmp_path, what):
+def test_figures_from_stored_results_load_no_pass_function_model_or_data_set(analysed_runs, tmp_path, what):
     runs, out = str(analysed_runs), str(tmp_path / "out")
     code = {
         "figure": f'''
@@ -160,8 +167,9 @@ def test_figures_from_stored_results_load_no_pass_model_or_data_set(analysed_run
     }[what]
     loaded = _loaded_modules(code)
     assert list(Path(tmp_path).glob("out*")), f"{what} wrote nothing"
-    known = _heavy(_loaded_modules("".join(f"import {m}\n" for m in KNOWN))) if KNOWN else set()
-    assert not any(m.startswith("landscape.train") for m in known)
+    assert {"landscape.analyze.pass_specs", "landscape.analyze.results"} <= set(loaded)  # what it reads
+    assert sorted(_pass_function_modules() & set(loaded)) == []  # no pass module, no catalog
+    assert "landscape.analyze.catalog" not in loaded
     assert [m for m in loaded if m.startswith(("landscape.models", "landscape.data", "landscape.train"))
             or m == "landscape.config.setup"] == []
-    assert sorted(_heavy(loaded) - known) == []
+    assert sorted(_heavy(loaded)) == []

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from landscape.cli import cli
 from landscape.core.errors import LandscapeError
-from landscape.data.datasets import _mnist1d_arrays, dataset_option_defaults, load_dataset
+from landscape.data.builtin_sets import _mnist1d_arrays
+from landscape.data.datasets import dataset_option_defaults, load_dataset
 from landscape.models import build_model
 
 pytest.importorskip("mnist1d", reason="the mnist1d package is not installed (pip install mnist1d); "

@@ -96,7 +96,7 @@ def test_no_dropout_and_deterministic_forward() -> None:
 
 
 def test_option_defaults() -> None:
-    assert MODELS.get("mlp").option_defaults() == {"hidden": [200, 200]}
+    assert MODELS.get("mlp").option_defaults() == {"hidden": (200, 200)}  # a TOML array, frozen
     assert MODELS.get("cnn").option_defaults() == {"width": 32, "hidden": 128}
     assert MODELS.get("lenet5").option_defaults() == {}
     assert MODELS.get("resnet18").option_defaults() == {"norm": "gn", "groups": 2}

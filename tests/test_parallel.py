@@ -25,7 +25,8 @@ from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator
-from landscape.analyze.scheduler import Job, run_analysis, split_work
+from landscape.analyze.plan import Job, split_work
+from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.surface_evaluation import evaluate_surface
 from landscape.config import recipe as recipes

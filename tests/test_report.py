@@ -15,6 +15,7 @@ import plotly.offline
 import pytest
 import torch
 from conftest import result_file, tiny_recipe
+from markupsafe import escape
 
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
@@ -135,7 +136,7 @@ def test_the_recipe_and_the_analysis_numbers_are_shown(page, run):
     assert '<table class="recipe">' in page
     assert "[algorithm]" in page and "[train]" in page
     assert re.search(r"<th class=\"text\">local_steps</th><td class=\"text\">2</td>", page)
-    assert re.search(r"<th class=\"text\">name</th><td class=\"text\">&quot;fedavg&quot;</td>", page)
+    assert '<th class="text">name</th><td class="text">&#34;fedavg&#34;</td>' in page  # autoescaped by jinja2
     hessian = json.loads(result_file(run / "analysis/round-0003", "hessian").read_text())
     assert f"<td>{hessian['summary']['lambda_max']:.4g}</td>" in page
     alignment = json.loads(result_file(run / "analysis/round-0003", "alignment").read_text())
@@ -202,6 +203,31 @@ def test_surfaces_are_embedded_when_their_files_exist(run, tmp_path):
         assert "no surface renderer available" in text
     assert text.count(plotly.offline.get_plotlyjs()[:200]) == 1
     assert '<a href="#surfaces">' in text
+
+
+def test_a_script_in_a_run_name_a_recipe_or_the_title_is_escaped(run, tmp_path):
+    """Every value reaches the page autoescaped (the templates) or with each '<' escaped (plotly's JSON): a
+    run directory named ``<script>...``, a recipe value that closes the script element and a title open no
+    element."""
+    named = tmp_path / "<script>alert(1)"  # a directory name holds no '/', so no closing tag
+    shutil.copytree(run, named)
+    closing = "</script><script>alert(2)</script>"
+    recipe = (named / "recipe.toml").read_text()
+    assert recipe.startswith('name = ""\n')
+    (named / "recipe.toml").write_text(f'name = "{closing}"\n' + recipe.split("\n", 1)[1])
+    text = report.write_report([run, named], tmp_path / "report.html", title="<script>alert(3)</script>").read_text()
+    parsed = parse(text)
+    assert [tag for tag, _ in parsed.tags].count("script") == 1 + len(plot_divs(text))  # plotly.js, one per plot
+    assert all("Plotly.newPlot" in script for script in parsed.scripts[1:])
+    assert "<script>alert" not in text and "</script><script>" not in text
+    assert f"<title>{escape('<script>alert(3)</script>')}</title>" in text
+    assert f'<td class="text">{escape(repr(closing))}</td>' in text  # the recipe table
+    assert f"<br><small>{escape(named.name)}</small>" in text  # the directory in the comparison table
+    assert f"<small>({escape(str(named))})</small></h3>" in text
+    label = "FedAvg alpha=0.5 (<script>alert(1))"  # the directory name tells the two runs apart
+    assert f"</span>{escape(label)}<br>" in text  # its swatch in the comparison table
+    assert label in [trace["name"] for trace in plot_spec(text, "accuracy")["data"]]  # plotly's JSON ...
+    assert "(\\u003cscript" in text  # ... where '<' is written \u003c inside <script>
 
 
 def test_a_run_without_analysis_still_reports(run, tmp_path):

@@ -15,8 +15,7 @@ from conftest import tiny_recipe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from landscape.analyze import passes, surface  # noqa: F401 - importing them registers the passes
-from landscape.analyze.registry import PASSES
+from landscape.analyze.pass_specs import PASSES
 from landscape.analyze.results import (
     NAME_KEY_LIMIT,
     result_name,
@@ -331,5 +330,50 @@ def test_a_surface_of_other_settings_leaves_the_partial_grid_of_another_alone(ru
 @pytest.mark.parametrize("key, value", [("data", 0), ("clients", 1), ("target", 3), ("span", 1.0), ("grid", True)])
 def test_surface_options_that_are_not_text_are_refused_in_one_line(key, value):
     # found by the naming fuzz above: numbers reached str methods (a traceback from --set surface.data=0)
-    with pytest.raises(LandscapeError, match=f"surface {key} must be text"):
+    with pytest.raises(LandscapeError, match=f"surface.{key} must be a string"):
         pass_options("surface", {key: value})
+
+
+# -- analysis recipes: the top-level keys, [settings] and the passes' tables, read by the one loader ---------
+
+@pytest.mark.parametrize("text, message", [
+    ('pases = ["loss"]\n', "unknown analysis recipe key 'pases'; allowed top-level: rounds, passes, settings, "
+                           "title, alignment, flatness, hessian, incompatibility, loss, sharpness, surface; did you "
+                           "mean 'passes'?"),
+    ("passes = []\n", "passes must have at least 1 item(s) (got ())"),
+    ('passes = ["curvature"]\n', "unknown analysis pass 'curvature'; choose from: alignment, flatness, "),
+    ("[settings]\nbacth_size = 3\n", "unknown analysis setting 'settings.bacth_size'; allowed in [settings]: split, "),
+    ('[settings]\nbn_mode = "train"\n', "settings.bn_mode must be one of eval, train-batch-stats, recompute "
+                                        "(got 'train')"),
+    ("settings = 3\n", "settings must be a table (got 3)"),
+    ("hessian = 3\n", "hessian must be a table (got 3)"),
+    ("[flatness]\nx = 1\n", "flatness takes no options (got x)"),
+    ("[hessian]\ntop_k = 0\n", "hessian.top_k must be >= 1 (got 0)"),
+    ('[surface]\ndirections = "pca"\nnormalization = "euclidean"\n', "surface normalization 'euclidean' is for "
+                                                                      "random directions"),
+])
+def test_an_analysis_recipe_is_refused_in_one_line_naming_the_file_and_key(tmp_path, text, message):
+    from landscape.analyze.recipes import load_analysis_recipe
+
+    path = tmp_path / "a.toml"
+    path.write_text(text)
+    with pytest.raises(LandscapeError) as refused:
+        load_analysis_recipe(path)
+    assert str(refused.value).startswith(f"{path}: {message}"), str(refused.value)
+
+
+def test_an_analysis_recipe_keeps_its_values_as_given_for_the_flags_to_win_over():
+    from landscape.analyze.recipes import load_analysis_recipe
+
+    path = Path(__file__).resolve().parents[1] / "analyze" / "quick.toml"
+    recipe = load_analysis_recipe(path)
+    assert recipe.rounds == "last" and recipe.settings == {"analysis_samples": 500}
+    assert recipe.options["sharpness"] == {"rhos": [0.05], "starts": 1, "adaptive": False, "clients": 4}
+
+
+def test_rounds_given_as_a_number_is_that_round(tmp_path):
+    from landscape.analyze.recipes import load_analysis_recipe
+
+    (tmp_path / "a.toml").write_text('rounds = 3\n[surface]\ngrid = 41\n')
+    recipe = load_analysis_recipe(tmp_path / "a.toml")
+    assert recipe.rounds == "3" and recipe.passes is None and recipe.options == {"surface": {"grid": 41}}

@@ -1,12 +1,16 @@
+import json
+import math
 import os
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from landscape.store.fileio import write_text
+from landscape.store.run import PassRecord, Run
 from landscape.store.runs import RunDir
 
 
@@ -77,3 +81,61 @@ def test_rounds_lists_only_checkpoint_files(tmp_path):
     for name in ["round-0010.pt", "round-0002.pt", "round-0010.clients.pt", ".round-0011.pt.abc.tmp", "x.pt"]:
         write_text(run.checkpoints / name, "")
     assert run.rounds() == [2, 10]
+
+
+def _run_folder(tmp_path, imports=()):
+    """A run directory by hand: its recipe, two round rows and an event row, two checkpoint names, a result of
+    round 2 (with its NPZ), a partial grid and a stray surface NPZ."""
+    from conftest import tiny_recipe
+
+    from landscape.config.recipe import to_toml
+
+    recipe = tiny_recipe(model__name="mlp").to_dict()
+    recipe["imports"] = list(imports)
+    run = RunDir(tmp_path / "run")
+    write_text(run.recipe, to_toml(recipe))
+    run.append_metrics({"round": 1, "train_loss": 2.0})
+    run.append_event("diverged", 2, loss=float("nan"))
+    run.append_metrics({"round": 2, "train_loss": 1.0, "flatness_distance": 0.5})  # written before _to_global
+    for name in ("round-0001.pt", "round-0002.pt"):
+        write_text(run.checkpoints / name, "")
+    folder = run.path / "analysis" / "round-0002"
+    write_text(folder / "loss.json", json.dumps({"pass": "loss", "round": 2, "result": {"loss": "nan"},
+                                                 "arrays": ["curve"]}))
+    np.savez(folder / "loss.npz", curve=np.arange(20.0))
+    np.savez(folder / "surface.partial.npz", loss=np.zeros(3))
+    np.savez(folder / "surface-old.npz", loss=np.zeros(3))
+    return run
+
+
+def test_a_run_is_read_once_by_its_one_read_model(tmp_path):
+    run_dir = _run_folder(tmp_path)
+    run = Run(run_dir.path)
+    assert run.metrics() == run_dir.read_metrics() == [
+        {"round": 1, "train_loss": 2.0}, {"round": 2, "train_loss": 1.0, "flatness_distance_to_global": 0.5}]
+    assert [e["event"] for e in run.events()] == ["diverged"] and run.rounds() == [1, 2]
+    assert run.recipe_table()["model"]["name"] == "mlp" and run.recipe.model.name == "mlp"
+    (rec,) = run.results()[2]
+    assert isinstance(rec, PassRecord) and rec.name == "loss" and rec.round == 2 and math.isnan(rec.value("loss"))
+    np.testing.assert_array_equal(rec.value("curve"), np.arange(20.0))
+    assert [(r, p.name) for r, p in run.loose_arrays()] == [(2, "surface-old.npz"), (2, "surface.partial.npz")]
+    # read once: what is written afterwards is seen by a Run opened afterwards
+    run_dir.append_metrics({"round": 3, "train_loss": 0.5})
+    write_text(run_dir.checkpoints / "round-0003.pt", "")
+    write_text(run_dir.path / "analysis" / "round-0003" / "loss.json", json.dumps({"pass": "loss", "round": 3}))
+    assert len(run.metrics()) == 2 and run.rounds() == [1, 2] and sorted(run.results()) == [2]
+    again = Run(run_dir.path)
+    assert len(again.metrics()) == 3 and again.rounds() == [1, 2, 3] and sorted(again.results()) == [2, 3]
+    with pytest.raises(LandscapeError, match=r"^\S+ is not a run directory \(no recipe.toml\)$"):
+        Run(tmp_path)
+
+
+def test_reading_a_run_never_imports_its_imports(tmp_path, monkeypatch):
+    (tmp_path / "mod").mkdir()
+    (tmp_path / "mod" / "lab_registry_x.py").write_text("import pathlib\npathlib.Path('IMPORTED').write_text('')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mod"))
+    monkeypatch.chdir(tmp_path)
+    run = Run(_run_folder(tmp_path, imports=["lab_registry_x"]).path)
+    assert run.recipe_table()["imports"] == ["lab_registry_x"] and run.recipe.unimported == ("lab_registry_x",)
+    assert run.metrics() and run.results() and run.rounds() == [1, 2]
+    assert not (tmp_path / "IMPORTED").exists()

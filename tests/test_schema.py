@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 import pytest
 
-from landscape.config.schema import choices, dump_toml, load, rule
+from landscape.config.schema import check, choices, dump_toml, holds, load, rule
 from landscape.core.errors import LandscapeError
 
 if sys.version_info >= (3, 11):
@@ -71,3 +71,20 @@ def test_choices_and_toml_round_trip():
     assert choices(Train, "lr_schedule") == ("constant", "cosine")
     value = load(Train, {"rhos": [0.1, 0.2], "plots": [{"k": 3}]})
     assert load(Train, tomllib.loads(dump_toml(value))) == value
+
+
+@dataclass(frozen=True)
+class Pair:
+    ids: Annotated[str, rule(text="must be two ids like '3,7'"), holds(lambda v: v.count(",") == 1)] = "0,1"
+    n: Annotated[int, rule(ge=1)] = 1
+
+    def __post_init__(self) -> None:
+        check(self, "pair")
+
+
+def test_holds_and_check():
+    assert load(Pair, {"ids": "3,7"}).ids == "3,7"
+    with pytest.raises(LandscapeError, match=r"^pair.ids must be two ids like '3,7' \(got '3'\)$"):
+        load(Pair, {"ids": "3"}, "pair")
+    with pytest.raises(LandscapeError, match=r"^pair.n must be >= 1 \(got 0\)$"):  # made directly: checked too
+        Pair(n=0)

@@ -14,12 +14,13 @@ from torch import nn
 import landscape.analyze.surface as surface_module
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.context import CheckpointContext, find_sources
+from landscape.analyze.context import CheckpointContext
 from landscape.analyze.directions import direction_seed, filter_normalized_direction, random_plane
 from landscape.analyze.objective import Objective
 from landscape.analyze.results import result_name, same_settings, settings_record
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
+from landscape.analyze.source import find_sources
 from landscape.analyze.surface_evaluation import evaluate_surface
 from landscape.analyze.surface_grid import SurfaceGrid, make_axis
 from landscape.config import setup
@@ -182,14 +183,16 @@ def test_a_partial_from_other_settings_is_not_reused(run):
 @pytest.mark.parametrize("options, message", [
     ({"grid": "4"}, "odd number of points"),
     ({"span": "-0.5:1"}, "must be symmetric around the checkpoint"),
-    ({"directions": "hessian"}, "unknown surface directions 'hessian'; choose from: random, pca, clients"),
+    ({"directions": "hessian"}, r"surface.directions must be one of random, pca, clients, interpolate "
+                                r"\(got 'hessian'\)"),
     ({"span": "auto"}, "span 'auto' is for pca and clients directions"),
-    ({"data": "client:x"}, "surface data must be global, test or client:<i>"),
+    ({"data": "client:x"}, "surface.data must be global, test or client:<i>"),
     ({"directions": "clients", "clients": "3"}, "two different client ids like '3,7'"),
     ({"directions": "interpolate", "grid": "5x3"}, "a 1D surface takes one number of points"),
     ({"directions": "interpolate", "grid": "6"}, "do not put grid points at alpha = 0 and 1"),
-    ({"cells_per_batch": 0}, "surface cells_per_batch must be a whole number >= 1, got 0"),
-    ({"save_every": 2.5}, "surface save_every must be a whole number >= 1, got 2.5"),
+    ({"cells_per_batch": 0}, r"surface.cells_per_batch must be >= 1 \(got 0\)"),
+    ({"save_every": 2.5}, r"surface.save_every must be an integer \(got 2.5\)"),
+    ({"directions": "clients", "clients": "3,3"}, "two different client ids like '3,7'"),
 ])
 def test_bad_options_are_refused_before_any_work(options, message):
     with pytest.raises(LandscapeError, match=message):
@@ -284,10 +287,10 @@ def test_the_default_normalization_keeps_the_names_and_settings_of_existing_resu
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"normalization": "unit"}, "unknown surface normalization 'unit'; choose from: filter, euclidean"),
+    ({"normalization": "unit"}, "surface.normalization must be one of filter, euclidean, filter-reference"),
     ({"length": 5.0}, "surface length is the norm of euclidean directions"),
-    ({"normalization": "euclidean", "length": -1}, "surface length must be a finite number > 0"),
-    ({"normalization": "euclidean", "length": "10"}, "surface length must be a finite number > 0"),
+    ({"normalization": "euclidean", "length": -1}, r"surface.length must be > 0 \(got -1\)"),
+    ({"normalization": "euclidean", "length": "10"}, r"surface.length must be a number \(got '10'\)"),
     ({"directions": "pca", "normalization": "euclidean"}, "is for random directions"),
     ({"normalization": "filter-reference"}, "needs reference = \"round:<r>\""),
     ({"normalization": "filter-reference", "reference": "round:x"}, "must be round:<r>"),

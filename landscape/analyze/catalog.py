@@ -1,16 +1,18 @@
-"""Every built-in analysis pass, registered: importing this module imports the modules of the passes (which
-register them in ``registry.PASSES``), so the registry is complete wherever passes are looked up."""
+"""Every built-in analysis pass with its function: importing this module imports the pass modules, which
+attach their functions to the passes ``pass_specs`` declares, so the registry can run every pass wherever
+passes are run. What only reads the passes' metadata (figures, reports, claims) imports ``pass_specs``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from landscape.analyze import passes, surface  # noqa: F401 - imported to register their passes
-from landscape.analyze.registry import PASSES, PassRegistry
+from landscape.analyze import passes, surface  # noqa: F401 - imported to attach the pass functions
+from landscape.analyze.pass_specs import PASSES
+from landscape.analyze.registry import PassRegistry
 
 
 def load_passes() -> PassRegistry:
-    """The registry with every built-in pass registered."""
+    """The registry with every built-in pass declared and its function attached."""
     return PASSES
 
 
@@ -21,5 +23,11 @@ def default_passes() -> list[str]:
 
 
 def pass_options(name: str, values: dict[str, Any]) -> Any:
-    """The pass's options dataclass from recipe values, each checked (``Entry.make_checked_options``)."""
-    return load_passes().get(name).make_checked_options(values)
+    """The pass's options for work, from recipe or ``--set`` values: each checked by the one schema loader
+    (``PassSpec.make_options``), then against this machine (``PassSpec.machine_check``: a surface's grid
+    must fit in memory)."""
+    spec = load_passes().get(name)
+    options = spec.make_options(values)
+    if spec.machine_check is not None:
+        spec.machine_check(options)
+    return options

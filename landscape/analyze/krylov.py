@@ -97,6 +97,44 @@ class Krylov:
     projections: Tensor
 
 
+def _orthogonal_step(basis: KrylovBasis, q: Tensor, z: Tensor,
+                     betas: list[float]) -> tuple[Tensor, Tensor, float, float, float]:
+    """From z = H q for the basis's last vector q: (z orthogonalised against the basis, the projections of H q
+    on the basis (float64, CPU), alpha = q^T H q, beta = ||z||, ||H q||).
+
+    The three-term recurrence removes the large components alpha q and beta q_prev first; the Gram-Schmidt
+    pass against the whole basis then removes what rounding left in every direction, and needs a second pass
+    only where it still cancels (rarely, once the recurrence has done the bulk)."""
+    alpha = torch.dot(q, z)
+    hq_norm = torch.linalg.vector_norm(z)
+    z = z - alpha * q
+    previous = betas[-1] if betas and basis.size > 1 else 0.0
+    if previous:
+        z = z - previous * basis.rows[basis.size - 2]
+    z, coefficients, _ = basis.orthogonalise(z)
+    recurrence = torch.zeros_like(coefficients)
+    recurrence[-1] = alpha
+    if previous:
+        recurrence[-2] = previous
+    # the projections of H q on the basis, alpha, beta and ||H q|| reach the host together
+    coefficients, alpha, beta, z_norm = torch.cat([(coefficients + recurrence).double(), torch.stack(
+        [alpha.double(), torch.linalg.vector_norm(z).double(), hq_norm.double()])]).cpu().split(
+        [coefficients.numel(), 1, 1, 1])
+    return z, coefficients, float(alpha), float(beta), float(z_norm)
+
+
+def _restart(op: LinearOperator, basis: KrylovBasis, generator: torch.Generator, betas: list[float]) -> bool:
+    """Continue the basis from a fresh random vector orthogonal to it (recorded as a zero off-diagonal);
+    False when none is left (the random vector lies in the basis's span)."""
+    z, _, _ = basis.orthogonalise(gaussian_vectors(op, generator))
+    norm = float_norm(z)
+    if norm == 0.0:
+        return False
+    betas.append(0.0)
+    basis.append(z / norm)
+    return True
+
+
 def lanczos(
     op: LinearOperator,
     start: Tensor,
@@ -130,25 +168,7 @@ def lanczos(
         z = op.matvec(q)
         if on_step is not None:
             on_step(len(alphas) + 1)
-        # The three-term recurrence removes the large components alpha q and beta q_prev first; the
-        # Gram-Schmidt pass against the whole basis then removes what rounding left in every direction, and
-        # needs a second pass only where it still cancels (rarely, once the recurrence has done the bulk).
-        alpha = torch.dot(q, z)
-        hq_norm = torch.linalg.vector_norm(z)
-        z = z - alpha * q
-        previous = betas[-1] if betas and basis.size > 1 else 0.0
-        if previous:
-            z = z - previous * basis.rows[basis.size - 2]
-        z, coefficients, _ = basis.orthogonalise(z)
-        recurrence = torch.zeros_like(coefficients)
-        recurrence[-1] = alpha
-        if previous:
-            recurrence[-2] = previous
-        # the projections of H q on the basis, alpha, beta and ||H q|| reach the host together
-        coefficients, alpha, beta, z_norm = torch.cat([(coefficients + recurrence).double(), torch.stack(
-            [alpha.double(), torch.linalg.vector_norm(z).double(), hq_norm.double()])]).cpu().split(
-            [coefficients.numel(), 1, 1, 1])
-        alpha, beta, z_norm = float(alpha), float(beta), float(z_norm)
+        z, coefficients, alpha, beta, z_norm = _orthogonal_step(basis, q, z, betas)
         columns.append(coefficients)
         scale = max(scale, z_norm)
         alphas.append(alpha)
@@ -162,12 +182,8 @@ def lanczos(
             if not restart:
                 beta = 0.0
                 break
-            z, _, _ = basis.orthogonalise(gaussian_vectors(op, generator))
-            norm = float_norm(z)
-            if norm == 0.0:
+            if not _restart(op, basis, generator, betas):
                 break
-            betas.append(0.0)
-            basis.append(z / norm)
             beta = 0.0
             continue
         betas.append(beta)

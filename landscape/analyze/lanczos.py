@@ -88,6 +88,25 @@ def _select(theta: Tensor, k: int, which: str) -> Tensor:
     return order[:k]
 
 
+def _topk_sizes(op: LinearOperator, k: int, krylov: int | None, tol: float, max_iter: int | None,
+                which: str) -> tuple[int, int]:
+    """The Krylov size and the most products of ``lanczos_topk`` (defaults filled in, then capped at the
+    dimension), with every argument checked in one line."""
+    if which not in WHICH:
+        raise LandscapeError(f"unknown eigenvalue selection '{which}'; choose from: {', '.join(WHICH)}")
+    if not 1 <= k <= op.dim:
+        raise LandscapeError(f"k must be between 1 and the dimension {op.dim}, got {k}")
+    if tol <= 0:
+        raise LandscapeError(f"tol must be > 0, got {tol}")
+    krylov = k + 10 if krylov is None else krylov
+    if krylov <= k:
+        raise LandscapeError(f"the Krylov size must exceed k={k}, got {krylov}")
+    max_iter = max(100, 2 * krylov) if max_iter is None else max_iter
+    if max_iter < krylov:
+        raise LandscapeError(f"max_iter ({max_iter}) must be at least the Krylov size ({krylov})")
+    return min(krylov, op.dim), min(max_iter, op.dim)
+
+
 def lanczos_topk(
     op: LinearOperator,
     k: int = 5,
@@ -121,19 +140,7 @@ def lanczos_topk(
     invariant Krylov space (beta ~ 0) restarts from a random vector orthogonal to the basis, so repeated
     eigenvalues are found too. ``progress(done, None)`` after each product.
     """
-    if which not in WHICH:
-        raise LandscapeError(f"unknown eigenvalue selection '{which}'; choose from: {', '.join(WHICH)}")
-    if not 1 <= k <= op.dim:
-        raise LandscapeError(f"k must be between 1 and the dimension {op.dim}, got {k}")
-    if tol <= 0:
-        raise LandscapeError(f"tol must be > 0, got {tol}")
-    krylov = k + 10 if krylov is None else krylov
-    if krylov <= k:
-        raise LandscapeError(f"the Krylov size must exceed k={k}, got {krylov}")
-    max_iter = max(100, 2 * krylov) if max_iter is None else max_iter
-    if max_iter < krylov:
-        raise LandscapeError(f"max_iter ({max_iter}) must be at least the Krylov size ({krylov})")
-    krylov, max_iter = min(krylov, op.dim), min(max_iter, op.dim)
+    krylov, max_iter = _topk_sizes(op, k, krylov, tol, max_iter, which)
     first_count = op.hvp_count
     generator = seeded_generator(seed)
     start = gaussian_vectors(op, generator)

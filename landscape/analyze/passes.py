@@ -1,6 +1,6 @@
-"""The analysis passes (the surface pass is in ``surface.py``): one function each, registered by name in
-``registry.PASSES`` with its metadata: the dataclass of its options, what it needs of a run, its cost model
-and the summary quantities the comparison tables read of its results.
+"""The analysis passes (the surface pass is in ``surface.py``): one function each, attached to the pass
+declared by name in ``pass_specs.py`` with its metadata (the dataclass of its options, what it needs of a run,
+its cost model and the summary quantities the comparison tables read of its results).
 
 A pass reads one checkpoint (``CheckpointContext``) and its options, and returns a ``PassOutput``: scalars
 (for ``analysis/round-NNNN/<pass>.json``), arrays (``<pass>.npz``) and the few numbers of the summary table.
@@ -9,41 +9,27 @@ A pass reads one checkpoint (``CheckpointContext``) and its options, and returns
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from landscape.analyze import functions
-from landscape.analyze.registry import CLIENTS, KEPT_CLIENTS, PASSES, Cost, PassOutput, Quantity, StoredResult
+from landscape.analyze.pass_specs import (
+    AlignmentOptions,
+    HessianOptions,
+    IncompatibilityOptions,
+    LossOptions,
+    SharpnessOptions,
+)
+from landscape.analyze.registry import PASSES, PassOutput
 from landscape.analyze.serial import split_result
-from landscape.analyze.trace import DEFAULT_TRACE_METHOD, TRACE_METHODS
 from landscape.core.errors import LandscapeError
-from landscape.core.registry import NON_NEGATIVE, POSITIVE
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext
 
 
-@dataclass(frozen=True)
-class LossOptions:
-    clients: int = field(default=0, metadata=NON_NEGATIVE)  # per-client F_i for all (0) or a seeded sample
-
-
-def _accuracy_percent(result: StoredResult) -> tuple[Any, Any]:
-    return 100 * float(result.value("accuracy")), None
-
-
-LOSS_QUANTITIES = (
-    Quantity("F(x)", "F(x) (analysis data)", "loss"),
-    Quantity("accuracy (analysis data, %)", "accuracy (analysis data, %)", "accuracy",
-             read_result=_accuracy_percent),
-)
-
-
-@PASSES.register("loss", options=LossOptions,
-                 summary="F(x), accuracy and ||grad F(x)|| on the analysis data; F_i",
-                 cost=lambda o: Cost(gradients=2.0), quantities=LOSS_QUANTITIES)
+@PASSES.implement("loss")
 def loss_pass(ctx: CheckpointContext, opts: LossOptions) -> PassOutput:
     loss, grad = ctx.objective.loss_and_grad(ctx.w)
     accuracy = ctx.objective.accuracy(ctx.w)
@@ -73,42 +59,7 @@ def _training_batch_size(ctx: CheckpointContext, value: int) -> int:
     return value if value > 0 else ctx.source.train_batch_size
 
 
-@dataclass(frozen=True)
-class SharpnessOptions:
-    rhos: tuple[float, ...] = field(default=(0.01, 0.05, 0.1), metadata=POSITIVE)  # radii of global S_rho
-    # the most trial points of each Armijo projected ascent (steps = starts = 1: SAM)
-    steps: int = field(default=50, metadata=POSITIVE)
-    # stop when the estimated remaining gain is below tol * S_rho (0: run all steps)
-    tol: float = field(default=1e-3, metadata=NON_NEGATIVE)
-    # ascents from the centre and starts - 1 seeded random points on the sphere; the best
-    starts: int = field(default=8, metadata=POSITIVE)
-    adaptive: bool = True  # also the ASAM-ball profile (|x| + eta, weights only, as FedASAM trains)
-    eta: float = field(default=0.01, metadata=POSITIVE)
-    local_rho: float = field(default=0.05, metadata=POSITIVE)  # radius of the per-client S_rho on F_i
-    clients: int = field(default=0, metadata=NON_NEGATIVE)  # all clients (0) or a seeded sample
-
-
-def _sharpness_cost(o: SharpnessOptions) -> Cost:
-    """Every radius's ascent (twice with the adaptive profile) and the per-client ascents (N x 1/N of the
-    data)."""
-    return Cost(gradients=1 + len(o.rhos) * o.steps * (2 if o.adaptive else 1) + o.steps)
-
-
-def _sharpness_at(rho: float) -> Quantity:
-    def read(result: StoredResult) -> tuple[Any, Any]:
-        rhos = np.atleast_1d(result.array("global.rhos"))
-        hit = np.flatnonzero(np.isclose(rhos, rho, rtol=1e-9, atol=0))
-        return (float(np.atleast_1d(result.array("global.sharpness"))[hit[0]]) if hit.size else None), None
-
-    return Quantity(f"S_rho({rho:g})", f"S<sub>&rho;</sub> (&rho;={rho:g})", "global.sharpness",
-                    read_result=read)
-
-
-@PASSES.register("sharpness", options=SharpnessOptions,
-                 summary="rho-ball sharpness S_rho (and adaptive) of F; per-client S_rho of F_i and the gap",
-                 cost=_sharpness_cost,
-                 quantities=(_sharpness_at, Quantity("local-global S_rho",
-                                                     "local &minus; global S<sub>&rho;</sub>", "local.gap")))
+@PASSES.implement("sharpness")
 def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput:
     from landscape.analyze.sharpness import DEFAULT_ETA, local_sharpness
 
@@ -133,9 +84,7 @@ def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput
     return PassOutput(out, arrays, summary)
 
 
-@PASSES.register("flatness", summary="flatness distance Delta_D around the mean of the round's kept clients",
-                 needs=(KEPT_CLIENTS,),
-                 quantities=(Quantity("Delta_D", "&Delta;<sub>D</sub> (pass)", "distance"),))
+@PASSES.implement("flatness")
 def flatness_pass(ctx: CheckpointContext, opts: None) -> PassOutput:
     # Delta_D^t = mean_i ||y_{i,K}^t - ybar^t||^2 around the clients' mean (the FedNSAM paper's); the distance to
     # the training global model x^{t+1} (not the SWA average) under its own name.
@@ -145,23 +94,7 @@ def flatness_pass(ctx: CheckpointContext, opts: None) -> PassOutput:
                                         "Delta_D_to_global": float(result.distance_to_global)})
 
 
-@dataclass(frozen=True)
-class IncompatibilityOptions:
-    rho: float = field(default=0.05, metadata=POSITIVE)  # perturbation radius
-    batches: int = field(default=8, metadata=POSITIVE)  # Monte-Carlo minibatches per client (--batches)
-    batch_size: int = field(default=0, metadata=NON_NEGATIVE)  # 0: the run's training batch size
-    clients: int = field(default=0, metadata=NON_NEGATIVE)  # all clients (0) or a seeded sample
-    loss_level: bool = True  # also the loss-level gap (N * (M + 1) extra passes over F)
-
-
-@PASSES.register("incompatibility", options=IncompatibilityOptions,
-                 summary="flatness incompatibility Delta_FI, its heterogeneity / minibatch split, "
-                         "friendly rate",
-                 needs=(CLIENTS,), cost=lambda o: Cost(gradients=4.0),
-                 quantities=(
-                     Quantity("Delta_FI", "&Delta;<sub>FI</sub>", "incompatibility", "incompatibility_se"),
-                     Quantity("heterogeneity share", "hetero&shy;geneity share", "heterogeneity_share"),
-                     Quantity("friendly rate", "friendly rate", "friendly_rate", "friendly_rate_se")))
+@PASSES.implement("incompatibility")
 def incompatibility_pass(ctx: CheckpointContext, opts: IncompatibilityOptions) -> PassOutput:
     from landscape.analyze.flatness import flatness_incompatibility
 
@@ -175,20 +108,7 @@ def incompatibility_pass(ctx: CheckpointContext, opts: IncompatibilityOptions) -
     return PassOutput(scalars, arrays, summary)
 
 
-@dataclass(frozen=True)
-class AlignmentOptions:
-    clients: int = field(default=0, metadata=NON_NEGATIVE)  # all clients (0) or a seeded sample
-    batches: int = field(default=8, metadata=POSITIVE)  # minibatches per client for the within-client cosine
-    batch_size: int = field(default=0, metadata=NON_NEGATIVE)  # 0: the run's training batch size
-
-
-@PASSES.register("alignment", options=AlignmentOptions,
-                 summary="cosines of client gradients (client x client, x global), minibatch and update "
-                         "cosines",
-                 needs=(CLIENTS,), cost=lambda o: Cost(gradients=3.0),
-                 quantities=(Quantity("mean grad cos", "mean gradient cos", "gradients.mean_off_diagonal"),
-                             Quantity("minibatch cos", "minibatch cos", "minibatch.mean_cosine",
-                                      "minibatch.mean_cosine_se")))
+@PASSES.implement("alignment")
 def alignment_pass(ctx: CheckpointContext, opts: AlignmentOptions) -> PassOutput:
     from landscape.analyze.alignment import gradient_alignment, minibatch_alignment, update_alignment
 
@@ -222,65 +142,7 @@ def alignment_pass(ctx: CheckpointContext, opts: AlignmentOptions) -> PassOutput
 PYHESSIAN_TOL = 1e-5
 
 
-@dataclass(frozen=True)
-class HessianOptions:
-    top_k: int = 5  # Lanczos top-k eigenvalues of grad^2 F (lambda_1 / lambda_k reported)
-    tol: float = 1e-3  # relative residual ||Hv - lambda v|| <= tol * |lambda|
-    trace_hvps: int = 60  # budget of the trace estimator; Hutchinson (the baseline) runs on as many probes
-    trace_method: str = DEFAULT_TRACE_METHOD  # xtrace, hutch++ or hutchinson (benchmarks/trace_estimators.py)
-    density_runs: int = 4  # SLQ: n_v runs x m steps; its trace_stderr has n_v - 1 degrees of freedom
-    density_steps: int = 40
-    clients: int = 0  # per-client lambda_max(grad^2 F_i) for all clients (0), a seeded sample, or none (-1)
-
-    def __post_init__(self) -> None:
-        # a value of another kind than a number is named by ``make_checked_options`` (``check_kind``)
-        numbers = all(isinstance(v, (int, float)) for v in (self.top_k, self.tol, self.trace_hvps,
-                                                            self.density_runs, self.density_steps))
-        if numbers and (self.top_k < 1 or self.tol <= 0 or self.trace_hvps < 6 or self.density_runs < 1
-                        or self.density_steps < 2):
-            raise LandscapeError("hessian options: top_k >= 1, tol > 0, trace_hvps >= 6 (Hutch++), density_runs >= 1, "
-                                 "density_steps >= 2")
-        if self.trace_method not in TRACE_METHODS:
-            raise LandscapeError(f"hessian.trace_method must be one of {', '.join(TRACE_METHODS)} "
-                                 f"(got {self.trace_method!r})")
-
-
-# Per-client lambda_max: a Lanczos run per client on its share of the data, about this many full-data
-# products in all.
-CLIENT_LAMBDA_MAX_HVPS = 50
-
-
-def _hessian_cost(o: HessianOptions) -> Cost:
-    """The probe; Lanczos (a Krylov space of top_k + 10, often up to twice that, and the verification); the
-    trace and its Hutchinson baseline; SLQ; per-client lambda_max."""
-    lanczos = functions.PROBE_HVPS + 2 * o.top_k + 20
-    clients = CLIENT_LAMBDA_MAX_HVPS if o.clients >= 0 else 0
-    return Cost(hvps=lanczos + 2 * o.trace_hvps + o.density_runs * o.density_steps + clients)
-
-
-def _first_eigenvalue(result: StoredResult) -> tuple[Any, Any]:
-    values = np.atleast_1d(result.array("top.values"))
-    return (float(values[0]) if values.size else None), None
-
-
-def _trace(result: StoredResult) -> tuple[Any, Any]:
-    """The trace estimate and its standard error (``trace``; results written before it: Hutch++)."""
-    key = "trace" if result.value("trace.estimate", None) is not None else "trace_hutchpp"
-    return result.value(f"{key}.estimate", None), result.value(f"{key}.stderr", None)
-
-
-HESSIAN_QUANTITIES = (
-    Quantity("lambda_max", "&lambda;<sub>max</sub>", "top.values", read_result=_first_eigenvalue),
-    Quantity("lambda_1/lambda_k", "&lambda;<sub>1</sub>/&lambda;<sub>k</sub>", "lambda_ratio"),
-    Quantity("trace", "trace", "trace.estimate", "trace.stderr", read_result=_trace),
-    Quantity("client lambda_max", "mean client &lambda;<sub>max</sub>", "clients.mean_lambda_max"),
-)
-
-
-@PASSES.register("hessian", options=HessianOptions,
-                 summary="Lanczos top-k eigenvalues, trace (XTrace; Hutchinson baseline), SLQ density, "
-                         "client lambda_max",
-                 cost=_hessian_cost, quantities=HESSIAN_QUANTITIES)
+@PASSES.implement("hessian")
 def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
     from landscape.analyze.lanczos import client_lambda_max
 

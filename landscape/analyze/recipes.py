@@ -8,7 +8,9 @@ analysis_samples = 500               #   seed, dtype, hvp, backend, device
 [hessian]                            # one table per pass: its options (`landscape list` names them)
 top_k = 3
 ```
-``landscape analyze RUN analyze/quick.toml`` takes one; flags given on the command line win over it.
+``landscape analyze RUN analyze/quick.toml`` takes one; flags given on the command line win over it. Read by
+the one schema loader (``landscape.config.schema``): the top-level keys by ``RecipeKeys``, ``[settings]`` by
+``AnalysisSettings``, each pass's table by its options (``PassSpec.make_options``, as ``--set`` values are).
 """
 
 from __future__ import annotations
@@ -16,14 +18,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from landscape.analyze.catalog import load_passes
+from landscape.analyze.pass_specs import PASSES
 from landscape.analyze.settings import AnalysisSettings
-from landscape.config.recipe import read_toml
+from landscape.config.schema import load, read_toml, rule, unknown_key_message
 from landscape.core.errors import LandscapeError
 
-TOP_LEVEL = ("rounds", "passes", "settings", "title")
+
+@dataclass(frozen=True)
+class RecipeKeys:
+    """The top-level keys of an analysis recipe (besides a table per pass)."""
+
+    rounds: str = ""  # last, all or a comma list ("": every checkpoint --checkpoints names); 3 is "3"
+    passes: Annotated[tuple[str, ...], rule(min_length=1)] = ()  # (): the default passes
+    settings: dict = field(default_factory=dict)  # checked as AnalysisSettings
+    title: str = ""
 
 
 @dataclass(frozen=True)
@@ -36,42 +46,32 @@ class AnalysisRecipe:
 
 
 def load_analysis_recipe(path: str | Path) -> AnalysisRecipe:
-    """Read and check an analysis recipe: every key known, every value of the right kind."""
+    """Read and check an analysis recipe: every key known, every value of the right kind, in range and one of
+    its choices; a bad one is one line naming the file and the key."""
     path = Path(path)
-    raw = read_toml(path)
-    registry = load_passes()
+    raw = read_toml(path, "analysis recipe")
+    try:
+        return _checked(path, raw)
+    except LandscapeError as e:
+        raise LandscapeError(f"{path}: {e}") from None
+
+
+def _checked(path: Path, raw: dict[str, Any]) -> AnalysisRecipe:
+    names = PASSES.names()
+    top = [f.name for f in dataclasses.fields(RecipeKeys)]
     for key in raw:
-        if key not in TOP_LEVEL and key not in registry.names():
-            raise LandscapeError(f"{path}: unknown key '{key}'; allowed: {', '.join(TOP_LEVEL)} and the pass names "
-                                 f"({', '.join(registry.names())})")
-    rounds = raw.get("rounds")
-    if rounds is not None and not isinstance(rounds, (str, int)):
-        raise LandscapeError(f"{path}: rounds must be last, all or a comma list (got {rounds!r})")
-    passes = raw.get("passes")
-    if passes is not None:
-        if not isinstance(passes, list) or not passes or not all(isinstance(p, str) for p in passes):
-            raise LandscapeError(f"{path}: passes must be a non-empty list of pass names")
-        for name in passes:
-            registry.get(name)
-    settings = raw.get("settings", {})
-    if not isinstance(settings, dict):
-        raise LandscapeError(f"{path}: [settings] must be a table")
-    allowed = {f.name: f for f in dataclasses.fields(AnalysisSettings)}
-    for key, value in settings.items():
-        if key not in allowed:
-            raise LandscapeError(f"{path}: unknown setting '{key}'; allowed: {', '.join(allowed)}")
-        default = allowed[key].default
-        if type(value) is not type(default):
-            raise LandscapeError(f"{path}: settings.{key} must be a {type(default).__name__} (got {value!r})")
+        if key not in top and key not in names:
+            raise LandscapeError(unknown_key_message(key, [*top, *names], "top-level", "analysis recipe key"))
+    given = {k: v for k, v in raw.items() if k in top}
+    if type(given.get("rounds")) is int:  # rounds = 3: the round 3
+        given["rounds"] = str(given["rounds"])
+    keys = load(RecipeKeys, given, noun="analysis recipe key")
+    for name in keys.passes:
+        PASSES.get(name)  # an unknown pass: one line naming the passes
+    load(AnalysisSettings, keys.settings, "settings", noun="analysis setting")
     options = {}
-    for name in registry.names():
+    for name in names:
         if name in raw:
-            if not isinstance(raw[name], dict):
-                raise LandscapeError(f"{path}: [{name}] must be a table of that pass's options")
-            try:
-                registry.get(name).make_options(raw[name])
-            except (TypeError, ValueError) as e:
-                raise LandscapeError(f"{path}: [{name}]: {e}") from None
+            PASSES.get(name).make_options(raw[name])
             options[name] = dict(raw[name])
-    return AnalysisRecipe(path, None if rounds is None else str(rounds), tuple(passes) if passes else None,
-                          dict(settings), options)
+    return AnalysisRecipe(path, keys.rounds or None, keys.passes or None, dict(keys.settings), options)

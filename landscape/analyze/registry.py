@@ -1,22 +1,27 @@
-"""The registry of analysis passes: a pass is one function ``(CheckpointContext, options) -> PassOutput``,
-registered by name with everything else there is to know about it (``PassInfo``): the dataclass of its
-options, whether it runs only when named (opt-in), what it needs of a run (``CLIENTS``, ``KEPT_CLIENTS``),
-whether its work is split inside it across ranks, its cost model (``Cost`` from its options: the dry-run's
-estimate) and the summary quantities compare, report and claims read of its results (``Quantity``).
+"""The registry of analysis passes: a pass is declared by name with everything there is to know about it
+besides its computation (``PassSpec``): the dataclass of its options, whether it runs only when named
+(opt-in), what it needs of a run (``CLIENTS``, ``KEPT_CLIENTS``), whether its work is split inside it across
+ranks, its cost model (``Cost`` from its options: the dry-run's estimate) and the summary quantities compare,
+report and claims read of its results (``Quantity``); its function ``(CheckpointContext, options) ->
+PassOutput`` attaches to the spec when its module is imported.
 
-Pass functions live in ``passes.py`` and ``surface.py`` (``catalog.py`` imports them all); ``scheduler.py``
-runs them over checkpoints; ``results.py`` writes what they return.
+The specs are declared in light modules (``pass_specs.py``, ``surface_options.py``: importing
+``pass_specs`` declares them all), which figures, reports and claims read without loading any pass function;
+the functions live in ``passes.py`` and ``surface.py`` (``catalog.load_passes`` imports them all);
+``scheduler.py`` runs them over checkpoints; ``results.py`` writes what they return.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
-from landscape.core.registry import Registry
+from landscape.config.schema import load
+from landscape.core.errors import LandscapeError
 
 
 @dataclass
@@ -44,7 +49,7 @@ class Cost:
 
 
 class StoredResult(Protocol):
-    """What a quantity reads of a stored result (``figures.rundata.PassRecord``)."""
+    """What a quantity reads of a stored result (``store.run.PassRecord``)."""
 
     def value(self, key: str, default: Any = ...) -> Any: ...
 
@@ -62,7 +67,7 @@ class Quantity:
     key: str
     se_key: str | None = None
     read_result: Callable[[StoredResult], tuple[Any, Any]] | None = None  # -> (value, standard error or None)
-    pass_name: str = ""  # the pass whose results hold it (set by its registration)
+    pass_name: str = ""  # the pass whose results hold it (set by its declaration)
 
     def read(self, result: StoredResult) -> tuple[Any, Any]:
         """(value, standard error or None) of this quantity in one stored result of its pass."""
@@ -80,9 +85,15 @@ def _no_cost(options: Any) -> Cost:
 
 
 @dataclass(frozen=True)
-class PassInfo:
-    """A registered pass's metadata besides its function, options and one-line summary (``Entry``)."""
+class PassSpec:
+    """A declared pass: its name, its metadata and, once its module is imported, its function (``factory``).
 
+    ``options`` is a schema dataclass (``landscape.config.schema``): its annotations give each option's kind,
+    range (``rule``) and choices (``Literal``), and its ``__post_init__`` the checks across options."""
+
+    name: str
+    options: type | None = None  # None: the pass takes no options
+    summary: str = ""  # one line, for `landscape list`
     opt_in: bool = False  # runs only when named (expensive): not part of the default `landscape analyze`
     needs: frozenset[str] = frozenset()  # CLIENTS, KEPT_CLIENTS; options may add KEPT_CLIENTS (``needs``)
     # what a plain state_dict, which has no clients, can run of a pass whose options may need them
@@ -91,36 +102,99 @@ class PassInfo:
     collective: bool = False
     cost: Callable[[Any], Cost] = _no_cost  # the options -> the job's estimated cost
     quantities: tuple[Quantity | PerRadius, ...] = ()
+    # values -> values with one spelling each, before they are checked (--set surface.grid=41 -> "41")
+    spelling: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # what the options ask of the machine that is to run them (a surface grid's memory), checked when
+    # options are made for work (``catalog.pass_options``), not when stored results are read
+    machine_check: Callable[[Any], None] | None = None
+    factory: PassFn | None = None  # the pass function, attached by ``PassRegistry.implement``
+
+    def option_defaults(self) -> dict[str, Any]:
+        """Every option with its default, in declaration order."""
+        if self.options is None:
+            return {}
+        out = {}
+        for f in dataclasses.fields(self.options):
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
+        return out
+
+    def make_options(self, values: Any) -> Any:
+        """The options from recipe, ``--set`` or recorded values, checked by the one schema loader: one line
+        naming the option (``hessian.top_k must be >= 1 (got 0)``) for an unknown key or a value of the
+        wrong kind, out of range or not a choice. A number where a list goes is a one-element list
+        (``--set sharpness.rhos=0.05``)."""
+        if self.options is None:
+            if not isinstance(values, Mapping) or values:
+                got = ", ".join(sorted(values)) if isinstance(values, Mapping) else repr(values)
+                raise LandscapeError(f"{self.name} takes no options (got {got})")
+            return None
+        if isinstance(values, Mapping):
+            lists = {k for k, v in self.option_defaults().items() if isinstance(v, tuple)}
+            values = {k: (v,) if k in lists and not isinstance(v, (list, tuple)) else v for k, v in values.items()}
+            values = self.spelling(values) if self.spelling is not None else values
+        return load(self.options, values, self.name, noun="pass option")
 
 
-class PassRegistry(Registry[PassFn]):
-    """``Registry`` of pass functions whose entries carry a ``PassInfo`` too."""
+def _named(quantity: Quantity | PerRadius, name: str) -> Quantity | PerRadius:
+    """A declared quantity with its pass's name (a per-radius one: each quantity it makes)."""
+    if isinstance(quantity, Quantity):
+        return replace(quantity, pass_name=name)
+    return lambda rho: replace(quantity(rho), pass_name=name)
+
+
+class PassRegistry:
+    """The analysis passes by name: each a ``PassSpec``, declared first, its function attached later."""
 
     def __init__(self, kind: str) -> None:
-        super().__init__(kind)
-        self._info: dict[str, PassInfo] = {}
+        self.kind = kind
+        self._entries: dict[str, PassSpec] = {}
 
-    def register(self, name: str, *, options: type | None = None, summary: str = "", opt_in: bool = False,
-                 needs: Sequence[str] = (), without_clients: str = "", collective: bool = False,
-                 cost: Callable[[Any], Cost] = _no_cost,
-                 quantities: Sequence[Quantity | PerRadius] = ()) -> Callable[[PassFn], PassFn]:
-        named = tuple(replace(q, pass_name=name) if isinstance(q, Quantity) else _named(q, name)
-                      for q in quantities)
-        decorate = super().register(name, options=options, summary=summary)
+    def declare(self, name: str, *, needs: Sequence[str] = (), quantities: Sequence[Quantity | PerRadius] = (),
+                **metadata: Any) -> PassSpec:
+        """Declare the pass ``name`` with its metadata (``PassSpec``'s fields but ``factory``)."""
+        if name in self._entries:
+            raise ValueError(f"{self.kind} '{name}' declared twice")
+        spec = PassSpec(name, needs=frozenset(needs), quantities=tuple(_named(q, name) for q in quantities),
+                        **metadata)
+        self._entries[name] = spec
+        return spec
 
-        def register_info(factory: PassFn) -> PassFn:
-            decorate(factory)
-            self._info[name] = PassInfo(opt_in, frozenset(needs), without_clients, collective, cost, named)
-            return factory
+    def implement(self, name: str) -> Callable[[PassFn], PassFn]:
+        """Decorator: the function of the declared pass ``name``."""
 
-        return register_info
+        def attach(function: PassFn) -> PassFn:
+            spec = self.get(name)
+            if spec.factory is not None:
+                raise ValueError(f"{self.kind} '{name}' implemented twice")
+            self._entries[name] = replace(spec, factory=function)
+            return function
 
-    def info(self, name: str) -> PassInfo:
-        self.get(name)  # an unknown name: one line naming the passes
-        return self._info[name]
+        return attach
+
+    def get(self, name: str) -> PassSpec:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise LandscapeError(f"unknown {self.kind} '{name}'; choose from: {', '.join(self.names())}") from None
+
+    def info(self, name: str) -> PassSpec:
+        """The pass's spec (``get``), read for its metadata: opt-in, needs, cost, quantities."""
+        return self.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def entries(self) -> list[PassSpec]:
+        return [self._entries[n] for n in self.names()]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
 
     def needs(self, name: str, options: Any) -> frozenset[str]:
-        """What the pass needs of a run with these options: its registered needs, and KEPT_CLIENTS where the
+        """What the pass needs of a run with these options: its declared needs, and KEPT_CLIENTS where the
         options say so (a true ``needs_kept_clients``: the client-plane surface)."""
         options_need = bool(getattr(options, "needs_kept_clients", False))
         return self.info(name).needs | ({KEPT_CLIENTS} if options_need else set())
@@ -129,10 +203,6 @@ class PassRegistry(Registry[PassFn]):
         """The pass's summary quantities, those per radius at each of ``rhos``."""
         return [one for q in self.info(name).quantities
                 for one in ([q] if isinstance(q, Quantity) else [q(rho) for rho in rhos])]
-
-
-def _named(per_radius: PerRadius, name: str) -> PerRadius:
-    return lambda rho: replace(per_radius(rho), pass_name=name)
 
 
 PASSES = PassRegistry("analysis pass")

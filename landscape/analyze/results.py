@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from landscape.analyze.registry import PASSES
+from landscape.analyze.pass_specs import PASSES  # every pass declared (no pass function loaded)
 from landscape.analyze.serial import json_ready, to_plain
 from landscape.core.errors import LandscapeError
 from landscape.store.fileio import atomic_write, write_text
@@ -108,7 +108,7 @@ def _analysis_defaults() -> dict[str, Any]:
 
 
 def _option_defaults(pass_name: str) -> dict[str, Any]:
-    # The passes are registered: every caller reached here through the catalog (scheduler, figures, cli).
+    # A pass not declared (a result of a pass since removed) has no options to name.
     return to_plain(PASSES.get(pass_name).option_defaults()) if pass_name in PASSES else {}
 
 

@@ -1,29 +1,20 @@
-"""Runs analysis passes over checkpoints: ``plan`` (every run, round and pass, checked before work starts),
-``run_analysis`` (skips results already computed with the same settings on the same checkpoint, and for a
-plain state_dict with the same model and data; under torchrun splits the checkpoints, or the work inside a
-pass, across the ranks: ``split_work``), ``format_summary``.
+"""Runs analysis passes over checkpoints: ``run_analysis`` runs the jobs of a ``plan`` (``analyze.plan``),
+skipping results already computed with the same settings on the same checkpoint (and for a plain state_dict
+with the same model and data), and under torchrun splits the checkpoints, or the work inside a pass, across
+the ranks (``plan.split_work``); what it returns is an ``AnalysisReport`` (``analyze.summary``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import shlex
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from landscape.analyze.catalog import load_passes
-from landscape.analyze.context import (
-    CheckpointContext,
-    ForeignModel,
-    Source,
-    StateDictSource,
-    file_digest,
-    find_sources,
-    select_rounds,
-)
-from landscape.analyze.registry import Cost, PassOutput, needs_kept_clients
+from landscape.analyze.context import CheckpointContext
+from landscape.analyze.plan import Job, partition_warnings, plan, skip_rounds_without_clients, split_work
+from landscape.analyze.registry import PassOutput
 from landscape.analyze.results import (
     SCHEMA_VERSION,
     find_result,
@@ -34,32 +25,13 @@ from landscape.analyze.results import (
     store_result,
 )
 from landscape.analyze.settings import AnalysisSettings
+from landscape.analyze.source import file_digest
+from landscape.analyze.state_dict_source import ForeignModel, StateDictSource
+from landscape.analyze.summary import AnalysisReport, analysis_data
 from landscape.config.setup import thread_count, using_threads
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
-from landscape.store.checkpoints import CheckpointError, partition_problem
-
-
-@dataclass(frozen=True)
-class Job:
-    source: Source
-    round: int
-    name: str
-    options: Any
-
-    @property
-    def out_dir(self) -> Path:
-        return self.source.result_dir(self.round)
-
-    @property
-    def output(self) -> str:
-        """What the pass's options make of it: the pass name, or surface-pca, ... (the results' files are
-        named by ``result_name``: this, and the settings that differ from the defaults)."""
-        return getattr(self.options, "output_name", self.name)
-
-    def result_name(self, settings: AnalysisSettings) -> str:
-        """The name of this job's result files under these settings (``results.result_name``)."""
-        return result_name(self.name, settings_record(settings, self.options))
+from landscape.store.checkpoints import CheckpointError
 
 
 def write_output(job: Job, settings: AnalysisSettings, digest: str, output: PassOutput, seconds: float) -> None:
@@ -77,108 +49,6 @@ def write_output(job: Job, settings: AnalysisSettings, digest: str, output: Pass
         "result": output.scalars,
     }
     store_result(job.out_dir, job.name, record, output.arrays)
-
-
-@dataclass
-class AnalysisReport:
-    rows: list[dict] = field(default_factory=list)  # one per (run, round): summaries of every pass
-    computed: int = 0
-    skipped: int = 0
-    settings: dict[str, str] = field(default_factory=dict)  # result name -> its settings other than the defaults
-    notes: list[str] = field(default_factory=list)  # what was skipped, one line each
-    warnings: list[str] = field(default_factory=list)  # inputs that look wrong: said even with --quiet
-    data: str = ""  # the analysis data the values are on (``analysis_data``); "" when not known
-
-
-def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any],
-         foreign: ForeignModel | None = None) -> list[Job]:
-    """Every (run, round, pass) to do, with all input checked before any work starts. With ``foreign``,
-    ``path`` holds plain state_dicts (every file is analysed; their model and data are checked as the sources
-    are found, and a pass that needs clients is refused: ``Source.check_pass``)."""
-    registry = load_passes()
-    for name in passes:
-        registry.get(name)
-    sources, single_round = find_sources(Path(path), foreign)
-    jobs = []
-    for source in sources:
-        for name in passes:
-            source.check_pass(name, options[name])
-        if foreign is not None:
-            rounds = "all" if rounds == "last" else rounds
-        chosen = [single_round] if single_round is not None else select_rounds(source, rounds)
-        for r in chosen:
-            jobs += [Job(source, r, name, options[name]) for name in passes]
-    return jobs
-
-
-def skip_rounds_without_clients(jobs: list[Job]) -> tuple[list[Job], list[str]]:
-    """The jobs less those of passes that need kept client models at rounds that have none (round 0, rounds
-    of a run trained without --keep-clients), and one note per run and pass naming the skipped rounds. A
-    pass that has no round left at all is an error saying how to keep them."""
-    skipped: dict[tuple[str, str], list[int]] = {}
-    kept = []
-    for job in jobs:
-        if needs_kept_clients(job.name, job.options) and not job.source.clients_checkpoint(job.round).is_file():
-            skipped.setdefault((job.source.name, job.name), []).append(job.round)
-        else:
-            kept.append(job)
-    for name in {name for _, name in skipped}:
-        if not any(job.name == name for job in kept):
-            run, rounds = next((run, r) for (run, n), r in skipped.items() if n == name)
-            raise LandscapeError(f"{run} has no client models for {_rounds_text(sorted(set(rounds)))}; train with "
-                                 "--keep-clients to save them at checkpoints")
-    notes = [f"{run}: {name} skipped at {_rounds_text(sorted(set(rounds)))}, which kept no client models"
-             for (run, name), rounds in skipped.items()]
-    return kept, notes
-
-
-def partition_warnings(jobs: list[Job]) -> list[str]:
-    """A warning for each run whose partition.json is not the partition its recipe makes (the analysis uses the
-    recipe's, as training did)."""
-    notes, seen = [], set()
-    for job in jobs:
-        source = job.source
-        run_dir = getattr(source, "run_dir", None)
-        if id(source) in seen or run_dir is None or not run_dir.partition.is_file():
-            continue
-        seen.add(id(source))
-        setup = source.setup
-        problem = partition_problem(run_dir.partition, setup.client_indices, len(setup.bundle.train))
-        if problem is not None:
-            notes.append(f"{run_dir.partition} {problem}; the analysis uses the partition the recipe makes "
-                         f"(`landscape train --resume {shlex.quote(str(run_dir.path))}` writes "
-                         "partition.json again)")
-    return notes
-
-
-def _rounds_text(rounds: list[int]) -> str:
-    return f"round {rounds[0]}" if len(rounds) == 1 else "rounds " + ", ".join(map(str, rounds))
-
-
-def split_work(jobs: list[Job], todo: list[int], ranks: int) -> tuple[list[list[int]], list[int]]:
-    """Who runs which of ``jobs[i] for i in todo`` under ``ranks`` ranks: (per-rank queues, run alone; jobs
-    run by all ranks together), both in plan order.
-
-    A checkpoint's jobs stay on one rank (its model and data are loaded once). Whole rounds of checkpoints,
-    one per rank, go to the queues; the checkpoints left over (fewer than the ranks) and every job of a
-    collective pass (``PassInfo.collective``: its work is split inside it) run on all ranks together, their
-    HVPs and surface cells split across the ranks. One rank: every job in one queue, in plan order.
-    """
-    if ranks == 1:
-        return [list(todo)], []
-    groups: dict[tuple[int, int], list[int]] = {}
-    registry = load_passes()
-    together = [i for i in todo if registry.info(jobs[i].name).collective]
-    for i in todo:
-        if not registry.info(jobs[i].name).collective:
-            groups.setdefault((id(jobs[i].source), jobs[i].round), []).append(i)
-    keys = list(groups)
-    whole = len(keys) - len(keys) % ranks
-    queues: list[list[int]] = [[] for _ in range(ranks)]
-    for n, key in enumerate(keys[:whole]):
-        queues[n % ranks] += groups[key]
-    together = sorted(together + [i for key in keys[whole:] for i in groups[key]])
-    return queues, together
 
 
 def _inputs_change(recorded: object, inputs: dict) -> str:
@@ -336,6 +206,79 @@ def _run_job(job: Job, contexts: _Contexts, work: WorkBar | None = None) -> tupl
     return output, ctx.digest, time.perf_counter() - started
 
 
+class _Runner:
+    """The jobs of one ``run_analysis``, run in turn: every result written (by rank 0) as soon as it is computed
+    and counted in the report; the plain state_dict files that fail are kept in ``failed`` (file -> why) and
+    the other jobs go on."""
+
+    def __init__(self, jobs: list[Job], settings: AnalysisSettings, report: AnalysisReport,
+                 summaries: dict[int, dict], shown: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self.jobs, self.settings, self.report, self.summaries = jobs, settings, report, summaries
+        self.main = parallel.is_main()
+        self.contexts = _Contexts(settings)
+        self.work = WorkBar(shown)
+        self.bar = tqdm(total=len(jobs), initial=report.skipped, desc="analyze", unit="pass", disable=not shown,
+                        dynamic_ncols=True)
+        self.failed: dict[Path, str] = {}  # state_dict files that did not load or match the model: why
+
+    def finish(self, i: int, output: PassOutput, digest: str, seconds: float) -> None:
+        if self.main:
+            write_output(self.jobs[i], self.settings, digest, output, seconds)
+        self.summaries[i] = output.summary
+        self.report.computed += 1
+        self.bar.update(1)
+
+    def _show(self, i: int) -> None:
+        job = self.jobs[i]
+        self.bar.set_postfix_str(f"{job.source.name} r{job.round} {job.name}")
+
+    def _alone(self, i: int) -> tuple:
+        """Job i run by this rank alone: (i, output, digest, seconds, error or None, whether it is a state_dict
+        file that failed). One rank: a LandscapeError other than a failed file stops here."""
+        self._show(i)
+        try:
+            if parallel.world_size() == 1:
+                return (i, *_run_job(self.jobs[i], self.contexts, self.work), None, False)
+            with parallel.solo():
+                return (i, *_run_job(self.jobs[i], self.contexts), None, False)
+        except _FileFailed as e:  # the other files go on; the analysis fails at the end
+            return (i, None, "", 0.0, str(e), True)
+        except LandscapeError as e:  # every rank stops with it, after the step's other results
+            if parallel.world_size() == 1:
+                raise
+            return (i, None, "", 0.0, str(e), False)
+
+    def run_alone(self, queues: list[list[int]]) -> None:
+        """Every rank its own queue (``split_work``), one job a step; each step's outcomes go to every rank."""
+        own = queues[parallel.rank()]
+        for step in range(max(len(q) for q in queues)):
+            outcome = self._alone(own[step]) if step < len(own) else None
+            self._gathered([o for o in parallel.all_gather_objects(outcome) if o is not None])
+
+    def _gathered(self, outcomes: list[tuple]) -> None:
+        """One step's outcomes of all ranks: results finished, failed files noted; any other error stops every
+        rank (the first one's)."""
+        for i, output, digest, seconds, error, file_failed in outcomes:
+            if error is None:
+                self.finish(i, output, digest, seconds)
+            elif file_failed:
+                self.failed.setdefault(self.jobs[i].source.checkpoints[self.jobs[i].round], error)
+        errors = [error for *_, error, file_failed in outcomes if error is not None and not file_failed]
+        if errors:
+            raise LandscapeError(errors[0])
+
+    def run_together(self, together: list[int]) -> None:
+        """The jobs all ranks run together (their products and surface cells split across the ranks)."""
+        for i in together:
+            self._show(i)
+            try:
+                self.finish(i, *_run_job(self.jobs[i], self.contexts, self.work))
+            except _FileFailed as e:  # on every rank alike: the file is the same
+                self.failed.setdefault(e.path, str(e))
+
+
 def run_analysis(
     path: Path,
     *,
@@ -363,8 +306,6 @@ def run_analysis(
     time, the work inside a pass would deadlock: a rank would wait in an all-reduce for ranks busy with
     other checkpoints. Every rank returns the same report.
     """
-    from tqdm.auto import tqdm
-
     jobs, notes = skip_rounds_without_clients(plan(path, rounds, passes, options, foreign))
     main = parallel.is_main()
     recorded, redone = parallel.on_main(lambda: _recorded_summaries(jobs, settings, force))
@@ -373,61 +314,25 @@ def run_analysis(
     summaries = {i: summary for i, summary in enumerate(recorded) if summary is not None}
     report.skipped = len(summaries)
     queues, together = split_work(jobs, [i for i, s in enumerate(recorded) if s is None], parallel.world_size())
-    contexts = _Contexts(settings)
-    work = WorkBar(progress and main)
-    bar = tqdm(total=len(jobs), initial=report.skipped, desc="analyze", unit="pass",
-               disable=not (progress and main), dynamic_ncols=True)
-
-    def finish(i: int, output: PassOutput, digest: str, seconds: float) -> None:
-        if main:
-            write_output(jobs[i], settings, digest, output, seconds)
-        summaries[i] = output.summary
-        report.computed += 1
-        bar.update(1)
-
-    failed: dict[Path, str] = {}  # state_dict files that did not load or match the model: why
-
+    runner = _Runner(jobs, settings, report, summaries, progress and main)
     threads = contextlib.ExitStack()
     try:
         threads.enter_context(using_threads(settings.threads))  # the settings', never the machine's
-        own = queues[parallel.rank()]
-        for step in range(max(len(q) for q in queues)):
-            outcome = None
-            if step < len(own):
-                i = own[step]
-                bar.set_postfix_str(f"{jobs[i].source.name} r{jobs[i].round} {jobs[i].name}")
-                try:
-                    if parallel.world_size() == 1:
-                        outcome = (i, *_run_job(jobs[i], contexts, work), None, False)
-                    else:
-                        with parallel.solo():
-                            outcome = (i, *_run_job(jobs[i], contexts), None, False)
-                except _FileFailed as e:  # the other files go on; the analysis fails at the end
-                    outcome = (i, None, "", 0.0, str(e), True)
-                except LandscapeError as e:  # every rank stops with it, after the step's other results
-                    if parallel.world_size() == 1:
-                        raise
-                    outcome = (i, None, "", 0.0, str(e), False)
-            outcomes = [o for o in parallel.all_gather_objects(outcome) if o is not None]
-            for i, output, digest, seconds, error, file_failed in outcomes:
-                if error is None:
-                    finish(i, output, digest, seconds)
-                elif file_failed:
-                    failed.setdefault(jobs[i].source.checkpoints[jobs[i].round], error)
-            errors = [error for *_, error, file_failed in outcomes if error is not None and not file_failed]
-            if errors:
-                raise LandscapeError(errors[0])
-        for i in together:
-            bar.set_postfix_str(f"{jobs[i].source.name} r{jobs[i].round} {jobs[i].name}")
-            try:
-                finish(i, *_run_job(jobs[i], contexts, work))
-            except _FileFailed as e:  # on every rank alike: the file is the same
-                failed.setdefault(e.path, str(e))
+        runner.run_alone(queues)
+        runner.run_together(together)
     finally:
         threads.close()
-        bar.close()
-    if failed:
-        raise _failed_files_error(jobs, failed)
+        runner.bar.close()
+    if runner.failed:
+        raise _failed_files_error(jobs, runner.failed)
+    _fill_report(report, jobs, settings, summaries)
+    return report
+
+
+def _fill_report(report: AnalysisReport, jobs: list[Job], settings: AnalysisSettings,
+                 summaries: dict[int, dict]) -> None:
+    """The report's rows (one per run and round, with the summaries of its jobs, in plan order) and the
+    settings of every result name."""
     rows: dict[tuple[str, int], dict] = {}
     for i, job in enumerate(jobs):
         row = rows.setdefault((job.source.name, job.round), {"run": job.source.name, "round": job.round})
@@ -436,132 +341,3 @@ def run_analysis(
     for job in jobs:
         record = settings_record(settings, job.options)
         report.settings[result_name(job.name, record)] = settings_text(settings_diff(job.name, record))
-    return report
-
-
-def analysis_data(settings: AnalysisSettings) -> str:
-    """The data the analysis values are computed on, in words (what the summary's accuracy is measured on)."""
-    text = ("the test set" if settings.split == "test"
-            else "the training split (the union of the clients' training data)")
-    if settings.analysis_samples:
-        text += f", a seeded subset of {settings.analysis_samples} samples"
-    return text
-
-
-SUMMARY_WIDTH = 120  # the summary table is cut into blocks of columns that fit this many characters
-RUN_WIDTH = 40  # longer run names are written as [1], [2], ... in the table and in full under it
-
-
-def _wrapped(text: str, indent: str = "    ") -> list[str]:
-    import textwrap
-
-    return textwrap.wrap(text, SUMMARY_WIDTH, subsequent_indent=indent, break_on_hyphens=False,
-                         break_long_words=False)
-
-
-def format_summary(report: AnalysisReport) -> str:
-    """A plain-text table, one line per (run, round), one column per summary value (named by its key in the
-    results' ``summary``), in the order the passes ran. No line is wider than ``SUMMARY_WIDTH``: columns that
-    do not fit go to further blocks (each repeating run and round), run names longer than ``RUN_WIDTH`` are
-    numbered and written out under the table, and the accuracy is said to be the analysis accuracy it is."""
-    if not report.rows:
-        return "nothing analysed"
-    columns: list[str] = []
-    for row in report.rows:
-        columns += [k for k in row if k not in ("run", "round") and k not in columns]
-    names = list(dict.fromkeys(str(row.get("run")) for row in report.rows))
-    numbered = any(len(name) > RUN_WIDTH for name in names)
-    run_cell = {name: f"[{k + 1}]" if numbered else name for k, name in enumerate(names)}
-
-    def cell(value: Any) -> str:
-        if isinstance(value, float):
-            return f"{value:.4g}"
-        return "-" if value is None else str(value)
-
-    keys = [["run", "round"]] + [[run_cell[str(row.get("run"))], cell(row.get("round"))] for row in report.rows]
-    table = [columns] + [[cell(row.get(c)) for c in columns] for row in report.rows]
-    key_widths = [max(len(r[i]) for r in keys) for i in range(2)]
-    widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
-
-    def pack(limit: int) -> list[list[int]]:
-        blocks: list[list[int]] = [[]]
-        used = sum(key_widths) + 2
-        for i, width in enumerate(widths):
-            if blocks[-1] and used + 2 + width > limit:
-                blocks.append([])
-                used = sum(key_widths) + 2
-            blocks[-1].append(i)
-            used += 2 + width
-        return blocks
-
-    blocks = pack(SUMMARY_WIDTH)
-    limit = SUMMARY_WIDTH  # the narrowest blocks that are no more: the columns spread evenly over them
-    while limit > 1 and len(pack(limit - 1)) == len(blocks):
-        limit -= 1
-    blocks = pack(limit)
-    lines: list[str] = []
-    for b, block in enumerate(blocks):
-        if b:
-            lines.append("")
-        all_widths = key_widths + [widths[i] for i in block]
-        rows = [k + [r[i] for i in block] for k, r in zip(keys, table)]
-        text = ["  ".join(v.ljust(w) for v, w in zip(r, all_widths)).rstrip() for r in rows]
-        text.insert(1, "  ".join("-" * w for w in all_widths))
-        lines += text
-    if numbered or "acc" in columns or any(report.settings.values()):
-        lines.append("")
-    if numbered:
-        lines += [f"{run_cell[name]} {name}" for name in names]
-    if "acc" in columns:
-        data = report.data or "the analysis data (--split; by default the union of the clients' training data)"
-        lines += _wrapped(f"acc: accuracy of the checkpoint x on {data}, from the loss pass ('accuracy' in "
-                          "its JSON); not the test accuracy training logged (metrics.jsonl 'test_acc')")
-    # Which results these are, when some were asked for with settings other than the defaults.
-    for name, text in sorted(report.settings.items()):
-        if text:
-            lines += _wrapped(f"{name}: {text}")
-    return "\n".join(lines)
-
-
-def planned_work(job: Job) -> Cost:
-    """What a job will cost, estimated from its options by its pass's cost model (``PassInfo.cost``: products
-    are timed on their own, the other work in full-data gradients)."""
-    return load_passes().info(job.name).cost(job.options)
-
-
-def format_plan(jobs: list[Job], settings: AnalysisSettings) -> str:
-    """What ``landscape analyze --dry-run`` prints: every job with its estimated products and seconds, timed by
-    one full-data gradient at the first checkpoint (the estimate is rough: a factor of 2 either way)."""
-    if not jobs:
-        return "nothing to analyse"
-    import torch
-
-    from landscape.analyze.operator import HessianOperator
-
-    with using_threads(settings.threads):
-        ctx = CheckpointContext(jobs[0].source, jobs[0].round, settings)
-        ctx.objective.loss_and_grad(ctx.w)  # warm-up (first-call allocations)
-        started = time.perf_counter()
-        ctx.objective.loss_and_grad(ctx.w)
-        gradient = time.perf_counter() - started
-        op = HessianOperator(ctx.objective, ctx.w, backend=settings.hvp)
-        v = torch.randn(ctx.flat.dim, generator=torch.Generator().manual_seed(0)).to(ctx.w)
-        op.matvec(v)  # builds (and, where it fits, keeps) the gradient graphs
-        started = time.perf_counter()
-        op.matvec(v)
-        product = time.perf_counter() - started
-    head = (f"{len(jobs)} jobs; at the first checkpoint ({ctx.flat.dim:,} parameters, {len(ctx.global_data)} samples, "
-            f"{ctx.device}, {ctx.dtype}) one gradient took {gradient:.3g} s, one Hessian-vector product "
-            f"{product:.3g} s")
-    rows = [("run", "round", "pass", "HVPs", "est. seconds")]
-    total_hvps, total_seconds = 0, 0.0
-    for job in jobs:
-        cost = planned_work(job)
-        hvps, seconds = cost.hvps, cost.hvps * product + cost.gradients * gradient
-        total_hvps, total_seconds = total_hvps + hvps, total_seconds + seconds
-        rows.append((job.source.name, str(job.round), job.name, str(hvps), f"{seconds:.1f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [head] + ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
-    lines.append(f"total: about {total_hvps} Hessian-vector products and {total_seconds:.0f} s "
-                 "(results already computed are skipped, and cost nothing)")
-    return "\n".join(lines)

@@ -1,52 +1,48 @@
 """The analysis settings shared by every pass (``AnalysisSettings``: split, subset, BN mode, device, backend,
-product, batch size, seed, dtype, threads), checked where they enter. Imports nothing of the analysis, so
-figures, reports and recipes read them without loading models or data sets."""
+product, batch size, seed, dtype, threads), a schema of the one loader (``landscape.config.schema``): their
+kinds, ranges and choices are in the annotations, checked where they enter (CLI flags, analysis recipes,
+figure recipes). Imports nothing of the analysis, so figures, reports and recipes read them without loading
+models or data sets."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 from landscape.config.recipe_sections import DTYPES
-from landscape.core.errors import LandscapeError
+from landscape.config.schema import check, choices, rule
 
-SETTING_CHOICES = {"split": ("train", "test"), "bn_mode": ("eval", "train-batch-stats", "recompute"),
-                   "backend": ("native", "pyhessian"), "hvp": ("double-backward", "forward-over-reverse"),
-                   "dtype": ("auto", *DTYPES)}
+# "auto": the run's dtype (train.dtype) or the state_dict's; else one of the training recipe's dtypes
+Dtype = Literal[("auto", *DTYPES)]
 
 
 @dataclass(frozen=True)
 class AnalysisSettings:
     """Settings shared by every pass (recorded with each result)."""
 
-    split: str = "train"  # train: union of all clients' training data; test: the test set
-    analysis_samples: int = 0  # 0: all of the split; N: a fixed seeded subset of N samples
-    bn_mode: str = "eval"
-    device: str = "auto"
-    backend: str = "native"  # native | pyhessian (lambda_max and trace cross-check)
-    hvp: str = "double-backward"  # or forward-over-reverse
-    batch_size: int = 512  # analysis batches (fixed order and boundaries)
-    seed: int = 0
-    dtype: str = "auto"  # auto: the run's (train.dtype) or the state_dict's dtype; float32; float64
+    split: Literal["train", "test"] = "train"  # train: union of all clients' training data; test: the test set
+    # 0: all of the split; N: a fixed seeded subset of N samples
+    analysis_samples: Annotated[int, rule("0: all of the split", ge=0)] = 0
+    bn_mode: Literal["eval", "train-batch-stats", "recompute"] = "eval"
+    device: Annotated[str, rule(min_length=1, text="must be auto, cpu, cuda or cuda:N")] = "auto"
+    backend: Literal["native", "pyhessian"] = "native"  # pyhessian: the lambda_max and trace cross-check
+    hvp: Literal["double-backward", "forward-over-reverse"] = "double-backward"
+    batch_size: Annotated[int, rule(ge=1)] = 512  # analysis batches (fixed order and boundaries)
+    seed: Annotated[int, rule(ge=0, le=2**32 - 1, text="must be in 0..4294967295")] = 0
+    dtype: Dtype = "auto"
     # CPU threads of torch during the analysis (0: every core): set by the analysis, never taken from the
     # machine, so the numbers do not change with it. Not part of what a result records as its settings (the
     # result records it beside them, with its seconds): another count changes the last bits only.
-    threads: int = 1
+    threads: Annotated[int, rule(ge=0, le=4096, text="must be in 0..4096 (0: every core)")] = 1
 
     def __post_init__(self) -> None:
-        """Every setting checked where it enters (CLI flags, analysis recipes, figure recipes): a bad value is one
-        line naming it, never a silent zero or a result under a wrong name."""
-        for key, allowed in SETTING_CHOICES.items():
-            if getattr(self, key) not in allowed:
-                raise LandscapeError(f"analysis setting {key} must be one of {', '.join(allowed)} "
-                                     f"(got {getattr(self, key)!r})")
-        for key, low, high in (("analysis_samples", 0, None), ("batch_size", 1, None), ("seed", 0, 2**32 - 1),
-                               ("threads", 0, 4096)):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
-                bounds = f">= {low}" if high is None else f"in {low}..{high}"
-                raise LandscapeError(f"analysis setting {key} must be a whole number {bounds} (got {value!r})")
-        if not isinstance(self.device, str) or not self.device:
-            raise LandscapeError(f"analysis setting device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
+        """Made directly too (from CLI flags): every setting checked as the loader checks an analysis recipe's
+        [settings], a bad value one line naming it, never a silent zero or a result under a wrong name."""
+        check(self, "settings", noun="analysis setting")
 
     def record(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "threads"}
+
+
+# The choices of the settings that have them: the analyze command's click choices derive from these.
+SETTING_CHOICES = {key: choices(AnalysisSettings, key) for key in ("split", "bn_mode", "backend", "hvp", "dtype")}

@@ -1,8 +1,8 @@
 """The ``surface`` analysis pass: loss surfaces, F (and accuracy) on a 1D line or a 2D plane around a
-checkpoint (docs/metrics.md "Surfaces"): its planes (random, PCA, client plane, interpolation), its cost
-and its registration.
+checkpoint (docs/metrics.md "Surfaces"): its planes (random, PCA, client plane, interpolation) and its
+function.
 
-Its options are in ``surface_options``, the computation in ``surface_grid`` (the axes, the [ix, iy] layout
+Its declaration (options, cost model) is in ``surface_options``, the computation in ``surface_grid`` (the axes, the [ix, iy] layout
 and ``SurfaceGrid``), ``surface_evaluation`` (``evaluate_surface``: the cells, batched where the BN mode
 allows) and ``surface_partial`` (partial grids on disk, so that an interrupted surface resumes).
 """
@@ -20,7 +20,7 @@ from torch import Tensor
 from landscape.analyze import directions as dirs
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.objective import Objective
-from landscape.analyze.registry import PASSES, Cost, PassOutput
+from landscape.analyze.registry import PASSES, PassOutput
 from landscape.analyze.results import result_name, settings_record
 from landscape.analyze.surface_evaluation import evaluate_surface, vectorizable
 from landscape.analyze.surface_grid import auto_half_width, make_axis, make_line, parse_grid, parse_span
@@ -176,27 +176,8 @@ def _plane(ctx: CheckpointContext, opts: SurfaceOptions) -> _Plane:
 
 # -- the pass ---------------------------------------------------------------------------------------------
 
-# Work of a surface besides Hessian-vector products, in full-data gradient equivalents: a cell is one forward
-# pass, about 0.4 of a gradient.
-CELL_COST = 0.4
-
-
-def _surface_cost(o: SurfaceOptions) -> Cost:
-    """The grid's cells (a number of points alone is n x n on a plane)."""
-    sizes = [int(n) for n in str(o.grid).split("x") if n.isdigit()] or [1]
-    if len(sizes) == 1 and o.directions != "interpolate":  # "41": 41 x 41 on a plane
-        sizes *= 2
-    cells = 1
-    for n in sizes:
-        cells *= n
-    return Cost(gradients=CELL_COST * cells)
-
-
-# Opt-in (expensive); collective: its grid cells are split across the ranks, partial grids saved by rank 0.
-@PASSES.register("surface", options=SurfaceOptions,
-                 summary="1D / 2D loss surfaces: random (filter-normalised or euclidean), PCA, client plane, "
-                         "interpolation",
-                 opt_in=True, collective=True, without_clients="random directions", cost=_surface_cost)
+# Declared (options, cost, opt-in, collective) in surface_options.py.
+@PASSES.implement("surface")
 def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
     """The surface ``opts`` asks for around the checkpoint of ``ctx`` (resuming its partial grid where one of
     exactly this computation is on disk): the grid, its directions and what figures read of it."""

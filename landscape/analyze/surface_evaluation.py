@@ -135,12 +135,43 @@ def evaluate_surface(
     all return the whole grid; ``on_checkpoint``, the progress bar and the progress callable run on rank 0
     only.
     """
-    from tqdm.auto import tqdm
-
     if (d2 is None) != (y_coords is None):
         raise LandscapeError("a 2D surface needs both d2 and y_coords; a 1D line neither")
     if cells_per_batch < 1 or save_every < 1 or (cells_per_pass is not None and cells_per_pass < 1):
         raise LandscapeError("cells_per_batch, cells_per_pass and save_every must be at least 1")
+    grid, directions, coords = _start_grid(w, d1, d2, x_coords, y_coords, loss, accuracy)
+    if cells_per_pass is None:
+        cells_per_pass = default_cells_per_pass(w.device, cells_per_batch)
+    cells_per_pass = min(cells_per_pass, cells_per_batch)
+    batched = vectorize and cells_per_pass > 1 and vectorizable(objective)
+    cells = _Cells(objective, w, directions, coords, batched, cells_per_pass)
+    # Fixed chunks of the C-ordered cells, keeping only missing cells. Under torchrun the ranks take the
+    # chunks in turn (a step: one chunk each) and gather the step's values, so every rank holds the whole
+    # grid and a chunk holds the same cells, with the same values, whatever the number of ranks.
+    order = list(np.ndindex(grid.shape))  # C order over [ix, iy]
+    missing = grid.missing_mask
+    chunks = [chunk for start in range(0, len(order), cells_per_batch)
+              if (chunk := [c for c in order[start : start + cells_per_batch] if missing[c]])]
+    ranks, me = parallel.world_size(), parallel.rank()
+    steps = _Steps(progress, sum(len(chunk) for chunk in chunks), on_checkpoint, save_every)
+    try:
+        for step in range(0, len(chunks), ranks):
+            group = chunks[step : step + ranks]
+            mine = cells.compute(group[me]) if me < len(group) else []
+            for values in parallel.all_gather_objects(mine):
+                for cell, lo, ac in values:
+                    grid.loss[cell], grid.accuracy[cell] = lo, ac
+            steps.done(grid, sum(len(chunk) for chunk in group))
+    finally:
+        steps.bar.close()
+    return SurfaceGrid(grid.x_coords, grid.y_coords, grid.loss, grid.accuracy, steps.evaluated)
+
+
+def _start_grid(w: Tensor, d1: Tensor, d2: Tensor | None, x_coords: np.ndarray, y_coords: np.ndarray | None,
+                loss: np.ndarray | None,
+                accuracy: np.ndarray | None) -> tuple[SurfaceGrid, list[Tensor], list[np.ndarray]]:
+    """The grid ``evaluate_surface`` starts from (the given loss and accuracy, else all NaN), its directions
+    and its coordinate axes, each checked in one line."""
     grid = SurfaceGrid.empty(x_coords, y_coords)
     for name, given, target in (("loss", loss, grid.loss), ("accuracy", accuracy, grid.accuracy)):
         if given is not None:
@@ -153,83 +184,89 @@ def evaluate_surface(
         if d.shape != w.shape:
             raise LandscapeError(f"directions must have the shape of w {tuple(w.shape)}, "
                                  f"got {tuple(d.shape)}")
+    return grid, directions, coords
 
-    cells = list(np.ndindex(grid.shape))  # C order over [ix, iy]
-    missing = grid.missing_mask
-    pending = [c for c in cells if missing[c]]
-    if cells_per_pass is None:
-        cells_per_pass = default_cells_per_pass(w.device, cells_per_batch)
-    cells_per_pass = min(cells_per_pass, cells_per_batch)
-    batched = vectorize and cells_per_pass > 1 and vectorizable(objective)
-    evaluated = since_save = 0
-    buffer = torch.empty_like(w)
 
-    def coefficients(cell: tuple[int, ...]) -> list[float]:
-        return [float(axis[i]) for axis, i in zip(coords, cell)]
+class _Cells:
+    """F and accuracy at the cells w + sum_k c_k d_k of a surface: vmapped ``cells_per_pass`` at a time
+    (``batched``), else one at a time (in one pass over the data for an ``Objective``); the centre cell always
+    by the objective itself on the unmodified w."""
 
-    def point(coeffs: list[float]) -> Tensor:
+    def __init__(self, objective: Any, w: Tensor, directions: list[Tensor], coords: list[np.ndarray],
+                 batched: bool, cells_per_pass: int) -> None:
+        self.objective, self.w, self.directions, self.coords = objective, w, directions, coords
+        self.batched, self.cells_per_pass = batched, cells_per_pass
+        self.buffer = torch.empty_like(w)
+
+    def coefficients(self, cell: tuple[int, ...]) -> list[float]:
+        return [float(axis[i]) for axis, i in zip(self.coords, cell)]
+
+    def point(self, coeffs: list[float]) -> Tensor:
         """w + sum_k c_k d_k built in place; zero coefficients add nothing, so (0, 0) is exactly w."""
-        buffer.copy_(w)
-        for c, d in zip(coeffs, directions):
+        self.buffer.copy_(self.w)
+        for c, d in zip(coeffs, self.directions):
             if c != 0.0:
-                buffer.add_(d, alpha=c)
-        return buffer
+                self.buffer.add_(d, alpha=c)
+        return self.buffer
 
-    def compute(chunk: list[tuple[int, ...]]) -> list[tuple[tuple[int, ...], float, float]]:
+    def compute(self, chunk: list[tuple[int, ...]]) -> list[tuple[tuple[int, ...], float, float]]:
         """(cell, F, accuracy) of every cell of one chunk."""
+        objective, w = self.objective, self.w
         values, rest = [], []
         for cell in chunk:
-            coeffs = coefficients(cell)
+            coeffs = self.coefficients(cell)
             if all(c == 0.0 for c in coeffs):  # the checkpoint itself: F(w) as the objective gives it
                 values.append((cell, float(objective.loss(w)), float(objective.accuracy(w))))
             else:
                 rest.append((cell, coeffs))
-        if batched and rest:
-            for start in range(0, len(rest), cells_per_pass):
-                part = rest[start : start + cells_per_pass]
-                c = torch.tensor([coeffs for _, coeffs in part], dtype=w.dtype, device=w.device)
-                weights = w.expand(len(part), -1).clone()
-                for k, d in enumerate(directions):
-                    weights.addcmul_(c[:, k : k + 1], d.unsqueeze(0))
-                losses, accs = _cells_vmapped(objective, weights)
-                values += [(cell, float(lo), float(ac)) for (cell, _), lo, ac in zip(part, losses, accs)]
+        if self.batched and rest:
+            values += self._vmapped(rest)
         elif isinstance(objective, Objective):
-            values += [(cell, *_cell_one_pass(objective, point(coeffs))) for cell, coeffs in rest]
+            values += [(cell, *_cell_one_pass(objective, self.point(coeffs))) for cell, coeffs in rest]
         else:
             for cell, coeffs in rest:
-                w_cell = point(coeffs)
+                w_cell = self.point(coeffs)
                 values.append((cell, float(objective.loss(w_cell)), float(objective.accuracy(w_cell))))
         return values
 
-    # Fixed chunks of the C-ordered cells, keeping only missing cells. Under torchrun the ranks take the
-    # chunks in turn (a step: one chunk each) and gather the step's values, so every rank holds the whole
-    # grid and a chunk holds the same cells, with the same values, whatever the number of ranks.
-    chunks = [chunk for start in range(0, len(cells), cells_per_batch)
-              if (chunk := [c for c in cells[start : start + cells_per_batch] if missing[c]])]
-    ranks, me = parallel.world_size(), parallel.rank()
-    main = parallel.is_main()
-    report = progress if callable(progress) and main else None
-    show = None if progress is None else (progress is True)
-    bar = tqdm(total=len(pending), desc="surface", unit="cell", leave=False, dynamic_ncols=True,
-               disable=(None if show is None else not show) if main and not callable(progress) else True)
-    try:
-        for step in range(0, len(chunks), ranks):
-            group = chunks[step : step + ranks]
-            mine = compute(group[me]) if me < len(group) else []
-            for values in parallel.all_gather_objects(mine):
-                for cell, lo, ac in values:
-                    grid.loss[cell], grid.accuracy[cell] = lo, ac
-            done = sum(len(chunk) for chunk in group)
-            evaluated += done
-            since_save += done
-            bar.update(done)
-            if report is not None:
-                report(evaluated, len(pending))
-            if on_checkpoint is not None and since_save >= save_every and evaluated < len(pending):
-                since_save = 0
-                if main:
-                    on_checkpoint(grid)
-    finally:
-        bar.close()
-    return SurfaceGrid(grid.x_coords, grid.y_coords, grid.loss, grid.accuracy, evaluated)
+    def _vmapped(self, rest: list[tuple[tuple[int, ...], list[float]]]) -> list[tuple[tuple[int, ...], float, float]]:
+        """(cell, F, accuracy) of the cells ``rest`` (cell, coefficients), ``cells_per_pass`` to a forward pass."""
+        w, values = self.w, []
+        for start in range(0, len(rest), self.cells_per_pass):
+            part = rest[start : start + self.cells_per_pass]
+            c = torch.tensor([coeffs for _, coeffs in part], dtype=w.dtype, device=w.device)
+            weights = w.expand(len(part), -1).clone()
+            for k, d in enumerate(self.directions):
+                weights.addcmul_(c[:, k : k + 1], d.unsqueeze(0))
+            losses, accs = _cells_vmapped(self.objective, weights)
+            values += [(cell, float(lo), float(ac)) for (cell, _), lo, ac in zip(part, losses, accs)]
+        return values
 
+
+class _Steps:
+    """What follows each step of ``evaluate_surface``: the cells counted, the progress bar and the progress
+    callable updated, and ``on_checkpoint`` called every ``save_every`` cells (on rank 0; never after the
+    last step)."""
+
+    def __init__(self, progress: bool | None | Callable[[int, int | None], None], pending: int,
+                 on_checkpoint: Callable[[SurfaceGrid], None] | None, save_every: int) -> None:
+        from tqdm.auto import tqdm
+
+        self.main = parallel.is_main()
+        self.report = progress if callable(progress) and self.main else None
+        show = None if progress is None else (progress is True)
+        self.bar = tqdm(total=pending, desc="surface", unit="cell", leave=False, dynamic_ncols=True,
+                        disable=(None if show is None else not show) if self.main and not callable(progress) else True)
+        self.pending, self.on_checkpoint, self.save_every = pending, on_checkpoint, save_every
+        self.evaluated = self.since_save = 0
+
+    def done(self, grid: SurfaceGrid, count: int) -> None:
+        self.evaluated += count
+        self.since_save += count
+        self.bar.update(count)
+        if self.report is not None:
+            self.report(self.evaluated, self.pending)
+        if self.on_checkpoint is not None and self.since_save >= self.save_every and self.evaluated < self.pending:
+            self.since_save = 0
+            if self.main:
+                self.on_checkpoint(grid)

@@ -1,161 +1,29 @@
-"""The options of the ``surface`` analysis pass (``SurfaceOptions``, ``--set surface.KEY=VALUE``) and the
-parsers of their specs, checked when the options are made, before any work (docs/metrics.md "Surfaces").
+"""The ``surface`` analysis pass declared (its ``PassSpec``): its options (``SurfaceOptions``, ``--set
+surface.KEY=VALUE``), the parsers of their specs, its cost model and the check that its grid fits in memory;
+light (no computation), so figures read it, and ``surface.py`` attaches the pass function (docs/metrics.md
+"Surfaces").
+
+Each option's kind, choices and format are its annotation (the one schema loader,
+``landscape.config.schema``); ``SurfaceOptions.__post_init__`` checks what depends on several options (a
+grid and span for the directions' line or plane, a normalisation for the directions), all when the options
+are made, before any work.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import numpy as np
-import torch
 
-from landscape.analyze import directions as dirs
+from landscape.analyze.registry import PASSES, Cost
 from landscape.analyze.surface_grid import make_axis, make_line, parse_grid, parse_span
+from landscape.config.schema import choices, holds, rule
 from landscape.core.errors import LandscapeError
 from landscape.store.runs import surface_result_name
 
-DIRECTIONS = ("random", "pca", "clients", "interpolate")
 DEFAULT_SPANS = {"random": "-1:1", "pca": "auto", "clients": "auto", "interpolate": "-0.5:1.5"}
-
-
-@dataclass(frozen=True)
-class SurfaceOptions:
-    """What a surface is computed over: its directions, grid, span and data (docs/metrics.md "Surfaces")."""
-
-    directions: str = "random"  # random | pca | clients | interpolate (1D)
-    grid: str = "41"  # 2D: "41" (41 x 41) or "41x25" (nx x ny), odd sizes; interpolate: points on the line
-    span: str = ""  # "" = the directions' default: random -1:1, pca/clients auto, interpolate -0.5:1.5
-    data: str = "global"  # global (the analysis data) | test (the test set) | client:<i> (F_i)
-    orthogonalize: bool = False  # random: Gram-Schmidt d2 against d1 after normalising
-    ignore_1d: bool = True  # random: zero the dim <= 1 tensors (biases, norm scales)
-    # random: "filter" (Li et al. 2018: each model's own filters; the paper's figure, not comparable across
-    # models), "euclidean" (each direction of norm `length`, the same vector for every model of the
-    # architecture) or "filter-reference" (filter-normalised to the model `reference` names)
-    normalization: str = "filter"
-    length: float = 1.0  # euclidean: ||d1|| = ||d2|| = length (one axis unit = this distance in parameters)
-    reference: str = ""  # filter-reference: "round:<r>" (this run's x^r; round:0 = the shared init) or a file
-    clients: str = ""  # clients: two client ids "3,7"; "" = the first two kept clients
-    target: str = ""  # interpolate: "client:<i>" or a checkpoint file; "" = the first kept client
-    cells_per_batch: int = 16  # cells evaluated together (vmap) where the BN mode allows
-    save_every: int = 64  # cells between partial saves (resumable)
-
-    @property
-    def output_name(self) -> str:
-        """The output name: surface (random plane) or surface-<directions>; the result files add the settings
-        off their defaults (``results.result_name``)."""
-        return surface_result_name(self.directions)
-
-    @property
-    def needs_kept_clients(self) -> bool:
-        """The client plane, and a line to a client's model, read the round's kept client models."""
-        return self.directions == "clients" or (self.directions == "interpolate"
-                                                and (not self.target or self.target.startswith("client:")))
-
-    @property
-    def described(self) -> str:
-        """The pass as these options ask for it, in the words of ``landscape analyze``'s flags."""
-        return f"surface --directions {self.directions}"
-
-    def __post_init__(self) -> None:
-        # --set surface.grid=41 arrives as an int and surface.clients=[3,7] as a list: keep one spelling each,
-        # so equal settings are recorded (and skipped) equally.
-        if isinstance(self.grid, int) and not isinstance(self.grid, bool):
-            object.__setattr__(self, "grid", str(self.grid))
-        if isinstance(self.clients, (list, tuple)):
-            object.__setattr__(self, "clients", ",".join(str(c) for c in self.clients))
-        for name in ("cells_per_batch", "save_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise LandscapeError(f"surface {name} must be a whole number >= 1, got {value!r}")
-        for name, example in (("grid", "41"), ("span", "-1:1"), ("data", "client:3"), ("clients", "3,7"),
-                              ("target", "client:3")):
-            value = getattr(self, name)
-            if not isinstance(value, str):  # e.g. --set surface.data=0 (a number, not text)
-                raise LandscapeError(f"surface {name} must be text such as '{example}', got {value!r}")
-        if self.directions not in DIRECTIONS:
-            raise LandscapeError(f"unknown surface directions '{self.directions}'; choose from: "
-                                 + ", ".join(DIRECTIONS))
-        one_d = self.directions == "interpolate"
-        sizes = parse_grid(self.grid, 1 if one_d else 2)
-        check_grid_size(sizes, one_d)
-        span = self.span or DEFAULT_SPANS[self.directions]
-        if span == "auto":
-            if self.directions not in ("pca", "clients"):
-                raise LandscapeError("span 'auto' is for pca and clients directions; give LO:HI (e.g. -1:1)")
-            for n in sizes:
-                make_axis(n, -1.0, 1.0)  # odd sizes
-        elif one_d:
-            make_line(sizes[0], *parse_span(span))
-        else:
-            for n in sizes:
-                make_axis(n, *parse_span(span))
-        parse_data(self.data)
-        if self.clients:
-            parse_clients(self.clients)
-        self._check_normalization()
-
-    def _check_normalization(self) -> None:
-        length = self.length
-        if isinstance(length, bool) or not isinstance(length, (int, float)) or not math.isfinite(length) \
-                or length <= 0:
-            raise LandscapeError(f"surface length must be a finite number > 0, got {length!r}")
-        object.__setattr__(self, "length", float(length))  # --set surface.length=10 arrives as an int
-        if not isinstance(self.reference, str):
-            raise LandscapeError(f"surface reference must be text such as 'round:0', got {self.reference!r}")
-        if self.normalization not in dirs.NORMALIZATIONS:
-            raise LandscapeError(f"unknown surface normalization '{self.normalization}'; choose from: "
-                                 + ", ".join(dirs.NORMALIZATIONS))
-        if self.normalization != "filter" and self.directions != "random":
-            raise LandscapeError(f"surface normalization '{self.normalization}' is for random directions; "
-                                 f"{self.directions} directions are not normalised to a model")
-        if self.length != 1.0 and self.normalization != "euclidean":
-            raise LandscapeError("surface length is the norm of euclidean directions: set normalization = "
-                                 "\"euclidean\" with it")
-        if self.normalization == "filter-reference":
-            if not self.reference:
-                raise LandscapeError("surface normalization 'filter-reference' needs reference = "
-                                     "\"round:<r>\" (e.g. round:0, the run's initial model) or a "
-                                     "checkpoint file")
-            if self.reference.startswith("round:"):
-                parse_reference_round(self.reference)
-        elif self.reference:
-            raise LandscapeError("surface reference is the model that filter-reference directions are "
-                                 "normalised to: set normalization = \"filter-reference\" with it")
-
-
-def parse_reference_round(spec: str) -> int:
-    """"round:<r>" -> r (a checkpointed round of the analysed run)."""
-    try:
-        value = int(spec.split(":", 1)[1])
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise LandscapeError(f"surface reference must be round:<r> (e.g. round:0) or a checkpoint file, "
-                             f"got '{spec}'")
-    return value
-
-
-# Host memory a grid cell takes while the surface is computed: its loss and accuracy (float64), the list of
-# cell indices, the partial grid written to disk, with room to spare.
-GRID_BYTES_PER_CELL = 160
-
-
-def check_grid_size(sizes: tuple[int, ...], one_d: bool) -> None:
-    """A 2D grid has at least 3 points per axis (a 1-point "surface" is only the checkpoint), and no grid
-    needs more memory than the machine has free: refused in one line before anything is allocated."""
-    if not one_d and min(sizes) < 3:
-        raise LandscapeError(f"a 2D surface needs at least 3 points per axis (odd), got grid "
-                             f"'{'x'.join(map(str, sizes))}'")
-    cells = int(np.prod(sizes, dtype=object))
-    needed = cells * GRID_BYTES_PER_CELL
-    from landscape.analyze.operator import free_memory
-
-    free = free_memory(torch.device("cpu"))
-    if free is not None and needed > free:
-        raise LandscapeError(f"a {'x'.join(map(str, sizes))} grid ({cells:,} cells) needs about "
-                             f"{needed / 2**30:,.1f} GiB of memory, {free / 2**30:,.1f} GiB are free: "
-                             "choose a smaller grid")
 
 
 def parse_data(spec: str) -> int | str:
@@ -181,3 +49,171 @@ def parse_clients(spec: str) -> tuple[int, int]:
     if len(ids) != 2 or ids[0] == ids[1] or min(ids) < 0:
         raise LandscapeError(f"surface clients must be two different client ids like '3,7', got '{spec}'")
     return ids[0], ids[1]
+
+
+def _parses(parse: Callable[[str], Any], empty: bool = False) -> Callable[[str], bool]:
+    """Whether ``parse`` takes a value (and "" when ``empty``: the option's default, meaning "choose")."""
+
+    def test(spec: str) -> bool:
+        try:
+            return (empty and spec == "") or parse(spec) is not None
+        except LandscapeError:
+            return False
+
+    return test
+
+
+@dataclass(frozen=True)
+class SurfaceOptions:
+    """What a surface is computed over: its directions, grid, span and data (docs/metrics.md "Surfaces")."""
+
+    directions: Literal["random", "pca", "clients", "interpolate"] = "random"  # interpolate: a 1D line
+    grid: str = "41"  # 2D: "41" (41 x 41) or "41x25" (nx x ny), odd sizes; interpolate: points on the line
+    span: str = ""  # "" = the directions' default: random -1:1, pca/clients auto, interpolate -0.5:1.5
+    # global (the analysis data) | test (the test set) | client:<i> (F_i)
+    data: Annotated[str, rule(text="must be global, test or client:<i> (e.g. client:3)"),
+                    holds(_parses(parse_data))] = "global"
+    orthogonalize: bool = False  # random: Gram-Schmidt d2 against d1 after normalising
+    ignore_1d: bool = True  # random: zero the dim <= 1 tensors (biases, norm scales)
+    # random: "filter" (Li et al. 2018: each model's own filters; the paper's figure, not comparable across
+    # models), "euclidean" (each direction of norm `length`, the same vector for every model of the
+    # architecture) or "filter-reference" (filter-normalised to the model `reference` names);
+    # directions.NORMALIZATIONS
+    normalization: Literal["filter", "euclidean", "filter-reference"] = "filter"
+    # euclidean: ||d1|| = ||d2|| = length (one axis unit = this distance in parameters)
+    length: Annotated[float, rule(gt=0)] = 1.0
+    reference: str = ""  # filter-reference: "round:<r>" (this run's x^r; round:0 = the shared init) or a file
+    # clients: two client ids "3,7"; "" = the first two kept clients
+    clients: Annotated[str, rule(text="must be two different client ids like '3,7'"),
+                       holds(_parses(parse_clients, empty=True))] = ""
+    target: str = ""  # interpolate: "client:<i>" or a checkpoint file; "" = the first kept client
+    cells_per_batch: Annotated[int, rule(ge=1)] = 16  # cells evaluated together (vmap) where the BN mode allows
+    save_every: Annotated[int, rule(ge=1)] = 64  # cells between partial saves (resumable)
+
+    @property
+    def output_name(self) -> str:
+        """The output name: surface (random plane) or surface-<directions>; the result files add the settings
+        off their defaults (``results.result_name``)."""
+        return surface_result_name(self.directions)
+
+    @property
+    def needs_kept_clients(self) -> bool:
+        """The client plane, and a line to a client's model, read the round's kept client models."""
+        return self.directions == "clients" or (self.directions == "interpolate"
+                                                and (not self.target or self.target.startswith("client:")))
+
+    @property
+    def described(self) -> str:
+        """The pass as these options ask for it, in the words of ``landscape analyze``'s flags."""
+        return f"surface --directions {self.directions}"
+
+    def __post_init__(self) -> None:
+        """The checks across options: the grid and span make the directions' line or plane, the
+        normalisation fits the directions."""
+        one_d = self.directions == "interpolate"
+        sizes = parse_grid(self.grid, 1 if one_d else 2)
+        if not one_d and min(sizes) < 3:  # a 1-point "surface" is only the checkpoint
+            raise LandscapeError(f"a 2D surface needs at least 3 points per axis (odd), got grid "
+                                 f"'{'x'.join(map(str, sizes))}'")
+        span = self.span or DEFAULT_SPANS[self.directions]
+        if span == "auto":
+            if self.directions not in ("pca", "clients"):
+                raise LandscapeError("span 'auto' is for pca and clients directions; give LO:HI (e.g. -1:1)")
+            for n in sizes:
+                make_axis(n, -1.0, 1.0)  # odd sizes
+        elif one_d:
+            make_line(sizes[0], *parse_span(span))
+        else:
+            for n in sizes:
+                make_axis(n, *parse_span(span))
+        self._check_normalization()
+
+    def _check_normalization(self) -> None:
+        if self.normalization != "filter" and self.directions != "random":
+            raise LandscapeError(f"surface normalization '{self.normalization}' is for random directions; "
+                                 f"{self.directions} directions are not normalised to a model")
+        if self.length != 1.0 and self.normalization != "euclidean":
+            raise LandscapeError("surface length is the norm of euclidean directions: set normalization = "
+                                 "\"euclidean\" with it")
+        if self.normalization == "filter-reference":
+            if not self.reference:
+                raise LandscapeError("surface normalization 'filter-reference' needs reference = "
+                                     "\"round:<r>\" (e.g. round:0, the run's initial model) or a "
+                                     "checkpoint file")
+            if self.reference.startswith("round:"):
+                parse_reference_round(self.reference)
+        elif self.reference:
+            raise LandscapeError("surface reference is the model that filter-reference directions are "
+                                 "normalised to: set normalization = \"filter-reference\" with it")
+
+
+DIRECTIONS = choices(SurfaceOptions, "directions")
+
+
+def parse_reference_round(spec: str) -> int:
+    """"round:<r>" -> r (a checkpointed round of the analysed run)."""
+    try:
+        value = int(spec.split(":", 1)[1])
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise LandscapeError(f"surface reference must be round:<r> (e.g. round:0) or a checkpoint file, "
+                             f"got '{spec}'")
+    return value
+
+
+def _one_spelling(values: dict[str, Any]) -> dict[str, Any]:
+    """--set surface.grid=41 arrives as an int and surface.clients=[3,7] as a list: one spelling each, so equal
+    settings are recorded (and skipped) equally."""
+    out = dict(values)
+    if isinstance(out.get("grid"), int) and not isinstance(out["grid"], bool):
+        out["grid"] = str(out["grid"])
+    if isinstance(out.get("clients"), (list, tuple)):
+        out["clients"] = ",".join(str(c) for c in out["clients"])
+    return out
+
+
+# Host memory a grid cell takes while the surface is computed: its loss and accuracy (float64), the list of
+# cell indices, the partial grid written to disk, with room to spare.
+GRID_BYTES_PER_CELL = 160
+
+
+def check_grid_memory(options: SurfaceOptions) -> None:
+    """No grid needs more memory than the machine has free: refused in one line before anything is
+    allocated (checked when options are made for work, not when stored results are read)."""
+    import torch
+
+    from landscape.analyze.operator import free_memory
+
+    sizes = parse_grid(options.grid, 1 if options.directions == "interpolate" else 2)
+    cells = int(np.prod(sizes, dtype=object))
+    needed = cells * GRID_BYTES_PER_CELL
+    free = free_memory(torch.device("cpu"))
+    if free is not None and needed > free:
+        raise LandscapeError(f"a {'x'.join(map(str, sizes))} grid ({cells:,} cells) needs about "
+                             f"{needed / 2**30:,.1f} GiB of memory, {free / 2**30:,.1f} GiB are free: "
+                             "choose a smaller grid")
+
+
+# Work of a surface besides Hessian-vector products, in full-data gradient equivalents: a cell is one forward
+# pass, about 0.4 of a gradient.
+CELL_COST = 0.4
+
+
+def _surface_cost(o: SurfaceOptions) -> Cost:
+    """The grid's cells (a number of points alone is n x n on a plane)."""
+    sizes = [int(n) for n in str(o.grid).split("x") if n.isdigit()] or [1]
+    if len(sizes) == 1 and o.directions != "interpolate":  # "41": 41 x 41 on a plane
+        sizes *= 2
+    cells = 1
+    for n in sizes:
+        cells *= n
+    return Cost(gradients=CELL_COST * cells)
+
+
+# Opt-in (expensive); collective: its grid cells are split across the ranks, partial grids saved by rank 0.
+PASSES.declare("surface", options=SurfaceOptions,
+               summary="1D / 2D loss surfaces: random (filter-normalised or euclidean), PCA, client plane, "
+                       "interpolation",
+               opt_in=True, collective=True, without_clients="random directions", cost=_surface_cost,
+               spelling=_one_spelling, machine_check=check_grid_memory)

@@ -1,26 +1,58 @@
-"""Claim files (``claims/*.toml``): their schema, read and checked (``load_claim``); the format is described in
+"""Claim files (``claims/*.toml``): their schema (``ClaimFile``, each ``[[compare]]`` a ``CompareTable``), read by
+``landscape.config.schema.load`` and checked (``load_claim``); the format is described in
 ``landscape.claims.checks``."""
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from landscape.claims.claim_statistics import MAX_SEEDS
-from landscape.config.recipe import read_toml
+from landscape.config.schema import load, read_toml, rule
 from landscape.core.errors import LandscapeError
 from landscape.figures.report_data import quantities
 
 DEFAULT_TAU = 0.5  # nats above the centre's loss: the level set whose area ``surface width`` measures
-_TOP_KEYS = {"claim", "source", "figure", "seeds", "quantity", "rounds", "level", "tau", "compare"}
-_COMPARE_KEYS = {"lower", "higher", "quantity", "rounds", "tau"}
 LAST_N = re.compile(r"^last\s+(\d+)$")
 SURFACE_WIDTH = "surface width"
 _RHO = re.compile(r"^S_rho\(([^)]+)\)$")
+_TEXT = rule(pattern=r"\S", text="must be a non-empty string")
+_RUN_ID = rule(min_length=1, text="must name a run id of the figure recipe")
+_POSITIVE = rule(gt=0, text="must be a positive number")
+# The rounds a comparison averages: "last", "last N", "all", a round or a list of rounds (a union that the
+# schema leaves to ``_rounds``, which names them all in its message).
+Rounds = Any
+
+
+@dataclass(frozen=True)
+class CompareTable:
+    """A ``[[compare]]`` table: ``lower`` should have the lower quantity than ``higher`` (run ids of the claim's
+    figure recipe); its quantity, rounds and tau default to the file's."""
+
+    lower: Annotated[str, _RUN_ID]
+    higher: Annotated[str, _RUN_ID]
+    quantity: str | None = None
+    rounds: Rounds = None
+    tau: Annotated[float | None, _POSITIVE] = None
+
+
+@dataclass(frozen=True)
+class ClaimFile:
+    """A claim file: the claim in words, its source, the figure recipe whose runs it compares, the seeds, the
+    level of the tests, the defaults of its comparisons (quantity, rounds, tau) and the comparisons."""
+
+    claim: Annotated[str, _TEXT]
+    figure: Annotated[str, _TEXT]
+    source: str = ""
+    seeds: tuple[Annotated[int, rule(ge=0)], ...] = (0,)
+    quantity: str | None = None
+    rounds: Rounds = None
+    level: Annotated[float, rule(gt=0, lt=0.5, text="must be a positive number below 0.5")] = 0.05
+    tau: Annotated[float, _POSITIVE] = DEFAULT_TAU
+    compare: tuple[CompareTable, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,9 +89,8 @@ class Claim:
 
 
 def _rounds(value: Any, where: str) -> str | int | tuple[int, ...]:
-    if isinstance(value, bool):
-        raise LandscapeError(f"{where}: rounds must be \"last\", \"last N\", \"all\", a round or a list of rounds")
-    if isinstance(value, int) and value >= 0:
+    value = list(value) if isinstance(value, tuple) else value  # as TOML gave it (the schema freezes lists)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                  for v in value):
@@ -73,69 +104,56 @@ def _rounds(value: Any, where: str) -> str | int | tuple[int, ...]:
                          f"(got {value!r})")
 
 
-def _positive(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise LandscapeError(f"{what} must be a positive number (got {value!r})")
-    return float(value)
-
-
 def load_claim(path: str | Path, seeds: Sequence[int] | None = None) -> Claim:
     """Read and check a claim file; ``seeds`` replaces the file's."""
     path = Path(path)
-    raw = read_toml(path)
-    unknown = sorted(set(raw) - _TOP_KEYS)
-    if unknown:
-        raise LandscapeError(f"{path}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_TOP_KEYS))})")
-    for key in ("claim", "figure"):
-        if not isinstance(raw.get(key), str) or not raw[key].strip():
-            raise LandscapeError(f"{path}: `{key}` must be a non-empty string")
-    figure = (path.parent / raw["figure"]).resolve()
+    try:
+        file = load(ClaimFile, read_toml(path, "claim"), noun="claim key")
+    except LandscapeError as e:
+        raise LandscapeError(f"{path}: {e}") from None
+    figure = (path.parent / file.figure).resolve()
     if not figure.is_file():
-        raise LandscapeError(f"{path}: figure recipe {raw['figure']} not found (looked for {figure})")
-    chosen = list(seeds) if seeds is not None else raw.get("seeds", [0])
-    if (not isinstance(chosen, list) or not chosen
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in chosen)
+        raise LandscapeError(f"{path}: figure recipe {file.figure} not found (looked for {figure})")
+    chosen = _seeds(list(seeds) if seeds is not None else list(file.seeds), path)
+    if not file.compare:
+        raise LandscapeError(f"{path}: a claim needs at least one [[compare]] table")
+    comparisons = tuple(_comparison(entry, i, file, path) for i, entry in enumerate(file.compare, 1))
+    return Claim(path, path.stem, file.claim.strip(), file.source.strip(), figure, tuple(chosen), comparisons,
+                 file.level)
+
+
+def _seeds(chosen: list[Any], path: Path) -> list[int]:
+    """The seeds of a claim (the file's or those given): distinct non-negative integers, at most ``MAX_SEEDS``."""
+    if (not chosen or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in chosen)
             or len(set(chosen)) != len(chosen)):
         raise LandscapeError(f"{path}: seeds must be a list of distinct non-negative integers (got {chosen!r})")
     if len(chosen) > MAX_SEEDS:
         raise LandscapeError(f"{path}: at most {MAX_SEEDS} seeds (the exact sign-flip test enumerates 2^n sign "
                              f"patterns; got {len(chosen)})")
-    level = _positive(raw.get("level", 0.05), f"{path}: level")
-    if level >= 0.5:
-        raise LandscapeError(f"{path}: level must be below 0.5 (got {level})")
-    tau = _positive(raw.get("tau", DEFAULT_TAU), f"{path}: tau")
-    entries = raw.get("compare")
-    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
-        raise LandscapeError(f"{path}: a claim needs at least one [[compare]] table")
-    comparisons = []
-    for i, entry in enumerate(entries, 1):
-        where = f"{path}: [[compare]] {i}"
-        unknown = sorted(set(entry) - _COMPARE_KEYS)
-        if unknown:
-            raise LandscapeError(f"{where}: unknown key(s) {', '.join(unknown)} "
-                                 f"(known: {', '.join(sorted(_COMPARE_KEYS))})")
-        for key in ("lower", "higher"):
-            if not isinstance(entry.get(key), str) or not entry[key]:
-                raise LandscapeError(f"{where}: `{key}` must name a run id of the figure recipe")
-        if entry["lower"] == entry["higher"]:
-            raise LandscapeError(f"{where}: lower and higher name the same run id {entry['lower']!r}")
-        quantity = entry.get("quantity", raw.get("quantity"))
-        if not isinstance(quantity, str) or not quantity.strip():
-            raise LandscapeError(f"{where}: no quantity (set `quantity` in the comparison or at the top)")
-        if "rounds" not in entry and "rounds" not in raw:
-            raise LandscapeError(f"{where}: no rounds (set `rounds` in the comparison or at the top)")
-        comparisons.append(Comparison(entry["lower"], entry["higher"], quantity.strip(),
-                                      _rounds(entry.get("rounds", raw.get("rounds")), where),
-                                      _positive(entry.get("tau", tau), f"{where}: tau")))
-        _check_quantity(quantity.strip(), where)
-    return Claim(path, path.stem, raw["claim"].strip(), str(raw.get("source", "")).strip(), figure,
-                 tuple(chosen), tuple(comparisons), level)
+    return chosen
+
+
+def _comparison(entry: CompareTable, i: int, file: ClaimFile, path: Path) -> Comparison:
+    """One [[compare]] table with the file's defaults filled in; its rounds and quantity checked."""
+    where = f"{path}: [[compare]] {i}"
+    if entry.lower == entry.higher:
+        raise LandscapeError(f"{where}: lower and higher name the same run id {entry.lower!r}")
+    quantity = (entry.quantity if entry.quantity is not None else file.quantity or "").strip()
+    if not quantity:
+        raise LandscapeError(f"{where}: no quantity (set `quantity` in the comparison or at the top)")
+    rounds = entry.rounds if entry.rounds is not None else file.rounds
+    if rounds is None:
+        raise LandscapeError(f"{where}: no rounds (set `rounds` in the comparison or at the top)")
+    comparison = Comparison(entry.lower, entry.higher, quantity, _rounds(rounds, where),
+                            file.tau if entry.tau is None else entry.tau)
+    _check_quantity(quantity, where)
+    return comparison
 
 
 def _check_quantity(quantity: str, where: str) -> None:
     """A quantity is a metrics.jsonl key, an analysis quantity or the surface width: one line naming them
     otherwise."""
-    from landscape.figures.figure_recipe import METRIC_KEYS
+    from landscape.figures.plot_kinds import METRIC_KEYS
     try:
         known = quantity in METRIC_KEYS or analysis_output(quantity) is not None
     except LandscapeError as e:  # S_rho(x) with a radius that is not a number
@@ -184,7 +202,7 @@ def check_rounds(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, 
     figure analyses its pass at (``pass_rounds``, ``figure_rounds.analysed_rounds``). ``trained``: run id ->
     (seed, training settings) of each of its runs. One line naming the file, the comparison, its rounds and the
     run's rounds otherwise."""
-    from landscape.analyze.catalog import load_passes
+    from landscape.analyze.pass_specs import PASSES
     from landscape.analyze.registry import KEPT_CLIENTS
     from landscape.figures.figure_rounds import analysed_rounds, logged_rounds, round_list
 
@@ -201,7 +219,7 @@ def check_rounds(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, 
                 else:
                     have = analysed_rounds(output, pass_rounds[output], train)
                     why = f"the figure analyses {output} at rounds {pass_rounds[output]}"
-                    if KEPT_CLIENTS in load_passes().info(output).needs and not have:
+                    if KEPT_CLIENTS in PASSES.info(output).needs and not have:
                         why += f"; the {output} pass needs train.keep_clients = true"
                 if not _covered(comparison.rounds, have):
                     which = run_id if seed is None else f"{run_id} seed {seed}"

@@ -55,8 +55,12 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
 @click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
               help="CPU threads (0: every core); the numbers' last bits depend on it, the machine never "
                    "sets it")
-@click.option("--set", "assignments", multiple=True, metavar="PASS.KEY=VALUE",
-              help="a pass option, e.g. --set hessian.top_k=10 or --set sharpness.rhos=[0.05,0.1]")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="a pass option, e.g. --set hessian.top_k=10 or --set sharpness.rhos=[0.05,0.1], or an "
+                   "analysis setting, e.g. --set analyze.batch_size=256 (over the flags). Every command reads "
+                   "--set KEY by its first part: a recipe table or key (dataset, partition, model, algorithm, "
+                   "train, name, seed) a training recipe key, analyze an analysis setting, a pass name a pass "
+                   "option; analyze takes the last two")
 @click.option("--directions", type=click.Choice(["random", "pca", "clients", "interpolate"]), default=None,
               help="surface pass: filter-normalised random plane, PCA of the trajectory, the plane of two "
                    "kept clients, or a 1D line to a target [surface.directions]")
@@ -89,8 +93,9 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
     """
     from landscape.analyze.catalog import pass_options
     from landscape.analyze.recipes import load_analysis_recipe
-    from landscape.analyze.scheduler import format_summary, run_analysis
+    from landscape.analyze.scheduler import run_analysis
     from landscape.analyze.settings import AnalysisSettings
+    from landscape.analyze.summary import format_summary
 
     click_ctx = click.get_current_context()
 
@@ -101,22 +106,24 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
     recipe = load_analysis_recipe(analysis_recipe) if analysis_recipe is not None else None
     chosen = {"split": split, "analysis_samples": analysis_samples, "bn_mode": bn_mode, "device": device,
               "backend": backend, "hvp": hvp, "seed": seed, "dtype": dtype, "threads": threads}
+    set_settings, set_options = _set_kinds(assignments)
     if recipe is not None:
         chosen.update({k: v for k, v in recipe.settings.items() if not given(k)})
         if recipe.rounds is not None and not given("checkpoints"):
             checkpoints = recipe.rounds
         if recipe.passes is not None and passes is None:
             passes = ",".join(recipe.passes)
+    chosen.update(set_settings)
     if chosen["analysis_samples"] < 0:
         raise LandscapeError(f"--analysis-samples must be >= 0 (got {chosen['analysis_samples']})")
     surface_flags = {"directions": directions, "grid": grid, "span": span, "data": surface_data}
     surface_flags = {k: v for k, v in surface_flags.items() if v is not None}
     names = _pass_names(passes, surface_flags, foreign is not None)
-    values = _pass_values(names, recipe.options if recipe else {}, surface_flags, assignments)
+    values = _pass_values(names, recipe.options if recipe else {}, surface_flags, set_options)
     options = {name: pass_options(name, values[name]) for name in names}
     settings = AnalysisSettings(**chosen)
     if dry_run:
-        from landscape.analyze.scheduler import format_plan, plan
+        from landscape.analyze.plan import format_plan, plan
 
         click.echo(format_plan(plan(path, checkpoints, names, options, foreign), settings))
         return
@@ -132,7 +139,7 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
 
 def _state_dict_model(model_spec: str | None, dataset_spec: str | None) -> Any:
     """The model and data of a plain state_dict (--model and --dataset, both or neither), or None."""
-    from landscape.analyze.context import ForeignModel
+    from landscape.analyze.state_dict_source import ForeignModel
 
     if (model_spec is None) != (dataset_spec is None):
         raise LandscapeError("a plain state_dict needs both --model and --dataset")
@@ -156,19 +163,40 @@ def _pass_names(passes: str | None, surface_flags: dict[str, str], state_dict: b
     return ["loss", "hessian", "sharpness"] if state_dict else default_passes()
 
 
-def _pass_values(names: list[str], recipe_options: dict[str, dict], surface_flags: dict[str, str],
-                 assignments: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """Each chosen pass's option values as given: the analysis recipe's, the surface flags, then --set."""
-    from landscape.config.recipe_overrides import parse_assignment
+def _set_kinds(assignments: tuple[str, ...]) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """The --set keys by their kind (``recipe_overrides.classify_assignment``, one grammar for every command):
+    analysis settings (analyze.<setting>) and pass options (<pass>.<option>); a training recipe key is refused
+    naming the commands that take it."""
+    from dataclasses import fields
 
+    from landscape.analyze.catalog import load_passes
+    from landscape.analyze.settings import AnalysisSettings
+    from landscape.config.recipe_overrides import ANALYSIS_SETTING, classify_assignment, parse_assignment
+    from landscape.config.schema import unknown_key_message
+
+    allowed = [f.name for f in fields(AnalysisSettings)]
+    settings: dict[str, Any] = {}
+    options: list[tuple[str, Any]] = []
+    for key, value in map(parse_assignment, assignments):
+        if classify_assignment(key, load_passes().names, "analyze") != ANALYSIS_SETTING:
+            options.append((key, value))
+        elif key.partition(".")[2] not in allowed:
+            raise LandscapeError(unknown_key_message(key, allowed, "in [analyze]", "analysis setting"))
+        else:
+            settings[key.partition(".")[2]] = value
+    return settings, options
+
+
+def _pass_values(names: list[str], recipe_options: dict[str, dict], surface_flags: dict[str, str],
+                 assignments: list[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each chosen pass's option values as given: the analysis recipe's, the surface flags, then --set."""
     values: dict[str, dict] = {name: dict(recipe_options.get(name, {})) for name in names}
     if surface_flags:
         if "surface" not in values:
             raise LandscapeError("--directions, --grid, --span and --data set the surface pass; add it: "
                                  "--passes surface")
         values["surface"].update(surface_flags)
-    for text in assignments:
-        key, value = parse_assignment(text)
+    for key, value in assignments:
         pass_name, _, option = key.partition(".")
         if pass_name not in values or not option:
             raise LandscapeError(f"--set takes PASS.KEY=VALUE for a chosen pass ({', '.join(names)}); "

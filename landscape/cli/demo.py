@@ -17,7 +17,7 @@ from landscape.cli.common import progress_lines
 def demo_command(out: Path, quiet: bool) -> None:
     """FedAvg, FedSAM and FedNSAM on digits (Dirichlet 0.1, 20 clients), analysed (every pass and a loss
     surface), the FedSAM-vs-FedNSAM comparison figures and the HTML report. Finished steps are reused."""
-    from landscape.analyze.scheduler import format_summary
+    from landscape.analyze.summary import format_summary
     from landscape.figures.compare import text_table
     from landscape.workflows.demo import run_demo
 

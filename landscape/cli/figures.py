@@ -30,7 +30,10 @@ if TYPE_CHECKING:
               help="auto, cpu, cuda or cuda:N (training and analysis)")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="a training recipe key for every run (--set train.rounds=10), an analysis setting "
-                   "(--set analyze.analysis_samples=500) or a pass option (--set hessian.top_k=10)")
+                   "(--set analyze.analysis_samples=500) or a pass option (--set hessian.top_k=10; "
+                   "hessian.rounds=all too). Every command reads --set KEY by its first part: a recipe table "
+                   "or key (dataset, partition, model, algorithm, train, name, seed) a training recipe key, "
+                   "analyze an analysis setting, a pass name a pass option; figures takes all three")
 @click.option("--seeds", default=None, metavar="S,S,...",
               help="train every run once per seed (runs/<id>-seed<s>) and draw their mean +- standard error "
                    "[default: the recipe's seeds key, else one run each]")
@@ -53,7 +56,8 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     fig = figure_recipe.load_figure_recipe(recipe_file, scale)
     for text in assignments:
         check_printable("--set", text)
-        fig.assign(*recipe_overrides.parse_assignment(text), load_passes().names())
+        key, value = recipe_overrides.parse_assignment(text)
+        fig.assign(key, value, recipe_overrides.classify_assignment(key, load_passes().names, "figures"))
     if run_paths and fig.forced:
         raise LandscapeError("--set of training keys needs the recipe's runs; with --runs nothing is trained")
     if seeds is not None:

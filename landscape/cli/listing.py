@@ -27,7 +27,7 @@ def list_command() -> None:
 
 def _toml_lines(values: dict, prefix: str = "") -> list[str]:
     """``key = value`` lines as a recipe writes them (true, "gn", [200, 200], 0.1; tables as dotted keys)."""
-    from landscape.config.recipe import to_toml
+    from landscape.config.recipe import toml_value
 
     lines = []
     for key, value in values.items():
@@ -35,7 +35,7 @@ def _toml_lines(values: dict, prefix: str = "") -> list[str]:
             lines += _toml_lines(value, f"{prefix}{key}.") if value else [f"{prefix}{key} = {{}}"]
             continue
         try:
-            lines.append(to_toml({f"{prefix}{key}": value}).strip())
+            lines.append(f"{prefix}{key} = {toml_value(value)}")
         except TypeError:  # e.g. None: TOML has no such value
             lines.append(f"# {prefix}{key}: {value!r} (no TOML form; not settable in a recipe)")
     return lines

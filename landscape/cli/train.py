@@ -77,7 +77,9 @@ def _recipe_options(f):
               help="server SWA (Caldarola et al. 2022) on top of the algorithm")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="set any recipe key, e.g. --set train.weight_decay=1e-3 or --set "
-                   "algorithm.fedsam.rho=0.05")
+                   "algorithm.fedsam.rho=0.05. Every command reads --set KEY by its first part: a recipe "
+                   "table or key (dataset, partition, model, algorithm, train, name, seed) a training recipe "
+                   "key, analyze an analysis setting, a pass name a pass option; train takes the first")
 @click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="run directory [default: runs/<generated name>]; for a sweep, the folder of its runs")
 @click.option("--dry-run", is_flag=True,
@@ -143,8 +145,17 @@ def _overrides(flags: dict[str, Any], switches: dict[str, bool | None],
         else:
             overrides.append((key, text if key in _NO_SWEEP else recipe_overrides.parse_value(text)))
     overrides += [(key, True) for key, enabled in switches.items() if enabled]
-    overrides += [recipe_overrides.parse_assignment(a) for a in assignments]
+    for key, value in map(recipe_overrides.parse_assignment, assignments):
+        recipe_overrides.classify_assignment(key, _pass_names, "train")  # refuses a pass option, an analysis setting
+        overrides.append((key, value))
     return overrides, axes
+
+
+def _pass_names() -> list[str]:
+    """The declared analysis passes (their specs only: no pass module is loaded)."""
+    from landscape.analyze.pass_specs import PASSES
+
+    return PASSES.names()
 
 
 def _resume(resume_dir: Path, overrides: list[tuple[str, Any]], others: bool, quiet: bool) -> None:

@@ -3,10 +3,12 @@
 Overrides (``--set key=value``, flags, sweeps) live in ``landscape.config.recipe_overrides``; ``set_key``
 (one key of a raw recipe dict) stays here for ``Recipe.with_values``.
 
-A recipe has two top-level keys (``name``, ``seed``) and five tables. Four of them name a registry entry
+A recipe has three top-level keys (``name``, ``seed``, ``imports``) and five tables. Four of them name a registry entry
 (``[dataset]``, ``[partition]``, ``[model]``, ``[algorithm]``): their keys are a few common settings plus
 the options that entry declares. ``[train]`` holds the round loop's settings. The resolved recipe written
-into a run directory holds every key with its value, defaults included.
+into a run directory holds every key with its value, defaults included. Each table is checked by its schema
+(``landscape.config.schema``): the common settings by the section's dataclass (``recipe_sections``), an entry's
+own options by the entry's options dataclass; kinds, ranges and choices are in their annotations.
 
 A resolved recipe is a frozen ``Recipe``: ``recipe.train.lr``, ``recipe.partition.clients``, the entry's own
 options in ``recipe.algorithm.options["rho"]``. ``recipe.with_values({"train.rounds": 50})`` gives a new,
@@ -15,40 +17,37 @@ validated recipe; ``recipe.to_dict()`` the plain tables that recipe.toml holds.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
+from landscape.config import schema
 from landscape.config.recipe_sections import (
+    ENTRY_SECTIONS,
     SECTIONS,
     TOP_LEVEL,
     AlgorithmSettings,
     DatasetSettings,
     ModelSettings,
     PartitionSettings,
+    TopLevelSettings,
     TrainSettings,
-    coerce_value,
-    unknown_key_message,
+    common_fields,
+    load_settings,
+    with_options,
 )
+from landscape.config.schema import unknown_key_message
 from landscape.core.errors import LandscapeError, shown
-from landscape.core.registry import Registry
+from landscape.core.registry import Entry, Registry
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
-
-
-def _common_fields(section: str) -> dict[str, dataclasses.Field]:
-    """The settings every entry of a section has (the entry's own options excluded)."""
-    return {f.name: f for f in dataclasses.fields(SECTIONS[section]) if f.name != "options"}
 
 
 def _frozen(value: Any) -> Any:
@@ -81,7 +80,7 @@ class Recipe:
             out["imports"] = list(self.imports)
         for section in SECTIONS:
             settings = getattr(self, section)
-            table = {k: getattr(settings, k) for k in _common_fields(section)}
+            table = {k: getattr(settings, k) for k in common_fields(section)}
             table.update(getattr(settings, "options", {}))
             out[section] = {k: list(v) if isinstance(v, tuple) else v for k, v in table.items()}
         return out
@@ -129,30 +128,6 @@ def registries(algorithms: bool = True) -> dict[str, Registry]:
 # reading and overriding
 
 
-def read_toml(path: str | Path) -> dict:
-    """The tables of a TOML file: one line naming the file when it is missing, not a regular file (a folder,
-    /dev/zero, a pipe), not text, empty or not TOML. A UTF-8 byte-order mark (some editors write one) is
-    skipped."""
-    p = Path(path)
-    if not p.exists():
-        raise LandscapeError(f"recipe file not found: {p}")
-    if not p.is_file():
-        raise LandscapeError(f"{p} is not a regular file (a recipe is a TOML file)")
-    try:
-        text = p.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise LandscapeError(f"{p}: not a text (TOML) file") from None
-    except OSError as e:
-        raise LandscapeError(f"cannot read {p}: {e.strerror or e}") from None
-    try:
-        tables = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise LandscapeError(f"{p}: not valid TOML ({shown(str(e), 200)})") from None
-    if not text.strip():
-        raise LandscapeError(f"{p} is empty (no recipe keys)")
-    return tables
-
-
 # A key of each table that every recipe has, with a value it takes: what ``--set train=1`` is told to set.
 TABLE_EXAMPLES = {"dataset": "dataset.name=mnist1d", "partition": "partition.clients=10",
                   "model": "model.name=mlp", "algorithm": "algorithm.name=fedsam", "train": "train.lr=0.05"}
@@ -177,61 +152,91 @@ def set_key(raw: dict, dotted: str, value: Any) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# validation
+# validation: every table by its schema (the section's settings dataclass; an entry's options by its own)
 
 
-def _resolve_section(section: str, given: dict, registry: Registry | None, check_options: bool = True) -> dict:
-    common_fields = _common_fields(section)
-    defaults = {f.name: f.default for f in common_fields.values()}
-    plain = {k: v for k, v in given.items() if not isinstance(v, dict)}
-    per_entry = {k: v for k, v in given.items() if isinstance(v, dict)}  # [section.<entry name>] tables
-    name = plain.get("name", defaults.get("name"))
-    if not check_options:  # a recorded recipe read without this section's registry: its values as written
-        if per_entry or not isinstance(name, str):
-            raise LandscapeError(f"[{section}] of a recorded recipe must hold plain values and a name")
-        return {**plain, "name": name}
-    for key in per_entry:
-        if key in common_fields:
+def _top_level(raw: dict) -> TopLevelSettings:
+    allowed = list(TOP_LEVEL) + list(SECTIONS)
+    for key in raw:
+        if key not in allowed:
+            raise LandscapeError(unknown_key_message(key, allowed, "top-level keys", "recipe key"))
+    top = load_settings(TopLevelSettings, {k: raw[k] for k in TOP_LEVEL if k in raw}, "")
+    check_name(top.name)
+    return top
+
+
+def _import_modules(modules: tuple[str, ...], recorded: bool, trust_imports: bool | None) -> tuple[str, ...]:
+    """Import a recipe's ``imports`` when they are trusted (see ``resolve``); the modules left not imported."""
+    from landscape.config.imports import import_recipe_modules, imports_trusted
+
+    if not recorded or (imports_trusted() if trust_imports is None else trust_imports):
+        import_recipe_modules(modules, search_cwd=not recorded)
+    return tuple(m for m in modules if m not in sys.modules)
+
+
+def _table(raw: dict, section: str) -> dict:
+    given = raw.get(section, {})
+    if not isinstance(given, dict):
+        raise LandscapeError(f"recipe key '{section}' must be a table ([{section}])")
+    for key, value in given.items():
+        if isinstance(value, dict) and key in common_fields(section):
             raise LandscapeError(f"recipe key '{section}.{key}' is a value, not a table: set "
                                  f"{section}.{key}=VALUE")
+    return given
+
+
+def _entry_options(entry: Entry, values: dict, where: str, common: tuple[str, ...] = ()) -> dict[str, Any]:
+    """An entry's own options from the values given (checked by its options dataclass: kinds, ranges, choices
+    and its checks across keys), every default written out, in declaration order. ``common``: the section's
+    settings, also allowed in the table (not in a ``[section.<entry>]`` one)."""
+    names = list(entry.option_defaults())
+    allowed = list(common) + [k for k in names if k not in common]
+    for key in values:
+        if key not in allowed:
+            owner = f"[{where}] with {where}.name = '{entry.name}'" if common else f"[{where}]"
+            raise LandscapeError(unknown_key_message(f"{where}.{key}", allowed, f"in {owner}", "recipe key"))
+    if entry.options is None:
+        return {}
+    options = schema.load(entry.options, values, where, noun="recipe key")
+    return {k: _frozen(getattr(options, k)) for k in names}
+
+
+def _entry_section(section: str, given: dict, registry: Registry | None) -> Any:
+    """An entry table (``[model]``, ...): its common settings, then the options of the entry it names. Without
+    its registry (a recorded recipe read as written) the options are kept as written."""
+    common = common_fields(section)
+    plain = {k: v for k, v in given.items() if not isinstance(v, dict)}
+    per_entry = {k: v for k, v in given.items() if isinstance(v, dict)}  # [section.<entry name>] tables
+    settings = load_settings(SECTIONS[section], {k: v for k, v in plain.items() if k in common}, section)
+    written = {k: _frozen(v) for k, v in plain.items() if k not in common}
     if registry is None:
-        if per_entry:  # [train] has no entries: a table under it is an unknown key
-            raise LandscapeError(unknown_key_message(f"{section}.{next(iter(per_entry))}", list(common_fields),
-                                              f"in [{section}]"))
-        return _resolve_values(section, plain, common_fields, {}, None)
-    if not isinstance(name, str):
-        raise LandscapeError(f"{section}.name must be a string (got {name!r})")
+        if per_entry:
+            raise LandscapeError(f"[{section}] of a recorded recipe must hold plain values and a name")
+        return with_options(settings, written)
     for other, values in per_entry.items():
         # Options for an entry this run may not use (sweeps): still checked, so typos are caught.
-        entry = registry.get(other)
-        _resolve_values(f"{section}.{other}", values, {}, entry.option_defaults(), entry)
-    entry = registry.get(name)
-    merged = {**per_entry.get(name, {}), **plain}  # the plain [section] keys win over [section.<name>]
-    return _resolve_values(section, merged, common_fields, entry.option_defaults(), entry)
+        _entry_options(registry.get(other), values, f"{section}.{other}")
+    entry = registry.get(settings.name)
+    options = {**per_entry.get(entry.name, {}), **written}  # the plain [section] keys win over [section.<name>]
+    return with_options(settings, _entry_options(entry, options, section, common))
 
 
-def _resolve_values(where: str, given: dict, common_fields: dict, option_defaults: dict, entry) -> dict:
-    defaults = {name: f.default for name, f in common_fields.items()}
-    allowed = list(common_fields) + [k for k in option_defaults if k not in common_fields]
-    for key in given:
-        if key not in allowed:
-            owner = f"[{where}] with {where}.name = '{entry.name}'" if entry is not None and common_fields else f"[{where}]"
-            raise LandscapeError(unknown_key_message(f"{where}.{key}", allowed, f"in {owner}"))
-    out: dict[str, Any] = {}
-    for key in allowed:
-        default = defaults[key] if key in common_fields else option_defaults[key]
-        value = coerce_value(f"{where}.{key}", default, given[key]) if key in given else default
-        meta = common_fields[key].metadata if key in common_fields else {}
-        if "check" in meta and not meta["check"](value):
-            raise LandscapeError(f"{where}.{key} {meta['rule']} (got {shown(repr(value))})")
-        out[key] = list(value) if isinstance(value, tuple) else value
-    if entry is not None:
-        # The entry's own options dataclass may check its values (e.g. rho >= 0) in __post_init__.
-        try:
-            entry.make_options({k: out[k] for k in option_defaults})
-        except (TypeError, ValueError) as e:
-            raise LandscapeError(f"{where} '{entry.name}': {e}") from None
-    return out
+def _registry(section: str, given: dict, regs: dict[str, Registry], unimported: tuple[str, ...],
+              missing: list[str]) -> Registry | None:
+    """The registry a section is checked against: None for [algorithm] read without the algorithms, and for an
+    entry that only the recipe's not-imported modules can provide (read as written; noted in ``missing``)."""
+    name = given.get("name")
+    registry = regs.get(section)
+    if registry is not None and unimported and isinstance(name, str) and name not in registry:
+        missing.append(f"{section} '{name}'")
+        return None
+    return registry
+
+
+def _check_precision(train: TrainSettings) -> None:
+    if train.precision == "bf16" and train.dtype != "float32":
+        raise LandscapeError(f"train.precision = \"bf16\" autocasts a float32 model; it cannot be combined with "
+                             f"train.dtype = \"{train.dtype}\" (use float32, or precision = \"float32\")")
 
 
 def resolve(raw: dict, *, algorithms: bool = True, recorded: bool = False, trust_imports: bool | None = None,
@@ -249,56 +254,27 @@ def resolve(raw: dict, *, algorithms: bool = True, recorded: bool = False, trust
     now (built-in ones, and those of modules already imported in this process); a section naming an entry no
     registry holds is refused in one line naming the modules and --trust-imports, or with ``defer`` read as
     written, the refusal kept in ``Recipe.unbuildable`` for the moment it must be built."""
+    from landscape.config.imports import untrusted
+
     if not isinstance(raw, dict):
         raise LandscapeError("a recipe must be a TOML table")
-    allowed = list(TOP_LEVEL) + list(SECTIONS)
-    for key in raw:
-        if key not in allowed:
-            raise LandscapeError(unknown_key_message(key, allowed, "top-level keys"))
+    top = _top_level(raw)
     regs = registries(algorithms)
-    out: dict[str, Any] = {}
+    unimported = _import_modules(top.imports, recorded, trust_imports)
     missing: list[str] = []  # entries of a recorded recipe that only its not-imported modules can provide
-    for key, default in TOP_LEVEL.items():
-        out[key] = coerce_value(key, default, raw[key]) if key in raw else default
-    check_name(out["name"])
-    if not all(isinstance(m, str) for m in out["imports"]):
-        raise LandscapeError(f"imports must be a list of module names (got {out['imports']!r})")
-    from landscape.config.imports import import_recipe_modules, imports_trusted, untrusted
-
-    trusted = not recorded or (imports_trusted() if trust_imports is None else trust_imports)
-    if trusted:
-        import_recipe_modules(out["imports"], search_cwd=not recorded)
-    unimported = tuple(m for m in out["imports"] if m not in sys.modules)
-    if not 0 <= out["seed"] < 2**32:  # data set splits and partitions take 32-bit seeds
-        raise LandscapeError(f"seed must be in 0..{2**32 - 1} (got {out['seed']})")
+    sections: dict[str, Any] = {}
     for section in SECTIONS:
-        given = raw.get(section, {})
-        if not isinstance(given, dict):
-            raise LandscapeError(f"recipe key '{section}' must be a table ([{section}])")
-        checked = section != "algorithm" or algorithms
-        name = given.get("name") if isinstance(given.get("name"), str) else None
-        if checked and unimported and section in regs and name is not None and name not in regs[section]:
-            missing.append(f"{section} '{name}'")  # only its imports can provide it: read as written
-            checked = False
-        out[section] = _resolve_section(section, given, regs.get(section), check_options=checked)
-    if missing and not defer:
-        raise LandscapeError(untrusted(origin, unimported, missing))
-    train = out["train"]
-    if train["precision"] == "bf16" and train["dtype"] != "float32":
-        raise LandscapeError(f"train.precision = \"bf16\" autocasts a float32 model; it cannot be combined with "
-                             f"train.dtype = \"{train['dtype']}\" (use float32, or precision = \"float32\")")
-    sections = {}
-    for section, values in out.items():
-        if section not in SECTIONS:
-            continue
-        common = _common_fields(section)
-        fields = {k: _frozen(v) for k, v in values.items() if k in common}
-        if "options" in {f.name for f in dataclasses.fields(SECTIONS[section])}:
-            options = {k: _frozen(v) for k, v in values.items() if k not in common}
-            fields["options"] = MappingProxyType(options)
-        sections[section] = SECTIONS[section](**fields)
+        given = _table(raw, section)
+        if section in ENTRY_SECTIONS:
+            registry = _registry(section, given, regs, unimported, missing)
+            sections[section] = _entry_section(section, given, registry)
+        else:
+            sections[section] = load_settings(SECTIONS[section], given, section)
     unbuildable = untrusted(origin, unimported, missing) if missing else ""
-    return Recipe(name=out["name"], seed=out["seed"], imports=tuple(out["imports"]), unimported=unimported,
+    if missing and not defer:
+        raise LandscapeError(unbuildable)
+    _check_precision(sections["train"])
+    return Recipe(name=top.name, seed=top.seed, imports=top.imports, unimported=unimported,
                   unbuildable=unbuildable, **sections)
 
 
@@ -306,39 +282,42 @@ def read_recipe(path: str | Path, *, algorithms: bool = True, trust_imports: boo
                 defer: bool = False) -> Recipe:
     """A recorded recipe file (a run's recipe.toml), resolved; its ``imports`` are imported only when trusted
     (``trust_imports``; None: the CLI's --trust-imports): see ``resolve(recorded=True)``."""
-    return resolve(read_toml(path), algorithms=algorithms, recorded=True, trust_imports=trust_imports,
-                   defer=defer, origin=str(path))
+    return resolve(schema.read_toml(path, "recipe"), algorithms=algorithms, recorded=True,
+                   trust_imports=trust_imports, defer=defer, origin=str(path))
 
 
 # ----------------------------------------------------------------------------------------------------------
 # writing
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+def _refuse_none(value: Any, where: str = "") -> None:
+    """TOML has no null: a None anywhere is a TypeError (as tomli-w's for a value it cannot write)."""
+    if value is None:
+        raise TypeError(f"cannot write None to TOML{f' ({where})' if where else ''}")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _refuse_none(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _refuse_none(v, where)
 
 
-def to_toml(recipe: Recipe | dict) -> str:
-    """TOML text of a recipe (or of plain tables): top-level keys first, then one table per section."""
-    if isinstance(recipe, Recipe):
-        recipe = recipe.to_dict()
-    lines = [f"{k} = {_toml_value(v)}" for k, v in recipe.items() if not isinstance(v, dict)]
-    for k, v in recipe.items():
-        if isinstance(v, dict):
-            lines += ["", f"[{k}]"] + [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items()]
-    return "\n".join(lines) + "\n"
+def to_toml(recipe: Recipe | Mapping[str, Any]) -> str:
+    """TOML text of a recipe (or of plain tables), by tomli-w (``schema.dump_toml``): top-level keys first, then
+    one table per section. A value TOML cannot hold (None, an object) is a TypeError."""
+    tables = recipe.to_dict() if isinstance(recipe, Recipe) else recipe
+    _refuse_none(tables)
+    return schema.dump_toml(tables)
+
+
+def toml_value(value: Any) -> str:
+    """One value as TOML on one line (arrays inline: ``[200, 200]``), as ``landscape list`` prints a default to
+    paste; a TypeError for what TOML cannot hold (None, a table)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if value is None or isinstance(value, Mapping):
+        raise TypeError(f"no one-line TOML form for {type(value).__name__}")
+    return schema.dump_toml({"v": value}).removeprefix("v = ").rstrip("\n")
 
 
 def difference(recorded: str, recipe: Recipe, ignore: frozenset[str] = frozenset()) -> str | None:

@@ -8,12 +8,16 @@ recipe dict); ``build`` loads a recipe file, applies overrides in order and reso
 from __future__ import annotations
 
 import copy
+import difflib
 import itertools
 import sys
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from landscape.config.recipe import Recipe, read_toml, resolve, run_name, set_key
+from landscape.config.recipe import Recipe, resolve, run_name, set_key
+from landscape.config.recipe_sections import SECTIONS, TOP_LEVEL
+from landscape.config.schema import read_toml
 from landscape.core.errors import LandscapeError, shown
 
 if sys.version_info >= (3, 11):
@@ -98,3 +102,49 @@ def sweep_run_name(recipe: Recipe, swept: dict[str, Any]) -> str:
         raise LandscapeError(f"the run name of sweep point {swept} is longer than 255 bytes; shorten the "
                              "recipe's name")
     return name
+
+
+# -- one grammar of --set for every command -----------------------------------------------------------------
+# A --set key's first part says what it sets (``classify_assignment``): a table or top-level key of a training
+# recipe (dataset, partition, model, algorithm, train, name, seed, imports) a training recipe key, ``analyze``
+# an analysis setting (analyze.<setting>), a registered pass's name an option of that pass (<pass>.<option>).
+RECIPE_KEY, ANALYSIS_SETTING, PASS_OPTION = "a training recipe key", "an analysis setting", "a pass option"
+SET_KINDS = {  # the kinds of --set key each command takes
+    "train": (RECIPE_KEY,),
+    "analyze": (ANALYSIS_SETTING, PASS_OPTION),
+    "figures": (RECIPE_KEY, ANALYSIS_SETTING, PASS_OPTION),
+    "claims": (RECIPE_KEY, ANALYSIS_SETTING, PASS_OPTION),
+}
+
+
+def classify_assignment(key: str, pass_names: Collection[str] | Callable[[], Collection[str]],
+                        command: str | None = None) -> str | None:
+    """What the ``--set`` key ``key`` sets, by its first part: ``RECIPE_KEY``, ``ANALYSIS_SETTING``,
+    ``PASS_OPTION`` (a pass of ``pass_names``, or of what it returns when called: only called when the key is
+    neither of the others), None when it names none of them. With ``command`` (a key of ``SET_KINDS``) a kind
+    that command does not take is refused in one line naming the commands that take it, and a key naming
+    nothing is a training recipe key where the command takes those (the recipe refuses an unknown one naming
+    its keys and the closest), refused naming the passes elsewhere."""
+    head = key.partition(".")[0]
+    names: Collection[str] = ()
+    if head in SECTIONS or head in TOP_LEVEL:
+        kind: str | None = RECIPE_KEY
+    elif head == "analyze":
+        kind = ANALYSIS_SETTING
+    else:
+        names = pass_names() if callable(pass_names) else pass_names
+        kind = PASS_OPTION if head in names else None
+    if command is None:
+        return kind
+    takes = SET_KINDS[command]
+    if kind is None and RECIPE_KEY in takes:
+        return RECIPE_KEY
+    if kind is None:
+        close = difflib.get_close_matches(head, ["analyze", *names], n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise LandscapeError(f"--set {shown(key)}: '{shown(head)}' is neither analyze (analyze.<setting>) nor a "
+                             f"pass ({', '.join(names)}){hint}")
+    if kind not in takes:
+        takers = [f"landscape {name}" for name, kinds in SET_KINDS.items() if kind in kinds]
+        raise LandscapeError(f"--set {shown(key)} is {kind}: give it to {', '.join(takers[:-1])} or {takers[-1]}")
+    return kind

@@ -17,6 +17,8 @@ strict as TOML is typed: an integer is a number, but ``"0.1"`` is not, ``1`` is 
 integer, NaN and infinities are refused; an unknown key is refused naming the keys allowed and the closest one.
 TOML arrays become tuples (frozen values). ``choices(Train, "lr_schedule")`` gives the Literal's values (click
 choices and the reference docs derive from it); ``read_toml`` reads a file, ``dump_toml`` writes one (tomli-w).
+``holds(test)`` beside a ``rule`` checks a value beyond its range (refused with the rule's text); ``check``
+checks an instance made directly rather than loaded (from its ``__post_init__``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import difflib
 import functools
 import sys
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -50,6 +52,19 @@ def rule(hint: str = "", *, text: str = "", **constraints: Any) -> Any:
     """A field's range (``gt``, ``ge``, ``lt``, ``le``, ``min_length``, ...) and its words: ``text`` replaces
     the generated rule ("must be in (0, 1]"), ``hint`` is added after it ("must be >= 0 (0: every core)")."""
     return pydantic.Field(description=text or None, title=hint or None, **constraints)
+
+
+def holds(test: Callable[[Any], bool]) -> Any:
+    """A field's check beyond its kind, range and choices, beside its words: in ``Annotated[str, rule(text=
+    "must be two different client ids like '3,7'"), holds(is_pair)]`` a value ``test`` finds false is refused
+    with the rule's text."""
+
+    def after(value: Any) -> Any:
+        if not test(value):
+            raise ValueError("refused by the field's check")
+        return value
+
+    return pydantic.AfterValidator(after)
 
 
 @functools.cache
@@ -127,6 +142,18 @@ def load(cls: type[T], raw: Any, where: str = "", *, noun: str = "key") -> T:
         return _build(cls, model)
     except (TypeError, ValueError) as e:  # a schema's own __post_init__ check, e.g. two keys that conflict
         raise LandscapeError(f"{where or 'the file'}: {e}") from None
+
+
+def check(value: Any, where: str = "", *, noun: str = "key") -> None:
+    """A schema instance made directly, not by ``load`` (``AnalysisSettings(seed=-1)`` from a flag), checked
+    against its annotations: the one line ``load`` gives, or nothing. Call it from ``__post_init__``."""
+    raw = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
+    raw = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+           for k, v in raw.items()}
+    try:
+        _model(type(value)).model_validate(_frozen(raw))
+    except pydantic.ValidationError as e:
+        raise LandscapeError(_message(type(value), e.errors()[0], where, noun)) from None
 
 
 _KINDS = {

@@ -7,7 +7,6 @@ reference defaults. The recipe layer uses it to validate keys and to write every
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -49,57 +48,6 @@ class Entry(Generic[T]):
                 f"unknown option '{unknown[0]}' for {self.name}; allowed: {', '.join(allowed) or '(none)'}"
             )
         return self.options(**values)
-
-    def make_checked_options(self, values: dict[str, Any]) -> Any:
-        """``make_options`` with every value checked against the kind of its default (``check_kind``) after
-        the options' own checks, and a number where a tuple goes read as a one-element tuple (analysis pass
-        options: ``--set sharpness.rhos=0.05``)."""
-        defaults = self.option_defaults()
-        values = {k: (v,) if isinstance(defaults.get(k), tuple) and not isinstance(v, (list, tuple)) else v
-                  for k, v in values.items()}
-        options = self.make_options(values)
-        bounds = {f.name: f.metadata.get("bound") for f in dataclasses.fields(self.options)} if values else {}
-        for key in values:
-            check_kind(f"{self.name}.{key}", getattr(options, key), defaults.get(key))
-            if bounds.get(key) is not None:
-                check_bound(f"{self.name}.{key}", getattr(options, key), bounds[key])
-        return options
-
-
-def check_kind(where: str, value: Any, default: Any) -> None:
-    """An option value against the kind of its default, after the options dataclass's own checks (every
-    analysis pass option gets it): true or false for a bool, a whole number for an int, a finite
-    number for a float, items of the kind of the default's first item for a list or tuple. A default of None
-    or a string takes what the dataclass took."""
-    if isinstance(default, (list, tuple)):
-        for item in value if isinstance(value, (list, tuple)) else [value]:
-            check_kind(where, item, default[0] if default else None)
-        return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if isinstance(default, bool) and not isinstance(value, bool):
-        raise LandscapeError(f"{where} must be true or false (got {value!r})")
-    if isinstance(default, int) and not isinstance(default, bool) and not (number and isinstance(value, int)):
-        raise LandscapeError(f"{where} must be a whole number (got {value!r})")
-    if isinstance(default, float) and not (number and math.isfinite(value)):
-        raise LandscapeError(f"{where} must be a finite number (got {value!r})")
-
-
-# The bounds an options dataclass may give a number in its field's metadata (``field(default=0.05,
-# metadata=POSITIVE)``), checked by ``make_checked_options`` (``check_bound``; every item of a list or tuple).
-POSITIVE = {"bound": "positive"}  # finite and > 0 (a radius, a count of steps)
-NON_NEGATIVE = {"bound": "non-negative"}  # finite and >= 0 (0 often meaning "all" or "off")
-_BOUNDS = {"positive": (lambda v: v > 0, "> 0"), "non-negative": (lambda v: v >= 0, ">= 0")}
-
-
-def check_bound(where: str, value: Any, bound: str) -> None:
-    """A number (each item of a list or tuple) against its field's bound: finite and > 0 for ``positive``,
-    finite and >= 0 for ``non-negative``; one line naming the option otherwise."""
-    test, rule = _BOUNDS[bound]
-    for item in value if isinstance(value, (list, tuple)) else [value]:
-        number = isinstance(item, (int, float)) and not isinstance(item, bool)
-        if not (number and math.isfinite(item) and test(item)):
-            got = list(value) if isinstance(value, tuple) else value
-            raise LandscapeError(f"{where} must be a finite number {rule} (got {got!r})")
 
 
 class Registry(Generic[T]):

@@ -170,16 +170,9 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, quantity: str = "loss",
-            directions: str = "random", selection: Selection | None = None) -> Comparison:
-    """Write ``compare.csv`` and, where the runs have surfaces of these ``directions``, ``surfaces.png|pdf``
-    (contours), ``surfaces-3d.png|pdf`` and ``surfaces.html`` under ``out``; return the table and what was
-    written. ``selection``: the settings whose results are read (default: the defaults)."""
-    runs = as_runs(runs_in, selection if selection is not None else Selection())
-    if len(runs) < 2:
-        raise LandscapeError("compare needs at least two runs (run directories or folders of runs)")
-    out = Path(out)
-    shown = _columns(runs, rho)
+def _table(runs: list[RunData], shown: list[Quantity]
+           ) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
+    """The table's header and rows (one per seed group), and compare.csv's per-seed columns and cells."""
     found = comparison_groups(runs, shown)
     seeded = any(cg.group.n > 1 for cg in found)
     header = ["run", "directory"] + (["n"] if seeded else []) + ["rounds", "test acc (%)"] + [q.text for q in shown]
@@ -195,6 +188,11 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
             cells, seeds_cells = _format_group(cg, shown)
             rows.append(cells)
             per_seed.append(seeds_cells)
+    return header, rows, per_seed_header, per_seed
+
+
+def _lacking(runs: list[RunData], shown: list[Quantity]) -> list[str]:
+    """One line per run and analysis of the table it lacks (the command), and the rounds it leaves out."""
     missing = []
     for run in runs:
         needed = {q.pass_name for q in shown} | {"sharpness"}
@@ -202,6 +200,62 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
         if lacking:
             missing.append(missing_message(run, lacking))
         missing += run.notes([q.pass_name for q in shown])
+    return missing
+
+
+def _surfaces(runs: list[RunData], out: Path, name: str, quantity: str, missing: list[str]
+              ) -> tuple[list[RunData], list[Path], list[str]]:
+    """Draw the runs' surfaces ``name`` side by side: (the runs drawn, the files written, the line saying
+    which planes they are); what is missing is added to ``missing``."""
+    with_surface = [run for run in runs if run.analysed_rounds(name)]
+    if not with_surface:
+        return [], [], []
+    with_surface, mode = comparable_surfaces(with_surface, name)
+    sources = [run.pass_record(name).path.with_suffix(".npz") for run in with_surface]
+    titles = [with_settings(f"{run.label}, round {run.analysed_rounds(name)[-1]}", run.shown(name), "\n",
+                            width=45)  # panels side by side: ~45 characters of title each
+              for run in with_surface]
+    flat = [s for s in sources if not surface_data.load_surface(s).is_2d]
+    lines: list[str] = []
+    if not flat and len(sources) > 1:
+        planes = surface_data.compare_planes(sources, [run.label for run in with_surface])
+        lines.append(f"surfaces: {planes.text}")
+        if mode is None and "filter" in planes.normalizations and not _asks_normalization(runs[0].selection):
+            missing.append("the surfaces are filter-normalised to each model's own weights; planes that "
+                           "compare across models: `landscape analyze RUN --passes surface "
+                           f"{COMPARABLE_HINT}` (or normalization=euclidean with a length) for each run")
+    if flat:
+        missing.append(f"{', '.join(map(str, flat))}: 1D surfaces; compare draws 2D ones")
+        return with_surface, [], lines
+    written = []
+    for kind, stem in (("contour", "surfaces"), ("3d", "surfaces-3d")):
+        fig, _ = surfaces.panels_figure(sources, titles, kind=kind, quantity=quantity)
+        written += [surfaces.save_figure(fig, out / f"{stem}{suffix}") for suffix in (".png", ".pdf")]
+    html = surfaces.surface_figure(sources, titles, quantity=quantity)
+    written.append(out / "surfaces.html")
+    write_text(written[-1], html.to_html(include_plotlyjs=True, full_html=True))
+    return with_surface, written, lines
+
+
+def _no_surface(run: RunData, name: str, directions: str) -> str:
+    flags = run.selection.analyze_flags("surface")
+    others = f" (it has {name} with {'; '.join(run.unwanted[name])})" if name in run.unwanted else ""
+    return (f"run {run.name} has no {name} analysis{others}; run `landscape analyze {shlex.quote(str(run.path))} "
+            f"--directions {directions}" + (f" {flags}" if flags else "") + "`")
+
+
+def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, quantity: str = "loss",
+            directions: str = "random", selection: Selection | None = None) -> Comparison:
+    """Write ``compare.csv`` and, where the runs have surfaces of these ``directions``, ``surfaces.png|pdf``
+    (contours), ``surfaces-3d.png|pdf`` and ``surfaces.html`` under ``out``; return the table and what was
+    written. ``selection``: the settings whose results are read (default: the defaults)."""
+    runs = as_runs(runs_in, selection if selection is not None else Selection())
+    if len(runs) < 2:
+        raise LandscapeError("compare needs at least two runs (run directories or folders of runs)")
+    out = Path(out)
+    shown = _columns(runs, rho)
+    header, rows, per_seed_header, per_seed = _table(runs, shown)
+    missing = _lacking(runs, shown)
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerows([header + per_seed_header,
                                                          *(row + extra for row, extra in zip(rows, per_seed))])
@@ -209,41 +263,11 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
     write_text(written[0], buffer.getvalue())
 
     name = surface_result_name(directions)
-    with_surface = [run for run in runs if run.analysed_rounds(name)]
-    for run in runs:
-        if run not in with_surface:
-            flags = run.selection.analyze_flags("surface")
-            others = f" (it has {name} with {'; '.join(run.unwanted[name])})" if name in run.unwanted else ""
-            missing.append(f"run {run.name} has no {name} analysis{others}; run `landscape analyze "
-                           f"{shlex.quote(str(run.path))} "
-                           f"--directions {directions}" + (f" {flags}" if flags else "") + "`")
-    surface_lines: list[str] = []
-    if with_surface:
-        with_surface, mode = comparable_surfaces(with_surface, name)
-        sources = [run.pass_record(name).path.with_suffix(".npz") for run in with_surface]
-        titles = [with_settings(f"{run.label}, round {run.analysed_rounds(name)[-1]}", run.shown(name), "\n",
-                                width=45)  # panels side by side: ~45 characters of title each
-                  for run in with_surface]
-        flat = [s for s in sources if not surface_data.load_surface(s).is_2d]
-        if not flat and len(sources) > 1:
-            planes = surface_data.compare_planes(sources, [run.label for run in with_surface])
-            surface_lines.append(f"surfaces: {planes.text}")
-            if mode is None and "filter" in planes.normalizations and not _asks_normalization(runs[0].selection):
-                missing.append("the surfaces are filter-normalised to each model's own weights; planes that "
-                               "compare across models: `landscape analyze RUN --passes surface "
-                               f"{COMPARABLE_HINT}` (or normalization=euclidean with a length) for each run")
-        if flat:
-            missing.append(f"{', '.join(map(str, flat))}: 1D surfaces; compare draws 2D ones")
-        else:
-            for kind, stem in (("contour", "surfaces"), ("3d", "surfaces-3d")):
-                fig, _ = surfaces.panels_figure(sources, titles, kind=kind, quantity=quantity)
-                written += [surfaces.save_figure(fig, out / f"{stem}{suffix}") for suffix in (".png", ".pdf")]
-            html = surfaces.surface_figure(sources, titles, quantity=quantity)
-            written.append(out / "surfaces.html")
-            write_text(written[-1], html.to_html(include_plotlyjs=True, full_html=True))
-    outputs = [q.pass_name for q in shown]
-    lines = settings_lines(runs, outputs)
+    missing += [_no_surface(run, name, directions) for run in runs if not run.analysed_rounds(name)]
+    with_surface, drawn, surface_lines = _surfaces(runs, out, name, quantity, missing)
+    lines = settings_lines(runs, [q.pass_name for q in shown])
     caption = settings_caption(with_surface, name)
     if caption:
         lines.append(f"{name} read with {caption}")
-    return Comparison(runs, header, rows, missing, written, lines + surface_lines, per_seed_header, per_seed)
+    return Comparison(runs, header, rows, missing, written + drawn, lines + surface_lines, per_seed_header,
+                      per_seed)

@@ -25,7 +25,8 @@ recipe's ``scale`` key, or ``landscape figures --scale``, picks one, and that ta
     [analyze.surface]                     # a pass's options, and the rounds it analyses (last, all, 10,20)
     grid = "21"
 
-    [[plots]]                             # what is drawn: a kind, the file name, the runs (default: all)
+    [[plots]]                             # what is drawn: a kind (its options: figures/plot_kinds.py), the file
+                                          # name, the runs (default: all)
     kind = "surfaces-3d"
 
     [digits.train]                        # the digits-scale training recipe ...
@@ -39,9 +40,12 @@ overrides it) every run id is trained once per seed, in ``<out>/runs/<id>-seed<s
 ``seed = s`` (over the run's own); all seeds of an id keep its label and colour, and the plots draw their mean
 with the standard error (``landscape.figures.seeds``). ``FigureRecipe.seed_runs`` lists the run folders.
 
-``load_figure_recipe`` reads one (``parse_figure_recipe`` checks its plots against the plot kinds of
-``landscape.figures.book``), ``landscape.figures.figure_rounds`` checks the rounds it asks for, and
-``figure_runs`` gives a plot its loaded runs. This module reads only TOML, as every figure module does.
+``load_figure_recipe`` reads one: every table is checked by its schema (``landscape.figures.figure_tables``:
+``FigureFile`` at the top level, then ``FigureTables`` with the chosen scale's table merged over the rest; each
+``[[plots]]`` table by its kind's options, ``landscape.figures.plot_kinds``) through
+``landscape.config.schema.load``, a bad key or value
+refused in one line naming the file and the key. ``landscape.figures.figure_rounds`` checks the rounds it asks
+for, and ``figure_runs`` gives a plot its loaded runs. This module reads only TOML, as every figure module does.
 """
 
 from __future__ import annotations
@@ -49,31 +53,38 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from landscape.config.recipe import read_toml
+from landscape.config.recipe_overrides import ANALYSIS_SETTING, PASS_OPTION
+from landscape.config.schema import load, read_toml
 from landscape.core.errors import LandscapeError
-from landscape.figures.book import PLOT_KINDS, PlotSpec
+from landscape.figures.book import PlotSpec
+from landscape.figures.figure_tables import (
+    SCALES,
+    SEED_MAX,
+    AnalysisKeys,
+    FigureFile,
+    FigureTables,
+    TrainTable,
+)
+from landscape.figures.plot_kinds import METRIC_KEYS, PLOT_KINDS
 from landscape.figures.rundata import RunData
 from landscape.store.runs import surface_result_name
 
-SCALES = ("digits", "paper")
-ANALYSIS_SETTINGS = {"split": str, "analysis_samples": int, "bn_mode": str, "hvp": str, "dtype": str, "seed": int,
-                     "batch_size": int}
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TOP_KEYS = {"name", "title", "scale", "seeds", "train", "runs", "analyze", "plots", *SCALES}
-SEED_MAX = 2**32 - 1  # recipes take 32-bit seeds
-# The numbers of a metrics.jsonl row, in the order the trainer writes them (landscape/train/loop.py,
-# run_round; docs/metrics.md section 9); `round` and `clients` (the sampled ids) are not quantities.
-METRIC_KEYS = ("lr", "train_loss", "flatness_distance", "flatness_distance_normalized",
-               "flatness_distance_to_global", "flatness_distance_to_global_normalized", "update_norm",
-               "uplink_floats", "swa_models", "test_loss", "test_acc", "seconds")
+__all__ = ["METRIC_KEYS", "SCALES", "FigureRecipe", "RunRequest", "figure_runs", "load_figure_recipe",
+           "parse_figure_recipe", "parse_seeds"]
+
+# -- the figure recipe ----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class RunRequest:
+    """A run a figure recipe asks for: its id (its folder under the figure's ``runs/``), its label and its
+    recipe keys at the figure's scale. A request, not a run: the figure workflow trains it into a run
+    directory (``store.runs.RunDir``), once per seed when the figure has seeds."""
+
     id: str
     label: str
     set: dict[str, Any]
@@ -87,7 +98,7 @@ class FigureRecipe:
     scale: str
     train_recipe: Path | None  # the training recipe every run starts from (None: the defaults)
     train_set: dict[str, Any]
-    runs: list[RunSpec]
+    runs: list[RunRequest]
     settings: dict[str, Any]  # analysis settings
     pass_options: dict[str, dict[str, Any]]  # pass -> its options (from [analyze.<pass>])
     pass_rounds: dict[str, str]  # pass -> rounds to analyse
@@ -116,10 +127,10 @@ class FigureRecipe:
         """The result name of the figure's surfaces (by the surface pass's directions)."""
         return surface_result_name(self.pass_options.get("surface", {}).get("directions", "random"))
 
-    def run(self, run_id: str) -> RunSpec:
+    def run(self, run_id: str) -> RunRequest:
         return next(r for r in self.runs if r.id == run_id)
 
-    def overrides(self, run: RunSpec, seed: int | None = None) -> list[tuple[str, Any]]:
+    def overrides(self, run: RunRequest, seed: int | None = None) -> list[tuple[str, Any]]:
         """The recipe keys of one run: the shared ones, the run's own, then those given on the command line
         (and ``seed``, one of the figure's seeds, over all of them)."""
         if seed is not None and "seed" in self.forced:
@@ -128,26 +139,28 @@ class FigureRecipe:
         keys = list(self.train_set.items()) + list(run.set.items()) + list(self.forced.items())
         return keys + ([("seed", seed)] if seed is not None else [])
 
-    def assign(self, key: str, value: Any, pass_names: Sequence[str]) -> None:
-        """A command-line ``--set``: ``analyze.<setting>``, ``<pass>.<option>`` (``<pass>.rounds`` too) for a
-        pass this figure runs, or any training recipe key (applied to every run, over its own keys)."""
+    def assign(self, key: str, value: Any, kind: str) -> None:
+        """A command-line ``--set`` of the kind ``recipe_overrides.check_assignment`` found: an analysis setting
+        (``analyze.<setting>``), an option of a pass this figure runs (``<pass>.rounds`` too), or a training
+        recipe key (every run's, over its own keys)."""
         head, _, rest = key.partition(".")
-        if head == "analyze":
-            if rest not in ANALYSIS_SETTINGS:
-                raise LandscapeError(f"--set {key}: analysis settings are {', '.join(ANALYSIS_SETTINGS)}")
-            self.settings[rest] = value
-        elif head in pass_names:
-            if head not in self.pass_rounds:
-                raise LandscapeError(f"--set {key}: this figure runs no {head} pass (it runs "
-                                     f"{', '.join(self.pass_rounds) or 'none'})")
-            if not rest:
-                raise LandscapeError(f"--set {key}: give {head}.<option>=VALUE")
-            if rest == "rounds":
-                self.pass_rounds[head] = _rounds_text(value, f"--set {key}")
-            else:
-                self.pass_options.setdefault(head, {})[rest] = value
+        if kind == ANALYSIS_SETTING:
+            self.settings = _analysis_settings({**self.settings, rest: value}, f"--set {key}")
+        elif kind == PASS_OPTION:
+            self._assign_pass(head, rest, key, value)
         else:
             self.forced[key] = value
+
+    def _assign_pass(self, name: str, option: str, key: str, value: Any) -> None:
+        if name not in self.pass_rounds:
+            raise LandscapeError(f"--set {key}: this figure runs no {name} pass (it runs "
+                                 f"{', '.join(self.pass_rounds) or 'none'})")
+        if not option:
+            raise LandscapeError(f"--set {key}: give {name}.<option>=VALUE")
+        if option == "rounds":
+            self.pass_rounds[name] = _rounds_text(value, f"--set {key}")
+        else:
+            self.pass_options.setdefault(name, {})[option] = value
 
 
 def _names(keys: Sequence[Any]) -> str:
@@ -165,25 +178,22 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _table(raw: dict, key: str, where: str) -> dict:
-    value = raw.get(key, {})
-    if not isinstance(value, dict):
-        raise LandscapeError(f"{where}: '{key}' must be a table")
+def _thawed(value: Any) -> Any:
+    """Recipe keys and pass options as TOML gave them: the schema's frozen tuples back to lists (a recipe's list
+    values, ``model.hidden = [16]``, are lists)."""
+    if isinstance(value, (list, tuple)):
+        return [_thawed(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _thawed(v) for k, v in value.items()}
     return value
 
 
-def _tables(raw: dict, key: str, fields: str, where: str) -> list[dict]:
-    """A non-empty array of tables ([[runs]], [[plots]])."""
-    value = raw.get(key)
-    if not isinstance(value, list) or not value or not all(isinstance(v, dict) for v in value):
-        raise LandscapeError(f"{where}: give the figure's {key} as [[{key}]] tables ({fields})")
-    return value
-
-
-def _string(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise LandscapeError(f"{what} must be a non-empty string (got {value!r})")
-    return value
+def _load(cls: type, raw: Any, what: str, where: str = "", noun: str = "figure recipe key") -> Any:
+    """``schema.load`` with the file (or the --set) named first in its one-line message."""
+    try:
+        return load(cls, raw, where, noun=noun)
+    except LandscapeError as e:
+        raise LandscapeError(f"{what}: {e}") from None
 
 
 def _seeds(value: Any, what: str) -> list[int]:
@@ -218,100 +228,93 @@ def _rounds_text(value: Any, what: str) -> str:
 def load_figure_recipe(path: str | Path, scale: str | None = None) -> FigureRecipe:
     """Read and check a figure recipe; ``scale`` (digits or paper) overrides the recipe's own."""
     path = Path(path)
-    return parse_figure_recipe(read_toml(path), path, scale)
+    return parse_figure_recipe(read_toml(path, "figure recipe"), path, scale)
 
 
 def parse_figure_recipe(raw: dict, path: Path, scale: str | None = None) -> FigureRecipe:
     """A figure recipe from its TOML tables (``path``: where it was read, for messages and relative paths)."""
-    where = str(path)
-    unknown = sorted(set(raw) - _TOP_KEYS)
-    if unknown:
-        raise LandscapeError(f"{where}: unknown key(s) {_names(unknown)}; a figure recipe has "
-                             f"{', '.join(sorted(_TOP_KEYS))}")
-    for other in SCALES:
-        wrong = sorted(set(_table(raw, other, where)) - (_TOP_KEYS - {"scale", *SCALES}))
-        if wrong:
-            raise LandscapeError(f"{where}: [{other}] may hold train, analyze, runs, plots, seeds, name and "
-                                 f"title (got {_names(wrong)})")
-    chosen = scale or raw.get("scale", "digits")
+    chosen, tables = _at_scale(raw, path, scale)
+    runs = _run_requests(tables, chosen, path)
+    plots = _plots(tables, [run.id for run in runs], path)
+    settings, pass_options, pass_rounds = _analysis(tables.analyze, plots, path)
+    seeds = _seeds(list(tables.seeds), f"{path}: seeds") if tables.seeds is not None else None
+    return FigureRecipe(path, tables.name, tables.name if tables.title is None else tables.title, chosen,
+                        _train_recipe(tables.train, path), _thawed(tables.train.set), runs, settings, pass_options,
+                        pass_rounds, plots, seeds=seeds)
+
+
+def _at_scale(raw: dict, path: Path, scale: str | None) -> tuple[str, FigureTables]:
+    """The scale (``scale`` over the recipe's own) and the recipe's tables with that scale's merged over them:
+    first the file's keys, then the merged tables, checked."""
+    top = _load(FigureFile, raw, str(path))
+    chosen = scale or top.scale
     if chosen not in SCALES:
-        raise LandscapeError(f"{where}: scale must be one of {', '.join(SCALES)} (got {chosen!r})")
-    merged = _merge({k: v for k, v in raw.items() if k not in SCALES}, _table(raw, chosen, where))
-    name = _string(merged.get("name", path.stem), f"{where}: name")
-    if not _ID.match(name):
-        raise LandscapeError(f"{where}: name {name!r} must be letters, digits, '.', '_' or '-'")
+        raise LandscapeError(f"{path}: scale must be one of {', '.join(SCALES)} (got {chosen!r})")
+    merged = _merge({k: v for k, v in raw.items() if k not in ("scale", *SCALES)}, raw.get(chosen, {}))
+    merged.setdefault("name", path.stem)
+    return chosen, _load(FigureTables, merged, str(path))
 
-    train = _table(merged, "train", where)
-    extra = sorted(set(train) - {"recipe", "set"})
-    if extra:
-        raise LandscapeError(f"{where}: [train] takes recipe and set (got {_names(extra)})")
-    recipe_path = None
-    if "recipe" in train:
-        recipe_path = (path.parent / _string(train["recipe"], f"{where}: train.recipe")).resolve()
-        if not recipe_path.is_file():
-            raise LandscapeError(f"{where}: train.recipe {train['recipe']!r} not found ({recipe_path})")
-    train_set = _table(train, "set", f"{where}: [train]")
 
-    runs = []
-    for k, entry in enumerate(_tables(merged, "runs", "id, label, set", where)):
-        what = f"{where}: runs[{k}]"
-        extra = sorted(set(entry) - {"id", "label", "set", *SCALES})
-        if extra:
-            raise LandscapeError(f"{what} takes id, label, set, digits and paper (got {_names(extra)})")
-        run_id = _string(entry.get("id"), f"{what}.id")
-        if not _ID.match(run_id):
-            raise LandscapeError(f"{what}.id {run_id!r} must be letters, digits, '.', '_' or '-' (it is a folder)")
-        for other in SCALES:
-            _table(entry, other, what)
-        keys = {**_table(entry, "set", what), **_table(entry, chosen, what)}  # the run's keys at this scale
-        runs.append(RunSpec(run_id, str(entry.get("label", run_id)), keys))
-    ids = [r.id for r in runs]
+def _train_recipe(train: TrainTable, path: Path) -> Path | None:
+    """The training recipe every run starts from, found relative to the figure recipe (None: the defaults)."""
+    if train.recipe is None:
+        return None
+    found = (path.parent / train.recipe).resolve()
+    if not found.is_file():
+        raise LandscapeError(f"{path}: train.recipe {train.recipe!r} not found ({found})")
+    return found
+
+
+def _run_requests(tables: FigureTables, scale: str, path: Path) -> list[RunRequest]:
+    """The runs the figure asks for, each with its keys at ``scale``; their ids unique."""
+    if not tables.runs:
+        raise LandscapeError(f"{path}: give the figure's runs as [[runs]] tables (id, label, set)")
+    runs = [RunRequest(t.id, t.id if t.label is None else t.label, _thawed({**t.set, **getattr(t, scale)}))
+            for t in tables.runs]
+    ids = [run.id for run in runs]
     if len(set(ids)) != len(ids):
-        raise LandscapeError(f"{where}: run ids must be unique (got {_names(ids)})")
+        raise LandscapeError(f"{path}: run ids must be unique (got {_names(ids)})")
+    return runs
 
-    plots = []
-    for k, entry in enumerate(_tables(merged, "plots", "kind, file, runs", where)):
-        what = f"{where}: plots[{k}]"
-        kind = entry.get("kind")
-        if kind not in PLOT_KINDS:
-            raise LandscapeError(f"{what}.kind must be one of {', '.join(PLOT_KINDS)} (got {kind!r})")
-        allowed = {"kind", "file", "runs", "title", *PLOT_KINDS[kind].options}
-        extra = sorted(set(entry) - allowed)
-        if extra:
-            raise LandscapeError(f"{what} ({kind}) takes {', '.join(sorted(allowed))} (got {_names(extra)})")
-        if kind == "metric" and not isinstance(entry.get("key"), str):
-            raise LandscapeError(f"{what}: a metric plot needs key = '<metrics.jsonl key>'")
-        if kind == "metric" and entry["key"] not in METRIC_KEYS:
-            raise LandscapeError(f"{what}.key {_names([entry['key']])} is not a metrics.jsonl key; the keys: "
-                                 f"{', '.join(METRIC_KEYS)}")
-        file = _string(entry.get("file", name if k == 0 else f"{name}-{k + 1}"), f"{what}.file")
-        if not _ID.match(file):
-            raise LandscapeError(f"{what}.file {file!r} must be letters, digits, '.', '_' or '-' (no suffix)")
-        chosen_runs = entry.get("runs", ids)
-        if not isinstance(chosen_runs, list) or not chosen_runs:
-            raise LandscapeError(f"{what}.runs must be a non-empty list of run ids")
-        missing = [r for r in chosen_runs if r not in ids]
-        if missing:
-            raise LandscapeError(f"{what}.runs names unknown run(s) {_names(missing)} "
-                                 f"(runs: {', '.join(ids)})")
-        options = {key: entry[key] for key in PLOT_KINDS[kind].options if key in entry}
-        plots.append(PlotSpec(kind, file, tuple(chosen_runs), options, str(entry.get("title", ""))))
-    files = [p.file for p in plots]
+
+def _plots(tables: FigureTables, ids: list[str], path: Path) -> list[PlotSpec]:
+    """Every [[plots]] table, checked by its kind's options; their files unique."""
+    if not tables.plots:
+        raise LandscapeError(f"{path}: give the figure's plots as [[plots]] tables (kind, file, runs)")
+    plots = [_plot(entry, k, tables.name, ids, path) for k, entry in enumerate(tables.plots)]
+    files = [plot.file for plot in plots]
     if len(set(files)) != len(files):
-        raise LandscapeError(f"{where}: plot files must be unique (got {_names(files)})")
+        raise LandscapeError(f"{path}: plot files must be unique (got {_names(files)})")
+    return plots
 
-    analyze = _table(merged, "analyze", where)
-    settings, pass_options = {}, {}
-    for key, value in analyze.items():
-        if isinstance(value, dict):
-            pass_options[key] = dict(value)
-        elif key in ANALYSIS_SETTINGS:
-            if not isinstance(value, ANALYSIS_SETTINGS[key]) or isinstance(value, bool):
-                raise LandscapeError(f"{where}: analyze.{key} must be a {ANALYSIS_SETTINGS[key].__name__}")
-            settings[key] = value
-        else:
-            raise LandscapeError(f"{where}: analyze.{_names([key])} is not an analysis setting "
-                                 f"({', '.join(ANALYSIS_SETTINGS)}) nor a [analyze.<pass>] table")
+
+def _plot(entry: dict[str, Any], k: int, name: str, ids: list[str], path: Path) -> PlotSpec:
+    """One [[plots]] table, by its kind's options (``plot_kinds.PLOT_KINDS``); the file defaults to the
+    figure's name (``<name>-<k+1>`` after the first plot), the runs to all of them."""
+    where = f"plots[{k}]"
+    kind = entry.get("kind")
+    if not isinstance(kind, str) or kind not in PLOT_KINDS:
+        raise LandscapeError(f"{path}: {where}.kind must be one of {', '.join(PLOT_KINDS)} (got {kind!r})")
+    options = _load(PLOT_KINDS[kind].options, entry, str(path), where, f"{kind} plot key")
+    missing = [run for run in options.runs or () if run not in ids]
+    if missing:
+        raise LandscapeError(f"{path}: {where}.runs names unknown run(s) {_names(missing)} (runs: {', '.join(ids)})")
+    file = options.file if options.file is not None else (name if k == 0 else f"{name}-{k + 1}")
+    return PlotSpec(kind, file, tuple(options.runs or ids), options, options.title or "")
+
+
+def _analysis_settings(values: dict[str, Any], what: str) -> dict[str, Any]:
+    """The analysis settings given (an [analyze] table's, or with a --set), checked by ``AnalysisKeys``."""
+    given = _load(AnalysisKeys, values, what, "analyze", "analysis setting")
+    return {key: value for key, value in asdict(given).items() if value is not None}
+
+
+def _analysis(analyze: dict[str, Any], plots: list[PlotSpec], path: Path
+              ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, str]]:
+    """The [analyze] table: its settings, each pass's options, and the rounds each pass analyses (those its
+    plots need, "all" over "last"; a pass's ``rounds`` key over them; "last" for a pass no plot reads)."""
+    settings = _analysis_settings({k: v for k, v in analyze.items() if not isinstance(v, dict)}, str(path))
+    pass_options = {name: _thawed(values) for name, values in analyze.items() if isinstance(values, dict)}
     pass_rounds: dict[str, str] = {}
     for plot in plots:
         for pass_name, rounds in PLOT_KINDS[plot.kind].passes.items():
@@ -319,12 +322,10 @@ def parse_figure_recipe(raw: dict, path: Path, scale: str | None = None) -> Figu
                 pass_rounds[pass_name] = rounds
     for pass_name, values in pass_options.items():
         if "rounds" in values:
-            pass_rounds[pass_name] = _rounds_text(values.pop("rounds"), f"{where}: analyze.{pass_name}.rounds")
+            pass_rounds[pass_name] = _rounds_text(values.pop("rounds"), f"{path}: analyze.{pass_name}.rounds")
         elif pass_name not in pass_rounds:
             pass_rounds[pass_name] = "last"
-    seeds = _seeds(merged["seeds"], f"{where}: seeds") if "seeds" in merged else None
-    return FigureRecipe(path, name, str(merged.get("title", name)), chosen, recipe_path, dict(train_set), runs,
-                        settings, pass_options, pass_rounds, plots, seeds=seeds)
+    return settings, pass_options, pass_rounds
 
 
 def figure_runs(recipe: FigureRecipe, plot: PlotSpec, runs: dict[str, list[RunData]]) -> list[RunData]:

@@ -37,13 +37,13 @@ def analysed_rounds(pass_name: str, spec: str, train: Any) -> list[int]:
     """The rounds at which a figure's ``pass_name`` (rounds ``spec``: last, all or a comma list) has results
     in a run trained with ``train``: the chosen checkpoints; for a pass that reads kept client models
     (flatness) those that have them (none without ``train.keep_clients``, never round 0)."""
-    from landscape.analyze.catalog import load_passes
+    from landscape.analyze.pass_specs import PASSES
     from landscape.analyze.registry import KEPT_CLIENTS
 
     have = checkpoint_rounds(train)
     chosen = have[-1:] if spec == "last" else have if spec == "all" else [
         r for r in map(int, spec.split(",")) if r in have]
-    if KEPT_CLIENTS in load_passes().info(pass_name).needs:  # the flatness pass: the round's kept clients
+    if KEPT_CLIENTS in PASSES.info(pass_name).needs:  # the flatness pass: the round's kept clients
         chosen = [r for r in chosen if r > 0] if train.keep_clients else []
     return chosen
 

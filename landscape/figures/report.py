@@ -10,9 +10,10 @@ lambda_max, trace, S_rho, Delta_D, Delta_FI, mean gradient cosine, ...); interac
 analysed rounds; Hessian spectral densities; flatness incompatibility with its split; client x client
 gradient-cosine heatmaps; loss surfaces where ``analysis/round-NNNN/surface*.npz`` exist; and per run its
 recipe and a table of the analysis summaries at every analysed round. Inputs are files only, read through
-``rundata.load_runs``. This module assembles the page from its parts: the tables' numbers
-(``report_data``), their HTML (``report_html``), the plotly figures (``report_plotly``) and the surfaces
-section (``report_surfaces``).
+``rundata.load_runs``. This module gathers what the page shows and fills in its jinja2 template
+(``templates/page.html``, autoescaped): the tables' numbers (``report_data``), the tables, plots and notes
+rendered by ``report_html`` from ``templates/parts.html``, the plotly figures (``report_plotly``) and the
+surfaces section (``report_surfaces``).
 
 Runs that differ only in their recipe's seed (``landscape.figures.seeds``) are one row of the comparison
 table: each cell the mean over the seeds +- its standard error, with a column n; a single-seed run's row is as
@@ -26,24 +27,25 @@ computed surface is drawn, each titled with its settings.
 
 from __future__ import annotations
 
-import html
 import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from markupsafe import Markup
+from matplotlib.colors import to_hex
 
 from landscape.core.errors import LandscapeError
 from landscape.figures.extract import choose_rho
 from landscape.figures.labels import settings_lines
 from landscape.figures.report_data import all_rhos
 from landscape.figures.report_html import (
-    CSS,
     Page,
     analysis_table,
     comparison_table,
     note,
     recipe_table,
-    run_name_cell,
+    render_page,
     slug_of,
 )
 from landscape.figures.report_plotly import (
@@ -78,35 +80,29 @@ def _common_rho(runs: Sequence[RunData]) -> float | None:
         return None
 
 
-def _comparison_section(runs: Sequence[RunData], rho: float | None) -> list[str]:
-    """The comparison table, what its values are, the settings read and the results left out."""
-    seeded = any(group.n > 1 for group in groups(runs))
-    body = ['<section id="comparison"><h2>Comparison across runs</h2>', comparison_table(runs, rho),
-            "<p>Analysis values are each pass's latest analysed round; &plusmn; is the Monte-Carlo "
-            "standard error where the pass reports one"
-            + ("; in a row of n &gt; 1 seeds (runs that differ only in their seed) each cell is the mean "
-               "over the seeds &plusmn; its standard error (std / &radic;n)" if seeded else "") + ".</p>"]
+def _comparison(runs: Sequence[RunData], rho: float | None) -> dict[str, Any]:
+    """The comparison table, whether a row is over seeds, the settings read and the results left out."""
     outputs = [output for run in runs for output in run.chosen]
-    body.append("<p>" + "<br>".join(html.escape(line) for line in settings_lines(runs, outputs)) + "</p>")
-    body += [note(line) for run in runs for line in run.notes()]
-    return [*body, "</section>"]
+    return {"table": comparison_table(runs, rho), "seeded": any(group.n > 1 for group in groups(runs)),
+            "settings": settings_lines(runs, outputs), "notes": [line for run in runs for line in run.notes()]}
 
 
-def _curves_section(runs: Sequence[RunData], page: Page) -> list[str]:
+def _curves(runs: Sequence[RunData], page: Page) -> list[Markup]:
     """A plot per metrics.jsonl curve (``CURVE_KEYS``), a note for one that no run logs."""
-    body = ['<section id="curves"><h2>Curves over rounds</h2>']
+    blocks = []
     for name, key in CURVE_KEYS:
         group = [run for run in runs if run.has_metric(key)]
         if group:
-            body.append(page.plot(name, curve_figure(group, key), CURVE_CAPTIONS[key]))
+            blocks.append(page.plot(name, curve_figure(group, key), CURVE_CAPTIONS[key]))
         else:
-            body.append(note(f"no run has '{key}' in metrics.jsonl"))
-    return [*body, "</section>"]
+            blocks.append(note(f"no run has '{key}' in metrics.jsonl"))
+    return blocks
 
 
-def _analysis_sections(runs: Sequence[RunData], rho: float | None, page: Page) -> list[tuple[str, str, str]]:
-    """(anchor, link text, HTML) of each analysis plot's section that some run has results for, in page
-    order."""
+def _analysis_sections(runs: Sequence[RunData], rho: float | None,
+                       page: Page) -> list[tuple[str, str, str, Markup]]:
+    """(anchor, link text, heading, plot) of each analysis plot's section that some run has results for, in
+    page order."""
     sections: list[tuple[str, str, str, tuple[str, ...], str, Callable[[], Any], str]] = [
         # (anchor, link text, heading, the passes any of which it draws, plot name, figure, caption)
         ("sharpness", "Global sharpness", "Global sharpness over rounds", ("sharpness", "hessian"),
@@ -121,54 +117,39 @@ def _analysis_sections(runs: Sequence[RunData], rho: float | None, page: Page) -
         ("alignment", "Alignment", "Gradient alignment", ("alignment",), "gradient_cosine",
          lambda: cosine_figure(runs), "C_ij = cos(∇F_i, ∇F_j) at each run's latest analysed round"),
     ]
-    found = []
-    for anchor, link, heading, passes, name, figure, caption in sections:
-        if any(run.analysed_rounds(p) for run in runs for p in passes):
-            plot = page.plot(name, figure(), caption)
-            found.append((anchor, link, f'<section id="{anchor}"><h2>{heading}</h2>\n{plot}\n</section>'))
-    return found
+    return [(anchor, link, heading, page.plot(name, figure(), caption))
+            for anchor, link, heading, passes, name, figure, caption in sections
+            if any(run.analysed_rounds(p) for run in runs for p in passes)]
 
 
-def _runs_section(runs: Sequence[RunData]) -> list[str]:
+def _runs(runs: Sequence[RunData]) -> list[dict[str, Any]]:
     """Per run: its name and directory, its analysis summaries at every analysed round, its recipe."""
     rhos = all_rhos(runs)
-    body = ['<section id="runs"><h2>Runs</h2>']
-    for run in runs:
-        body.append(f'<h3 id="run-{slug_of(run.name)}">{run_name_cell(run)} '
-                    f"<small>({html.escape(str(run.path))})</small></h3>")
-        if run.analyses:
-            body.append("<h4>Analysis summaries</h4>")
-            body.append(analysis_table(run, rhos))
-        else:
-            body.append(note(f"no analysis yet; run `landscape analyze {shlex.quote(str(run.path))}`"))
-        body.append("<h4>Recipe</h4>")
-        body.append(recipe_table(run.recipe))
-    return [*body, "</section>"]
+    return [{"slug": slug_of(run.name), "colour": to_hex(run.color), "label": run.label, "path": str(run.path),
+             "analysis": analysis_table(run, rhos) if run.analyses else None,
+             "missing": f"no analysis yet; run `landscape analyze {shlex.quote(str(run.path))}`",
+             "recipe": recipe_table(run.recipe)} for run in runs]
 
 
 def build_report(run_dirs: RunsLike, *, title: str = "landscape report",
                  selection: Selection | None = None) -> str:
-    """The report's HTML text (see ``write_report``)."""
+    """The report's HTML text (see ``write_report``): ``templates/page.html`` filled in."""
     import plotly.offline
 
     runs = as_runs(run_dirs, selection if selection is not None else Selection())
     page = Page()
     rho = _common_rho(runs)
-    body = [f"<h1>{html.escape(title)}</h1>",
-            "<p>Runs: " + ", ".join(html.escape(str(run.path)) for run in runs) + "</p>",
-            *_comparison_section(runs, rho), *_curves_section(runs, page)]
+    comparison, curves = _comparison(runs, rho), _curves(runs, page)
     analyses = _analysis_sections(runs, rho, page)
     surfaces = surfaces_section(runs, page)
-    body += [text for _, _, text in analyses] + ([surfaces] if surfaces else []) + _runs_section(runs)
     nav = ([("comparison", "Comparison"), ("curves", "Curves")]
-           + [(anchor, link) for anchor, link, _ in analyses]
+           + [(anchor, link) for anchor, link, _, _ in analyses]
            + ([("surfaces", "Surfaces")] if surfaces else []) + [("runs", "Runs")])
-    links = " ".join(f'<a href="#{anchor}">{text}</a>' for anchor, text in nav)
-    return "\n".join([
-        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title>", f"<style>{CSS}</style>",
-        f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>', "</head>", "<body>",
-        f"<nav>{links}</nav>", *body, "</body>", "</html>", ""])
+    return render_page(
+        title=title, plotly_js=Markup(plotly.offline.get_plotlyjs()),  # plotly's own library: trusted
+        nav=nav, run_paths=[str(run.path) for run in runs], comparison=comparison, curves=curves,
+        analyses=[(anchor, heading, plot) for anchor, _, heading, plot in analyses], surfaces=surfaces,
+        runs=_runs(runs))
 
 
 def write_report(run_dirs: RunsLike, out_html: str | Path, *, title: str = "landscape report",

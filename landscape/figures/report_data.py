@@ -10,7 +10,6 @@ surfaces, whatever their directions and settings.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from landscape.analyze.registry import Quantity
-from landscape.figures.rundata import PassRecord, RunData
+from landscape.figures.rundata import RunData
 from landscape.figures.seeds import SeedGroup, groups, mean_se
+from landscape.store.run import PassRecord
 
 # The order of the passes' columns in the tables; a pass not named here comes after these, in name order.
 TABLE_PASSES = ("hessian", "sharpness", "flatness", "incompatibility", "alignment", "loss")
@@ -29,9 +29,8 @@ TABLE_PASSES = ("hessian", "sharpness", "flatness", "incompatibility", "alignmen
 def quantities(rhos: Sequence[float]) -> list[Quantity]:
     """Every analysis quantity the tables show (each pass's registered ``Quantity``s), with S_rho at each of
     ``rhos``."""
-    from landscape.analyze.catalog import load_passes
+    from landscape.analyze.pass_specs import PASSES as registry  # the declared passes (no pass function)
 
-    registry = load_passes()
     order = [name for name in TABLE_PASSES if name in registry]
     order += [name for name in registry.names() if name not in order]
     return [q for name in order for q in registry.quantities(name, rhos)]
@@ -164,9 +163,6 @@ def surface_files(run: RunData) -> list[tuple[int, Path]]:
     found = {(r, rec.path.with_suffix(".npz")) for r, recs in run.results.items() for rec in recs
              if is_surface(rec) and rec.path.with_suffix(".npz").is_file()}
     recorded = {path for _, path in found}
-    for path in (run.path / "analysis").glob("round-*/surface*.npz"):
-        match = re.fullmatch(r"round-(\d{4,})", path.parent.name)
-        if match and not path.name.endswith(".partial.npz") and path not in recorded \
-                and not path.with_suffix(".json").is_file():
-            found.add((int(match.group(1)), path))
+    found |= {(r, path) for r, path in run.run.loose_arrays() if path.name.startswith("surface")
+              and not path.name.endswith(".partial.npz") and path not in recorded}
     return sorted(found)

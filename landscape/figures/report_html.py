@@ -1,52 +1,59 @@
-"""The report page's HTML parts: its style sheet, its plots (``Page``), cells and tables.
+"""The report page's HTML parts, rendered from the jinja2 templates in ``templates/``: its plots (``Page``),
+notes, cells and tables.
+
+The templates hold all the markup: ``page.html`` the page, ``report.css`` its style sheet, ``parts.html`` the
+repeated parts as macros (``parts()``). Autoescape is on, so every value (a run's name, a recipe's value, a
+path) is escaped there; what is marked safe is trusted output: plotly's JSON (with every '<' escaped), the
+analysis registry's HTML column names and parts already rendered by the templates. Python keeps the numbers:
+the cells are text or small records (``Value``, ``Stat``, ``RunCell``) the ``cell`` macro renders.
 
 ``Page.plot`` writes a plot as a ``<div class="plot" id="plot-NAME" data-name="NAME">`` followed by a plain
 ``Plotly.newPlot`` call on its JSON (names unique on the page). The tables: the comparison across runs (one
 row per run, or per configuration over its seeds: mean +- standard error and n), each run's analysis
-summaries at every analysed round, and its recipe. Cells are HTML; the numbers come from
-``landscape.figures.report_data``.
+summaries at every analysed round, and its recipe; their numbers come from ``landscape.figures.report_data``.
 """
 
 from __future__ import annotations
 
-import html
+import functools
 import json
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
 from matplotlib.colors import to_hex
 
 from landscape.figures.over_seeds import rounds_text
-from landscape.figures.report_data import SeedStat, comparison_groups, metric_at, quantities
+from landscape.figures.report_data import ComparisonGroup, SeedStat, comparison_groups, metric_at, quantities
 from landscape.figures.rundata import RunData
 
 PLOTLY_CONFIG = {"responsive": True, "displaylogo": False}
 
-CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 0 auto;
-       max-width: 1400px; padding: 1em 2em; color: #222; }
-h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: 0.2em; margin-top: 1.6em; }
-nav a { margin-right: 1em; }
-table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
-th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; }
-th { background: #f4f4f4; } td.text, th.text { text-align: left; }
-table.recipe td, table.recipe th { text-align: left; } table.recipe th.section { background: #e8eef7; }
-.swatch { display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.4em; vertical-align: -0.1em; }
-figure { margin: 0.8em 0; } figcaption { color: #555; font-size: 0.9em; max-width: 70em; }
-.scroll { overflow-x: auto; max-width: 100%; }
-table.comparison { font-size: 0.8em; }
-table.comparison th { white-space: normal; vertical-align: bottom; max-width: 6.5em; }
-table.comparison th, table.comparison td { padding: 0.2em 0.3em; }
-table.comparison td { white-space: normal; } table.comparison td .v { white-space: nowrap; }
-table.comparison td.text { overflow-wrap: anywhere; min-width: 8em; max-width: 14em; }
-table.comparison td small { color: #666; }
-.plot { width: 100%; } .note { color: #8a5a00; } pre { background: #f7f7f7; padding: 0.6em; \
-overflow-x: auto; }
-"""
+
+@functools.cache
+def environment() -> Environment:
+    """The templates of ``landscape/figures/templates``, autoescaped (HTML); JSON keeps its keys' order."""
+    env = Environment(loader=PackageLoader("landscape.figures", "templates"),
+                      autoescape=select_autoescape(("html",)), undefined=StrictUndefined,
+                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.policies["json.dumps_kwargs"] = {"sort_keys": False}
+    return env
+
+
+def parts() -> Any:
+    """The macros of ``parts.html`` (note, swatch, figure, cell, the tables, the surfaces section): each a
+    callable returning Markup."""
+    return environment().get_template("parts.html").module
+
+
+def render_page(**context: Any) -> str:
+    """``page.html`` filled in (see its header for what it reads)."""
+    return environment().get_template("page.html").render(**context)
 
 
 # -- page parts ---------------------------------------------------------------------------------------------
@@ -57,10 +64,9 @@ def slug_of(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "plot"
 
 
-def _script_json(value: Any) -> str:
+def _script_json(text: str) -> Markup:
     """JSON safe inside <script>: no '<' can end the element or open a comment."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    return text.replace("<", "\\u003c")
+    return Markup(text.replace("<", "\\u003c"))
 
 
 @dataclass
@@ -69,7 +75,7 @@ class Page:
 
     names: list[str] = field(default_factory=list)
 
-    def plot(self, name: str, fig: Any, caption: str = "") -> str:
+    def plot(self, name: str, fig: Any, caption: str = "") -> Markup:
         import plotly.io as pio
 
         slug = base = slug_of(name)
@@ -78,149 +84,136 @@ class Page:
             slug, k = f"{base}-{k}", k + 1
         self.names.append(slug)
         spec = _script_json(pio.to_json(fig, validate=False))
-        div_id = f"plot-{slug}"
-        caption_html = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
-        return (f'<figure>\n<div class="plot" id="{div_id}" data-name="{slug}"></div>\n'
-                f'<script type="text/javascript">(function () {{ var spec = {spec}; '
-                f'Plotly.newPlot("{div_id}", spec.data, spec.layout, {_script_json(PLOTLY_CONFIG)}); }})();'
-                f"</script>\n{caption_html}</figure>")
+        return parts().figure(slug, spec, PLOTLY_CONFIG, caption)
 
 
-def note(text: str) -> str:
+def note(text: str) -> Markup:
     """A remark on the page (what is missing, left out or cannot be drawn)."""
-    return f'<p class="note">{html.escape(text)}</p>'
+    return parts().note(text)
 
 
-def _num(value: Any, se: Any = None) -> str:
+# -- cells --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Value:
+    """A number as the tables print it, '+-' its standard error, ' (round N)' where it is not from the row's
+    latest analysed round."""
+
+    kind: ClassVar[str] = "value"
+    text: str
+    se: str | None = None
+    at: int | None = None
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A value over seeds: the mean and its standard error (each kept on one line), '(n=2)' when fewer seeds
+    than the group's have it, the rounds it was read at when they are not the latest."""
+
+    kind: ClassVar[str] = "stat"
+    mean: str
+    se: str | None = None
+    n: int | None = None
+    rounds: str = ""
+
+
+@dataclass(frozen=True)
+class RunCell:
+    """A run's (or a configuration's) label after a swatch of its colour, its directory below it."""
+
+    kind: ClassVar[str] = "run"
+    colour: str
+    label: str
+    directory: str | None = None
+
+
+def _num(value: Any, se: Any = None, at: int | None = None) -> Value:
     if value is None:
-        return "-"
+        return Value("-", at=at)
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return str(int(value))
+        return Value(str(int(value)), at=at)
     try:
         v = float(value)
     except (TypeError, ValueError):
-        return html.escape(str(value))
-    text = f"{v:.4g}"
-    if se is not None and math.isfinite(float(se)):
-        text += f" &plusmn; {float(se):.2g}"
-    return text
+        return Value(str(value), at=at)
+    shown_se = f"{float(se):.2g}" if se is not None and math.isfinite(float(se)) else None
+    return Value(f"{v:.4g}", shown_se, at)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], css_class: str = "",
-           text_cols: int = 1) -> str:
-    """Cells are already HTML; the first ``text_cols`` columns are left-aligned."""
-    def cls(i: int) -> str:
-        return ' class="text"' if i < text_cols else ""
-
-    head = "".join(f"<th{cls(i)}>{h}</th>" for i, h in enumerate(header))
-    body = "".join("<tr>" + "".join(f"<td{cls(i)}>{c}</td>" for i, c in enumerate(row)) + "</tr>\n"
-                   for row in rows)
-    css = f' class="{css_class}"' if css_class else ""
-    return (f'<div class="scroll"><table{css}>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}</tbody>\n'
-            "</table></div>")  # a wide table scrolls inside the page, not the page sideways
+def _percent(value: float | None) -> Value | str:
+    return _num(100 * value) if value is not None else "-"
 
 
-def run_name_cell(run: RunData) -> str:
-    """The run's label after a swatch of its colour."""
-    return _swatch_cell(run.color, run.label)
-
-
-def _swatch_cell(colour: str, label: str) -> str:
-    return f'<span class="swatch" style="background:{to_hex(colour)}"></span>{html.escape(label)}'
+def _stat(stat: SeedStat, rounds: Sequence[int] = ()) -> Stat | str:
+    """A comparison cell of several seeds; ``rounds``: the rounds it was read at, shown when not the latest."""
+    if stat.mean is None:
+        return "-"
+    return Stat(f"{stat.mean:.4g}", f"{stat.se:.2g}" if stat.se is not None else None,
+                stat.n if stat.n < len(stat.per_seed) else None, rounds_text(rounds) if rounds else "")
 
 
 # -- tables -------------------------------------------------------------------------------------------------
 
 
-def _rounds_note(rounds: Sequence[int]) -> str:
-    return f" ({rounds_text(rounds)})"
+def _single_row(cg: ComparisonGroup, seeded: bool) -> list[Any]:
+    (row,) = cg.rows
+    run = row.run
+    cells = [RunCell(to_hex(run.color), run.label, run.name), *(["1"] if seeded else []),
+             _num(row.rounds), _percent(row.final_acc), _percent(row.best_acc), _num(row.final_loss),
+             _num(row.online_distance), _num(row.latest)]
+    for value in row.values:
+        at = None if value is None or value[2] == row.latest else value[2]
+        cells.append("-" if value is None else _num(*value[:2], at=at))
+    return cells
 
 
-def _group_cell(stat: SeedStat) -> str:
-    """A comparison cell of several seeds: mean and +- SE kept on one line each, wrapping between them."""
-    if stat.mean is None:
-        return "-"
-    cell = f'<span class="v">{stat.mean:.4g}</span>'
-    if stat.se is not None:
-        cell += f' <span class="v">&plusmn; {stat.se:.2g}</span>'
-    return cell + (f" <small>(n={stat.n})</small>" if stat.n < len(stat.per_seed) else "")
+def _group_row(cg: ComparisonGroup, shown: int) -> list[Any]:
+    group = cg.group
+    rounds = sorted({row.rounds for row in cg.rows if row.rounds is not None})
+    latest = sorted({row.latest for row in cg.rows if row.latest is not None})
+    cells = [RunCell(to_hex(group.colour), group.label, group.name), str(group.n),
+             ", ".join(map(str, rounds)) or "-",
+             _stat(cg.stat(lambda row: None if row.final_acc is None else 100 * row.final_acc)),
+             _stat(cg.stat(lambda row: None if row.best_acc is None else 100 * row.best_acc)),
+             _stat(cg.stat(lambda row: row.final_loss)), _stat(cg.stat(lambda row: row.online_distance)),
+             ", ".join(map(str, latest)) or "-"]
+    for k in range(shown):
+        stat, at, at_latest = cg.quantity(k)
+        cells.append(_stat(stat, () if at_latest else at))
+    return cells
 
 
-def comparison_table(runs: Sequence[RunData], rho: float | None) -> str:
+def comparison_table(runs: Sequence[RunData], rho: float | None) -> Markup:
     """One row per run (per configuration, for runs that differ only in their seed: the mean +- standard
     error over the seeds, and n): training outcome and the latest value of each analysis quantity."""
     shown = [q for q in quantities([rho] if rho is not None else [])
              if any(run.analysed_rounds(q.pass_name) for run in runs)]
     found = comparison_groups(runs, shown)
     seeded = any(cg.group.n > 1 for cg in found)
-    header = (["run <small>(directory)</small>"] + (["n"] if seeded else [])
-              + ["rounds", "final test acc (%)", "best test acc (%)", "final train loss",
-                 "&Delta;<sub>D</sub> (online, last round)", "latest analysed round"]
-              + [q.header for q in shown])
-    rows = []
-    for cg in found:
-        if cg.group.n == 1:
-            (row,) = cg.rows
-            cells = [_dir_cell(run_name_cell(row.run), row.run.name)] + (["1"] if seeded else []) + [
-                _num(row.rounds), _num(100 * row.final_acc) if row.final_acc is not None else "-",
-                _num(100 * row.best_acc) if row.best_acc is not None else "-",
-                _num(row.final_loss), _num(row.online_distance), _num(row.latest)]
-            for value in row.values:
-                if value is None:
-                    cells.append("-")
-                    continue
-                cell = _num(value[0], value[1])
-                cells.append(cell if value[2] == row.latest else f"{cell} (round {value[2]})")
-            rows.append(cells)
-            continue
-        rounds = sorted({row.rounds for row in cg.rows if row.rounds is not None})
-        latest = sorted({row.latest for row in cg.rows if row.latest is not None})
-        cells = [_dir_cell(_swatch_cell(cg.group.colour, cg.group.label), cg.group.name), str(cg.group.n),
-                 ", ".join(map(str, rounds)) or "-",
-                 _group_cell(cg.stat(lambda row: None if row.final_acc is None else 100 * row.final_acc)),
-                 _group_cell(cg.stat(lambda row: None if row.best_acc is None else 100 * row.best_acc)),
-                 _group_cell(cg.stat(lambda row: row.final_loss)),
-                 _group_cell(cg.stat(lambda row: row.online_distance)),
-                 ", ".join(map(str, latest)) or "-"]
-        for k in range(len(shown)):
-            stat, at, at_latest = cg.quantity(k)
-            cell = _group_cell(stat)
-            cells.append(cell if at_latest or stat.mean is None
-                         else f"{cell} <small>{_rounds_note(at)}</small>")
-        rows.append(cells)
-    return _table(header, rows, "comparison", text_cols=1)
+    rows = [_single_row(cg, seeded) if cg.group.n == 1 else _group_row(cg, len(shown)) for cg in found]
+    return parts().comparison_table(seeded, [q.header for q in shown], rows)
 
 
-def _dir_cell(name_cell: str, directory: str) -> str:
-    """The run's name with its directory below it (one column: the table fits the page)."""
-    return f"{name_cell}<br><small>{html.escape(directory)}</small>"
-
-
-def analysis_table(run: RunData, rhos: Sequence[float]) -> str:
+def analysis_table(run: RunData, rhos: Sequence[float]) -> Markup:
     """One row per analysed round of the run: test accuracy there and every analysis quantity it has."""
     shown = [q for q in quantities(rhos) if run.analysed_rounds(q.pass_name)]
-    header = ["round", "test acc (%)"] + [q.header for q in shown]
     rows = []
     for r in sorted(run.analyses):
-        acc = metric_at(run, "test_acc", r)
-        row = [str(r), _num(100 * acc) if acc is not None else "-"]
+        row = [str(r), _percent(metric_at(run, "test_acc", r))]
         for q in shown:
             rec = run.analyses[r].get(q.pass_name)
             row.append(_num(*q.read(rec)) if rec is not None else "-")
         rows.append(row)
-    return _table(header, rows, "analysis")
+    return parts().analysis_table([q.header for q in shown], rows)
 
 
-def recipe_table(recipe: dict) -> str:
+def recipe_table(recipe: dict) -> Markup:
     """The recipe as a two-column table, one header row per TOML section."""
-    rows = [f'<tr><th class="text">{html.escape(k)}</th><td class="text">{html.escape(repr(v))}</td></tr>'
-            for k, v in recipe.items() if not isinstance(v, dict)]
-    for section, values in recipe.items():
-        if isinstance(values, dict):
-            rows.append(f'<tr><th class="section" colspan="2">[{html.escape(section)}]</th></tr>')
-            rows += [f'<tr><th class="text">{html.escape(k)}</th>'
-                     f'<td class="text">{html.escape(_toml_text(v))}</td></tr>' for k, v in values.items()]
-    return '<table class="recipe">\n' + "\n".join(rows) + "\n</table>"
+    plain = [(k, repr(v)) for k, v in recipe.items() if not isinstance(v, dict)]
+    sections = [(name, [(k, _toml_text(v)) for k, v in values.items()])
+                for name, values in recipe.items() if isinstance(values, dict)]
+    return parts().recipe_table(plain, sections)
 
 
 def _toml_text(value: Any) -> str:
@@ -229,4 +222,3 @@ def _toml_text(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     return str(value)
-

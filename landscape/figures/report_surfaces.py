@@ -3,23 +3,25 @@
 2D surfaces are 3D plotly plots (``landscape.figures.surfaces.surface_figure``); those of one quantity (e.g.
 training loss (global F)) share one colour scale and z range (``surfaces.value_range``), so that runs compare
 by eye. 1D surfaces are lines on their own axes. The section says what the runs' random planes compare
-(``surfaces.compare_planes``) and, per plane, the model's weight norm.
+(``surfaces.compare_planes``) and, per plane, the model's weight norm. Its HTML is the ``surfaces_section``
+macro of ``templates/parts.html``.
 """
 
 from __future__ import annotations
 
-import html
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from markupsafe import Markup
 from matplotlib.colors import to_hex
 
 from landscape.core.errors import LandscapeError
 from landscape.figures.report_data import surface_files
-from landscape.figures.report_html import Page, note
+from landscape.figures.report_html import Page, note, parts
 from landscape.figures.report_plotly import line_surface_figure
 from landscape.figures.rundata import RunData
 from landscape.figures.selection import settings_label
@@ -117,56 +119,72 @@ def _random_planes_line(files: Sequence[tuple[RunData, int, Path]]) -> str:
     return f"Random planes of the runs: {planes.text}."
 
 
-def surfaces_section(runs: Sequence[RunData], page: Page) -> str:
-    """The section's HTML, its plots added to ``page``; '' when no run has a surface."""
+def _scales_text(scales: dict[str, tuple[float, float]], counts: dict[str, int]) -> str:
+    """What the 3D surfaces' colour scales are, per quantity; '' for none."""
+    if not scales:
+        return ""
+    shared = "; ".join(f"{label}: {low:.4g} to {high:.4g} ({counts[label]} surface"
+                       f"{'s' if counts[label] > 1 else ''})" for label, (low, high) in scales.items())
+    text = ("The 3D surfaces share one colour scale and z range, so that runs compare by eye: "
+            if len(scales) == 1
+            else "3D surfaces of one quantity share one colour scale and z range; surfaces of different "
+                 "quantities are on separate scales: ")
+    return text + shared
+
+
+@dataclass(frozen=True)
+class _Scales:
+    """The 2D surfaces' renderer and shared scales (``_surface_scales``) and how many surfaces each has."""
+
+    renderer: Callable[..., Any] | None
+    quantity: dict[Path, str]
+    scales: dict[str, tuple[float, float]]
+    counts: dict[str, int]
+
+
+def _figure(run: RunData, path: Path, title: str, shared: _Scales) -> tuple[Any, str] | str:
+    """(figure, caption) of one surface file; the note to show instead where it cannot be drawn."""
+    caption = f"from {path}"
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            is_2d = "y_coords" in f.files
+        if is_2d and shared.renderer is None:
+            return (f"{path}: no surface renderer available (landscape.figures.surfaces.surface_figure); "
+                    "the surface is left out")
+        if not is_2d:
+            return (line_surface_figure(path, title, to_hex(run.color)),
+                    caption + "; a 1D line, drawn as a curve on its own axis (not on the surfaces' colour scale)")
+        label = shared.quantity.get(path, "")
+        fig = shared.renderer([path], [title], limits=shared.scales.get(label))
+    except (LandscapeError, OSError, ValueError, KeyError) as e:
+        return f"{path}: cannot draw this surface ({e})"
+    if label and shared.counts[label] == 1 and len(shared.scales) > 1:
+        caption += f"; on its own scale: the only surface of {label}"
+    elif label:
+        low, high = shared.scales[label]
+        caption += f"; colours and z on the scale shared by every surface of {label}: {low:.4g} to {high:.4g}"
+    return fig, caption + _plane_caption(path)
+
+
+def surfaces_section(runs: Sequence[RunData], page: Page) -> Markup:
+    """The section (``surfaces_section`` of ``templates/parts.html``), its plots added to ``page``; '' when no
+    run has a surface."""
     files = [(run, r, p) for run in runs for r, p in surface_files(run)]
     if not files:
-        return ""
+        return Markup("")
     renderer = surface_renderer()
     quantity, scales = _surface_scales([p for _, _, p in files]) if renderer is not None else ({}, {})
-    counts = {label: list(quantity.values()).count(label) for label in scales}
-    parts = ['<section id="surfaces"><h2>Loss surfaces</h2>']
-    if scales:
-        shared = "; ".join(f"{label}: {low:.4g} to {high:.4g} ({counts[label]} surface"
-                           f"{'s' if counts[label] > 1 else ''})" for label, (low, high) in scales.items())
-        text = ("The 3D surfaces share one colour scale and z range, so that runs compare by eye: "
-                if len(scales) == 1
-                else "3D surfaces of one quantity share one colour scale and z range; surfaces of different "
-                     "quantities are on separate scales: ")
-        parts.append(f"<p>{html.escape(text + shared)}.</p>")
-    planes_line = _random_planes_line(files)
-    if planes_line:
-        parts.append(f"<p>{html.escape(planes_line)}</p>")
+    shared = _Scales(renderer, quantity, scales,
+                     {label: list(quantity.values()).count(label) for label in scales})
+    items: list[tuple[str | None, Markup]] = []
     for run, r, path in files:
         title = f"{run.label}, round {r}, {_surface_kind(path)}"
+        drawn = _figure(run, path, title, shared)
+        if isinstance(drawn, str):
+            items.append((None, note(drawn)))
+            continue
         # The plot is named by the output (surface, surface-pca, ...), not by the settings part of the file
         # name.
         name = f"surface-{run.name}-round-{r}-{path.stem.partition('@')[0]}"
-        caption = f"from {path}"
-        try:
-            with np.load(path, allow_pickle=False) as f:
-                is_2d = "y_coords" in f.files
-            if is_2d and renderer is None:
-                parts.append(note(f"{path}: no surface renderer available (landscape.figures.surfaces."
-                                   "surface_figure); the surface is left out"))
-                continue
-            if is_2d:
-                label = quantity.get(path, "")
-                fig = renderer([path], [title], limits=scales.get(label))
-                if label and counts[label] == 1 and len(scales) > 1:
-                    caption += f"; on its own scale: the only surface of {label}"
-                elif label:
-                    low, high = scales[label]
-                    caption += (f"; colours and z on the scale shared by every surface of {label}: "
-                                f"{low:.4g} to {high:.4g}")
-                caption += _plane_caption(path)
-            else:
-                fig = line_surface_figure(path, title, to_hex(run.color))
-                caption += "; a 1D line, drawn as a curve on its own axis (not on the surfaces' colour scale)"
-        except (LandscapeError, OSError, ValueError, KeyError) as e:
-            parts.append(note(f"{path}: cannot draw this surface ({e})"))
-            continue
-        parts.append(f"<h3>{html.escape(title)}</h3>")
-        parts.append(page.plot(name, fig, caption))
-    parts.append("</section>")
-    return "\n".join(parts)
+        items.append((title, page.plot(name, *drawn)))
+    return parts().surfaces_section(_scales_text(scales, shared.counts), _random_planes_line(files), items)

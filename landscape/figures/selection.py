@@ -17,9 +17,9 @@ Rounds analysed only with other settings are left out of the run's curves and na
 ``Chosen.shown`` says which settings are read where they are not the ones asked for (the defaults, or the
 recipe's), for the labels.
 
-Of the analysis it reads names and defaults only: the registered passes' options (``load_passes``, the import
-that still brings the pass modules along: docs/architecture.md) and the analysis settings
-(``analyze/settings.py``, which imports nothing of the analysis).
+Of the analysis it reads names and defaults only: the declared passes' options (``analyze/pass_specs.py``,
+which loads no pass function) and the analysis settings (``analyze/settings.py``, which imports nothing of
+the analysis).
 """
 
 from __future__ import annotations
@@ -27,18 +27,23 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from functools import cached_property
+from typing import Any
 
-from landscape.analyze.catalog import load_passes  # the registered passes, whose settings results name
+from landscape.analyze.pass_specs import PASSES  # the declared passes, whose settings results name
 from landscape.analyze.results import (
     NOT_NAMED,
     qualified_settings,
+    record_output,
+    record_pass,
+    result_name,
     settings_diff,
     settings_text,
     value_text,
 )
 from landscape.analyze.settings import AnalysisSettings
 from landscape.core.errors import LandscapeError
+from landscape.store.run import PassRecord
 
 # What F is: read at its default unless a filter names it.
 PINNED = ("split", "bn_mode", "surface.data")
@@ -47,15 +52,41 @@ _ANALYZE_FLAGS = {"split": "--split", "analysis_samples": "--analysis-samples", 
                   "backend": "--backend", "hvp": "--hvp", "dtype": "--dtype", "seed": "--seed"}
 
 
-class Result(Protocol):
-    """What selection reads of a stored result (``rundata.PassRecord``)."""
+class Result:
+    """What selection reads of a stored result (a ``store.run.PassRecord``, ``rec``): its pass, output and
+    settings as its JSON records them (files written before results were named by their settings carry the
+    pass's name whatever their settings), each worked out on first use."""
 
-    pass_name: str
-    output: str
-    settings: dict
-    qualified: dict[str, Any]
-    variant: tuple
-    canonical: bool
+    def __init__(self, rec: PassRecord) -> None:
+        self.rec = rec
+        self.settings = rec.settings
+
+    @cached_property
+    def pass_name(self) -> str:
+        return record_pass(self.rec.record, self.rec.path.stem)
+
+    @cached_property
+    def output(self) -> str:
+        """sharpness, surface, surface-pca, ...: what the result is of (``results.output_name``)."""
+        return record_output(self.rec.record, self.rec.path.stem)
+
+    @cached_property
+    def qualified(self) -> dict[str, Any]:
+        return qualified_settings(self.pass_name, self.settings)
+
+    @cached_property
+    def variant(self) -> tuple:
+        return variant_of(self.pass_name, self.settings)
+
+    @cached_property
+    def canonical(self) -> bool:
+        """Whether the file has the name its settings give (not a file written before that naming)."""
+        return self.rec.path.stem == result_name(self.pass_name, self.settings)
+
+
+def as_results(records: Mapping[int, Sequence[PassRecord]]) -> dict[int, list[Result]]:
+    """Round -> what selection reads of each stored result there (``choose`` takes them)."""
+    return {r: [Result(rec) for rec in recs] for r, recs in records.items()}
 
 
 def _analysis_names() -> set[str]:
@@ -65,7 +96,7 @@ def _analysis_names() -> set[str]:
 
 def _option_names() -> dict[str, set[str]]:
     """Pass -> the names of its options."""
-    return {entry.name: set(entry.option_defaults()) for entry in load_passes().entries()}
+    return {entry.name: set(entry.option_defaults()) for entry in PASSES.entries()}
 
 
 @dataclass(frozen=True)
@@ -184,7 +215,7 @@ class Chosen:
 
     output: str
     pass_name: str
-    records: dict[int, Any]  # round -> the result
+    records: dict[int, PassRecord]  # round -> the result
     settings: dict  # the settings record read
     shown: str  # the settings read, where they are not the ones asked for ('' when they are)
     left_out: dict[int, list[str]] = field(default_factory=dict)  # round -> settings there (not read)
@@ -196,9 +227,9 @@ def settings_label(pass_name: str, settings: Any) -> str:
 
 
 def choose(results: Mapping[int, Sequence[Result]], selection: Selection
-           ) -> tuple[dict[int, dict[str, Any]], dict[str, Chosen], dict[str, list[str]]]:
+           ) -> tuple[dict[int, dict[str, PassRecord]], dict[str, Chosen], dict[str, list[str]]]:
     """(round -> output -> result read, output -> Chosen, output -> settings of the results there that the
-    selection does not want, for outputs of which it wants none)."""
+    selection does not want, for outputs of which it wants none), of ``results`` (``as_results``)."""
     variants: dict[str, dict[tuple, dict[int, Result]]] = {}
     everything: dict[str, dict[int, set[str]]] = {}
     for r in sorted(results):
@@ -221,8 +252,9 @@ def choose(results: Mapping[int, Sequence[Result]], selection: Selection
         first = next(iter(records.values()))
         shown = settings_text(settings_diff(first.pass_name, first.settings, selection.reference(first.pass_name)))
         left = {r: sorted(labels) for r, labels in everything[output].items() if r not in records}
-        chosen[output] = Chosen(output, first.pass_name, dict(sorted(records.items())), first.settings, shown, left)
-    view: dict[int, dict[str, Any]] = {}
+        chosen[output] = Chosen(output, first.pass_name, {r: records[r].rec for r in sorted(records)},
+                                first.settings, shown, left)
+    view: dict[int, dict[str, PassRecord]] = {}
     for output, c in chosen.items():
         for r, rec in c.records.items():
             view.setdefault(r, {})[output] = rec

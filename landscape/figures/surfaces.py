@@ -83,6 +83,20 @@ def save_figure(fig: Figure, out: str | Path) -> Path:
 
 
 def _overlay(ax: Any, surface: SurfaceData, overlay: str | None) -> None:
+    overlay = _overlay_kind(surface, overlay)
+    if overlay is None:
+        return
+    if overlay == "trajectory":
+        _draw_trajectory(ax, surface)
+    elif overlay == "clients":
+        _draw_clients(ax, surface)
+    else:
+        raise LandscapeError(f"unknown overlay '{overlay}'; choose trajectory, clients, auto or none")
+
+
+def _overlay_kind(surface: SurfaceData, overlay: str | None) -> str | None:
+    """The overlay to draw: None for "none"; for "auto" the one the surface's directions call for, else the
+    one its NPZ holds (a trajectory first), else None; any other name as given."""
     kind = surface.meta.get("directions")
     if overlay == "none":
         overlay = None
@@ -91,32 +105,33 @@ def _overlay(ax: Any, surface: SurfaceData, overlay: str | None) -> None:
         if overlay is None:
             overlay = "trajectory" if "trajectory" in surface.extra else (
                 "clients" if "client_coords" in surface.extra else None)
-    if overlay is None:
-        return
-    if overlay == "trajectory":
-        if "trajectory" not in surface.extra:
-            raise LandscapeError("overlay 'trajectory' needs a PCA surface (its NPZ has no 'trajectory')")
-        path = surface.extra["trajectory"]
-        rounds = surface.extra.get("trajectory_rounds", np.arange(len(path)))
-        ax.plot(path[:, 0], path[:, 1], "-o", color="white", mec="black", mew=0.6, ms=4, lw=1.2,
-                label="trajectory x^t", zorder=3)
-        for k in sorted({0, len(path) - 1}):
-            ax.annotate(f"t={int(rounds[k])}", path[k], textcoords="offset points", xytext=(5, 5), fontsize=8,
-                        color="white", path_effects=OUTLINED)
-    elif overlay == "clients":
-        if "client_coords" not in surface.extra:
-            raise LandscapeError("overlay 'clients' needs a client-plane surface (its NPZ has no "
-                                 "'client_coords')")
-        coords = surface.extra["client_coords"]
-        ids = surface.extra.get("client_ids", np.arange(len(coords)))
-        pair = set(surface.meta.get("clients", []))
-        ax.scatter(coords[:, 0], coords[:, 1], c=["tab:orange" if int(i) in pair else "white" for i in ids],
-                   edgecolors="black", s=36, zorder=4, label="client models y_i (projected)")
-        for (cx, cy), i in zip(coords, ids):
-            ax.annotate(str(int(i)), (cx, cy), textcoords="offset points", xytext=(4, 4), fontsize=8,
-                        color="white", path_effects=OUTLINED)
-    else:
-        raise LandscapeError(f"unknown overlay '{overlay}'; choose trajectory, clients, auto or none")
+    return overlay
+
+
+def _draw_trajectory(ax: Any, surface: SurfaceData) -> None:
+    if "trajectory" not in surface.extra:
+        raise LandscapeError("overlay 'trajectory' needs a PCA surface (its NPZ has no 'trajectory')")
+    path = surface.extra["trajectory"]
+    rounds = surface.extra.get("trajectory_rounds", np.arange(len(path)))
+    ax.plot(path[:, 0], path[:, 1], "-o", color="white", mec="black", mew=0.6, ms=4, lw=1.2,
+            label="trajectory x^t", zorder=3)
+    for k in sorted({0, len(path) - 1}):
+        ax.annotate(f"t={int(rounds[k])}", path[k], textcoords="offset points", xytext=(5, 5), fontsize=8,
+                    color="white", path_effects=OUTLINED)
+
+
+def _draw_clients(ax: Any, surface: SurfaceData) -> None:
+    if "client_coords" not in surface.extra:
+        raise LandscapeError("overlay 'clients' needs a client-plane surface (its NPZ has no "
+                             "'client_coords')")
+    coords = surface.extra["client_coords"]
+    ids = surface.extra.get("client_ids", np.arange(len(coords)))
+    pair = set(surface.meta.get("clients", []))
+    ax.scatter(coords[:, 0], coords[:, 1], c=["tab:orange" if int(i) in pair else "white" for i in ids],
+               edgecolors="black", s=36, zorder=4, label="client models y_i (projected)")
+    for (cx, cy), i in zip(coords, ids):
+        ax.annotate(str(int(i)), (cx, cy), textcoords="offset points", xytext=(4, 4), fontsize=8,
+                    color="white", path_effects=OUTLINED)
 
 
 def _mark_centre(ax: Any, surface: SurfaceData) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
 
@@ -65,7 +65,7 @@ def _min_size(out_size: Callable[[int], int]) -> int:
 
 @dataclass(frozen=True)
 class MLPOptions:
-    hidden: list[int] = field(default_factory=lambda: [200, 200])  # the "2NN" of McMahan et al. 2017
+    hidden: tuple[int, ...] = (200, 200)  # the "2NN" of McMahan et al. 2017 (a TOML array: a tuple)
 
     def __post_init__(self) -> None:
         if not isinstance(self.hidden, (list, tuple)):

@@ -1,4 +1,6 @@
-"""The run directory: its paths, metrics.jsonl, the partition record, and the notebook API ``open_run``.
+"""The layout of a run directory (``RunDir``): its paths, metrics.jsonl and the partition record.
+
+A run as every reader sees it (recipe, metrics, rounds, results, read once) is ``landscape.store.run.Run``.
 
 ```
 runs/<name>/
@@ -22,15 +24,12 @@ import json
 import math
 import os
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from landscape.core.errors import LandscapeError
-from landscape.store.checkpoints import Checkpoint, read_partition
 from landscape.store.fileio import LOCK_NAME, open_no_follow, os_reason, write_text
 
 _CKPT = re.compile(r"^round-(\d{4,})\.pt$")
@@ -157,16 +156,21 @@ class RunDir:
         """Every intact row of metrics.jsonl (round rows and event rows); damaged lines are skipped."""
         return self.scan_metrics()[0]
 
+    def read_rows(self) -> tuple[list[dict], list[dict]]:
+        """(``read_metrics``, ``read_events``) from one reading of metrics.jsonl."""
+        rows = self._read_rows()
+        return [_current_row(r) for r in rows if "event" not in r], [r for r in rows if "event" in r]
+
     def read_metrics(self) -> list[dict]:
         """The per-round rows of metrics.jsonl (event rows such as a divergence are left out: see
         ``read_events``). A row written before the flatness distance was taken around the clients' mean
         (it has ``flatness_distance`` but no ``flatness_distance_to_global``) logged the distance to the new
         global model under that name: it is read under its own name, ``flatness_distance_to_global``."""
-        return [_current_row(r) for r in self._read_rows() if "event" not in r]
+        return self.read_rows()[0]
 
     def read_events(self) -> list[dict]:
         """The event rows of metrics.jsonl: ``{"round": t, "event": "diverged", "algorithm": ..., ...}``."""
-        return [r for r in self._read_rows() if "event" in r]
+        return self.read_rows()[1]
 
     def append_metrics(self, row: dict) -> None:
         try:  # never through a symbolic link (a resume writes the file anew first: a link is replaced)
@@ -244,7 +248,6 @@ class RunDir:
                                              for p in self.path.iterdir())
 
 
-
 def partition_record(
     client_indices: list[np.ndarray], histogram: np.ndarray, settings: dict, heterogeneity: dict
 ) -> dict:
@@ -257,120 +260,3 @@ def partition_record(
             for i, idx in enumerate(client_indices)
         ],
     }
-
-
-# ----------------------------------------------------------------------------------------------------------
-# notebook API
-
-
-class Run:
-    """An existing run directory: ``open_run("runs/x")``.
-
-    ``.recipe`` (the resolved ``Recipe``), ``.metrics()`` (per-round rows of metrics.jsonl), ``.events()`` (its
-    event rows, e.g. a divergence), ``.rounds()`` (checkpointed
-    rounds), ``.model(round)`` (nn.Module with those weights, eval mode), ``.data()`` (train and test sets as
-    the run used them), ``.client_data(i)`` and ``.partition()``.
-
-    The recipe's ``imports`` (modules that run code when imported) are imported only with ``trust_imports=True``
-    (or inside ``landscape.config.imports.trusted_imports()``); without, the recipe, metrics and events read as
-    recorded, and building a model, data set or partition that only those modules provide is refused in one
-    line naming them.
-    """
-
-    def __init__(self, path: str | Path, trust_imports: bool = False) -> None:
-        from landscape.config import recipe as recipes
-
-        if not isinstance(path, (str, os.PathLike)):
-            raise LandscapeError(f"open_run takes the path of a run directory, not {path!r:.80}")
-        if not isinstance(trust_imports, bool):
-            raise LandscapeError(f"open_run: trust_imports must be True or False, got {trust_imports!r}")
-        self.dir = RunDir(path)
-        if not self.dir.path.exists():
-            raise LandscapeError(f"open_run: {self.dir.path} does not exist")
-        if not self.dir.path.is_dir():
-            raise LandscapeError(f"open_run: {self.dir.path} is not a directory (give a run directory)")
-        if not self.dir.is_run():
-            raise LandscapeError(f"{self.dir.path} is not a run directory (no recipe.toml)")
-        self.recipe = recipes.read_recipe(self.dir.recipe, algorithms=False, trust_imports=trust_imports or None,
-                                          defer=True)
-        self._setup = None
-
-    @property
-    def path(self) -> Path:
-        return self.dir.path
-
-    def __repr__(self) -> str:
-        return f"Run({str(self.path)!r}, rounds={self.rounds()})"
-
-    def metrics(self) -> list[dict]:
-        """One row per trained round (event rows are in ``events()``)."""
-        return self.dir.read_metrics()
-
-    def events(self) -> list[dict]:
-        """What happened to the run besides rounds: ``{"round": t, "event": "diverged", ...}``."""
-        return self.dir.read_events()
-
-    def rounds(self) -> list[int]:
-        return self.dir.rounds()
-
-    def _data_setup(self):
-        if self._setup is None:
-            from landscape.config.setup import prepare_data
-
-            self.recipe.require_entries()  # a data set or partition only its untrusted imports provide
-            self._setup = prepare_data(self.recipe)
-        return self._setup
-
-    def data(self):
-        """(train, test) ArrayDatasets exactly as the run used them (never augmented)."""
-        bundle = self._data_setup().bundle
-        return bundle.train, bundle.test
-
-    def partition(self) -> list[np.ndarray]:
-        """Per-client train-set index arrays, as recorded in partition.json (checked: a damaged or tampered
-        file is a one-line error)."""
-        if not self.dir.partition.is_file():
-            raise LandscapeError(f"{self.dir.partition} not found (`landscape train --resume "
-                                 f"{shlex.quote(str(self.path))}` writes it)")
-        setup = self._data_setup()
-        return read_partition(self.dir.partition, len(setup.bundle.train), len(setup.client_indices))
-
-    def client_data(self, client: int):
-        """Client ``client``'s training samples (a whole number 0..N-1), from the checked partition."""
-        parts = self.partition()
-        if isinstance(client, bool) or not isinstance(client, (int, np.integer)):
-            raise LandscapeError(f"client must be a whole number in 0..{len(parts) - 1} (got {client!r:.80})")
-        if not 0 <= client < len(parts):
-            raise LandscapeError(f"client {client} does not exist (the run has {len(parts)} clients)")
-        train, _ = self.data()
-        return train.subset(parts[client])
-
-    def checkpoint(self, round: int | None = None) -> Checkpoint:
-        rounds = self.rounds()
-        if not rounds:
-            raise LandscapeError(f"{self.path} has no checkpoints")
-        if round is None:
-            round = rounds[-1]
-        if round not in rounds:
-            raise LandscapeError(f"round {round} has no checkpoint in {self.path}; checkpointed rounds: "
-                                 + ", ".join(map(str, rounds)))
-        return Checkpoint.load(self.dir.checkpoint(round))
-
-    def model(self, round: int | None = None) -> torch.nn.Module:
-        """The global model of a checkpointed round (default: the last; x_swa once server SWA has begun),
-        on the CPU, in eval mode, in the checkpoint's dtype (a float64 run stays float64)."""
-        from landscape.config.setup import build_module, torch_dtype
-
-        self.recipe.require_entries()  # a model only its untrusted imports provide: refused in one line
-        module = build_module(self.recipe, self._data_setup().bundle)
-        ckpt = self.checkpoint(round)
-        module = module.to(ckpt.dtype)
-        ckpt.check_model(module.state_dict(), self.recipe.model.name, torch_dtype(self.recipe.train.dtype))
-        module.load_state_dict(ckpt.analysed_state)
-        return module.eval()
-
-
-def open_run(path: str | Path, trust_imports: bool = False) -> Run:
-    """Open a run directory for reading (see ``Run``); ``trust_imports=True`` imports the modules its recipe's
-    ``imports`` name (their code runs)."""
-    return Run(path, trust_imports=trust_imports)

@@ -38,12 +38,13 @@ from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.store import lifecycle
-from landscape.store.checkpoints import load_checkpoint, partition_problem
+from landscape.store.checkpoints import load_checkpoint
 from landscape.store.fileio import RunLock, os_reason, write_text
 from landscape.store.lifecycle import ResumePoint
 from landscape.store.runs import RunDir
 from landscape.train.algorithms import ClientResult, LocalProblem, ParamLayout, ServerRound, build_algorithm
 from landscape.train.gather import average_buffers, gather_client_work
+from landscape.train.repair import repair_metrics, repair_partition, set_aside_damaged
 from landscape.train.schedule import (
     STREAM_CLIENT,
     clients_per_round,
@@ -305,7 +306,7 @@ def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
     with contextlib.ExitStack() as held:
         found: dict[str, ResumePoint] = {}
 
-        def locate() -> tuple[Recipe, Path | None, lifecycle.MetricsRepair, int]:
+        def locate() -> tuple[Recipe, Path | None, lifecycle.MetricsRepair, int, bool]:
             if not run_dir.path.is_dir() or not run_dir.is_run():
                 raise LandscapeError(f"{path} is not a run directory (no recipe.toml); nothing to resume")
             recorded = recipes.read_recipe(run_dir.recipe)
@@ -335,36 +336,14 @@ def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
 
         def prepare() -> None:
             # Every check has passed: from here on the directory changes.
-            for error in point.damaged:
-                moved = run_dir.set_aside(error.path)
-                warn(f"{lifecycle.relative(run_dir, error.path)} is damaged ({error.reason}); moved to {moved.name}; {target}")
-            if point.checkpoint is None and not point.damaged:
-                warn(f"{run_dir.path} has no checkpoint yet (its first process stopped early); {target}")
+            set_aside_damaged(run_dir, point, target, warn)
             if type(trained_with) is int and trained_with != trainer.threads:
                 warn(f"{point.path.name} was trained with {trained_with} CPU thread{'s' if trained_with > 1 else ''}, "
                      f"this resume uses {trainer.threads} (train.threads): its rounds may differ in the last bits "
                      "from a run that kept one count")
             run_dir.remove_stale_temp_files()
-            setup = trainer.setup
-            if not run_dir.partition.is_file():
-                lifecycle.write_run_files(run_dir, recipe, setup, recipe_too=False)
-            else:
-                problem = partition_problem(run_dir.partition, setup.client_indices, len(setup.bundle.train))
-                if problem is not None:
-                    moved = run_dir.set_aside(run_dir.partition)
-                    lifecycle.write_run_files(run_dir, recipe, setup, recipe_too=False)
-                    warn(f"partition.json {problem}; moved to {moved.name} and written again from the recipe "
-                         "(training always uses the recipe's seeded partition)")
-            if repair.damaged:
-                aside = run_dir.set_aside_lines(repair.damaged)
-                numbers = [n for n, _ in repair.damaged]
-                lines = f"line {numbers[0]} is" if len(numbers) == 1 else "lines " + ", ".join(map(str, numbers)) + " are"
-                warn(f"metrics.jsonl {lines} damaged (not a JSON row); moved to {aside.name}")
-            if repair.missing:
-                start = repair.start.name if repair.start is not None else "the initial model"
-                warn(f"metrics.jsonl had no row for {lifecycle.rounds_text(repair.missing)}; recomputed from "
-                     f"{start} (the checkpoints are unchanged)")
-            run_dir.truncate_metrics(state.round, [row for row in recomputed if row["round"] in repair.missing])
+            repair_partition(run_dir, recipe, trainer.setup, warn)
+            repair_metrics(run_dir, repair, state.round, recomputed, warn)
             if changed:  # --rounds, --threads
                 write_text(run_dir.recipe, trainer.recipe_text)
 

@@ -39,8 +39,9 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
                 scale: str | None = None, assignments: Sequence[str] = (),
                 device: str = "auto") -> list[ClaimWork]:
     """Every claim file read and checked before anything is trained: its figure recipe (at ``scale``, with
-    the ``KEY=VALUE`` ``assignments`` of every run and ``seeds``, default the file's), its run ids, that the
-    figure runs the passes it reads, and that its rounds exist in the runs it compares."""
+    the ``KEY=VALUE`` ``assignments``, read as ``landscape figures --set`` reads them, and ``seeds``, default
+    the file's), its run ids, that the figure runs the passes it reads, and that its rounds exist in the runs
+    it compares."""
     from landscape.analyze.catalog import load_passes
     from landscape.claims import checks as claims
     from landscape.claims.claim_files import check_rounds
@@ -52,7 +53,8 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
         claim = claims.load_claim(path, seeds)
         fig = figure_recipe.load_figure_recipe(claim.figure, scale)
         for text in assignments:
-            fig.assign(*recipe_overrides.parse_assignment(text), load_passes().names())
+            key, value = recipe_overrides.parse_assignment(text)
+            fig.assign(key, value, recipe_overrides.classify_assignment(key, load_passes().names, "claims"))
         fig.set_seeds(list(claim.seeds))
         claims.check_run_ids(claim, [spec.id for spec in fig.runs])
         fig.runs = [spec for spec in fig.runs if spec.id in claim.run_ids()]  # only the runs it compares

@@ -11,7 +11,7 @@ from landscape.core.errors import LandscapeError
 from landscape.workflows.ensure import Notify, ensure_run, ignore
 
 if TYPE_CHECKING:
-    from landscape.analyze.scheduler import AnalysisReport
+    from landscape.analyze.summary import AnalysisReport
     from landscape.figures.compare import Comparison
 
 # The recipe the demo trains: the repository's train/ folder, next to the package.
@@ -44,8 +44,9 @@ class Demo(NamedTuple):
 def run_demo(out: Path, *, progress: bool = False, notify: Notify = ignore) -> Demo:
     """Train (make-like: finished runs are reused), analyse and draw the demo into ``out``."""
     from landscape.analyze.catalog import default_passes, pass_options
-    from landscape.analyze.scheduler import AnalysisReport, analysis_data, run_analysis
+    from landscape.analyze.scheduler import run_analysis
     from landscape.analyze.settings import AnalysisSettings
+    from landscape.analyze.summary import AnalysisReport, analysis_data
     from landscape.config import recipe_overrides
 
     if not DEMO_RECIPE.is_file():

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from landscape.config.schema import load
 from landscape.core.algorithm_labels import algorithm_label
 from landscape.core.registry import Registry
 
@@ -259,7 +260,9 @@ def build_algorithm(recipe: Any, layout: ParamLayout) -> Algorithm:
     module imports this registry) with its options: the trainer's, and the alignment pass's to rebuild a
     broadcast."""
     entry = ALGORITHMS.get(recipe.algorithm.name)
-    options = entry.make_options(dict(recipe.algorithm.options))
+    # Checked by the options' schema again: a recorded recipe read without the algorithms holds them as written.
+    options = (load(entry.options, recipe.algorithm.options, "algorithm", noun="recipe key")
+               if entry.options is not None else entry.make_options(dict(recipe.algorithm.options)))
     return entry.factory(options, num_clients=recipe.partition.clients, server_lr=recipe.train.server_lr,
                          layout=layout)
 

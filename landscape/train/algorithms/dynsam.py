@@ -33,10 +33,12 @@ train_loss is the mean minibatch loss f_i(y_k; B_k) at the descent points.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
+from landscape.config.schema import rule
 from landscape.core import perturb
 from landscape.core.errors import LandscapeError
 from landscape.train.algorithms import (
@@ -53,20 +55,19 @@ from landscape.train.algorithms import (
 
 @dataclass(frozen=True)
 class DynSAMOptions:
-    a: float = 0.4  # weight of the gradient misalignment 1 - gamma_k in lambda_k
-    b: float = 0.5  # weight of the local sharpness sigma_k
-    c: float = 0.1  # weight of the gradient-angle instability tau_k
-    lambda_min: float = 0.01  # lambda_k is clipped to [lambda_min, lambda_max]
+    a: Annotated[float, rule(ge=0)] = 0.4  # weight of the gradient misalignment 1 - gamma_k in lambda_k
+    b: Annotated[float, rule(ge=0)] = 0.5  # weight of the local sharpness sigma_k
+    c: Annotated[float, rule(ge=0)] = 0.1  # weight of the gradient-angle instability tau_k
+    lambda_min: Annotated[float, rule(ge=0)] = 0.01  # lambda_k is clipped to [lambda_min, lambda_max]
     lambda_max: float = 0.3
-    rho_min: float = 0.001  # rho_k = max(rho_min, rho_max * exp(-lambda_k))
+    rho_min: Annotated[float, rule(ge=0)] = 0.001  # rho_k = max(rho_min, rho_max * exp(-lambda_k))
     rho_max: float = 0.05
-    warmup: int = 3  # participations with lambda_k = 0, rho_k = rho_max
-    history: int = 5  # participations whose final gradients define tau_k
+    # participations with lambda_k = 0, rho_k = rho_max
+    warmup: Annotated[int, rule("stats need an earlier participation", ge=1)] = 3
+    # participations whose final gradients define tau_k
+    history: Annotated[int, rule("an angle needs two participations", ge=2)] = 5
 
     def __post_init__(self) -> None:
-        for name in ("a", "b", "c", "lambda_min", "rho_min"):
-            if getattr(self, name) < 0:
-                raise LandscapeError(f"algorithm.{name} must be >= 0 (got {getattr(self, name)})")
         if self.lambda_max < self.lambda_min:
             raise LandscapeError(
                 f"algorithm.lambda_max must be >= lambda_min ({self.lambda_min}) (got {self.lambda_max})"
@@ -74,14 +75,6 @@ class DynSAMOptions:
         if self.rho_max < self.rho_min:
             raise LandscapeError(
                 f"algorithm.rho_max must be >= rho_min ({self.rho_min}) (got {self.rho_max})"
-            )
-        if self.warmup < 1:
-            raise LandscapeError(
-                f"algorithm.warmup must be >= 1 (stats need an earlier participation) (got {self.warmup})"
-            )
-        if self.history < 2:
-            raise LandscapeError(
-                f"algorithm.history must be >= 2 (an angle needs two participations) (got {self.history})"
             )
 
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from landscape.core.errors import LandscapeError
+from landscape.config.schema import rule
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,
@@ -39,14 +40,9 @@ from landscape.train.algorithms import (
 
 @dataclass(frozen=True)
 class FedACGOptions:
-    lam: float = 0.85  # server momentum coefficient (lookahead)
-    beta: float = 1e-3  # weight of the proximal term beta * ||y - x~||^2
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.lam < 1:
-            raise LandscapeError(f"algorithm.lam must be in [0, 1) (got {self.lam})")
-        if self.beta < 0:
-            raise LandscapeError(f"algorithm.beta must be >= 0 (got {self.beta})")
+    # server momentum coefficient (lookahead)
+    lam: Annotated[float, rule(ge=0, lt=1, text="must be in [0, 1)")] = 0.85
+    beta: Annotated[float, rule(ge=0)] = 1e-3  # weight of the proximal term beta * ||y - x~||^2
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,12 @@ server: FedAvg. Reference rho 0.7, eta_a 0.2 (CNN setting). With rho = 0 it is F
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 from torch import Tensor
 
+from landscape.config.schema import rule
 from landscape.core import perturb
-from landscape.core.errors import LandscapeError
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,
@@ -27,14 +28,8 @@ from landscape.train.algorithms import (
 
 @dataclass(frozen=True)
 class FedASAMOptions:
-    rho: float = 0.7  # ASAM radius (in the T-rescaled geometry)
-    eta_a: float = 0.2  # ASAM's offset in T = |w| + eta_a
-
-    def __post_init__(self) -> None:
-        if self.rho < 0:
-            raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
-        if self.eta_a < 0:
-            raise LandscapeError(f"algorithm.eta_a must be >= 0 (got {self.eta_a})")
+    rho: Annotated[float, rule(ge=0)] = 0.7  # ASAM radius (in the T-rescaled geometry)
+    eta_a: Annotated[float, rule(ge=0)] = 0.2  # ASAM's offset in T = |w| + eta_a
 
 
 def asam_direction(problem: LocalProblem, rho: float, eta_a: float, weight_mask: Tensor):

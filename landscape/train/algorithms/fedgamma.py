@@ -12,8 +12,9 @@ The control-variate rules are SCAFFOLD's (scaffold.py); the SAM gradient is FedS
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
-from landscape.core.errors import LandscapeError
+from landscape.config.schema import rule
 from landscape.train.algorithms import ALGORITHMS, LocalProblem
 from landscape.train.algorithms.fedsam import sam_direction
 from landscape.train.algorithms.scaffold import Direction, Scaffold
@@ -21,11 +22,7 @@ from landscape.train.algorithms.scaffold import Direction, Scaffold
 
 @dataclass(frozen=True)
 class FedGammaOptions:
-    rho: float = 0.01  # SAM radius
-
-    def __post_init__(self) -> None:
-        if self.rho < 0:
-            raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
+    rho: Annotated[float, rule(ge=0)] = 0.01  # SAM radius
 
 
 @ALGORITHMS.register(

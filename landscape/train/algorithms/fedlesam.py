@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 from torch import Tensor
 
+from landscape.config.schema import rule
 from landscape.core import perturb
-from landscape.core.errors import LandscapeError
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,
@@ -37,11 +38,8 @@ from landscape.train.algorithms import (
 
 @dataclass(frozen=True)
 class FedLESAMOptions:
-    rho: float = 0.05  # perturbation radius along the estimated global ascent direction
-
-    def __post_init__(self) -> None:
-        if self.rho < 0:
-            raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
+    # perturbation radius along the estimated global ascent direction
+    rho: Annotated[float, rule(ge=0)] = 0.05
 
 
 @dataclass(frozen=True)

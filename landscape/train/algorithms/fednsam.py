@@ -25,11 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from landscape.core.errors import LandscapeError
+from landscape.config.schema import rule
 from landscape.core.perturb import normalized
 from landscape.train.algorithms import (
     ALGORITHMS,
@@ -48,14 +49,9 @@ from landscape.train.algorithms.fedsam import sam_direction
 
 @dataclass(frozen=True)
 class FedNSAMOptions:
-    lam: float = 0.85  # global (Nesterov) momentum coefficient
-    rho: float = 0.1  # SAM radius
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.lam < 1:
-            raise LandscapeError(f"algorithm.lam must be in [0, 1) (got {self.lam})")
-        if self.rho < 0:
-            raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
+    # global (Nesterov) momentum coefficient
+    lam: Annotated[float, rule(ge=0, lt=1, text="must be in [0, 1)")] = 0.85
+    rho: Annotated[float, rule(ge=0)] = 0.1  # SAM radius
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 from torch import Tensor
 
-from landscape.core.errors import LandscapeError
+from landscape.config.schema import rule
 from landscape.train.algorithms import (
     ALGORITHMS,
     ClientResult,
@@ -38,23 +39,14 @@ from landscape.train.algorithms import (
 from landscape.train.algorithms.fednsam import FedNSAM, FedNSAMServer
 from landscape.train.algorithms.fedsam import sam_direction
 
-SERVERS = ("momentum", "latest-revision")
-
 
 @dataclass(frozen=True)
 class FedNSAMCodeOptions:
-    lam: float = 0.85  # global momentum coefficient (the code's gamma)
-    rho: float = 0.05  # SAM radius (the code's value)
-    server: str = "momentum"  # "momentum" (paper) or "latest-revision" (defect: m = (1 + lam) Delta_bar)
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.lam < 1:
-            raise LandscapeError(f"algorithm.lam must be in [0, 1) (got {self.lam})")
-        if self.rho < 0:
-            raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
-        if self.server not in SERVERS:
-            choices = ", ".join(SERVERS)
-            raise LandscapeError(f"algorithm.server must be one of {choices} (got {self.server!r})")
+    # global momentum coefficient (the code's gamma)
+    lam: Annotated[float, rule(ge=0, lt=1, text="must be in [0, 1)")] = 0.85
+    rho: Annotated[float, rule(ge=0)] = 0.05  # SAM radius (the code's value)
+    # "momentum" (paper) or "latest-revision" (defect: m = (1 + lam) Delta_bar)
+    server: Literal["momentum", "latest-revision"] = "momentum"
 
 
 @ALGORITHMS.register(

@@ -12,10 +12,11 @@ minibatch cross-entropy f_i(y_k; B) alone (the proximal term is not added), so i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 from torch import Tensor
 
-from landscape.core.errors import LandscapeError
+from landscape.config.schema import rule
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,
@@ -29,11 +30,7 @@ from landscape.train.algorithms import (
 
 @dataclass(frozen=True)
 class FedProxOptions:
-    mu: float = 0.01  # proximal weight
-
-    def __post_init__(self) -> None:
-        if self.mu < 0:
-            raise LandscapeError(f"algorithm.mu must be >= 0 (got {self.mu})")
+    mu: Annotated[float, rule(ge=0)] = 0.01  # proximal weight
 
 
 @ALGORITHMS.register(

@@ -8,10 +8,11 @@ server: FedAvg. Reference rho 0.1 (CNN: lr 0.01, wd 4e-4, E = 1, batch 64; or Re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 from torch import Tensor
 
-from landscape.core.errors import LandscapeError
+from landscape.config.schema import rule
 from landscape.core.perturb import sam_perturbation
 from landscape.train.algorithms import (
     ALGORITHMS,
@@ -26,11 +27,7 @@ from landscape.train.algorithms import (
 
 @dataclass(frozen=True)
 class FedSAMOptions:
-    rho: float = 0.1  # SAM radius
-
-    def __post_init__(self) -> None:
-        if self.rho < 0:
-            raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
+    rho: Annotated[float, rule(ge=0)] = 0.1  # SAM radius
 
 
 def sam_direction(problem: LocalProblem, rho: float):

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from landscape.core.errors import LandscapeError
+from landscape.config.schema import rule
 from landscape.core.perturb import normalized, sam_perturbation
 from landscape.train.algorithms import (
     ALGORITHMS,
@@ -47,14 +48,8 @@ from landscape.train.algorithms import (
 
 @dataclass(frozen=True)
 class FedSMOOOptions:
-    rho: float = 0.1  # SAM radius (and of the global correction s)
-    lam: float = 0.1  # weight of the dynamic regulariser lam * (y - x^t + h_i)
-
-    def __post_init__(self) -> None:
-        if self.rho < 0:
-            raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
-        if self.lam < 0:
-            raise LandscapeError(f"algorithm.lam must be >= 0 (got {self.lam})")
+    rho: Annotated[float, rule(ge=0)] = 0.1  # SAM radius (and of the global correction s)
+    lam: Annotated[float, rule(ge=0)] = 0.1  # weight of the dynamic regulariser lam * (y - x^t + h_i)
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from landscape.core.errors import LandscapeError
+from landscape.config.schema import rule
 from landscape.core.perturb import sam_perturbation
 from landscape.train.algorithms import (
     ALGORITHMS,
@@ -46,17 +47,11 @@ from landscape.train.algorithms import (
 
 @dataclass(frozen=True)
 class FedVSSAMOptions:
-    gamma_l: float = 0.4  # local mixing weight of the fresh gradient against h (LF, LU)
-    gamma_g: float = 0.6  # global mixing weight of the round's pseudo-gradient against h (GU)
-    rho: float = 0.05  # SAM radius
-
-    def __post_init__(self) -> None:
-        for name in ("gamma_l", "gamma_g"):
-            value = getattr(self, name)
-            if not 0 < value <= 1:
-                raise LandscapeError(f"algorithm.{name} must be in (0, 1] (got {value})")
-        if self.rho < 0:
-            raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
+    # local mixing weight of the fresh gradient against h (LF, LU)
+    gamma_l: Annotated[float, rule(gt=0, le=1, text="must be in (0, 1]")] = 0.4
+    # global mixing weight of the round's pseudo-gradient against h (GU)
+    gamma_g: Annotated[float, rule(gt=0, le=1, text="must be in (0, 1]")] = 0.6
+    rho: Annotated[float, rule(ge=0)] = 0.05  # SAM radius
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from landscape.core.errors import LandscapeError
+from landscape.config.schema import rule
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,
@@ -37,14 +38,9 @@ from landscape.train.algorithms.fedsam import sam_direction
 
 @dataclass(frozen=True)
 class MoFedSAMOptions:
-    alpha: float = 0.1  # weight of the local SAM gradient (1 - alpha on the server momentum)
-    rho: float = 0.1  # SAM radius
-
-    def __post_init__(self) -> None:
-        if not 0 < self.alpha <= 1:
-            raise LandscapeError(f"algorithm.alpha must be in (0, 1] (got {self.alpha})")
-        if self.rho < 0:
-            raise LandscapeError(f"algorithm.rho must be >= 0 (got {self.rho})")
+    # weight of the local SAM gradient (1 - alpha on the server momentum)
+    alpha: Annotated[float, rule(gt=0, le=1, text="must be in (0, 1]")] = 0.1
+    rho: Annotated[float, rule(ge=0)] = 0.1  # SAM radius
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,185 @@
+"""The plan of an analysis: every (run, round, pass) job, with all input checked before work starts
+(``plan``), the rounds a pass cannot run on left out with a note (``skip_rounds_without_clients``), who runs
+which job under torchrun (``split_work``), and what a dry run prints (``format_plan``).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from landscape.analyze.catalog import load_passes
+from landscape.analyze.context import CheckpointContext
+from landscape.analyze.registry import Cost, needs_kept_clients
+from landscape.analyze.results import result_name, settings_record
+from landscape.analyze.settings import AnalysisSettings
+from landscape.analyze.source import Source, find_sources, select_rounds
+from landscape.analyze.state_dict_source import ForeignModel, state_dict_sources
+from landscape.config.setup import using_threads
+from landscape.core.errors import LandscapeError
+from landscape.store.checkpoints import partition_problem
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (source, round, pass) of a plan, with the pass's options."""
+
+    source: Source
+    round: int
+    name: str
+    options: Any
+
+    @property
+    def out_dir(self) -> Path:
+        return self.source.result_dir(self.round)
+
+    @property
+    def output(self) -> str:
+        """What the pass's options make of it: the pass name, or surface-pca, ... (the results' files are
+        named by ``result_name``: this, and the settings that differ from the defaults)."""
+        return getattr(self.options, "output_name", self.name)
+
+    def result_name(self, settings: AnalysisSettings) -> str:
+        """The name of this job's result files under these settings (``results.result_name``)."""
+        return result_name(self.name, settings_record(settings, self.options))
+
+
+def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any],
+         foreign: ForeignModel | None = None) -> list[Job]:
+    """Every (run, round, pass) to do, with all input checked before any work starts. With ``foreign``,
+    ``path`` holds plain state_dicts (every file is analysed; their model and data are checked as the sources
+    are found, and a pass that needs clients is refused: ``Source.check_pass``)."""
+    registry = load_passes()
+    for name in passes:
+        registry.get(name)
+    if foreign is None:
+        sources, single_round = find_sources(Path(path))
+    else:
+        sources, single_round = state_dict_sources(Path(path), foreign), None
+    jobs = []
+    for source in sources:
+        for name in passes:
+            source.check_pass(name, options[name])
+        if foreign is not None:
+            rounds = "all" if rounds == "last" else rounds
+        chosen = [single_round] if single_round is not None else select_rounds(source, rounds)
+        for r in chosen:
+            jobs += [Job(source, r, name, options[name]) for name in passes]
+    return jobs
+
+
+def skip_rounds_without_clients(jobs: list[Job]) -> tuple[list[Job], list[str]]:
+    """The jobs less those of passes that need kept client models at rounds that have none (round 0, rounds
+    of a run trained without --keep-clients), and one note per run and pass naming the skipped rounds. A
+    pass that has no round left at all is an error saying how to keep them."""
+    skipped: dict[tuple[str, str], list[int]] = {}
+    kept = []
+    for job in jobs:
+        if needs_kept_clients(job.name, job.options) and not job.source.clients_checkpoint(job.round).is_file():
+            skipped.setdefault((job.source.name, job.name), []).append(job.round)
+        else:
+            kept.append(job)
+    for name in {name for _, name in skipped}:
+        if not any(job.name == name for job in kept):
+            run, rounds = next((run, r) for (run, n), r in skipped.items() if n == name)
+            raise LandscapeError(f"{run} has no client models for {_rounds_text(sorted(set(rounds)))}; train with "
+                                 "--keep-clients to save them at checkpoints")
+    notes = [f"{run}: {name} skipped at {_rounds_text(sorted(set(rounds)))}, which kept no client models"
+             for (run, name), rounds in skipped.items()]
+    return kept, notes
+
+
+def partition_warnings(jobs: list[Job]) -> list[str]:
+    """A warning for each run whose partition.json is not the partition its recipe makes (the analysis uses the
+    recipe's, as training did)."""
+    notes, seen = [], set()
+    for job in jobs:
+        source = job.source
+        run_dir = getattr(source, "run_dir", None)
+        if id(source) in seen or run_dir is None or not run_dir.partition.is_file():
+            continue
+        seen.add(id(source))
+        setup = source.setup
+        problem = partition_problem(run_dir.partition, setup.client_indices, len(setup.bundle.train))
+        if problem is not None:
+            notes.append(f"{run_dir.partition} {problem}; the analysis uses the partition the recipe makes "
+                         f"(`landscape train --resume {shlex.quote(str(run_dir.path))}` writes "
+                         "partition.json again)")
+    return notes
+
+
+def _rounds_text(rounds: list[int]) -> str:
+    return f"round {rounds[0]}" if len(rounds) == 1 else "rounds " + ", ".join(map(str, rounds))
+
+
+def split_work(jobs: list[Job], todo: list[int], ranks: int) -> tuple[list[list[int]], list[int]]:
+    """Who runs which of ``jobs[i] for i in todo`` under ``ranks`` ranks: (per-rank queues, run alone; jobs
+    run by all ranks together), both in plan order.
+
+    A checkpoint's jobs stay on one rank (its model and data are loaded once). Whole rounds of checkpoints,
+    one per rank, go to the queues; the checkpoints left over (fewer than the ranks) and every job of a
+    collective pass (``PassSpec.collective``: its work is split inside it) run on all ranks together, their
+    HVPs and surface cells split across the ranks. One rank: every job in one queue, in plan order.
+    """
+    if ranks == 1:
+        return [list(todo)], []
+    groups: dict[tuple[int, int], list[int]] = {}
+    registry = load_passes()
+    together = [i for i in todo if registry.info(jobs[i].name).collective]
+    for i in todo:
+        if not registry.info(jobs[i].name).collective:
+            groups.setdefault((id(jobs[i].source), jobs[i].round), []).append(i)
+    keys = list(groups)
+    whole = len(keys) - len(keys) % ranks
+    queues: list[list[int]] = [[] for _ in range(ranks)]
+    for n, key in enumerate(keys[:whole]):
+        queues[n % ranks] += groups[key]
+    together = sorted(together + [i for key in keys[whole:] for i in groups[key]])
+    return queues, together
+
+
+def planned_work(job: Job) -> Cost:
+    """What a job will cost, estimated from its options by its pass's cost model (``PassSpec.cost``: products
+    are timed on their own, the other work in full-data gradients)."""
+    return load_passes().info(job.name).cost(job.options)
+
+
+def format_plan(jobs: list[Job], settings: AnalysisSettings) -> str:
+    """What ``landscape analyze --dry-run`` prints: every job with its estimated products and seconds, timed by
+    one full-data gradient at the first checkpoint (the estimate is rough: a factor of 2 either way)."""
+    if not jobs:
+        return "nothing to analyse"
+    import torch
+
+    from landscape.analyze.operator import HessianOperator
+
+    with using_threads(settings.threads):
+        ctx = CheckpointContext(jobs[0].source, jobs[0].round, settings)
+        ctx.objective.loss_and_grad(ctx.w)  # warm-up (first-call allocations)
+        started = time.perf_counter()
+        ctx.objective.loss_and_grad(ctx.w)
+        gradient = time.perf_counter() - started
+        op = HessianOperator(ctx.objective, ctx.w, backend=settings.hvp)
+        v = torch.randn(ctx.flat.dim, generator=torch.Generator().manual_seed(0)).to(ctx.w)
+        op.matvec(v)  # builds (and, where it fits, keeps) the gradient graphs
+        started = time.perf_counter()
+        op.matvec(v)
+        product = time.perf_counter() - started
+    head = (f"{len(jobs)} jobs; at the first checkpoint ({ctx.flat.dim:,} parameters, {len(ctx.global_data)} samples, "
+            f"{ctx.device}, {ctx.dtype}) one gradient took {gradient:.3g} s, one Hessian-vector product "
+            f"{product:.3g} s")
+    rows = [("run", "round", "pass", "HVPs", "est. seconds")]
+    total_hvps, total_seconds = 0, 0.0
+    for job in jobs:
+        cost = planned_work(job)
+        hvps, seconds = cost.hvps, cost.hvps * product + cost.gradients * gradient
+        total_hvps, total_seconds = total_hvps + hvps, total_seconds + seconds
+        rows.append((job.source.name, str(job.round), job.name, str(hvps), f"{seconds:.1f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [head] + ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
+    lines.append(f"total: about {total_hvps} Hessian-vector products and {total_seconds:.0f} s "
+                 "(results already computed are skipped, and cost nothing)")
+    return "\n".join(lines)

@@ -1,0 +1,188 @@
+"""The source of an analysis: a run directory, or a loose folder of checkpoints carrying their recipe
+(``Source``), and how sources and their rounds are found from a path (``find_sources``, ``select_rounds``).
+
+``find_sources`` turns the path given to ``landscape analyze`` (a run directory, a folder of runs, a run's
+``checkpoints/`` folder, a loose folder of checkpoints, or one checkpoint file) into sources and rounds.
+A checkpoint carries the resolved recipe it was trained with, so a folder of checkpoints copied away from
+its run still analyses: the data and partition are rebuilt from the recipe (both are seeded).
+
+Plain state_dicts (a file, or a folder of them) are a ``StateDictSource`` (``state_dict_source``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from landscape.config import recipe as recipes
+from landscape.config.recipe import Recipe
+from landscape.config.setup import DataSetup, build_module, prepare_data, torch_dtype
+from landscape.core.errors import LandscapeError
+from landscape.store.checkpoints import Checkpoint
+from landscape.store.runs import RunDir
+
+_ROUND_FILE = re.compile(r"^round-(\d{4,})\.pt$")
+
+
+class Source:
+    """One run (a run directory, or a loose folder of checkpoints carrying their recipe)."""
+
+    def __init__(self, name: str, recipe: Recipe, checkpoints: dict[int, Path], analysis_dir: Path,
+                 run_dir: RunDir | None) -> None:
+        self.name = name
+        self.recipe = recipe
+        self.checkpoints = checkpoints
+        self.analysis_dir = analysis_dir
+        self.run_dir = run_dir
+        self._setup: DataSetup | None = None
+
+    @property
+    def setup(self) -> DataSetup:
+        if self._setup is None:
+            self.recipe.require_entries()  # a data set or partition only its untrusted imports provide: refused
+            self._setup = prepare_data(self.recipe)
+        return self._setup
+
+    def clients_checkpoint(self, round: int) -> Path:
+        return self.checkpoints[round].with_name(f"round-{round:04d}.clients.pt")
+
+    def result_dir(self, round: int) -> Path:
+        """Where the results of a round's checkpoint go."""
+        return self.analysis_dir / f"round-{round:04d}"
+
+    def load(self, round: int) -> Checkpoint:
+        return Checkpoint.load(self.checkpoints[round])
+
+    def build_module(self) -> nn.Module:
+        self.recipe.require_entries()  # a model only its untrusted imports provide: refused in one line
+        return build_module(self.recipe, self.setup.bundle)
+
+    @property
+    def inputs(self) -> dict | None:
+        """What the results are keyed by besides the checkpoint's SHA-256 and the settings: None for a run (its
+        checkpoints carry the recipe that made them); a plain state_dict's model and data (``StateDictSource``)."""
+        return None
+
+    def check_pass(self, name: str, options: object) -> None:
+        """Refuse, in one line, a pass that cannot run on this source (a run: every pass can)."""
+
+    @property
+    def model_name(self) -> str:
+        return self.recipe.model.name
+
+    def dtype_of(self, checkpoint: Checkpoint) -> torch.dtype:
+        """The dtype analysis uses by default: the run's."""
+        return torch_dtype(self.recipe.train.dtype)
+
+    @property
+    def run_dtype(self) -> torch.dtype | None:
+        """The dtype the run's checkpoints hold (train.dtype); None: any."""
+        return torch_dtype(self.recipe.train.dtype)
+
+    def check_recipe(self, checkpoint: Checkpoint) -> None:
+        """A checkpoint that carries another recipe than this run's (another seed's run copied in, an edited
+        recipe.toml) is refused, as resuming refuses it: its analysis would rebuild other data and partition."""
+        from landscape.store.lifecycle import RESUME_FREE_KEYS
+
+        if checkpoint.recipe_text is None:
+            return
+        difference = recipes.difference(checkpoint.recipe_text, self.recipe, RESUME_FREE_KEYS)
+        if difference:
+            raise LandscapeError(f"{checkpoint.path} was written by another recipe ({difference}); it is not a "
+                                 f"checkpoint of {self.name}: move it away, or analyse it where it came from")
+
+    @property
+    def train_batch_size(self) -> int:
+        """The clients' minibatch size (the minibatch metrics use it by default)."""
+        return self.recipe.train.batch_size
+
+    def analysis_set(self, split: str) -> tuple[Tensor, Tensor]:
+        """(inputs, targets) of the split: train = the union of all clients' training data; test = the test set."""
+        bundle = self.setup.bundle
+        if split == "test":
+            return bundle.test.x, bundle.test.y
+        index = torch.as_tensor(np.sort(np.concatenate(self.setup.client_indices)))
+        return bundle.train.x[index], bundle.train.y[index]
+
+
+def _source_from_run(path: Path) -> Source:
+    run_dir = RunDir(path)
+    # its imports run only when trusted (--trust-imports); else what they provide is refused once it is built
+    recipe = recipes.read_recipe(run_dir.recipe, algorithms=False, defer=True)
+    ckpts = {r: run_dir.checkpoint(r) for r in run_dir.rounds()}
+    return Source(path.name, recipe, ckpts, path / "analysis", run_dir)
+
+
+def _source_from_checkpoints(folder: Path, files: list[Path]) -> Source:
+    ckpts = {int(_ROUND_FILE.match(f.name).group(1)): f for f in files}
+    last = Checkpoint.load(ckpts[max(ckpts)], finite=False)  # its recipe: the rounds analysed are checked at load
+    if last.recipe_text is None:
+        raise LandscapeError(f"{last.path} carries no recipe and is not inside a run directory")
+    recipe = recipes.resolve(recipes.tomllib.loads(last.recipe_text), algorithms=False, recorded=True, defer=True,
+                             origin=f"the recipe in {last.path}")
+    return Source(folder.name, recipe, ckpts, folder / "analysis", None)
+
+
+def find_sources(path: Path) -> tuple[list[Source], int | None]:
+    """Runs to analyse under ``path``; the round when ``path`` is one checkpoint file. (Plain state_dicts, a
+    file or a folder of them: ``state_dict_source.state_dict_sources``.)"""
+    path = Path(path)
+    if not path.exists():
+        raise LandscapeError(f"{path} does not exist")
+    if path.is_file():
+        match = _ROUND_FILE.match(path.name)
+        if not match:
+            raise LandscapeError(f"{path} is not a checkpoint file (round-NNNN.pt); to analyse a plain state_dict "
+                                 "give --model (package.module:factory or a model name) and --dataset")
+        if RunDir(path.parent.parent).is_run() and path.parent.name == "checkpoints":
+            return [_source_from_run(path.parent.parent)], int(match.group(1))
+        return [_source_from_checkpoints(path.parent, [path])], int(match.group(1))
+    if RunDir(path).is_run():
+        return [_source_from_run(path)], None
+    if path.name == "checkpoints" and RunDir(path.parent).is_run():
+        return [_source_from_run(path.parent)], None
+    files = sorted(f for f in path.iterdir() if _ROUND_FILE.match(f.name))
+    if files:
+        return [_source_from_checkpoints(path, files)], None
+    runs = sorted(p for p in path.iterdir() if p.is_dir() and RunDir(p).is_run())
+    if runs:
+        return [_source_from_run(p) for p in runs], None
+    raise LandscapeError(
+        f"{path} is not a run directory (no recipe.toml), a folder of runs, or a folder of checkpoints"
+    )
+
+
+def select_rounds(source: Source, spec: str) -> list[int]:
+    """``last``, ``all`` or a comma list of rounds; each must have a checkpoint."""
+    available = sorted(source.checkpoints)
+    if not available:
+        raise LandscapeError(f"{source.name} has no checkpoints to analyse")
+    if spec == "last":
+        return [available[-1]]
+    if spec == "all":
+        return available
+    try:
+        wanted = [int(r) for r in spec.split(",") if r.strip()]
+    except ValueError:
+        raise LandscapeError(f"the checkpoints to analyse (--checkpoints; rounds in a recipe) are last, all or a comma "
+                             f"list of round numbers (got '{spec}')") from None
+    missing = [r for r in wanted if r not in source.checkpoints]
+    if missing:
+        raise LandscapeError(
+            f"round {missing[0]} has no checkpoint in {source.name}; checkpointed rounds: "
+            + ", ".join(map(str, available))
+        )
+    return wanted
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
