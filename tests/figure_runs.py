@@ -1,4 +1,4 @@
-"""The analysed runs the figure tests read (tests/test_figures_rundata.py, tests/test_figures_curves.py)."""
+"""The analysed runs the figure tests read (tests/figures/test_figures_rundata.py, tests/figures/test_figures_curves.py)."""
 
 from __future__ import annotations
 

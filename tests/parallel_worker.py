@@ -1,4 +1,4 @@
-"""Run by tests/test_parallel.py under ``torchrun --standalone --nproc-per-node 2`` (gloo, CPU).
+"""Run by tests/core/test_parallel.py under ``torchrun --standalone --nproc-per-node 2`` (gloo, CPU).
 
     torchrun --standalone --nproc-per-node 2 tests/parallel_worker.py OUT RUN_DIR
 

@@ -13,7 +13,6 @@ the functions live in ``passes.py`` and ``surface.py`` (``catalog.load_passes`` 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -22,6 +21,7 @@ import numpy as np
 
 from landscape.config.schema import load
 from landscape.core.errors import LandscapeError
+from landscape.core.registry import option_defaults
 
 
 @dataclass
@@ -111,15 +111,7 @@ class PassSpec:
 
     def option_defaults(self) -> dict[str, Any]:
         """Every option with its default, in declaration order."""
-        if self.options is None:
-            return {}
-        out = {}
-        for f in dataclasses.fields(self.options):
-            if f.default is not dataclasses.MISSING:
-                out[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                out[f.name] = f.default_factory()
-        return out
+        return option_defaults(self.options)
 
     def make_options(self, values: Any) -> Any:
         """The options from recipe, ``--set`` or recorded values, checked by the one schema loader: one line

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from landscape.analyze.settings import SETTING_CHOICES
-from landscape.cli.common import trust_imports_option
+from landscape.cli.common import set_option, trust_imports_option
 from landscape.core.errors import LandscapeError, shown
 
 
@@ -55,12 +55,8 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
 @click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
               help="CPU threads (0: every core); the numbers' last bits depend on it, the machine never "
                    "sets it")
-@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="a pass option, e.g. --set hessian.top_k=10 or --set sharpness.rhos=[0.05,0.1], or an "
-                   "analysis setting, e.g. --set analyze.batch_size=256 (over the flags). Every command reads "
-                   "--set KEY by its first part: a recipe table or key (dataset, partition, model, algorithm, "
-                   "train, name, seed) a training recipe key, analyze an analysis setting, a pass name a pass "
-                   "option; analyze takes the last two")
+@set_option("a pass option, e.g. --set hessian.top_k=10 or --set sharpness.rhos=[0.05,0.1], or an analysis "
+            "setting, e.g. --set analyze.batch_size=256 (over the flags)", "analyze takes the last two")
 @click.option("--directions", type=click.Choice(["random", "pca", "clients", "interpolate"]), default=None,
               help="surface pass: filter-normalised random plane, PCA of the trajectory, the plane of two "
                    "kept clients, or a 1D line to a target [surface.directions]")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from landscape.cli.common import check_printable, progress_lines
+from landscape.cli.common import check_printable, progress_lines, set_option
 
 
 @click.command("claims")
@@ -23,13 +23,9 @@ from landscape.cli.common import check_printable, progress_lines
               help="the figures' scale [default: each figure recipe's]")
 @click.option("--device", default="auto", show_default=True,
               help="auto, cpu, cuda or cuda:N (training and analysis)")
-@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="as landscape figures takes it, for every claim's figure: a training recipe key for every "
-                   "run, e.g. --set dataset.name=mnist1d (give another --figures-out), an analysis setting "
-                   "(--set analyze.analysis_samples=500) or a pass option (--set hessian.top_k=10). Every "
-                   "command reads --set KEY by its first part: a recipe table or key (dataset, partition, "
-                   "model, algorithm, train, name, seed) a training recipe key, analyze an analysis "
-                   "setting, a pass name a pass option; claims takes all three")
+@set_option("as landscape figures takes it, for every claim's figure: a training recipe key for every run, e.g. "
+            "--set dataset.name=mnist1d (give another --figures-out), an analysis setting (--set "
+            "analyze.analysis_samples=500) or a pass option (--set hessian.top_k=10)", "claims takes all three")
 @click.option("--dry-run", is_flag=True, help="print the claims, their comparisons and runs, then exit")
 @click.option("--quiet", is_flag=True, help="no progress bars or progress lines (verdicts and errors stay)")
 def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, seeds: str | None,

@@ -41,3 +41,15 @@ def trust_imports_option(help_text: str):
     """The --trust-imports flag of a command that reads recorded recipes, with that command's help."""
     return click.option("--trust-imports", is_flag=True, expose_value=False, callback=_trusting,
                         help=help_text)
+
+
+# The one grammar of --set, said once (landscape.config.recipe_overrides.classify_assignment decides it).
+SET_GRAMMAR = ("Every command reads --set KEY by its first part: a recipe table or key (dataset, partition, model, "
+               "algorithm, train, name, seed) a training recipe key, analyze an analysis setting, a pass name a "
+               "pass option")
+
+
+def set_option(examples: str, takes: str):
+    """The --set option of a command: its examples, the shared grammar, and which kinds the command takes."""
+    return click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+                        help=f"{examples}. {SET_GRAMMAR}; {takes}")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from landscape.cli.common import check_printable, progress_lines, trust_imports_option
+from landscape.cli.common import check_printable, progress_lines, set_option, trust_imports_option
 from landscape.core.errors import LandscapeError
 
 if TYPE_CHECKING:
@@ -28,12 +28,9 @@ if TYPE_CHECKING:
                    "analyses they lack are computed. Repeatable")
 @click.option("--device", default="auto", show_default=True,
               help="auto, cpu, cuda or cuda:N (training and analysis)")
-@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="a training recipe key for every run (--set train.rounds=10), an analysis setting "
-                   "(--set analyze.analysis_samples=500) or a pass option (--set hessian.top_k=10; "
-                   "hessian.rounds=all too). Every command reads --set KEY by its first part: a recipe table "
-                   "or key (dataset, partition, model, algorithm, train, name, seed) a training recipe key, "
-                   "analyze an analysis setting, a pass name a pass option; figures takes all three")
+@set_option("a training recipe key for every run (--set train.rounds=10), an analysis setting (--set "
+            "analyze.analysis_samples=500) or a pass option (--set hessian.top_k=10; hessian.rounds=all too)",
+            "figures takes all three")
 @click.option("--seeds", default=None, metavar="S,S,...",
               help="train every run once per seed (runs/<id>-seed<s>) and draw their mean +- standard error "
                    "[default: the recipe's seeds key, else one run each]")

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from landscape.cli.common import check_printable, progress_lines, trust_imports_option
+from landscape.cli.common import check_printable, progress_lines, set_option, trust_imports_option
 from landscape.core.errors import LandscapeError
 
 # Flags that set one recipe key each: (option name, recipe key, help). Comma lists (--alpha 0.6,0.1) sweep.
@@ -75,11 +75,8 @@ def _recipe_options(f):
               help="also save the clients' final models at checkpoints")
 @click.option("--swa", is_flag=True, default=None,
               help="server SWA (Caldarola et al. 2022) on top of the algorithm")
-@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="set any recipe key, e.g. --set train.weight_decay=1e-3 or --set "
-                   "algorithm.fedsam.rho=0.05. Every command reads --set KEY by its first part: a recipe "
-                   "table or key (dataset, partition, model, algorithm, train, name, seed) a training recipe "
-                   "key, analyze an analysis setting, a pass name a pass option; train takes the first")
+@set_option("set any recipe key, e.g. --set train.weight_decay=1e-3 or --set algorithm.fedsam.rho=0.05",
+            "train takes the first")
 @click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="run directory [default: runs/<generated name>]; for a sweep, the folder of its runs")
 @click.option("--dry-run", is_flag=True,

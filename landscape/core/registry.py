@@ -16,6 +16,19 @@ from landscape.core.errors import LandscapeError
 T = TypeVar("T")
 
 
+def option_defaults(options: type | None) -> dict[str, Any]:
+    """Every field of an options dataclass with its default, in declaration order ({} for no options)."""
+    if options is None:
+        return {}
+    out = {}
+    for f in dataclasses.fields(options):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            out[f.name] = f.default_factory()  # type: ignore[misc]
+    return out
+
+
 @dataclass(frozen=True)
 class Entry(Generic[T]):
     name: str
@@ -25,15 +38,7 @@ class Entry(Generic[T]):
 
     def option_defaults(self) -> dict[str, Any]:
         """Every option with its default, in declaration order."""
-        if self.options is None:
-            return {}
-        out = {}
-        for f in dataclasses.fields(self.options):
-            if f.default is not dataclasses.MISSING:
-                out[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-                out[f.name] = f.default_factory()  # type: ignore[misc]
-        return out
+        return option_defaults(self.options)
 
     def make_options(self, values: dict[str, Any]) -> Any:
         """Build the options dataclass from recipe values (unknown keys are a LandscapeError)."""

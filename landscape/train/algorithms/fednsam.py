@@ -18,7 +18,7 @@ Choices where the sheet is silent:
 - Off round 0 a step evaluates one gradient, at y' + e; that evaluation moves BatchNorm statistics (it is the
   step's only forward pass) and its minibatch loss is the reported train loss (the loss at y_k itself would
   cost a second forward/backward pass).
-With lam = 0 and rho = 0 the rule is FedAvg, bit for bit (tests/test_algorithms_global.py).
+With lam = 0 and rho = 0 the rule is FedAvg, bit for bit (tests/train/test_algorithms_global.py).
 """
 
 from __future__ import annotations

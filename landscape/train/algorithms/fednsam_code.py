@@ -15,7 +15,7 @@ server, option ``server``:
 eta_g (train.server_lr) scales the step x^t -> x^{t+1} (the public code has no server lr: eta_g = 1 there).
 Reference: lam (``gamma`` in the code) 0.85, rho 0.05 (the code's value), weight decay 1e-3, clip at 10,
 lr 0.1 cosine, K = 50, batch 50. Downlink (x^t, m^{t-1}), uplink y_{i,K} only (as many floats as Delta_i).
-With lam = 0 either server is FedSAM, bit for bit (tests/test_algorithms_global.py).
+With lam = 0 either server is FedSAM, bit for bit (tests/train/test_algorithms_global.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Step sizes in the analysis: eta_l <= 1/(sqrt(2) gamma_l K L), eta_g <= min(1/(24
 
 eta_g is train.server_lr, a step size on the pseudo-gradient h (not a multiplier of Delta_bar as in FedAvg):
 eta_g = eta * K moves the model as far as FedAvg would, and with gamma_l = gamma_g = 1 and eta_g = eta * K the
-rule is FedSAM (tests/test_algorithms_global.py). The recipe default 1.0 is one unit step along h per round.
+rule is FedSAM (tests/train/test_algorithms_global.py). The recipe default 1.0 is one unit step along h per round.
 K per client: where clients take different numbers of steps (epoch mode), each client's average
 pseudo-gradient (x^t - y_{i,K}) / (eta * K_i) is formed and these are averaged:
 g^{t+1} = mean_S (x^t - y_{i,K}) / (eta * K_i), which is the sheet's formula when all K_i are equal.

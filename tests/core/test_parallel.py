@@ -121,7 +121,7 @@ def worker(trained, one_thread):
     out.mkdir()
     for copy in ("analysed-ranks", "analysed-single"):
         shutil.copytree(root / "ranks" / run_name("scaffold"), root / copy)
-    torchrun(str(Path(__file__).with_name("parallel_worker.py")), str(out), str(root / "analysed-ranks"), cwd=root)
+    torchrun(str(Path(__file__).resolve().parents[1] / "parallel_worker.py"), str(out), str(root / "analysed-ranks"), cwd=root)
     return root, out
 
 

@@ -365,7 +365,7 @@ def test_an_analysis_recipe_is_refused_in_one_line_naming_the_file_and_key(tmp_p
 def test_an_analysis_recipe_keeps_its_values_as_given_for_the_flags_to_win_over():
     from landscape.analyze.recipes import load_analysis_recipe
 
-    path = Path(__file__).resolve().parents[1] / "analyze" / "quick.toml"
+    path = Path(__file__).resolve().parents[2] / "analyze" / "quick.toml"
     recipe = load_analysis_recipe(path)
     assert recipe.rounds == "last" and recipe.settings == {"analysis_samples": 500}
     assert recipe.options["sharpness"] == {"rhos": [0.05], "starts": 1, "adaptive": False, "clients": 4}

@@ -14,7 +14,7 @@ from landscape.figures import figure_recipe
 from landscape.workflows import claims, demo, figure, sweep
 from landscape.workflows.ensure import ensure_run
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository: its recipe folders
+ROOT = Path(__file__).resolve().parents[2]  # the repository: its recipe folders
 
 FIGURE = """
 name = "tiny"

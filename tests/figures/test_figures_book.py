@@ -24,7 +24,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIGURE_RECIPES = sorted((ROOT / "figures").glob("*.toml"))
 
 # Every figure recipe, shrunk to seconds: the same runs, plots and passes on 4 clients and 2 rounds.

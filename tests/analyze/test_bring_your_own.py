@@ -20,7 +20,7 @@ import landscape
 from landscape.analyze.recipes import load_analysis_recipe
 from landscape.config import recipe as recipes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 USER_MODULE = textwrap.dedent('''
     import torch

@@ -21,11 +21,11 @@ from landscape.store.runs import RunDir
 from landscape.train import loop
 from landscape.train.algorithms import ALGORITHMS, NoState, ServerRound, build_algorithm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Round 2 of 4-round runs (4 digits clients, mlp without hidden layers, float32) written by the code of commit
 # 3816034, whose algorithm state was plain tables: dynsam (all clients; long, scalar and vector statistics)
 # and fedsmoo (two server tensors; two tensors for each client that took part).
-EARLIER = ROOT / "tests" / "data" / "checkpoints"
+EARLIER = ROOT / "tests" / "fixtures" / "checkpoints"
 
 # Options that make the rounds after the cut use the state (dynsam past its warm-up on both sides of it).
 OPTIONS = {"fedacg": {"beta": 0.01}, "fedgamma": {"rho": 0.05}, "mofedsam": {"alpha": 0.5},

@@ -21,7 +21,7 @@ from landscape.models import build_model
 pytest.importorskip("mnist1d", reason="the mnist1d package is not installed (pip install mnist1d); "
                                       "it is a main dependency, so these run in CI")
 
-RECIPE = Path(__file__).resolve().parents[1] / "train" / "mnist1d-quick.toml"
+RECIPE = Path(__file__).resolve().parents[2] / "train" / "mnist1d-quick.toml"
 
 
 def load(seed: int = 0, **options):

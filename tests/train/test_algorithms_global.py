@@ -1,7 +1,7 @@
 """Rules with a global direction: FedNSAM (paper rule and the public code's rule), FedVSSAM and FedSMOO.
 
 Every round is recomputed here from ALGORITHMS.md with the closed-form gradient of the float64 linear softmax
-model; the reductions of the sheet are run side by side (resume: tests/test_algorithm_contract.py).
+model; the reductions of the sheet are run side by side (resume: tests/train/test_algorithm_contract.py).
 """
 
 import pytest

@@ -39,7 +39,7 @@ from landscape.store.checkpoints import load_checkpoint
 from landscape.store.runs import RunDir
 from landscape.train import loop
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
 
 

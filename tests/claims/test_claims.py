@@ -15,7 +15,7 @@ from landscape.core.errors import LandscapeError
 from landscape.figures.rundata import RunData
 from landscape.store.run import Run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fake_run(path: Path, seed: int, distances: list[float]) -> RunData:

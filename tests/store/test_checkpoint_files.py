@@ -5,7 +5,7 @@ or odd clients files are one line naming the file. Checkpoints that load but hol
 refused where they are loaded, with one line naming the file and the first non-finite tensor, by ``train
 --resume`` (nothing changes), by every analysis pass, for a run's checkpoint and a plain state_dict alike; and
 training never saves such a state (a non-finite server or client state is divergence, like a non-finite
-model). Short and junk files are damage, set aside by resume (tests/test_crash_resume.py)."""
+model). Short and junk files are damage, set aside by resume (tests/train/test_crash_resume.py)."""
 
 from __future__ import annotations
 

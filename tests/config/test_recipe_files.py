@@ -12,7 +12,7 @@ from landscape.cli import cli
 from landscape.config import recipe as recipes
 from landscape.config import recipe_overrides
 
-RECIPES = sorted((Path(__file__).resolve().parents[1] / "train").glob("*.toml"))
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "train").glob("*.toml"))
 
 
 def test_there_are_recipes():

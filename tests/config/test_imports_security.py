@@ -158,8 +158,8 @@ def test_reading_a_run_imports_its_modules_only_when_trusted(received, action):
     marker = here / f"{name}.imported"
     builds = action in BUILDS
     if action is _figures_stored or action is _figures_analysed:
-        shutil.copytree(Path(__file__).resolve().parents[1] / "figures", here / "figures")
-        shutil.copytree(Path(__file__).resolve().parents[1] / "train", here / "train")
+        shutil.copytree(Path(__file__).resolve().parents[2] / "figures", here / "figures")
+        shutil.copytree(Path(__file__).resolve().parents[2] / "train", here / "train")
     if not builds:
         action(here, False)
         assert not marker.exists(), "a reading command ran the recipe's imports"
@@ -220,7 +220,7 @@ def test_a_failing_recipe_import_is_one_line(received, case):
 
 
 @pytest.mark.parametrize("path, trust, message", [
-    (Path("nosuch"), False, "open_run: nosuch does not exist"),  # None and 3: tests/test_data_and_api_inputs.py
+    (Path("nosuch"), False, "open_run: nosuch does not exist"),  # None and 3: tests/cli/test_data_and_api_inputs.py
     ("nosuch/run", False, "open_run: nosuch/run does not exist"),
     ("here.txt", False, "open_run: here.txt is not a directory (give a run directory)"),
     ("run", "yes", "open_run: trust_imports must be True or False, got 'yes'"),

@@ -233,7 +233,7 @@ def test_missing_recipe_file(tmp_path):
 
 def test_real_subprocess(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run([sys.executable, "-m", "landscape", "train", *FAST, "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
@@ -386,7 +386,7 @@ def test_o_means_out_on_compare_report_and_figures(two_runs, tmp_path):
     report = invoke("report", *two_runs, "-o", tmp_path / "r.html", "--quiet")
     assert report.exit_code == 0 and report.output == f"report: {tmp_path / 'r.html'}\n"
     assert (tmp_path / "r.html").stat().st_size > 10_000
-    recipe = Path(__file__).resolve().parents[1] / "figures" / "accuracy.toml"
+    recipe = Path(__file__).resolve().parents[2] / "figures" / "accuracy.toml"
     planned = invoke("figures", recipe, "--runs", two_runs[0], "-o", tmp_path / "fig", "--dry-run")
     assert planned.exit_code == 0, planned.output
     assert f"{tmp_path / 'fig' / 'accuracy'}.png|pdf" in planned.output
