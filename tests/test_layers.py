@@ -122,30 +122,33 @@ def analysed_runs(tmp_path_factory) -> Path:
 
 # What reading stored results may load of the analysis: the results' names and files (torch comes with
 # landscape.store.run, the read model of a run, and analyze.serial; neither builds a model or reads a data set),
-# and the passes' declarations, for the names their results are labelled by (each pass's options, needs and
-# summary quantities; the surface options check their grid with the grid's parsers, numpy only).
+# and the pass modules, for the names their results are labelled by (each pass's options, needs and summary
+# quantities; the surface options check their grid with the grid's parsers, numpy only). A pass imports its
+# computation inside its function, so none of that is loaded.
 RESULT_FILES = {"landscape.analyze", "landscape.analyze.results", "landscape.analyze.registry",
                 "landscape.analyze.serial", "landscape.analyze.settings"}
-PASS_SPECS = {"landscape.analyze.pass_specs", "landscape.analyze.surface_options",
-              "landscape.analyze.surface_grid"}
+PASS_MODULES = "landscape.analyze.passes"
+GRID_PARSERS = "landscape.analyze.surface_grid"
 
 
 def _heavy(modules: list[str]) -> set[str]:
-    """The analysis (beyond the result files and the passes' declarations), model, data set and training
-    modules among ``modules``."""
-    return {m for m in modules if (m.startswith("landscape.analyze") and m not in RESULT_FILES | PASS_SPECS)
+    """The analysis (beyond the result files, the pass modules and the grid parsers), model, data set and
+    training modules among ``modules``."""
+    light = RESULT_FILES | {GRID_PARSERS}
+    return {m for m in modules if (m.startswith("landscape.analyze") and m not in light
+                                   and not (m == PASS_MODULES or m.startswith(PASS_MODULES + ".")))
             or m.startswith(("landscape.models", "landscape.data", "landscape.train"))}
 
 
-def _pass_function_modules() -> set[str]:
-    """The modules of the pass functions (what the catalog imports to attach them)."""
+def _pass_modules() -> set[str]:
+    """The module of every pass (its options, declaration and function)."""
     from landscape.analyze.catalog import load_passes
 
     return {entry.factory.__module__ for entry in load_passes().entries()}
 
 
 @pytest.mark.parametrize("what", ["figure", "report", "compare"])
-def test_figures_from_stored_results_load_no_pass_function_model_or_data_set(analysed_runs, tmp_path, what):
+def test_figures_from_stored_results_load_no_computation_model_or_data_set(analysed_runs, tmp_path, what):
     runs, out = str(analysed_runs), str(tmp_path / "out")
     code = {
         "figure": f'''
@@ -167,8 +170,7 @@ def test_figures_from_stored_results_load_no_pass_function_model_or_data_set(ana
     }[what]
     loaded = _loaded_modules(code)
     assert list(Path(tmp_path).glob("out*")), f"{what} wrote nothing"
-    assert {"landscape.analyze.pass_specs", "landscape.analyze.results"} <= set(loaded)  # what it reads
-    assert sorted(_pass_function_modules() & set(loaded)) == []  # no pass module, no catalog
+    assert {"landscape.analyze.results"} | _pass_modules() <= set(loaded)  # what it reads: the passes' specs
     assert "landscape.analyze.catalog" not in loaded
     assert [m for m in loaded if m.startswith(("landscape.models", "landscape.data", "landscape.train"))
             or m == "landscape.config.setup"] == []

@@ -1,13 +1,11 @@
-"""Every built-in analysis pass with its function: importing this module imports the pass modules, which
-attach their functions to the passes ``pass_specs`` declares, so the registry can run every pass wherever
-passes are run. What only reads the passes' metadata (figures, reports, claims) imports ``pass_specs``."""
+"""The passes as ``landscape analyze`` runs them: the registry of every pass (``landscape.analyze.passes``), the
+passes run when none are named, and a pass's options made for work (checked against this machine too)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from landscape.analyze import passes, surface  # noqa: F401 - imported to attach the pass functions
-from landscape.analyze.pass_specs import PASSES
+from landscape.analyze.passes import PASSES
 from landscape.analyze.registry import PassRegistry
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from landscape.analyze.pass_specs import PASSES
+from landscape.analyze.passes import PASSES
 from landscape.analyze.settings import AnalysisSettings
 from landscape.config.schema import load, read_toml, rule, unknown_key_message
 from landscape.core.errors import LandscapeError

@@ -5,10 +5,10 @@ ranks, its cost model (``Cost`` from its options: the dry-run's estimate) and th
 report and claims read of its results (``Quantity``); its function ``(CheckpointContext, options) ->
 PassOutput`` attaches to the spec when its module is imported.
 
-The specs are declared in light modules (``pass_specs.py``, ``surface_options.py``: importing
-``pass_specs`` declares them all), which figures, reports and claims read without loading any pass function;
-the functions live in ``passes.py`` and ``surface.py`` (``catalog.load_passes`` imports them all);
-``scheduler.py`` runs them over checkpoints; ``results.py`` writes what they return.
+Each pass is one module of ``landscape.analyze.passes`` (its options, its declaration and its function, which
+imports its computation when it runs); importing that package declares them all, so figures, reports and claims
+read the specs without loading any computation; ``scheduler.py`` runs them over checkpoints; ``results.py``
+writes what they return.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from landscape.analyze.pass_specs import PASSES  # every pass declared (no pass function loaded)
+from landscape.analyze.passes import PASSES  # every pass declared (no pass function loaded)
 from landscape.analyze.serial import json_ready, to_plain
 from landscape.core.errors import LandscapeError
 from landscape.store.fileio import atomic_write, write_text

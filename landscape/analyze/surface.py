@@ -1,10 +1,10 @@
-"""The ``surface`` analysis pass: loss surfaces, F (and accuracy) on a 1D line or a 2D plane around a
-checkpoint (docs/metrics.md "Surfaces"): its planes (random, PCA, client plane, interpolation) and its
-function.
+"""Loss surfaces computed: F (and accuracy) on a 1D line or a 2D plane around a checkpoint (docs/metrics.md
+"Surfaces"): the planes (random, PCA, client plane, interpolation) and ``compute_surface``, which the ``surface``
+pass (``passes.surface``, its options and declaration) calls. ``opts`` is that pass's ``SurfaceOptions``.
 
-Its declaration (options, cost model) is in ``surface_options``, the computation in ``surface_grid`` (the axes, the [ix, iy] layout
-and ``SurfaceGrid``), ``surface_evaluation`` (``evaluate_surface``: the cells, batched where the BN mode
-allows) and ``surface_partial`` (partial grids on disk, so that an interrupted surface resumes).
+The computation's parts: ``surface_grid`` (the axes, the [ix, iy] layout and ``SurfaceGrid``),
+``surface_evaluation`` (``evaluate_surface``: the cells, batched where the BN mode allows) and ``surface_partial``
+(partial grids on disk, so that an interrupted surface resumes).
 """
 
 from __future__ import annotations
@@ -20,16 +20,19 @@ from torch import Tensor
 from landscape.analyze import directions as dirs
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.objective import Objective
-from landscape.analyze.registry import PASSES, PassOutput
+from landscape.analyze.registry import PassOutput
 from landscape.analyze.results import result_name, settings_record
 from landscape.analyze.surface_evaluation import evaluate_surface, vectorizable
-from landscape.analyze.surface_grid import auto_half_width, make_axis, make_line, parse_grid, parse_span
-from landscape.analyze.surface_options import (
+from landscape.analyze.surface_grid import (
     DEFAULT_SPANS,
-    SurfaceOptions,
+    auto_half_width,
+    make_axis,
+    make_line,
     parse_clients,
     parse_data,
+    parse_grid,
     parse_reference_round,
+    parse_span,
 )
 from landscape.analyze.surface_partial import PARTIAL_SCHEMA, load_partial, save_partial, tensor_digest
 from landscape.core import parallel
@@ -121,7 +124,7 @@ def _reference_model(ctx: CheckpointContext, reference: str) -> tuple[Tensor, st
     return ctx.load_global(path), str(path)
 
 
-def _random_plane(ctx: CheckpointContext, opts: SurfaceOptions) -> _Plane:
+def _random_plane(ctx: CheckpointContext, opts: Any) -> _Plane:
     zeroed = "zeroed" if opts.ignore_1d else "scaled as whole tensors"
     reference, named = (_reference_model(ctx, opts.reference) if opts.normalization == "filter-reference"
                         else (None, ""))
@@ -143,7 +146,7 @@ def _random_plane(ctx: CheckpointContext, opts: SurfaceOptions) -> _Plane:
     return _Plane(plane.d1, plane.d2, scalars)
 
 
-def _plane(ctx: CheckpointContext, opts: SurfaceOptions) -> _Plane:
+def _plane(ctx: CheckpointContext, opts: Any) -> _Plane:
     if opts.directions == "random":
         return _random_plane(ctx, opts)
     if opts.directions == "pca":
@@ -176,11 +179,10 @@ def _plane(ctx: CheckpointContext, opts: SurfaceOptions) -> _Plane:
 
 # -- the pass ---------------------------------------------------------------------------------------------
 
-# Declared (options, cost, opt-in, collective) in surface_options.py.
-@PASSES.implement("surface")
-def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
+def compute_surface(ctx: CheckpointContext, opts: Any) -> PassOutput:
     """The surface ``opts`` asks for around the checkpoint of ``ctx`` (resuming its partial grid where one of
-    exactly this computation is on disk): the grid, its directions and what figures read of it."""
+    exactly this computation is on disk): the grid, its directions and what figures read of it (the
+    ``surface`` pass, ``passes.surface``)."""
     objective, quantity = _objective(ctx, opts.data)
     plane = _plane(ctx, opts)
     one_d = plane.d2 is None

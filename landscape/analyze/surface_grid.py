@@ -152,3 +152,45 @@ class SurfaceGrid:
     @property
     def complete(self) -> bool:
         return self.missing == 0
+
+
+# The specs of the surface pass's options (``passes.surface.SurfaceOptions``), parsed.
+
+DEFAULT_SPANS = {"random": "-1:1", "pca": "auto", "clients": "auto", "interpolate": "-0.5:1.5"}
+
+
+def parse_data(spec: str) -> int | str:
+    """"global" | "test" | "client:<i>" -> the string, or the client id."""
+    if spec in ("global", "test"):
+        return spec
+    if spec.startswith("client:"):
+        try:
+            client = int(spec.split(":", 1)[1])
+        except ValueError:
+            client = -1
+        if client >= 0:
+            return client
+    raise LandscapeError(f"surface data must be global, test or client:<i> (e.g. client:3), got '{spec}'")
+
+
+def parse_clients(spec: str) -> tuple[int, int]:
+    """"3,7" -> (3, 7): the two clients of a client plane."""
+    try:
+        ids = [int(p) for p in spec.split(",")]
+    except ValueError:
+        ids = []
+    if len(ids) != 2 or ids[0] == ids[1] or min(ids) < 0:
+        raise LandscapeError(f"surface clients must be two different client ids like '3,7', got '{spec}'")
+    return ids[0], ids[1]
+
+
+def parse_reference_round(spec: str) -> int:
+    """"round:<r>" -> r (a checkpointed round of the analysed run)."""
+    try:
+        value = int(spec.split(":", 1)[1])
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise LandscapeError(f"surface reference must be round:<r> (e.g. round:0) or a checkpoint file, "
+                             f"got '{spec}'")
+    return value

@@ -202,7 +202,7 @@ def check_rounds(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, 
     figure analyses its pass at (``pass_rounds``, ``figure_rounds.analysed_rounds``). ``trained``: run id ->
     (seed, training settings) of each of its runs. One line naming the file, the comparison, its rounds and the
     run's rounds otherwise."""
-    from landscape.analyze.pass_specs import PASSES
+    from landscape.analyze.passes import PASSES
     from landscape.analyze.registry import KEPT_CLIENTS
     from landscape.figures.figure_rounds import analysed_rounds, logged_rounds, round_list
 

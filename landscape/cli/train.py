@@ -150,7 +150,7 @@ def _overrides(flags: dict[str, Any], switches: dict[str, bool | None],
 
 def _pass_names() -> list[str]:
     """The declared analysis passes (their specs only: no pass module is loaded)."""
-    from landscape.analyze.pass_specs import PASSES
+    from landscape.analyze.passes import PASSES
 
     return PASSES.names()
 

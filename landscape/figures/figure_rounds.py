@@ -37,7 +37,7 @@ def analysed_rounds(pass_name: str, spec: str, train: Any) -> list[int]:
     """The rounds at which a figure's ``pass_name`` (rounds ``spec``: last, all or a comma list) has results
     in a run trained with ``train``: the chosen checkpoints; for a pass that reads kept client models
     (flatness) those that have them (none without ``train.keep_clients``, never round 0)."""
-    from landscape.analyze.pass_specs import PASSES
+    from landscape.analyze.passes import PASSES
     from landscape.analyze.registry import KEPT_CLIENTS
 
     have = checkpoint_rounds(train)

@@ -29,7 +29,7 @@ TABLE_PASSES = ("hessian", "sharpness", "flatness", "incompatibility", "alignmen
 def quantities(rhos: Sequence[float]) -> list[Quantity]:
     """Every analysis quantity the tables show (each pass's registered ``Quantity``s), with S_rho at each of
     ``rhos``."""
-    from landscape.analyze.pass_specs import PASSES as registry  # the declared passes (no pass function)
+    from landscape.analyze.passes import PASSES as registry  # the declared passes (no pass function)
 
     order = [name for name in TABLE_PASSES if name in registry]
     order += [name for name in registry.names() if name not in order]

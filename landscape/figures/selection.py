@@ -17,8 +17,8 @@ Rounds analysed only with other settings are left out of the run's curves and na
 ``Chosen.shown`` says which settings are read where they are not the ones asked for (the defaults, or the
 recipe's), for the labels.
 
-Of the analysis it reads names and defaults only: the declared passes' options (``analyze/pass_specs.py``,
-which loads no pass function) and the analysis settings (``analyze/settings.py``, which imports nothing of
+Of the analysis it reads names and defaults only: the declared passes' options (``landscape.analyze.passes``,
+which loads no computation) and the analysis settings (``analyze/settings.py``, which imports nothing of
 the analysis).
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from landscape.analyze.pass_specs import PASSES  # the declared passes, whose settings results name
+from landscape.analyze.passes import PASSES  # the declared passes, whose settings results name
 from landscape.analyze.results import (
     NOT_NAMED,
     qualified_settings,

@@ -18,7 +18,7 @@ from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.context import CheckpointContext
 from landscape.analyze.flatness import client_minibatch_indices, client_models
 from landscape.analyze.objective import Objective
-from landscape.analyze.passes import AlignmentOptions, alignment_pass
+from landscape.analyze.passes.alignment import AlignmentOptions, alignment_pass
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
 from landscape.config import recipe as recipes

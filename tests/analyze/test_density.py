@@ -51,7 +51,7 @@ def test_slq_recovers_a_spectrum_with_few_distinct_eigenvalues():
 
 
 def test_slq_default_runs_give_the_trace_stderr_three_degrees_of_freedom():
-    from landscape.analyze.passes import HessianOptions
+    from landscape.analyze.passes.hessian import HessianOptions
 
     assert HessianOptions().density_runs == 4
     density = slq_density(MatrixOperator(torch.diag(torch.arange(1.0, 21.0, dtype=torch.float64))),

@@ -15,11 +15,12 @@ import pytest
 from conftest import result_file
 
 import landscape
-from landscape.analyze import directions, operator, pass_specs, trace
+from landscape.analyze import directions, operator, trace
+from landscape.analyze.passes import hessian as hessian_pass
 from landscape.analyze.catalog import load_passes, pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.analyze.surface_options import SurfaceOptions
+from landscape.analyze.passes.surface import SurfaceOptions
 from landscape.config.schema import choices, load
 from landscape.core.errors import LandscapeError
 from landscape.train.algorithms import ALGORITHMS
@@ -140,8 +141,8 @@ def test_the_rules_cover_every_range_and_choice():
 
 def test_the_declarations_restate_the_computations_names():
     """The light declarations cannot import the computation: the names they restate agree with it."""
-    assert choices(pass_specs.HessianOptions, "trace_method") == trace.TRACE_METHODS
-    assert pass_specs.HessianOptions().trace_method == trace.DEFAULT_TRACE_METHOD
+    assert choices(hessian_pass.HessianOptions, "trace_method") == trace.TRACE_METHODS
+    assert hessian_pass.HessianOptions().trace_method == trace.DEFAULT_TRACE_METHOD
     assert choices(SurfaceOptions, "normalization") == directions.NORMALIZATIONS
 
 

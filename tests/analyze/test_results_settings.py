@@ -15,7 +15,7 @@ from conftest import tiny_recipe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from landscape.analyze.pass_specs import PASSES
+from landscape.analyze.passes import PASSES
 from landscape.analyze.results import (
     NAME_KEY_LIMIT,
     result_name,

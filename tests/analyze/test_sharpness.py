@@ -354,7 +354,7 @@ def test_defaults_reach_the_tolerance_of_a_long_multistart_ascent(name, rhos):
 def test_the_pass_records_the_ascent_settings():
     from dataclasses import asdict
 
-    from landscape.analyze.passes import SharpnessOptions
+    from landscape.analyze.passes.sharpness import SharpnessOptions
 
     options = asdict(SharpnessOptions())  # a result's settings: a result under other settings is not reused
     assert options["steps"] == 50 and options["tol"] == 1e-3 and options["starts"] == 8

@@ -1,7 +1,7 @@
-"""The ``surface`` analysis pass declared (its ``PassSpec``): its options (``SurfaceOptions``, ``--set
-surface.KEY=VALUE``), the parsers of their specs, its cost model and the check that its grid fits in memory;
-light (no computation), so figures read it, and ``surface.py`` attaches the pass function (docs/metrics.md
-"Surfaces").
+"""The ``surface`` analysis pass: loss surfaces, F (and accuracy) on a 1D line or a 2D plane around a checkpoint
+(docs/metrics.md "Surfaces"): its options (``SurfaceOptions``, ``--set surface.KEY=VALUE``), its cost model, the
+check that its grid fits in memory, and its function, whose computation (``analyze.surface``) is imported when it
+runs.
 
 Each option's kind, choices and format are its annotation (the one schema loader,
 ``landscape.config.schema``); ``SurfaceOptions.__post_init__`` checks what depends on several options (a
@@ -13,43 +13,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 
-from landscape.analyze.registry import PASSES, Cost
-from landscape.analyze.surface_grid import make_axis, make_line, parse_grid, parse_span
+from landscape.analyze.registry import PASSES, Cost, PassOutput
+from landscape.analyze.surface_grid import (
+    DEFAULT_SPANS,
+    make_axis,
+    make_line,
+    parse_clients,
+    parse_data,
+    parse_grid,
+    parse_reference_round,
+    parse_span,
+)
 from landscape.config.schema import choices, holds, rule
 from landscape.core.errors import LandscapeError
 from landscape.store.runs import surface_result_name
 
-DEFAULT_SPANS = {"random": "-1:1", "pca": "auto", "clients": "auto", "interpolate": "-0.5:1.5"}
-
-
-def parse_data(spec: str) -> int | str:
-    """"global" | "test" | "client:<i>" -> the string, or the client id."""
-    if spec in ("global", "test"):
-        return spec
-    if spec.startswith("client:"):
-        try:
-            client = int(spec.split(":", 1)[1])
-        except ValueError:
-            client = -1
-        if client >= 0:
-            return client
-    raise LandscapeError(f"surface data must be global, test or client:<i> (e.g. client:3), got '{spec}'")
-
-
-def parse_clients(spec: str) -> tuple[int, int]:
-    """"3,7" -> (3, 7): the two clients of a client plane."""
-    try:
-        ids = [int(p) for p in spec.split(",")]
-    except ValueError:
-        ids = []
-    if len(ids) != 2 or ids[0] == ids[1] or min(ids) < 0:
-        raise LandscapeError(f"surface clients must be two different client ids like '3,7', got '{spec}'")
-    return ids[0], ids[1]
-
+if TYPE_CHECKING:
+    from landscape.analyze.context import CheckpointContext
 
 def _parses(parse: Callable[[str], Any], empty: bool = False) -> Callable[[str], bool]:
     """Whether ``parse`` takes a value (and "" when ``empty``: the option's default, meaning "choose")."""
@@ -150,18 +134,6 @@ class SurfaceOptions:
 DIRECTIONS = choices(SurfaceOptions, "directions")
 
 
-def parse_reference_round(spec: str) -> int:
-    """"round:<r>" -> r (a checkpointed round of the analysed run)."""
-    try:
-        value = int(spec.split(":", 1)[1])
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise LandscapeError(f"surface reference must be round:<r> (e.g. round:0) or a checkpoint file, "
-                             f"got '{spec}'")
-    return value
-
-
 def _one_spelling(values: dict[str, Any]) -> dict[str, Any]:
     """--set surface.grid=41 arrives as an int and surface.clients=[3,7] as a list: one spelling each, so equal
     settings are recorded (and skipped) equally."""
@@ -217,3 +189,12 @@ PASSES.declare("surface", options=SurfaceOptions,
                        "interpolation",
                opt_in=True, collective=True, without_clients="random directions", cost=_surface_cost,
                spelling=_one_spelling, machine_check=check_grid_memory)
+
+
+@PASSES.implement("surface")
+def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
+    """The surface ``opts`` asks for around the checkpoint of ``ctx`` (resuming its partial grid where one of
+    exactly this computation is on disk): the grid, its directions and what figures read of it."""
+    from landscape.analyze.surface import compute_surface
+
+    return compute_surface(ctx, opts)

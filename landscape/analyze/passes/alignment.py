@@ -1,0 +1,59 @@
+"""The ``alignment`` analysis pass: cosines of client gradients (client x client, x global), within-client minibatch
+cosines and the cosines of the clients' updates (docs/metrics.md "Alignment")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
+
+from landscape.analyze.passes._common import ALL, TRAINING_BATCH, client_objectives, training_batch_size
+from landscape.analyze.registry import CLIENTS, PASSES, Cost, PassOutput, Quantity
+from landscape.analyze.serial import split_result
+from landscape.config.schema import rule
+
+if TYPE_CHECKING:
+    from landscape.analyze.context import CheckpointContext
+
+
+@dataclass(frozen=True)
+class AlignmentOptions:
+    clients: Annotated[int, rule(ALL, ge=0)] = 0  # all clients (0) or a seeded sample
+    batches: Annotated[int, rule(gt=0)] = 8  # minibatches per client for the within-client cosine
+    batch_size: Annotated[int, rule(TRAINING_BATCH, ge=0)] = 0  # 0: the run's training batch size
+
+
+PASSES.declare("alignment", options=AlignmentOptions,
+               summary="cosines of client gradients (client x client, x global), minibatch and update cosines",
+               needs=(CLIENTS,), cost=lambda o: Cost(gradients=3.0),
+               quantities=(Quantity("mean grad cos", "mean gradient cos", "gradients.mean_off_diagonal"),
+                           Quantity("minibatch cos", "minibatch cos", "minibatch.mean_cosine",
+                                    "minibatch.mean_cosine_se")))
+
+
+@PASSES.implement("alignment")
+def alignment_pass(ctx: CheckpointContext, opts: AlignmentOptions) -> PassOutput:
+    from landscape.analyze.alignment import gradient_alignment, minibatch_alignment, update_alignment
+
+    objectives = client_objectives(ctx, opts.clients, "the alignment pass")
+    gradients = gradient_alignment(ctx.objective, objectives, ctx.w)
+    minibatch = minibatch_alignment(objectives, ctx.w, batch_size=training_batch_size(ctx, opts.batch_size),
+                                    batches=opts.batches, seed=ctx.settings.seed)
+    out: dict[str, Any] = {}
+    out["gradients"], arrays = split_result(gradients, "gradients.")
+    out["minibatch"], more = split_result(minibatch, "minibatch.")
+    arrays.update(more)
+    # Update cosines need this round's kept client models and the model they started from: the algorithm's
+    # broadcast of checkpoint round t - 1 (x^{t-1}, or a look-ahead x^{t-1} + lam m); the server's step is
+    # measured from x^{t-1} to the training model x^t.
+    kept = ctx.source.clients_checkpoint(ctx.round).is_file()
+    start = ctx.broadcast_start() if kept else None
+    if start is not None:
+        result = update_alignment(start, ctx.kept_clients(), ctx.global_w, ctx.previous_global())
+        out["updates"], more = split_result(result, "updates.")
+        arrays.update(more)
+    else:
+        out["updates"] = {"available": False, "reason": "needs --keep-clients and a checkpoint of round "
+                          f"{ctx.round - 1} (train with --checkpoint-every 1 around this round)"}
+    summary = {"mean_grad_cos": float(gradients.mean_off_diagonal),
+               "mean_minibatch_cos": float(minibatch.mean_cosine)}
+    return PassOutput(out, arrays, summary)

@@ -1,0 +1,82 @@
+"""The ``sharpness`` analysis pass: rho-ball sharpness S_rho of F (and its adaptive profile), each client's S_rho of F_i
+and the gap (docs/metrics.md "Sharpness"); the ascent is imported when the pass runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
+
+import numpy as np
+
+from landscape.analyze.passes._common import ALL, client_objectives
+from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, StoredResult
+from landscape.analyze.serial import split_result
+from landscape.config.schema import rule
+
+if TYPE_CHECKING:
+    from landscape.analyze.context import CheckpointContext
+
+
+@dataclass(frozen=True)
+class SharpnessOptions:
+    # radii of global S_rho
+    rhos: Annotated[tuple[Annotated[float, rule(gt=0)], ...], rule(min_length=1)] = (0.01, 0.05, 0.1)
+    # the most trial points of each Armijo projected ascent (steps = starts = 1: SAM)
+    steps: Annotated[int, rule(gt=0)] = 50
+    # stop when the estimated remaining gain is below tol * S_rho (0: run all steps)
+    tol: Annotated[float, rule("0: run all steps", ge=0)] = 1e-3
+    # ascents from the centre and starts - 1 seeded random points on the sphere; the best
+    starts: Annotated[int, rule(gt=0)] = 8
+    adaptive: bool = True  # also the ASAM-ball profile (|x| + eta, weights only, as FedASAM trains)
+    eta: Annotated[float, rule(gt=0)] = 0.01
+    local_rho: Annotated[float, rule(gt=0)] = 0.05  # radius of the per-client S_rho on F_i
+    clients: Annotated[int, rule(ALL, ge=0)] = 0  # all clients (0) or a seeded sample
+
+
+def _sharpness_cost(o: SharpnessOptions) -> Cost:
+    """Every radius's ascent (twice with the adaptive profile) and the per-client ascents (N x 1/N of the
+    data)."""
+    return Cost(gradients=1 + len(o.rhos) * o.steps * (2 if o.adaptive else 1) + o.steps)
+
+
+def _sharpness_at(rho: float) -> Quantity:
+    def read(result: StoredResult) -> tuple[Any, Any]:
+        rhos = np.atleast_1d(result.array("global.rhos"))
+        hit = np.flatnonzero(np.isclose(rhos, rho, rtol=1e-9, atol=0))
+        return (float(np.atleast_1d(result.array("global.sharpness"))[hit[0]]) if hit.size else None), None
+
+    return Quantity(f"S_rho({rho:g})", f"S<sub>&rho;</sub> (&rho;={rho:g})", "global.sharpness",
+                    read_result=read)
+
+
+PASSES.declare("sharpness", options=SharpnessOptions,
+               summary="rho-ball sharpness S_rho (and adaptive) of F; per-client S_rho of F_i and the gap",
+               cost=_sharpness_cost,
+               quantities=(_sharpness_at,
+                           Quantity("local-global S_rho", "local &minus; global S<sub>&rho;</sub>", "local.gap")))
+
+
+@PASSES.implement("sharpness")
+def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput:
+    from landscape.analyze import functions
+    from landscape.analyze.sharpness import DEFAULT_ETA, local_sharpness
+
+    seed = ctx.settings.seed
+    ascent = {"steps": opts.steps, "tol": opts.tol, "starts": opts.starts, "seed": seed}
+    # eta is the ASAM ball's: the global profile records the default, which it does not use
+    profile = functions.sharpness(ctx.problem, opts.rhos, adaptive=False, eta=DEFAULT_ETA, **ascent)
+    scalars, arrays = split_result(profile, "global.")
+    out = {"global": scalars}
+    if opts.adaptive:
+        adaptive = functions.sharpness(ctx.problem, opts.rhos, adaptive=True, eta=opts.eta, **ascent)
+        out["adaptive"], more = split_result(adaptive, "adaptive.")
+        arrays.update(more)
+    summary = {f"S_rho({rho:g})": float(s) for rho, s in zip(profile.rhos, profile.sharpness)}
+    if ctx.num_clients == 0:  # a plain state_dict: the global profiles only
+        return PassOutput(out, arrays, summary)
+    local = local_sharpness(client_objectives(ctx, opts.clients, "local sharpness"), ctx.objective, ctx.w,
+                            opts.local_rho, **ascent)
+    out["local"], more = split_result(local, "local.")
+    arrays.update(more)
+    summary["local_gap"] = float(local.gap)
+    return PassOutput(out, arrays, summary)
