@@ -1,36 +1,51 @@
 """landscape: federated sharpness-aware training and loss-landscape analysis.
 
 Notebook use: ``run = landscape.open_run("runs/x")`` (see ``landscape.store.run.Run``, the one read model of a
-run, which the figures read too); analysis of any model on any data, with no run directory:
-``landscape.hessian_eigs(model, data, k=5)``, ``landscape.trace``, ``landscape.density``, ``landscape.sharpness``,
-``landscape.surface``, ``landscape.flatness_distance`` (see ``landscape.api``).
+run, which the figures read too; a folder of runs gives the list of its runs), ``run.results()`` (every
+analysis result of the run, a pandas DataFrame) and ``landscape.results(paths)`` (the same for many runs);
+analysis of any model on any data, with no run directory: ``landscape.hessian_eigs(model, data, k=5)``,
+``landscape.trace``, ``landscape.density``, ``landscape.sharpness``, ``landscape.surface``,
+``landscape.flatness_distance`` (see ``landscape.api``). ``dir(landscape)`` lists exactly these names
+(``__all__``).
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
-_API = ("hessian_eigs", "trace", "density", "sharpness", "surface", "flatness_distance", "problem")
-__all__ = [
-    "__version__",
-    "density",
-    "flatness_distance",
-    "hessian_eigs",
-    "open_run",
-    "problem",
-    "sharpness",
-    "surface",
-    "trace",
-]
+
+# Name -> the module it comes from, imported on first use so that `landscape --help` does not wait for torch.
+_LAZY = {
+    "LandscapeError": "landscape.core.errors",
+    "Run": "landscape.store.run",
+    "open_run": "landscape.store.run",
+    "results": "landscape.store.run",
+    "DEFAULT_THREADS": "landscape.api",
+    "Problem": "landscape.api",
+    "Surface": "landscape.api",
+    "density": "landscape.api",
+    "flatness_distance": "landscape.api",
+    "hessian_eigs": "landscape.api",
+    "problem": "landscape.api",
+    "sharpness": "landscape.api",
+    "surface": "landscape.api",
+    "trace": "landscape.api",
+}
+__all__ = ["__version__", *sorted(_LAZY)]
 
 
 def __getattr__(name: str):
-    # Imported on first use so that `landscape --help` does not wait for torch.
-    if name == "open_run":
-        from landscape.store.run import open_run
+    module = _LAZY.get(name)
+    if module == "landscape.api":
+        from landscape import api as module  # static imports, which the import contracts see
+    elif module == "landscape.store.run":
+        from landscape.store import run as module
+    elif module == "landscape.core.errors":
+        from landscape.core import errors as module
+    else:
+        raise AttributeError(f"module 'landscape' has no attribute {name!r}")
+    return getattr(module, name)
 
-        return open_run
-    if name in _API:
-        from landscape import api
 
-        return getattr(api, name)
-    raise AttributeError(f"module 'landscape' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    """The public API (``__all__``), for ``dir(landscape)`` and tab completion."""
+    return list(__all__)

@@ -142,3 +142,65 @@ def test_open_run_model_keeps_the_checkpoint_dtype(tmp_path):
     assert next(model.parameters()).dtype == torch.float64
     assert landscape.hessian_eigs(model, (torch.randn(8, 1, 8, 8, dtype=torch.float64),
                                           torch.randint(0, 10, (8,))), k=1).values.dtype == torch.float64
+
+
+def test_dir_lists_the_api_and_importing_the_package_loads_no_torch():
+    import subprocess
+    import sys
+
+    for name in ("open_run", "results", "hessian_eigs", "trace", "density", "sharpness", "surface",
+                 "flatness_distance", "problem", "LandscapeError", "Run"):
+        assert name in landscape.__all__ and name in dir(landscape)
+    assert sorted(dir(landscape)) == sorted(landscape.__all__)
+    assert all(getattr(landscape, name) is not None for name in landscape.__all__)  # each name resolves
+    assert landscape.LandscapeError is LandscapeError and landscape.results.__module__ == "landscape.store.run"
+    with pytest.raises(AttributeError, match="has no attribute 'nosuch'"):
+        landscape.nosuch  # noqa: B018
+    code = "import sys, landscape; names = dir(landscape); print('torch' in sys.modules, len(names))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.split() == ["False", str(len(landscape.__all__))]  # tab completion waits for no torch
+
+
+def test_every_function_runs_on_the_cli_thread_default_and_restores_the_count(monkeypatch):
+    """1 thread unless told (as `landscape analyze --threads`), 0 = every core; set back after the call, also
+    after an error."""
+    import os
+
+    import landscape.analyze.surface_evaluation as surface_evaluation
+    from landscape import api
+
+    model, x, y = _tiny_problem()
+    inside = []
+
+    def spy(module, name):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **k: inside.append(torch.get_num_threads()) or real(*a, **k))
+
+    for name in ("hessian_eigs", "trace", "density", "sharpness", "flatness_distance"):
+        spy(api.functions, name)
+    spy(surface_evaluation, "evaluate_surface")
+    spy(api, "as_data")  # problem: its data is read inside the call
+    calls = [lambda **t: landscape.hessian_eigs(model, (x, y), k=1, **t),
+             lambda **t: landscape.trace(model, (x, y), hvps=4, **t),
+             lambda **t: landscape.density(model, (x, y), runs=1, steps=2, **t),
+             lambda **t: landscape.sharpness(model, (x, y), steps=1, starts=1, **t),
+             lambda **t: landscape.surface(model, (x, y), grid=3, **t),
+             lambda **t: landscape.flatness_distance(model, [model], **t),
+             lambda **t: landscape.problem(model, (x, y), **t)]
+    before = torch.get_num_threads()
+    every = len(os.sched_getaffinity(0))
+    try:
+        torch.set_num_threads(3)
+        for threads, expected in ((None, 1), (2, 2), (0, every)):
+            for call in calls if threads is None else calls[:1]:
+                inside.clear()
+                call(**({} if threads is None else {"threads": threads}))
+                assert inside and set(inside) == {expected} and torch.get_num_threads() == 3, call
+        with pytest.raises(LandscapeError, match="data must be"):
+            landscape.hessian_eigs(model, [1, 2, 3], threads=2)
+        assert torch.get_num_threads() == 3
+        for bad in (-1, 1.5, True, "2"):
+            with pytest.raises(LandscapeError, match=r"^threads must be a whole number >= 0 \(got "):
+                landscape.trace(model, (x, y), threads=bad)
+    finally:
+        torch.set_num_threads(before)

@@ -1,5 +1,5 @@
 """The plan of an analysis: every (run, round, pass) job, with all input checked before work starts
-(``plan``), the rounds a pass cannot run on left out with a note (``skip_rounds_without_clients``), who runs
+(``plan``), the rounds a pass cannot run on left out with a note (``skip_unavailable``), who runs
 which job under torchrun (``split_work``), and what a dry run prints (``format_plan``).
 """
 
@@ -71,24 +71,36 @@ def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any],
     return jobs
 
 
-def skip_rounds_without_clients(jobs: list[Job]) -> tuple[list[Job], list[str]]:
-    """The jobs less those of passes that need kept client models at rounds that have none (round 0, rounds
-    of a run trained without --keep-clients), and one note per run and pass naming the skipped rounds. A
-    pass that has no round left at all is an error saying how to keep them."""
-    skipped: dict[tuple[str, str], list[int]] = {}
+def _unavailable(job: Job) -> str | None:
+    """Why ``job`` cannot run at its round, or None: a pass that needs kept client models at a round that kept
+    none (round 0, the rounds of a run trained without --keep-clients), or what its options say of the round
+    (``options.unavailable(source, round)``: a PCA plane without 3 checkpoints of the trajectory, a client
+    that was not sampled in the round)."""
+    if needs_kept_clients(job.name, job.options) and not job.source.clients_checkpoint(job.round).is_file():
+        if job.round == 0:
+            return "the initial model has no client models"
+        return "no client models were kept (train with --keep-clients to save them at checkpoints)"
+    check = getattr(job.options, "unavailable", None)
+    return check(job.source, job.round) if check is not None else None
+
+
+def skip_unavailable(jobs: list[Job]) -> tuple[list[Job], list[str]]:
+    """The jobs less those that cannot run at their round (``_unavailable``), and one note per run, pass and
+    reason naming the rounds skipped; the other jobs run. When no job is left at all, one line saying why
+    each was skipped."""
+    skipped: dict[tuple[str, str, str], list[int]] = {}
     kept = []
     for job in jobs:
-        if needs_kept_clients(job.name, job.options) and not job.source.clients_checkpoint(job.round).is_file():
-            skipped.setdefault((job.source.name, job.name), []).append(job.round)
-        else:
+        why = _unavailable(job)
+        if why is None:
             kept.append(job)
-    for name in {name for _, name in skipped}:
-        if not any(job.name == name for job in kept):
-            run, rounds = next((run, r) for (run, n), r in skipped.items() if n == name)
-            raise LandscapeError(f"{run} has no client models for {_rounds_text(sorted(set(rounds)))}; train with "
-                                 "--keep-clients to save them at checkpoints")
-    notes = [f"{run}: {name} skipped at {_rounds_text(sorted(set(rounds)))}, which kept no client models"
-             for (run, name), rounds in skipped.items()]
+        else:
+            what = getattr(job.options, "described", job.name)
+            skipped.setdefault((job.source.name, what, why), []).append(job.round)
+    notes = [f"{run}: {what} skipped at {_rounds_text(sorted(set(rounds)))}: {why}"
+             for (run, what, why), rounds in skipped.items()]
+    if jobs and not kept:
+        raise LandscapeError("nothing to analyse: " + "; ".join(notes))
     return kept, notes
 
 

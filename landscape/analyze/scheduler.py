@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from landscape.analyze.catalog import load_passes
 from landscape.analyze.context import CheckpointContext
-from landscape.analyze.plan import Job, partition_warnings, plan, skip_rounds_without_clients, split_work
+from landscape.analyze.plan import Job, partition_warnings, plan, skip_unavailable, split_work
 from landscape.analyze.registry import PassOutput
 from landscape.analyze.results import (
     SCHEMA_VERSION,
@@ -31,6 +32,7 @@ from landscape.analyze.summary import AnalysisReport, analysis_data
 from landscape.config.setup import thread_count, using_threads
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
+from landscape.store import tracking
 from landscape.store.checkpoints import CheckpointError
 
 
@@ -218,6 +220,7 @@ class _Runner:
         self.jobs, self.settings, self.report, self.summaries = jobs, settings, report, summaries
         self.main = parallel.is_main()
         self.contexts = _Contexts(settings)
+        self.tracked = tracking.ResultLog(job.source for job in jobs)  # train.log: checked before any work
         self.work = WorkBar(shown)
         self.bar = tqdm(total=len(jobs), initial=report.skipped, desc="analyze", unit="pass", disable=not shown,
                         dynamic_ncols=True)
@@ -226,6 +229,9 @@ class _Runner:
     def finish(self, i: int, output: PassOutput, digest: str, seconds: float) -> None:
         if self.main:
             write_output(self.jobs[i], self.settings, digest, output, seconds)
+            job = self.jobs[i]  # the summary goes to the run's train.log trackers too
+            name = result_name(job.name, settings_record(self.settings, job.options))
+            self.tracked.log(job.source, job.round, name, output.summary)
         self.summaries[i] = output.summary
         self.report.computed += 1
         self.bar.update(1)
@@ -306,7 +312,7 @@ def run_analysis(
     time, the work inside a pass would deadlock: a rank would wait in an all-reduce for ranks busy with
     other checkpoints. Every rank returns the same report.
     """
-    jobs, notes = skip_rounds_without_clients(plan(path, rounds, passes, options, foreign))
+    jobs, notes = skip_unavailable(plan(path, rounds, passes, options, foreign))
     main = parallel.is_main()
     recorded, redone = parallel.on_main(lambda: _recorded_summaries(jobs, settings, force))
     report = AnalysisReport(notes=notes + redone, data=analysis_data(settings))
@@ -323,10 +329,27 @@ def run_analysis(
     finally:
         threads.close()
         runner.bar.close()
+        runner.tracked.close()
     if runner.failed:
         raise _failed_files_error(jobs, runner.failed)
     _fill_report(report, jobs, settings, summaries)
+    report.data = _data_text(jobs, settings)
     return report
+
+
+def _data_text(jobs: list[Job], settings: AnalysisSettings) -> str:
+    """The analysis data in words (``summary.analysis_data``), with a subset of N of a split of at most N
+    samples said to be all of it: "the test set, all 360 samples (fewer than 1000)"."""
+    n = settings.analysis_samples
+    if not n or not jobs:
+        return analysis_data(settings)
+    sources = list({id(job.source): job.source for job in jobs}.values())
+    sizes = {len(source.analysis_set(settings.split)[1]) for source in sources}
+    if max(sizes) > n:
+        whole = " (all of it where the split has fewer)" if min(sizes) <= n else ""
+        return analysis_data(settings) + whole
+    whole = f"all {sizes.pop()} samples" if len(sizes) == 1 else "all of its samples"
+    return f"{analysis_data(replace(settings, analysis_samples=0))}, {whole} (fewer than {n})"
 
 
 def _fill_report(report: AnalysisReport, jobs: list[Job], settings: AnalysisSettings,

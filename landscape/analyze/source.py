@@ -23,7 +23,7 @@ from landscape.config import recipe as recipes
 from landscape.config.recipe import Recipe
 from landscape.config.setup import DataSetup, build_module, prepare_data, torch_dtype
 from landscape.core.errors import LandscapeError
-from landscape.store.checkpoints import Checkpoint
+from landscape.store.checkpoints import Checkpoint, load_checkpoint
 from landscape.store.runs import RunDir
 
 _ROUND_FILE = re.compile(r"^round-(\d{4,})\.pt$")
@@ -50,6 +50,17 @@ class Source:
 
     def clients_checkpoint(self, round: int) -> Path:
         return self.checkpoints[round].with_name(f"round-{round:04d}.clients.pt")
+
+    def kept_client_ids(self, round: int) -> list[int]:
+        """The clients whose final local models the round kept (those sampled in it, saved with
+        --keep-clients), in order; [] when it kept none. Read from the clients file's keys (loaded safely;
+        the models are checked when a pass loads them)."""
+        path = self.clients_checkpoint(round)
+        if not path.is_file():
+            return []
+        clients = load_checkpoint(path).get("clients")
+        keys = clients if isinstance(clients, dict) else {}
+        return sorted(int(k) for k in keys if isinstance(k, str) and k.isdigit())
 
     def result_dir(self, round: int) -> Path:
         """Where the results of a round's checkpoint go."""

@@ -119,9 +119,12 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
     options = {name: pass_options(name, values[name]) for name in names}
     settings = AnalysisSettings(**chosen)
     if dry_run:
-        from landscape.analyze.plan import format_plan, plan
+        from landscape.analyze.plan import format_plan, plan, skip_unavailable
 
-        click.echo(format_plan(plan(path, checkpoints, names, options, foreign), settings))
+        jobs, notes = skip_unavailable(plan(path, checkpoints, names, options, foreign))
+        click.echo(format_plan(jobs, settings))
+        for note in [] if quiet else notes:
+            click.echo(f"note: {note}", err=True)
         return
     report = run_analysis(path, rounds=checkpoints, passes=names, settings=settings, options=options,
                           force=force, progress=not quiet, foreign=foreign)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ _RECIPE_FLAGS: list[tuple[str, str, str]] = [
     ("--local-steps", "train.local_steps", "fixed local steps K per round (overrides epochs when > 0)"),
     ("--batch-size", "train.batch_size", "local minibatch size"),
     ("--lr", "train.lr", "client learning rate eta"),
+    ("--rho", "algorithm.rho", "SAM radius rho of an algorithm that has one (see `landscape list`)"),
     ("--seed", "seed", "seed of partition, initialisation, sampling and batches"),
     ("--checkpoint-every", "train.checkpoint_every", "checkpoint every N rounds (and always at the end)"),
     ("--eval-every", "train.eval_every", "evaluate on the test set every N rounds (and at the end)"),
@@ -54,7 +56,10 @@ class _RecipeOption(click.Option):
 
     def get_help_extra(self, ctx: click.Context) -> Any:
         extra = super().get_help_extra(ctx)
-        extra["default"] = str(_default_recipe().get(self.recipe_key))
+        try:
+            extra["default"] = str(_default_recipe().get(self.recipe_key))
+        except KeyError:  # an option of some algorithms (rho): the algorithm's own default
+            extra["default"] = "the algorithm's"
         return extra
 
 
@@ -75,6 +80,9 @@ def _recipe_options(f):
               help="also save the clients' final models at checkpoints")
 @click.option("--swa", is_flag=True, default=None,
               help="server SWA (Caldarola et al. 2022) on top of the algorithm")
+@click.option("--log", default=None, metavar="TRACKERS",
+              help="also log the metrics and analysis results to tensorboard, wandb (offline) or both, e.g. "
+                   "--log tensorboard,wandb [train.log; docs/tracking.md]")
 @set_option("set any recipe key, e.g. --set train.weight_decay=1e-3 or --set algorithm.fedsam.rho=0.05",
             "train takes the first")
 @click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -103,7 +111,13 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
     from landscape.workflows import sweep
 
     switches = {"dataset.download": download, "train.keep_clients": keep_clients, "train.swa": swa}
+    log = flags.pop("log")
     overrides, axes = _overrides(flags, switches, assignments)
+    if log is not None:  # --log tensorboard,wandb: one list, never a sweep ('' logs to none)
+        check_printable("--log", log)
+        overrides.insert(0, ("train.log", [name.strip() for name in log.split(",") if name.strip()]))
+    if flags.get("rho") is not None and resume_dir is None:
+        _check_rho(recipe_file, overrides, axes)
     if resume_dir is not None:
         others = recipe_file is not None or bool(axes) or out is not None or overwrite or dry_run
         _resume(resume_dir, overrides, others, quiet)
@@ -134,9 +148,10 @@ def _overrides(flags: dict[str, Any], switches: dict[str, bool | None],
         check_printable(flag, text)
     overrides: list[tuple[str, Any]] = []
     axes: dict[str, list] = {}
-    for _, key, text in given:
+    for flag, key, text in given:
         if text is None:
             continue
+        _refuse_decimal_comma(flag, key, text)
         if "," in text and key not in _NO_SWEEP:
             axes[key] = [recipe_overrides.parse_value(item.strip()) for item in text.split(",")]
         else:
@@ -146,6 +161,38 @@ def _overrides(flags: dict[str, Any], switches: dict[str, bool | None],
         recipe_overrides.classify_assignment(key, _pass_names, "train")  # refuses a pass option, an analysis setting
         overrides.append((key, value))
     return overrides, axes
+
+
+def _refuse_decimal_comma(flag: str, key: str, text: str) -> None:
+    """A number flag's value that reads as a decimal comma is refused with a hint: two parts of digits where
+    the first is 0 or the second starts with 0 (``--lr 0,05``, ``--alpha 0,1``: a sweep of 0 and 05 was never
+    meant); other comma lists sweep (``--lr 0.01,0.05``, ``--lr 1,5``)."""
+    match = re.fullmatch(r"\s*(\d+),(\d+)\s*", text)
+    if match is None or not (match[1] == "0" or match[2].startswith("0")):
+        return
+    try:
+        number = isinstance(_default_recipe().get(key), float)
+    except KeyError:  # an option of some algorithms (rho)
+        number = True
+    if number:
+        raise LandscapeError(f"{flag} {text.strip()} looks like a decimal comma: use a decimal point "
+                             f"({match[1]}.{match[2]}); a sweep is a comma list of values, e.g. {flag} 0.01,0.05")
+
+
+def _check_rho(recipe_file: Path | None, overrides: list[tuple[str, Any]], axes: dict[str, list]) -> None:
+    """--rho sets the algorithm's option rho (``algorithm.rho``): refused in one line when an algorithm of the
+    run (or of the sweep) has none, naming those that have it."""
+    from landscape.config import recipe_overrides
+    from landscape.train.algorithms import ALGORITHMS
+
+    others = [(k, v) for k, v in overrides if k != "algorithm.rho"]
+    runs = recipe_overrides.build_sweep(recipe_file, others, {k: v for k, v in axes.items() if k != "algorithm.rho"})
+    with_rho = [name for name in ALGORITHMS.names() if "rho" in ALGORITHMS.get(name).option_defaults()]
+    lacking = sorted({recipe.algorithm.name for recipe, _ in runs} - set(with_rho))
+    if lacking:
+        raise LandscapeError(f"--rho sets the algorithm's rho (algorithm.<name>.rho), and {', '.join(lacking)} "
+                             f"{'has' if len(lacking) == 1 else 'have'} none; the algorithms with one: "
+                             f"{', '.join(with_rho)}")
 
 
 def _pass_names() -> list[str]:

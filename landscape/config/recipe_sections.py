@@ -94,6 +94,9 @@ class TrainSettings:
     # CPU threads of torch while training (0: every core this process may use). The numbers of a round differ
     # in the last bits with the count; 1 is fastest for small federated clients and the same on every machine.
     threads: Annotated[int, rule(ge=0, le=4096, text="must be in 0..4096 (0: every core)")] = 1
+    # Experiment trackers that also get every metrics row and analysis result (docs/tracking.md; the optional
+    # extras of the same names). They change no number.
+    log: tuple[Literal["tensorboard", "wandb"], ...] = ()
 
 
 # The choices of the Literal settings, for click choices, `landscape list` and the analysis settings' dtype.

@@ -10,10 +10,16 @@ and written as CSV. A run that lacks an analysis shows "-" and the command that 
 Seeds. Runs that differ only in their recipe's ``seed`` (``landscape.figures.seeds``) are one row: each cell
 the mean over the seeds +- its standard error (``std(ddof=1) / sqrt(n)``; it replaces the passes' own
 Monte-Carlo error there), a column ``n`` after the directory (a compact ``prefix{a,b,c}suffix`` of the run
-folders), and in ``compare.csv`` only, after the table's columns, ``seeds`` and one ``<column> per seed`` column
-per number: each seed's value, ``"; "``-separated in the order of ``seeds`` (``-`` where a seed lacks it; empty
-in a single-seed row). A cell read from fewer seeds than the row has says ``(n=k)``. With no two runs differing
-only in their seed the table and CSV are as they always were (no n, no per-seed columns).
+folders). A cell read from fewer seeds than the row has says ``(n=k)``.
+
+``compare.csv`` holds the table's columns as printed (text: ``58.78 +- 3.8``, ``(round 2)``), then numbers to
+compute with, per quantity (``test acc (%)`` and each of the table's): ``<q> mean``, ``<q> se`` (the standard
+error the cell shows: over the seeds in a row of seeds, else the pass's own estimate where it has one, such as
+the trace's; empty where there is none) and ``<q> n`` (how many runs have the value; 0 and an empty mean where
+none has), and, where some row has several seeds, ``<q> seed <s>`` for every seed value ``s`` of the runs:
+that seed's value (empty where its run lacks it or the row has no run of that seed). Numbers are written in
+full (``repr``): read back they equal the values in the runs' files. The Delta_D logged by training stands in
+where the flatness pass did not run, as in the table.
 
 Surfaces that compare. A filter-normalised plane (Li et al. 2018, the surface pass's default) is scaled to each
 model's own filters, so the panels' axes are another distance for every model and their widths also compare
@@ -53,6 +59,7 @@ from landscape.figures.report_data import (
     all_rhos,
     comparison_groups,
     quantities,
+    seed_stat,
 )
 from landscape.figures.rundata import RunData, RunsLike, as_runs, missing_message
 from landscape.figures.selection import Selection
@@ -101,8 +108,8 @@ class Comparison:
     missing: list[str]  # one line per run and pass it lacks, with the command
     written: list[Path]
     settings: list[str]  # which settings the table and the surfaces show
-    per_seed_header: list[str] = field(default_factory=list)  # compare.csv's columns after the table's (seeds)
-    per_seed: list[list[str]] = field(default_factory=list)  # their cells, one list per row
+    numbers_header: list[str] = field(default_factory=list)  # compare.csv's columns after the table's
+    numbers: list[list[float | int | None]] = field(default_factory=list)  # their cells, one list per row
 
 
 def _cell(value: Any, se: Any = None) -> str:
@@ -139,8 +146,9 @@ def _format(row: ComparisonRow, shown: list[Quantity]) -> list[str]:
     return cells
 
 
-def _format_group(cg: ComparisonGroup, shown: list[Quantity]) -> tuple[list[str], list[str]]:
-    """A row of several seeds: the table's cells (mean +- SE) and the per-seed cells of the CSV."""
+def _format_group(cg: ComparisonGroup, shown: list[Quantity]) -> tuple[list[str], list[SeedStat]]:
+    """A row of several seeds: the table's cells (mean +- SE) and the numbers they show (test accuracy, then
+    each quantity)."""
     rounds = sorted({row.rounds for row in cg.rows if row.rounds is not None})
     acc = cg.stat(lambda row: None if row.final_acc is None else 100 * row.final_acc)
     cells = [cg.group.label, cg.group.name, str(cg.group.n), ", ".join(map(str, rounds)) or "-", acc.text()]
@@ -159,8 +167,46 @@ def _format_group(cg: ComparisonGroup, shown: list[Quantity]) -> tuple[list[str]
             text += f" (round{'s' if len(at) > 1 else ''} {', '.join(map(str, at))})"
         cells.append(text)
         stats.append(stat)
-    seeds = "; ".join("-" if s is None else str(s) for s in cg.group.seeds)
-    return cells, [seeds] + [stat.seeds_text() for stat in stats]
+    return cells, stats
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if value is not None and math.isfinite(float(value)) else None
+
+
+def _single_stats(row: ComparisonRow, shown: list[Quantity]) -> list[SeedStat]:
+    """A row of one run: the numbers its cells show (test accuracy, then each quantity), each with the pass's
+    own standard error where it has one."""
+    stats = [seed_stat([None if row.final_acc is None else 100 * row.final_acc])]
+    for q, value in zip(shown, row.values):
+        if value is None:
+            online = row.online_distance if q.text == "Delta_D" else None
+            stats.append(seed_stat([online]))
+        else:
+            stats.append(SeedStat(float(value[0]), _finite(value[1]), 1, [float(value[0])]))
+    return stats
+
+
+def _numbers(stats: list[SeedStat], seeds: list[int | None], columns: list[int]) -> list[float | int | None]:
+    """compare.csv's numeric cells of a row: per quantity mean, se and n, then its value for each seed of
+    ``columns`` (the row's ``seeds`` in the order of its stats' per-seed values)."""
+    cells: list[float | int | None] = []
+    for stat in stats:
+        by_seed = dict(zip(seeds, stat.per_seed))
+        cells += [stat.mean, stat.se, stat.n] + [by_seed.get(s) for s in columns]
+    return cells
+
+
+def _csv_number(value: float | int | None) -> str:
+    """A number in full, so that it reads back equal: ``repr`` of the float, an int as it is; '' for none."""
+    if value is None:
+        return ""
+    return str(int(value)) if isinstance(value, int) else repr(float(value))
+
+
+def _numbers_header(names: list[str], columns: list[int]) -> list[str]:
+    return [f"{name} {part}" for name in names
+            for part in ["mean", "se", "n"] + [f"seed {s}" for s in columns]]
 
 
 def text_table(header: list[str], rows: list[list[str]]) -> str:
@@ -171,24 +217,22 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _table(runs: list[RunData], shown: list[Quantity]
-           ) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
-    """The table's header and rows (one per seed group), and compare.csv's per-seed columns and cells."""
+           ) -> tuple[list[str], list[list[str]], list[str], list[list[float | int | None]]]:
+    """The table's header and rows (one per seed group), and compare.csv's numeric columns and cells."""
     found = comparison_groups(runs, shown)
     seeded = any(cg.group.n > 1 for cg in found)
     header = ["run", "directory"] + (["n"] if seeded else []) + ["rounds", "test acc (%)"] + [q.text for q in shown]
-    per_seed_header = (["seeds"] + [f"{name} per seed" for name in ["test acc (%)"] + [q.text for q in shown]]
-                       if seeded else [])
-    rows, per_seed = [], []
+    columns = sorted({s for cg in found for s in cg.group.seeds if s is not None}) if seeded else []
+    rows, numbers = [], []
     for cg in found:
         if cg.group.n == 1:
-            cells = _format(cg.rows[0], shown)
+            cells, stats = _format(cg.rows[0], shown), _single_stats(cg.rows[0], shown)
             rows.append(cells[:2] + ["1"] + cells[2:] if seeded else cells)
-            per_seed.append([""] * len(per_seed_header))
         else:
-            cells, seeds_cells = _format_group(cg, shown)
+            cells, stats = _format_group(cg, shown)
             rows.append(cells)
-            per_seed.append(seeds_cells)
-    return header, rows, per_seed_header, per_seed
+        numbers.append(_numbers(stats, cg.group.seeds, columns))
+    return header, rows, _numbers_header(header[header.index("test acc (%)"):], columns), numbers
 
 
 def _lacking(runs: list[RunData], shown: list[Quantity]) -> list[str]:
@@ -229,7 +273,10 @@ def _surfaces(runs: list[RunData], out: Path, name: str, quantity: str, missing:
         return with_surface, [], lines
     written = []
     for kind, stem in (("contour", "surfaces"), ("3d", "surfaces-3d")):
-        fig, _ = surfaces.panels_figure(sources, titles, kind=kind, quantity=quantity)
+        # contours of the loss on log-spaced levels (as figures/fednsam-fig1-surfaces.toml): linear ones
+        # paint every flat basin one dark colour
+        fig, _ = surfaces.panels_figure(sources, titles, kind=kind, quantity=quantity,
+                                        log_levels=kind == "contour" and quantity != "accuracy")
         written += [surfaces.save_figure(fig, out / f"{stem}{suffix}") for suffix in (".png", ".pdf")]
     html = surfaces.surface_figure(sources, titles, quantity=quantity)
     written.append(out / "surfaces.html")
@@ -254,11 +301,12 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
         raise LandscapeError("compare needs at least two runs (run directories or folders of runs)")
     out = Path(out)
     shown = _columns(runs, rho)
-    header, rows, per_seed_header, per_seed = _table(runs, shown)
+    header, rows, numbers_header, numbers = _table(runs, shown)
     missing = _lacking(runs, shown)
     buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerows([header + per_seed_header,
-                                                         *(row + extra for row, extra in zip(rows, per_seed))])
+    cells = [[_csv_number(v) for v in extra] for extra in numbers]
+    csv.writer(buffer, lineterminator="\n").writerows([header + numbers_header,
+                                                         *(row + extra for row, extra in zip(rows, cells))])
     written = [out / "compare.csv"]
     write_text(written[0], buffer.getvalue())
 
@@ -269,5 +317,5 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
     caption = settings_caption(with_surface, name)
     if caption:
         lines.append(f"{name} read with {caption}")
-    return Comparison(runs, header, rows, missing, written + drawn, lines + surface_lines, per_seed_header,
-                      per_seed)
+    return Comparison(runs, header, rows, missing, written + drawn, lines + surface_lines, numbers_header,
+                      numbers)

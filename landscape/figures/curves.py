@@ -4,7 +4,8 @@ Renderers (each ``plot_*`` saves and returns the path; its ``*_figure`` twin ret
 ``plot_accuracy`` (test accuracy over the evaluation rounds), ``plot_metric_over_rounds`` (any metrics.jsonl
 key), ``plot_flatness_and_sharpness`` (FedNSAM Fig. 2: online flatness distance Delta_D, and global
 sharpness S_rho(x^t) and lambda_1(x^t) at the analysed rounds), ``plot_hessian_summary`` (FedSAM-paper
-Hessian figure: lambda_max and lambda_1 / lambda_k bars, SLQ spectral densities), ``plot_incompatibility``
+Hessian figure: lambda_max and lambda_1 / lambda_k bars, the clients' lambda_max as dots beside each bar,
+SLQ spectral densities; bar tick labels wrapped to their slot), ``plot_incompatibility``
 (Delta_FI and its split with standard errors) and ``plot_alignment_heatmaps`` (client x client gradient
 cosines on one colour scale [-1, 1]). A run that lacks the analysis a figure needs raises a LandscapeError
 that names the run and the ``landscape analyze`` command to run. Every run keeps one colour in every figure.
@@ -21,6 +22,7 @@ round alone.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -144,20 +146,29 @@ def plot_flatness_and_sharpness(runs: RunsLike, out: str | Path, *, rho: float |
 # -- the Hessian figure --------------------------------------------------------------------------------------
 
 
-def _seed_bars(ax: Any, groups_values: Sequence[tuple[SeedGroup, list[float]]]) -> bool:
-    """One bar per group: its value (one seed, labelled as before) or the mean over seeds with a +-SE error
-    bar, each seed's value as a hollow dot and "mean +- SE" above. Returns whether seed dots were drawn."""
-    x = np.arange(len(groups_values))
+# With the clients' dots: each bar on the left of its slot, the dots in a strip on its right, so that the
+# bar's value label above it is never under a dot.
+BAR_BESIDE_DOTS = (-0.15, 0.5)  # (the bar's offset from its slot's centre, its width)
+CLIENT_STRIP = (0.3, 0.08)  # (the dots' offset from the slot's centre, half their strip's width)
+
+
+def _seed_bars(ax: Any, groups_values: Sequence[tuple[SeedGroup, list[float]]], *, shift: float = 0.0,
+               width: float = 0.8) -> bool:
+    """One bar per group (at its slot + ``shift``): its value (one seed, labelled as before) or the mean over
+    seeds with a +-SE error bar, each seed's value as a hollow dot and "mean +- SE" above. Returns whether
+    seed dots were drawn."""
+    x = np.arange(len(groups_values)) + shift
     stats = [mean_se(values) for _, values in groups_values]
-    bars = ax.bar(x, [mean for mean, _, _ in stats], color=[g.colour for g, _ in groups_values], alpha=0.85)
+    bars = ax.bar(x, [mean for mean, _, _ in stats], width=width, color=[g.colour for g, _ in groups_values],
+                  alpha=0.85)
     ax.bar_label(bars, labels=[f"{mean:.3g}" if se is None else "" for mean, se, _ in stats], padding=2)
     dots = False
-    for i, ((mean, se, n), (_, values)) in enumerate(zip(stats, groups_values)):
+    for i, ((mean, se, n), (_, values)) in zip(x, zip(stats, groups_values)):
         if se is None:
             continue
         ax.errorbar([i], [mean], yerr=[se], color="black", capsize=5, lw=1.2, zorder=3)
-        ax.scatter(i + np.linspace(-0.12, 0.12, n), values, s=22, facecolor="white", edgecolor="black",
-                   zorder=4, label="each seed" if not dots else None)
+        ax.scatter(i + np.linspace(-0.15, 0.15, n) * width, values, s=22, facecolor="white",
+                   edgecolor="black", zorder=4, label="each seed" if not dots else None)
         dots = True
         top = max(mean + se, *values)
         ax.annotate(f"{mean:.3g} ± {se:.2g}", (i, top), xytext=(0, 6), textcoords="offset points",
@@ -165,17 +176,24 @@ def _seed_bars(ax: Any, groups_values: Sequence[tuple[SeedGroup, list[float]]]) 
     return dots
 
 
-def _client_dots(ax: Any, grouped: Sequence[tuple[SeedGroup, list[HessianSummary]]]) -> bool:
-    """Every seed's clients' local lambda_max as black dots over the group's bar; whether any were drawn."""
+def _client_dots(ax: Any, grouped: Sequence[tuple[SeedGroup, list[HessianSummary]]]) -> None:
+    """Every seed's clients' local lambda_max as black dots in a strip beside the group's bar
+    (``CLIENT_STRIP``)."""
+    offset, half = CLIENT_STRIP
     shown_clients = False
     for i, (_, members) in enumerate(grouped):
         local = np.concatenate([s.client_lambda_max for s in members])  # every seed's clients
         if local.size:
-            jitter = np.linspace(-0.25, 0.25, local.size) if local.size > 1 else 0.0
-            ax.scatter(i + jitter, local, s=12, color="black", zorder=3,
+            jitter = np.linspace(-half, half, local.size) if local.size > 1 else 0.0
+            ax.scatter(i + offset + jitter, local, s=12, color="black", zorder=3,
                        label=r"clients' $\lambda_{max}(\nabla^2 F_i)$" if not shown_clients else None)
             shown_clients = True
-    return shown_clients
+
+
+def _tick_label(text: str, bars: int) -> str:
+    """A bar's tick label wrapped at spaces to its slot's width (~48 characters over a panel), so that the
+    labels of neighbouring bars never meet."""
+    return "\n".join(textwrap.wrap(text, max(10, 48 // max(bars, 1)), break_on_hyphens=False)) or text
 
 
 def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
@@ -188,14 +206,17 @@ def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
     same_round = len(rounds) == 1  # then the round goes in the title, once
 
     def tick(group: SeedGroup, members: list[HessianSummary]) -> str:
-        text = group.label + (f"\n(n={group.n})" if group.n > 1 else "")
+        text = _tick_label(group.label, len(grouped)) + (f"\n(n={group.n})" if group.n > 1 else "")
         if not same_round:
             text += "\n" + rounds_text(sorted({s.round for s in members}))
         return text
 
     ticks = [tick(g, members) for g, members in grouped]
-    dots = _seed_bars(ax_max, [(g, [s.values[0] for s in members]) for g, members in grouped])
-    shown_clients = _client_dots(ax_max, grouped)
+    shown_clients = any(s.client_lambda_max.size for s in summaries)
+    shift, width = BAR_BESIDE_DOTS if shown_clients else (0.0, 0.8)
+    dots = _seed_bars(ax_max, [(g, [s.values[0] for s in members]) for g, members in grouped], shift=shift,
+                      width=width)
+    _client_dots(ax_max, grouped)
     if shown_clients or dots:
         ax_max.legend(loc="best", fontsize="small")
     ax_max.set_title(r"(a) $\lambda_{max}(\nabla^2 F)$ (lower: flatter)"

@@ -1,9 +1,12 @@
 """The words of the figures, shared by the matplotlib and plotly renderers: axis labels of the metrics, run
-labels for legends, and the settings a figure shows in its titles and captions.
+labels for legends, the settings a figure shows in its titles and captions, and plotly titles wrapped to a
+width (``wrap_title``: plotly never wraps one).
 """
 
 from __future__ import annotations
 
+import html
+import re
 import textwrap
 from collections import Counter
 from collections.abc import Sequence
@@ -111,3 +114,23 @@ def with_settings(title: str, settings: str, sep: str = " ", *, matplotlib: bool
         if sep == "\n" and len(settings) > width:
             settings = "\n".join(textwrap.wrap(settings, width, break_on_hyphens=False))
     return f"{title}{sep}[{settings}]" if settings else title
+
+
+def _visible(text: str) -> int:
+    """The characters of an HTML title that show (no tags; an entity is one)."""
+    return len(html.unescape(re.sub(r"<[^>]*>", "", text)))
+
+
+def wrap_title(title: str, width: int) -> str:
+    """An HTML title with every line longer than ``width`` visible characters broken at spaces ('<br>'):
+    plotly never wraps a title, and a long one runs off both sides of its plot."""
+    lines = []
+    for line in title.split("<br>"):
+        current: list[str] = []
+        for word in line.split(" "):
+            if current and _visible(" ".join([*current, word])) > width:
+                lines.append(" ".join(current))
+                current = []
+            current.append(word)
+        lines.append(" ".join(current))
+    return "<br>".join(lines)

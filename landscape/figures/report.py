@@ -9,7 +9,8 @@ lambda_max, trace, S_rho, Delta_D, Delta_FI, mean gradient cosine, ...); interac
 (test accuracy, train loss, flatness distance); the global sharpness S_rho(x^t) and lambda_1(x^t) at the
 analysed rounds; Hessian spectral densities; flatness incompatibility with its split; client x client
 gradient-cosine heatmaps; loss surfaces where ``analysis/round-NNNN/surface*.npz`` exist; and per run its
-recipe and a table of the analysis summaries at every analysed round. Inputs are files only, read through
+recipe (the keys every run's recipe shares once, and per run only its own values) and a table of the
+analysis summaries at every analysed round. Inputs are files only, read through
 ``rundata.load_runs``. This module gathers what the page shows and fills in its jinja2 template
 (``templates/page.html``, autoescaped): the tables' numbers (``report_data``), the tables, plots and notes
 rendered by ``report_html`` from ``templates/parts.html``, the plotly figures (``report_plotly``) and the
@@ -44,7 +45,7 @@ from landscape.figures.report_html import (
     analysis_table,
     comparison_table,
     note,
-    recipe_table,
+    recipe_tables,
     render_page,
     slug_of,
 )
@@ -122,13 +123,16 @@ def _analysis_sections(runs: Sequence[RunData], rho: float | None,
             if any(run.analysed_rounds(p) for run in runs for p in passes)]
 
 
-def _runs(runs: Sequence[RunData]) -> list[dict[str, Any]]:
-    """Per run: its name and directory, its analysis summaries at every analysed round, its recipe."""
+def _runs(runs: Sequence[RunData]) -> tuple[Markup | None, list[dict[str, Any]]]:
+    """The recipe the runs share (None for one run), and per run: its name and directory, its analysis
+    summaries at every analysed round and its recipe (``recipe_tables``: with several runs, only its own
+    values)."""
     rhos = all_rhos(runs)
-    return [{"slug": slug_of(run.name), "colour": to_hex(run.color), "label": run.label, "path": str(run.path),
-             "analysis": analysis_table(run, rhos) if run.analyses else None,
-             "missing": f"no analysis yet; run `landscape analyze {shlex.quote(str(run.path))}`",
-             "recipe": recipe_table(run.recipe)} for run in runs]
+    shared, own = recipe_tables([run.recipe for run in runs])
+    return shared, [{"slug": slug_of(run.name), "colour": to_hex(run.color), "label": run.label,
+                     "path": str(run.path), "analysis": analysis_table(run, rhos) if run.analyses else None,
+                     "missing": f"no analysis yet; run `landscape analyze {shlex.quote(str(run.path))}`",
+                     "recipe": recipe} for run, recipe in zip(runs, own)]
 
 
 def build_report(run_dirs: RunsLike, *, title: str = "landscape report",
@@ -145,11 +149,12 @@ def build_report(run_dirs: RunsLike, *, title: str = "landscape report",
     nav = ([("comparison", "Comparison"), ("curves", "Curves")]
            + [(anchor, link) for anchor, link, _, _ in analyses]
            + ([("surfaces", "Surfaces")] if surfaces else []) + [("runs", "Runs")])
+    shared_recipe, run_parts = _runs(runs)
     return render_page(
         title=title, plotly_js=Markup(plotly.offline.get_plotlyjs()),  # plotly's own library: trusted
         nav=nav, run_paths=[str(run.path) for run in runs], comparison=comparison, curves=curves,
         analyses=[(anchor, heading, plot) for anchor, _, heading, plot in analyses], surfaces=surfaces,
-        runs=_runs(runs))
+        shared_recipe=shared_recipe, runs=run_parts)
 
 
 def write_report(run_dirs: RunsLike, out_html: str | Path, *, title: str = "landscape report",

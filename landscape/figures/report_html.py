@@ -216,6 +216,40 @@ def recipe_table(recipe: dict) -> Markup:
     return parts().recipe_table(plain, sections)
 
 
+def _entries(recipe: dict) -> dict[tuple[str | None, str], Any]:
+    """(section, key) -> value of a recipe: its top-level values (section None) and each section's keys."""
+    out: dict[tuple[str | None, str], Any] = {}
+    for key, value in recipe.items():
+        if isinstance(value, dict):
+            out.update({(key, inner): v for inner, v in value.items()})
+        else:
+            out[(None, key)] = value
+    return out
+
+
+def _nested(entries: dict[tuple[str | None, str], Any]) -> dict:
+    out: dict[str, Any] = {}
+    for (section, key), value in entries.items():
+        if section is None:
+            out[key] = value
+        else:
+            out.setdefault(section, {})[key] = value
+    return out
+
+
+def recipe_tables(recipes: Sequence[dict]) -> tuple[Markup | None, list[Markup | None]]:
+    """The recipes of the page's runs, each value once: for one run its whole recipe (and no shared table);
+    for several, the table of what every run's recipe says alike, and per run the table of its own values,
+    the keys where it differs from another run (None where it has none)."""
+    if len(recipes) < 2:
+        return None, [recipe_table(recipe) for recipe in recipes]
+    entries = [_entries(recipe) for recipe in recipes]
+    alike = {key: value for key, value in entries[0].items()
+             if all(key in other and repr(other[key]) == repr(value) for other in entries[1:])}
+    own = [{key: value for key, value in these.items() if key not in alike} for these in entries]
+    return recipe_table(_nested(alike)), [recipe_table(_nested(these)) if these else None for these in own]
+
+
 def _toml_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -6,7 +6,8 @@ one mean line in the group's colour with a +-SE band (an upper and a lower trace
 round: an error bar) and "(n=3)" in the legend, each seed's value in the mean's hover text; spectral densities
 each seed as a thin line in the group's colour; gradient cosines the mean matrix over seeds that analysed the
 same clients (n in the title). A single-seed run is drawn exactly as before. Titles use HTML, never
-matplotlib mathtext (plotly would hand '$' to MathJax, which the page does not load).
+matplotlib mathtext (plotly would hand '$' to MathJax, which the page does not load), wrapped to the plot's
+width; an axis of rounds has whole-number ticks, one round a single tick.
 """
 
 from __future__ import annotations
@@ -26,26 +27,52 @@ from landscape.figures.extract import (
     incompatibility_series,
     lambda_max_series,
 )
-from landscape.figures.labels import METRIC_LABELS, settings_caption, with_settings
+from landscape.figures.labels import METRIC_LABELS, settings_caption, with_settings, wrap_title
 from landscape.figures.over_seeds import by_seed_group, density_floor, mean_cosines, rounds_text
 from landscape.figures.rundata import RunData
 from landscape.figures.seeds import SeedGroup, groups, series_mean
 
 PLOT_HEIGHT = 430
+TITLE_CHARS = 90  # a title line's characters: fits a plot ~800 px wide (the page at a 900 px window)
+SUBPLOT_TITLE_CHARS = 110  # shared by the subplots side by side
+LINE_PX = 22  # the height of a title line
+
+
+def _round_axes(fig: Any) -> None:
+    """Whole-number round ticks on each x axis, from the rounds drawn on that axis: one round is that tick
+    alone in the middle of [round - 1, round + 1] (not 29, 29.5, ... written 29, 30, 30, 31, 31), a span of
+    up to 10 rounds every round, a longer one plotly's own round steps."""
+    drawn: dict[str, list[float]] = {}
+    for trace in fig.data:
+        if trace.x is not None:
+            drawn.setdefault(trace.xaxis or "x", []).extend(float(v) for v in np.atleast_1d(trace.x))
+    for axis, xs in drawn.items():
+        low, high = min(xs), max(xs)
+        if high == low:
+            ticks: dict[str, Any] = {"tickmode": "array", "tickvals": [low], "range": [low - 1, low + 1]}
+        else:
+            ticks = {"tickformat": "d", **({"dtick": 1} if high - low <= 10 else {})}
+        fig.update_layout({f"xaxis{axis[1:]}": ticks})
+
 
 def _layout(fig: Any, title: str, *, rounds: bool = True, **more: Any) -> Any:
-    """Shared look; ``rounds``: the x axes count rounds (whole-number ticks when there are few)."""
-    # room above the plots for every line of the title, and a line more for subplot titles
-    subplot_titles = any(a.text for a in (fig.layout.annotations or ()))
-    top = 36 + 22 * (title.count("<br>") + 1) + (22 if subplot_titles else 0)
-    layout = {"title": {"text": title}, "height": PLOT_HEIGHT, "template": "plotly_white",
+    """Shared look; ``rounds``: the x axes count rounds (``_round_axes``). Titles are wrapped to the plot's
+    width (subplot titles to their share of it), and the title sits at the top with room below it for every
+    line of the subplot titles."""
+    titles = [a for a in (fig.layout.annotations or ()) if a.text and a.yanchor == "bottom"]
+    columns = max(1, len({round(float(a.x), 6) for a in titles}))
+    for annotation in titles:  # make_subplots' titles: bottom-anchored above each subplot
+        annotation.text = wrap_title(annotation.text, max(28, SUBPLOT_TITLE_CHARS // columns))
+    title = wrap_title(title, TITLE_CHARS)
+    below = max((a.text.count("<br>") + 1 for a in titles), default=0)
+    top = 16 + LINE_PX * (title.count("<br>") + 1) + LINE_PX * below + 14
+    layout = {"title": {"text": title, "y": 1, "yref": "container", "yanchor": "top", "pad": {"t": 16}},
+              "height": PLOT_HEIGHT + max(0, top - 60), "template": "plotly_white",
               "margin": {"l": 60, "r": 20, "t": max(60, top), "b": 50},
               "legend": {"orientation": "h", "y": -0.2}}
     fig.update_layout({**layout, **more})
     if rounds:
-        xs = [float(v) for trace in fig.data for v in np.atleast_1d(trace.x if trace.x is not None else [])]
-        span = (max(xs) - min(xs)) if xs else 0.0
-        fig.update_xaxes(tickformat="d", **({"dtick": 1} if span <= 10 else {}))
+        _round_axes(fig)
     return fig
 
 
@@ -246,8 +273,8 @@ def incompatibility_figure(runs: Sequence[RunData]) -> Any:
     several = [g.n > 1 for g in seed_groups]
     bars = ("error bars: Monte-Carlo SE; bands: ± SE over seeds" if any(several) and not all(several)
             else "mean over seeds, bands: ± SE over seeds" if any(several) else "error bars: Monte-Carlo SE")
-    return _layout(fig, "Flatness incompatibility Δ<sub>FI</sub> = heterogeneity + batch part + 2 × cross "
-                        f"({bars})")
+    return _layout(fig, "Flatness incompatibility Δ<sub>FI</sub> = heterogeneity + batch part + 2 × cross"
+                        f"<br>({bars})")
 
 
 def cosine_figure(runs: Sequence[RunData]) -> Any:
@@ -295,7 +322,7 @@ def cosine_figure(runs: Sequence[RunData]) -> Any:
                                  "colorbar": {"title": {"text": "cos(∇F<sub>i</sub>, ∇F<sub>j</sub>)"}}})
     fig.update_yaxes(tickfont={"size": 9})
     return _layout(fig, "Client gradient alignment (one colour scale, −1 to 1)", rounds=False,
-                   height=PLOT_HEIGHT + 80, margin={"l": 60, "r": 20, "t": 100, "b": 50})
+                   height=PLOT_HEIGHT + 80)
 
 
 def line_surface_figure(path: Path, title: str, color: str) -> Any:

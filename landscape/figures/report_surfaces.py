@@ -37,12 +37,13 @@ def surface_renderer() -> Callable[..., Any] | None:
     return renderer if callable(renderer) else None
 
 
-def _surface_kind(path: Path) -> str:
-    """'random plane', 'PCA plane', 'client plane' or 'line to <target>' from the record beside the NPZ."""
+def _surface_kind(path: Path) -> list[str]:
+    """What the surface is ('random plane ...', 'PCA plane of the trajectory', 'plane of two client models' or
+    'line to <target>', from the record beside the NPZ) and, where they are not the defaults, its settings."""
     try:
         meta = json.loads(path.with_suffix(".json").read_text()).get("result", {})
     except (OSError, ValueError, AttributeError):
-        return path.name
+        return [path.name]
     kind = meta.get("directions") if isinstance(meta, dict) else None
     from landscape.figures.surface_data import normalization_of
 
@@ -59,8 +60,8 @@ def _surface_kind(path: Path) -> str:
         record = json.loads(path.with_suffix(".json").read_text())
         settings = settings_label("surface", record.get("settings"))
     except (OSError, ValueError, AttributeError):
-        return text
-    return text if settings == "the defaults" else f"{text}, {settings}"
+        return [text]
+    return [text] if settings == "the defaults" else [text, settings]
 
 
 def _surface_scales(paths: Sequence[Path]) -> tuple[dict[Path, str], dict[str, tuple[float, float]]]:
@@ -152,7 +153,7 @@ def _figure(run: RunData, path: Path, title: str, shared: _Scales) -> tuple[Any,
             return (f"{path}: no surface renderer available (landscape.figures.surfaces.surface_figure); "
                     "the surface is left out")
         if not is_2d:
-            return (line_surface_figure(path, title, to_hex(run.color)),
+            return (line_surface_figure(path, title.replace("\n", "<br>"), to_hex(run.color)),
                     caption + "; a 1D line, drawn as a curve on its own axis (not on the surfaces' colour scale)")
         label = shared.quantity.get(path, "")
         fig = shared.renderer([path], [title], limits=shared.scales.get(label))
@@ -178,8 +179,10 @@ def surfaces_section(runs: Sequence[RunData], page: Page) -> Markup:
                      {label: list(quantity.values()).count(label) for label in scales})
     items: list[tuple[str | None, Markup]] = []
     for run, r, path in files:
-        title = f"{run.label}, round {r}, {_surface_kind(path)}"
-        drawn = _figure(run, path, title, shared)
+        # the heading on one line; the plot's title a line each for the run, the plane and its settings
+        parts_of = [f"{run.label}, round {r}", *_surface_kind(path)]
+        title = ", ".join(parts_of)
+        drawn = _figure(run, path, "\n".join(parts_of), shared)
         if isinstance(drawn, str):
             items.append((None, note(drawn)))
             continue

@@ -48,7 +48,7 @@ class RunData:
     _keyed: dict[int, list[Result]] = field(init=False, repr=False)  # what selection reads of each result
 
     def __post_init__(self) -> None:
-        self._keyed = as_results(self.run.results())
+        self._keyed = as_results(self.run.records())
         self.select(self.selection)
 
     def select(self, selection: Selection) -> RunData:
@@ -73,8 +73,8 @@ class RunData:
 
     @property
     def results(self) -> dict[int, list[PassRecord]]:
-        """Round -> every analysis result there (``Run.results``)."""
-        return self.run.results()
+        """Round -> every analysis result there (``Run.records``)."""
+        return self.run.records()
 
     def shown(self, output: str) -> str:
         """The settings of the ``output`` results read where they are not those asked for ('' when they

@@ -29,6 +29,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from landscape.core.errors import LandscapeError
+from landscape.figures.labels import wrap_title
 from landscape.figures.surface_data import (
     SurfaceData,
     _as_surface,
@@ -50,6 +51,7 @@ from landscape.store.fileio import atomic_write, write_text
 CMAP = "viridis"
 OUTLINED = [patheffects.withStroke(linewidth=2, foreground="black")]  # white labels readable on any colour
 STATIC_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
+SCENE_TITLE_CHARS = 24  # a 3D axis title longer than this runs out of its scene's box and is cut there
 
 
 # -- shared helpers ---------------------------------------------------------------------------------------
@@ -161,6 +163,8 @@ def _contour_panel(ax: Any, surface: SurfaceData, quantity: str, levels: np.ndar
     ax.set_ylabel(ylabel)
     ax.set_xlim(surface.x_coords[0], surface.x_coords[-1])
     ax.set_ylim(surface.y_coords[0], surface.y_coords[-1])
+    for axis in (ax.xaxis, ax.yaxis):  # about 5 ticks: panels side by side have no room for 9 labels
+        axis.set_major_locator(MaxNLocator(TICKS, steps=TICK_STEPS))
     ax.legend(loc="upper right", fontsize=7, framealpha=0.7)
     panel = PanelData(x_grid, y_grid, z, np.asarray(levels), float(norm.vmin), float(norm.vmax), segments)
     return panel, mappable
@@ -325,6 +329,22 @@ def value_range(sources: Sequence[str | Path | SurfaceData], quantity: str = "lo
     return float(norm.vmin), float(norm.vmax)
 
 
+def _scene_title(label: str) -> str:
+    """A 3D axis title: the direction's name alone ('d1') where its full label ('d1 (random, filter-normalised
+    to round:0)') would be cut at the scene's edge; the figure's titles and caption say what the plane is."""
+    return label if len(label) <= SCENE_TITLE_CHARS else label.split(" (")[0]
+
+
+def _scene(surface: SurfaceData, norm: Normalize) -> dict[str, Any]:
+    """The 3D scene of one surface: its axis titles (none on z, which the colour bar names: a z title sits at
+    the scene's left edge, where it is cut), the shared z range, the camera."""
+    xlabel, ylabel = surface.axis_labels()
+    return {"xaxis_title": _scene_title(xlabel), "yaxis_title": _scene_title(ylabel), "zaxis_title": "",
+            "zaxis": {"range": [norm.vmin, norm.vmax]},
+            # seen from further away than plotly's default: axis titles stay in view
+            "camera": {"eye": {"x": 1.75, "y": 1.75, "z": 1.05}}}
+
+
 def surface_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[str] | None = None, *,
                    quantity: str = "loss", limits: tuple[float, float] | None = None) -> Any:
     """A plotly figure: one 3D surface per source, side by side, on one shared colour scale and z range, which
@@ -337,7 +357,11 @@ def surface_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence
         raise LandscapeError("surface_html needs at least one surface")
     titles = list(titles) if titles else [s.title() or f"surface {k}" for k, s in enumerate(surfaces)]
     planes = compare_planes(surfaces, _short_labels(titles)) if len(surfaces) > 1 else None
-    titles = [t.replace("\n", "<br>") for t in _panel_titles(surfaces, titles)]
+    width = max(680, 540 * len(surfaces))
+    # plotly never wraps a title: each line to its panel's width (less margins and colour bar; ~8.5 px a char)
+    titles = [wrap_title(t.replace("\n", "<br>"), int((width - 130) / len(surfaces) / 8.5))
+              for t in _panel_titles(surfaces, titles)]
+    top = max(60, 16 + 22 * max(t.count("<br>") + 1 for t in titles))  # room for every title line
     _, norm = color_scale([s.values(quantity) for s in surfaces], False, 2)
     if limits is not None:
         low, high = (float(v) for v in limits)
@@ -354,17 +378,12 @@ def surface_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence
         fig.add_trace(go.Scatter3d(x=[0.0], y=[0.0], z=[float(surface.values(quantity)[centre])],
                                    mode="markers", marker={"color": "red", "size": 5, "symbol": "diamond"},
                                    name="x (checkpoint)", showlegend=k == 0), row=1, col=k + 1)
-        xlabel, ylabel = surface.axis_labels()
-        scene = "scene" if k == 0 else f"scene{k + 1}"
-        fig.update_layout({scene: {"xaxis_title": xlabel, "yaxis_title": ylabel, "zaxis_title": quantity,
-                                   "zaxis": {"range": [norm.vmin, norm.vmax]},
-                                   # seen from further away than plotly's default: axis titles stay in view
-                                   "camera": {"eye": {"x": 1.75, "y": 1.75, "z": 1.05}}}})
+        fig.update_layout({"scene" if k == 0 else f"scene{k + 1}": _scene(surface, norm)})
     fig.update_layout(coloraxis={"colorscale": CMAP.capitalize(), "cmin": norm.vmin, "cmax": norm.vmax,
                                  "colorbar": {"title": {"text": surfaces[0].quantity_label(quantity)}}},
-                      height=600, width=max(680, 540 * len(surfaces)),
+                      height=540 + top, width=width,
                       legend={"orientation": "h", "x": 0.0, "y": -0.02, "yanchor": "top"},
-                      margin={"l": 10, "r": 10, "t": 60, "b": 60})
+                      margin={"l": 10, "r": 10, "t": top, "b": 60})
     if planes is not None:
         fig.add_annotation(text=planes.text, showarrow=False, xref="paper", yref="paper", x=0.0, y=-0.08,
                            xanchor="left", yanchor="top", font={"size": 11})

@@ -33,7 +33,7 @@ OWNED_MARKER = ".landscape-owned"
 # rule of a round.
 RESUME_FREE_KEYS = frozenset({"name", "train.rounds", "train.device", "train.compile", "train.checkpoint_every",
                               "train.eval_every", "train.keep_clients", "train.threads", "dataset.root",
-                              "dataset.download"})
+                              "dataset.download", "train.log"})
 
 # Recipe keys that change where a run reads its data and computes, never its files (nor its numbers, but for
 # the last bits: see train.threads).

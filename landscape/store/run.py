@@ -1,32 +1,28 @@
 """The one read model of a run directory (``Run``), shared by the notebook's ``open_run``, the figures, compare,
-the report and the claims; each analysis result it holds is a ``PassRecord``.
+the report and the claims; each analysis result it holds is a ``PassRecord`` (``landscape.store.result_records``).
 
 A ``Run`` reads each part of the directory once, on first use, and keeps it: the recipe as recorded
 (``recipe_table``) and resolved (``recipe``), the metrics rows and event rows of metrics.jsonl, the
-checkpointed rounds, and every analysis result of every round (``results``: ``analysis/round-NNNN/*.json``,
-whatever its settings, each NPZ opened on first use). What a result is of (its pass, output and settings) is
-told by what its JSON records: ``landscape.figures.selection`` reads that, this module only the files. A
-model, the data sets and the partition are built on demand (``model``, ``data``, ``partition``,
-``client_data``).
+checkpointed rounds, and every analysis result of every round (``records``: ``analysis/round-NNNN/*.json``,
+whatever its settings, each NPZ opened on first use; ``results``: their numbers as a pandas DataFrame). What
+a result is of (its pass, output and settings) is told by what its JSON records: ``landscape.figures.selection``
+reads that, this module only the files. A model, the data sets and the partition are built on demand
+(``model``, ``data``, ``partition``, ``client_data``).
 
 Reading a run never imports the recipe's ``imports`` (modules that run code when imported): they are imported
 only with ``trust_imports=True`` (or inside ``landscape.config.imports.trusted_imports()``); without, the
 recipe, metrics, events and results read as recorded, and building a model, data set or partition that only
 those modules provide is refused in one line naming them.
 
-A result value is named by its dotted path in the pass's ``result`` (``"global.rhos"``,
-``"gradients.cosine_matrix"``): it is read from the NPZ when the JSON's ``arrays`` list names it (the passes
-move arrays of more than 16 values there), else from the JSON, with ``"nan"`` / ``"inf"`` strings restored.
+``open_run`` of a folder whose sub-folders are run directories gives them all (``Runs``, a list sorted by
+name); ``results(paths)`` is the table of many runs.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import re
 import shlex
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,122 +31,16 @@ import numpy as np
 
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import Checkpoint, read_partition
+from landscape.store.result_records import ROUND_DIR, PassRecord, frame, read_results, result_rows
 from landscape.store.runs import RunDir
 
 if TYPE_CHECKING:
+    import pandas
     import torch
 
     from landscape.config.recipe import Recipe
 
-_ROUND_DIR = re.compile(r"^round-(\d{4,})$")
-_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "Infinity": math.inf,
-               "-Infinity": -math.inf, "NaN": math.nan}
-_MISSING = object()
-
-
-def _restore(value: Any) -> Any:
-    """JSON values as the pass produced them: "nan" / "inf" strings back to floats (passes._json_ready)."""
-    if isinstance(value, str) and value in _NON_FINITE:
-        return _NON_FINITE[value]
-    if isinstance(value, list):
-        return [_restore(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _restore(v) for k, v in value.items()}
-    return value
-
-
-@dataclass
-class PassRecord:
-    """One analysis result as stored: ``analysis/round-NNNN/<name>.json`` and, opened on first use, its
-    ``<name>.npz``."""
-
-    path: Path
-    record: dict
-    _arrays: dict[str, np.ndarray] | None = field(default=None, repr=False)
-
-    @property
-    def name(self) -> str:
-        return str(self.record.get("pass", self.path.stem))
-
-    @property
-    def settings(self) -> dict:
-        """The settings record ({"analysis": ..., "pass": ...}); {} for a record without one."""
-        settings = self.record.get("settings")
-        return settings if isinstance(settings, dict) else {}
-
-    @property
-    def round(self) -> int:
-        if "round" in self.record:
-            return int(self.record["round"])
-        match = _ROUND_DIR.match(self.path.parent.name)
-        if match is None:
-            raise LandscapeError(f"{self.path}: no round in the record and not in a round-NNNN folder")
-        return int(match.group(1))
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        return _restore(self.record.get("summary", {}))
-
-    @property
-    def result(self) -> dict[str, Any]:
-        return self.record.get("result", {})
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        if self._arrays is None:
-            npz = self.path.with_suffix(".npz")
-            if not self.record.get("arrays"):
-                self._arrays = {}
-            elif not npz.is_file():
-                raise LandscapeError(f"{self.path} lists arrays but {npz.name} is missing beside it")
-            else:
-                try:
-                    with np.load(npz, allow_pickle=False) as f:
-                        self._arrays = {k: f[k] for k in f.files}
-                except (OSError, ValueError) as e:
-                    raise LandscapeError(f"cannot read {npz}: {e}") from None
-        return self._arrays
-
-    def value(self, key: str, default: Any = _MISSING) -> Any:
-        """The result value at a dotted path: from the NPZ when it holds it, else from the JSON."""
-        if key in self.record.get("arrays", ()):
-            arrays = self.arrays()
-            if key in arrays:
-                return arrays[key]
-        node: Any = self.result
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                if default is _MISSING:
-                    raise LandscapeError(f"{self.path}: the {self.name} result has no '{key}' (written by an "
-                                         "older or different version of the pass; rerun it with --force)")
-                return default
-            node = node[part]
-        return _restore(node)
-
-    def array(self, key: str) -> np.ndarray:
-        return np.asarray(self.value(key), dtype=float)
-
-
-def read_results(path: Path) -> dict[int, list[PassRecord]]:
-    """Every analysis result of every round of the run directory ``path``, by round, each round's in file-name
-    order (the record's settings, not the file's name, say what each is)."""
-    analyses: dict[int, list[PassRecord]] = {}
-    folder = Path(path) / "analysis"
-    if not folder.is_dir():
-        return analyses
-    for round_dir in sorted(folder.iterdir()):
-        match = _ROUND_DIR.match(round_dir.name)
-        if not match or not round_dir.is_dir():
-            continue
-        for json_path in sorted(round_dir.glob("*.json")):
-            try:
-                record = json.loads(json_path.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise LandscapeError(f"{json_path}: not a readable analysis record ({e})") from None
-            if not isinstance(record, dict):
-                continue
-            analyses.setdefault(int(match.group(1)), []).append(PassRecord(json_path, record))
-    return analyses
-
+__all__ = ["PassRecord", "Run", "Runs", "open_run", "read_results", "results", "run_dirs"]
 
 class Run:
     """One run directory read: ``open_run("runs/x")``, and what every figure, comparison, report and claim
@@ -158,9 +48,10 @@ class Run:
 
     ``.recipe`` (the resolved ``Recipe``), ``.recipe_table()`` (recipe.toml as recorded, its tables),
     ``.metrics()`` (per-round rows of metrics.jsonl), ``.events()`` (its event rows, e.g. a divergence),
-    ``.rounds()`` (checkpointed rounds), ``.results()`` (round -> every analysis result there, a
-    ``PassRecord`` each), each read once, on first use; ``.model(round)`` (nn.Module with those weights, eval
-    mode), ``.data()`` (train and test sets as the run used them), ``.client_data(i)`` and ``.partition()``.
+    ``.rounds()`` (checkpointed rounds), ``.records()`` (round -> every analysis result there, a
+    ``PassRecord`` each), each read once, on first use; ``.results()`` (their numbers, a DataFrame);
+    ``.model(round)`` (nn.Module with those weights, eval mode), ``.data()`` (train and test sets as the run
+    used them), ``.client_data(i)`` and ``.partition()``.
     """
 
     def __init__(self, path: str | Path, trust_imports: bool = False) -> None:
@@ -221,16 +112,27 @@ class Run:
     def _results(self) -> dict[int, list[PassRecord]]:
         return read_results(self.path)
 
-    def results(self) -> dict[int, list[PassRecord]]:
+    def records(self) -> dict[int, list[PassRecord]]:
         """Round -> every analysis result stored there, whatever its settings (``read_results``)."""
         return self._results
+
+    def results(self) -> pandas.DataFrame:
+        """Every analysis result of the run as a pandas DataFrame, one row per scalar quantity: columns
+        ``run`` (the directory's name), ``round``, ``pass``, ``quantity``, ``value`` (a float), then one column
+        per recorded setting (``split``, ``bn_mode``, ..., ``<pass>.<option>`` such as ``sharpness.rhos``, a
+        list spelt ``0.01,0.05,0.1``). The quantities are each pass's summary quantities (``lambda_max``,
+        ``trace``, ``S_rho(0.05)``, ``Delta_D``, ...) and every other number of its result by dotted path
+        (``trace.stderr``); arrays (``top.values``, the NPZ's) are left out: ``records()[round]`` and
+        ``PassRecord.value(key)`` read them. No analysis: no rows. ``landscape.store.result_records`` says
+        the rules."""
+        return frame(result_rows(self.path.name, self.records()))
 
     @cached_property
     def _loose(self) -> list[tuple[int, Path]]:
         folder = self.path / "analysis"
-        rounds = sorted(p for p in folder.iterdir() if _ROUND_DIR.match(p.name) and p.is_dir()) \
+        rounds = sorted(p for p in folder.iterdir() if ROUND_DIR.match(p.name) and p.is_dir()) \
             if folder.is_dir() else []
-        return [(int(_ROUND_DIR.match(d.name).group(1)), npz) for d in rounds for npz in sorted(d.glob("*.npz"))
+        return [(int(ROUND_DIR.match(d.name).group(1)), npz) for d in rounds for npz in sorted(d.glob("*.npz"))
                 if not npz.with_suffix(".json").is_file()]
 
     def loose_arrays(self) -> list[tuple[int, Path]]:
@@ -296,18 +198,119 @@ class Run:
         return module.eval()
 
 
-def open_run(path: str | Path, trust_imports: bool = False) -> Run:
-    """Open a run directory for reading (see ``Run``; its recipe is read and resolved now);
-    ``trust_imports=True`` imports the modules its recipe's ``imports`` name (their code runs)."""
+class Runs(list):
+    """The runs of a folder of runs (``open_run("runs/demo")``): a list of ``Run``, sorted by name, with
+    ``runs["name"]`` the run of that name, ``.names`` and ``.results()`` (all their results, one DataFrame).
+    Asking it for what a single ``Run`` has (``runs.recipe``) says to take one first."""
+
+    def __init__(self, folder: str | Path, runs: Iterable[Run]) -> None:
+        super().__init__(runs)
+        self.folder = Path(folder)
+
+    @property
+    def names(self) -> list[str]:
+        return [run.path.name for run in self]
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            for run in self:
+                if run.path.name == key:
+                    return run
+            raise KeyError(f"{self.folder} has no run {key!r}; its runs: {', '.join(self.names)}")
+        return super().__getitem__(key)
+
+    def __getattr__(self, name: str):
+        if not name.startswith("_") and hasattr(Run, name):
+            raise AttributeError(f"{self.folder} is a folder of {len(self)} runs ({', '.join(self.names)}), not "
+                                 f"one run: take one first, e.g. runs[0].{name} or runs[{self.names[0]!r}].{name}")
+        raise AttributeError(f"'Runs' object has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        return f"Runs({str(self.folder)!r}, {self.names})"
+
+    def results(self) -> pandas.DataFrame:
+        """Every analysis result of every run (``Run.results``'s columns), in the runs' order."""
+        return results(self)
+
+
+def _has_runs(folder: Path) -> bool:
+    return folder.is_dir() and any(p.is_dir() and RunDir(p).is_run() for p in folder.iterdir())
+
+
+def _what_it_holds(path: Path) -> str:
+    """Why ``path`` (a folder) is neither a run directory nor a folder of runs, naming what it holds."""
+    entries = sorted(path.iterdir(), key=lambda p: p.name)
+    if not entries:
+        return f"{path} is an empty folder, not a run directory (no recipe.toml) or a folder of runs"
+    nested = [p.name for p in entries if _has_runs(p)]
+    if nested:
+        return (f"{path} is a folder of folders of runs ({', '.join(nested)}): give one of them, e.g. "
+                f"{path / nested[0]}")
+    shown = ", ".join(p.name + ("/" if p.is_dir() else "") for p in entries[:6])
+    more = f" and {len(entries) - 6} more" if len(entries) > 6 else ""
+    return (f"{path} is neither a run directory (no recipe.toml) nor a folder of runs (no sub-folder has one); "
+            f"it holds {shown}{more}")
+
+
+def run_dirs(path: str | Path, who: str = "open_run") -> list[Path]:
+    """``[path]`` for a run directory; for a folder of runs, the run directories among its sub-folders, sorted
+    by name; anything else is one line naming what it holds (``who``: the function that asks)."""
+    where = Path(path)
+    if not where.exists():
+        raise LandscapeError(f"{who}: {where} does not exist")
+    if not where.is_dir():
+        raise LandscapeError(f"{who}: {where} is not a directory (give a run directory or a folder of runs)")
+    if RunDir(where).is_run():
+        return [where]
+    found = sorted((p for p in where.iterdir() if p.is_dir() and RunDir(p).is_run()), key=lambda p: p.name)
+    if not found:
+        raise LandscapeError(f"{who}: {_what_it_holds(where)}")
+    return found
+
+
+def open_run(path: str | Path, trust_imports: bool = False) -> Run | Runs:
+    """Open a run directory for reading (see ``Run``; its recipe is read and resolved now), or every run of a
+    folder of runs (``Runs``: a list of ``Run``, sorted by name, each opened so); ``trust_imports=True``
+    imports the modules the recipes' ``imports`` name (their code runs)."""
     if not isinstance(path, (str, os.PathLike)):
         raise LandscapeError(f"open_run takes the path of a run directory, not {path!r:.80}")
     if not isinstance(trust_imports, bool):
         raise LandscapeError(f"open_run: trust_imports must be True or False, got {trust_imports!r}")
-    where = Path(path)
-    if not where.exists():
-        raise LandscapeError(f"open_run: {where} does not exist")
-    if not where.is_dir():
-        raise LandscapeError(f"open_run: {where} is not a directory (give a run directory)")
-    run = Run(where, trust_imports=trust_imports)
-    _ = run.recipe  # a recipe that does not read is an error of open_run, not of a later call
-    return run
+    found = run_dirs(path)
+    runs = [Run(where, trust_imports=trust_imports) for where in found]
+    for run in runs:
+        _ = run.recipe  # a recipe that does not read is an error of open_run, not of a later call
+    if found == [Path(path)]:
+        return runs[0]
+    return Runs(path, runs)
+
+
+def _runs_of(paths: Any) -> list[Run]:
+    """The runs ``paths`` gives (each once): a run directory, a folder of runs, a ``Run``, or a list of them."""
+    items = [paths] if isinstance(paths, (str, os.PathLike, Run)) else paths
+    if not isinstance(items, Iterable):
+        raise LandscapeError(f"results takes run directories, folders of runs or Runs, not {paths!r:.80}")
+    found: dict[Path, Run] = {}
+    for item in items:
+        if isinstance(item, Run):
+            found.setdefault(item.path.resolve(), item)
+        elif isinstance(item, (str, os.PathLike)):
+            for where in run_dirs(item, "results"):
+                if where.resolve() not in found:
+                    found[where.resolve()] = Run(where)
+        else:
+            raise LandscapeError(f"results takes run directories, folders of runs or Runs, not {item!r:.80}")
+    if not found:
+        raise LandscapeError("results: no runs given")
+    return list(found.values())
+
+
+def results(paths: str | Path | Run | Iterable[str | Path | Run]) -> pandas.DataFrame:
+    """Every analysis result of many runs as one pandas DataFrame (the columns of ``Run.results``; the
+    settings columns are the union of the runs', empty where a result does not record one): ``paths`` a run
+    directory, a folder of runs, a ``Run``, or a list of them, each run once, in the order given (a folder's
+    runs by name). ``run`` is the directory's name, or its path where two runs share a name."""
+    runs = _runs_of(paths)
+    names = [run.path.name for run in runs]
+    labels = [str(run.path) if names.count(name) > 1 else name for run, name in zip(runs, names)]
+    return frame([row for run, label in zip(runs, labels) for row in result_rows(label, run.records())])

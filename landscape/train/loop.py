@@ -37,7 +37,7 @@ from landscape.config.setup import (
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
-from landscape.store import lifecycle
+from landscape.store import lifecycle, tracking
 from landscape.store.checkpoints import load_checkpoint
 from landscape.store.fileio import RunLock, os_reason, write_text
 from landscape.store.lifecycle import ResumePoint
@@ -71,6 +71,7 @@ class Trainer(TrainerCheckpoints):
         self.recipe = recipe
         self.train_cfg = recipe.train
         check_local_work(self.train_cfg)
+        tracking.check_installed(self.train_cfg.log)  # train.log's trackers, before anything is built
         self.run_dir = run_dir
         self.setup = setup or prepare_data(recipe)
         self.device = resolve_device(self.train_cfg.device)
@@ -230,7 +231,9 @@ class Trainer(TrainerCheckpoints):
         bar = tqdm(total=total, initial=state.round, desc=self.run_dir.path.name, unit="round",
                    disable=not (progress and main), dynamic_ncols=True, leave=True)
         try:
-            with using_threads(self.train_cfg.threads):  # the recipe's, never the machine's
+            # the recipe's threads, never the machine's; train.log's trackers on rank 0
+            with using_threads(self.train_cfg.threads), tracking.for_training(self.run_dir, self.recipe,
+                                                                              main) as tracked:
                 while state.round < total:
                     state, results, row = self.run_round(state)
                     problems = divergence(state, row)
@@ -238,6 +241,7 @@ class Trainer(TrainerCheckpoints):
                         self.stop_diverged(state, row, problems)
                     if main:
                         self.run_dir.append_metrics(row)
+                        tracked.log_row(row)  # train.log: TensorBoard, Weights & Biases (none: nothing)
                         if state.round % self.train_cfg.checkpoint_every == 0 or state.round == total:
                             self.save(state, results)
                     postfix = {"loss": f"{row['train_loss']:.3f}"}

@@ -181,7 +181,8 @@ def test_default_passes_write_their_files(run_copy):
 def test_flatness_without_kept_clients_says_how_to_get_them(tmp_path):
     loop.start_run(tiny_recipe(train__rounds=1), tmp_path / "plain", progress=False)
     _one_line_error(analyze(tmp_path / "plain", "--passes", "flatness"),
-                    "plain has no client models for round 1; train with --keep-clients to save them at checkpoints")
+                    "nothing to analyse: plain: flatness skipped at round 1: no client models were kept (train "
+                    "with --keep-clients to save them at checkpoints)")
 
 
 def test_pyhessian_backend_cross_check(run_copy):

@@ -210,7 +210,7 @@ def test_bad_targets_name_the_problem(run):
             surface(run, **options)
         return str(info.value)
 
-    assert "client 9 has no kept model this round; kept clients: 0, 1, 2, 3" in attempt(
+    assert "client 9 does not exist (the run has 4 clients)" in attempt(
         directions="interpolate", grid="5", target="client:9")
     assert "is not a file" in attempt(directions="interpolate", grid="5", target=str(run / "nope.pt"))
     assert "client 7 does not exist (the run has 4 clients)" in attempt(grid="3", data="client:7")

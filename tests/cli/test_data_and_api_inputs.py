@@ -407,3 +407,17 @@ def test_the_checks_leave_good_input_alone():
     with torch.no_grad():
         expected = float(F.cross_entropy(MODEL(X), Y))
     assert landscape.sharpness(MODEL, (X, soft), rho=0.05, steps=2).loss == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("loss", [None, "cross-entropy"])
+def test_float_targets_with_the_cross_entropy_are_one_line(loss):
+    """Float class labels given to the cross-entropy (the default, or named) are refused in one line saying what
+    it takes; a loss name it does not know ('ce') is one line naming the losses."""
+    with pytest.raises(LandscapeError) as error:
+        landscape.hessian_eigs(MODEL, (X, Y.double()), k=2, loss=loss)
+    assert _one_line(error) == ("data: the targets are float64 of shape [40]; the cross-entropy takes class indices "
+                                "(integers: y.long()) or class probabilities of the outputs' shape [40, 3]; for "
+                                "regression targets use loss='mse' (function API)")
+    with pytest.raises(LandscapeError) as error:
+        landscape.hessian_eigs(MODEL, (X, Y.double()), k=2, loss="ce")
+    assert _one_line(error).startswith("unknown loss 'ce'; give one of cross-entropy, mse")

@@ -222,7 +222,7 @@ def test_a_failing_recipe_import_is_one_line(received, case):
 @pytest.mark.parametrize("path, trust, message", [
     (Path("nosuch"), False, "open_run: nosuch does not exist"),  # None and 3: tests/cli/test_data_and_api_inputs.py
     ("nosuch/run", False, "open_run: nosuch/run does not exist"),
-    ("here.txt", False, "open_run: here.txt is not a directory (give a run directory)"),
+    ("here.txt", False, "open_run: here.txt is not a directory (give a run directory or a folder of runs)"),
     ("run", "yes", "open_run: trust_imports must be True or False, got 'yes'"),
 ])
 def test_open_run_names_a_bad_argument(received, path, trust, message):

@@ -373,9 +373,11 @@ def test_compare_table_and_surfaces(analysed, tmp_path):
         lam = np.atleast_1d(np.load(hessian_json.with_suffix(".npz"))["top.values"])[0] \
             if "top.values" in hessian.get("arrays", []) else hessian["result"]["top"]["values"][0]
         assert float(by_name[name]["lambda_max"]) == pytest.approx(lam, rel=1e-3)
+        assert float(by_name[name]["lambda_max mean"]) == lam and by_name[name]["lambda_max n"] == "1"  # in full
         metrics = [json.loads(line) for line in (analysed / name / "metrics.jsonl").read_text().splitlines()]
         acc = [m["test_acc"] for m in metrics if "test_acc" in m][-1]
         assert float(by_name[name]["test acc (%)"]) == pytest.approx(100 * acc, rel=1e-3)
+        assert float(by_name[name]["test acc (%) mean"]) == 100 * acc
         alignment = json.loads(result_file(analysed / name / "analysis" / "round-0002", "alignment").read_text())
         assert float(by_name[name]["mean grad cos"]) == pytest.approx(
             alignment["result"]["gradients"]["mean_off_diagonal"], rel=1e-3)

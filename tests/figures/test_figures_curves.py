@@ -140,3 +140,70 @@ def test_bad_inputs(root, runs, tmp_path):
         curves.plot_accuracy(runs, tmp_path / "accuracy.jpg")
     with pytest.raises(LandscapeError, match="no alignment analysis at round 1 .*analysed rounds: 2, 3"):
         curves.plot_alignment_heatmaps(runs, tmp_path / "x.png", round=1)
+
+
+# -- readable: no label under a dot, no tick label on another ----------------------------------------------
+
+
+def _drawn(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def overlapping_x_ticks(fig) -> list[tuple[str, str]]:
+    """Pairs of drawn x tick labels of one axes whose boxes meet."""
+    renderer = _drawn(fig)
+    pairs = []
+    for ax in fig.axes:
+        labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        pairs += [(labels[i].get_text(), labels[j].get_text()) for i in range(len(boxes))
+                  for j in range(i + 1, len(boxes)) if boxes[i].overlaps(boxes[j])]
+    return pairs
+
+
+def long_labelled(runs):
+    """Copies of the runs with labels as long as the demo's and longer ('FedNSAM dirichlet-client ...')."""
+    import copy
+
+    names = ["FedAvg dirichlet-client alpha=0.1 seed=0", "FedNSAM dirichlet-client alpha=0.1 seed=0"]
+    copies = [copy.copy(run) for run in runs]
+    for run, name in zip(copies, names):
+        run.label = name
+    return copies
+
+
+def test_no_x_tick_labels_overlap_in_the_demo_figures(runs):
+    long = long_labelled(runs)
+    for figure in (curves.accuracy_figure(long), curves.flatness_and_sharpness_figure(long),
+                   curves.hessian_figure(long), curves.alignment_figure(long), curves.incompatibility_figure(long)):
+        assert overlapping_x_ticks(figure) == []
+    ax_max = curves.hessian_figure(long).axes[0]
+    assert [t.get_text() for t in ax_max.get_xticklabels()] == [  # wrapped at spaces, never inside a word
+        "FedAvg dirichlet-client\nalpha=0.1 seed=0", "FedNSAM dirichlet-client\nalpha=0.1 seed=0"]
+
+
+def test_the_hessian_bar_labels_are_clear_of_the_clients_dots(runs):
+    fig = curves.hessian_figure(long_labelled(runs))
+    renderer = _drawn(fig)
+    ax_max = fig.axes[0]
+    dots = [c for c in ax_max.collections if len(c.get_offsets())]  # one scatter per run
+    offsets = np.concatenate([c.get_offsets() for c in dots])
+    assert len(offsets) == sum(len(np.atleast_1d(run.pass_record("hessian").value("clients.lambda_max")))
+                               for run in runs)
+    points = ax_max.transData.transform(offsets)
+    radius = np.sqrt(dots[0].get_sizes()[0]) / 2 * fig.dpi / 72  # the dot's radius in pixels
+    labels = [t for t in ax_max.texts if t.get_text()]
+    assert [t.get_text() for t in labels] == [f"{run.pass_record('hessian').summary['lambda_max']:.3g}" for run in runs]
+    for label in labels:
+        box = label.get_window_extent(renderer)
+        inside = ((points[:, 0] > box.x0 - radius) & (points[:, 0] < box.x1 + radius)
+                  & (points[:, 1] > box.y0 - radius) & (points[:, 1] < box.y1 + radius))
+        assert not inside.any(), (label.get_text(), points[inside])
+    # each bar is beside its clients' strip, not under it
+    for bar, x in zip(ax_max.patches, range(len(runs))):
+        strip = offsets[:, 0]
+        assert bar.get_x() + bar.get_width() < strip[(strip > x - 0.5) & (strip < x + 0.5)].min()

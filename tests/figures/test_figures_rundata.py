@@ -120,14 +120,14 @@ def test_figures_compare_report_claims_and_open_run_read_one_model(root, tmp_pat
         assert list(line.get_ydata()) == [r["train_loss"] for r in run.metrics()]
         acc = f"{100 * run.metrics()[-1]['test_acc']:.4g}"
         assert row[table.header.index("test acc (%)")] == acc and acc in page
-        (incompatibility,) = [rec for rec in run.results()[3] if rec.name == "incompatibility"]
+        (incompatibility,) = [rec for rec in run.records()[3] if rec.name == "incompatibility"]
         assert seen.analyses[3]["incompatibility"] is incompatibility
         delta = incompatibility.value("incompatibility")
         assert row[table.header.index("Delta_FI")].startswith(f"{delta:.4g} +- ") and f"{delta:.4g}" in page
     assert at == [3] and claimed == float(
-        next(rec for rec in opened[0].results()[3] if rec.name == "incompatibility").value("incompatibility"))
+        next(rec for rec in opened[0].records()[3] if rec.name == "incompatibility").value("incompatibility"))
     fresh = rundata.load_runs(root / "analysed")  # read again from the files: the same rows and records
     for run, again in zip(opened, fresh):
         assert again.metrics == run.metrics() and again.recipe == run.recipe_table()
         assert ({r: [rec.record for rec in recs] for r, recs in again.results.items()}
-                == {r: [rec.record for rec in recs] for r, recs in run.results().items()})
+                == {r: [rec.record for rec in recs] for r, recs in run.records().items()})

@@ -43,6 +43,9 @@ PLOT_STATE = """() => [...document.querySelectorAll('.plot')].map(d => ({
     gl3d: !!(d._fullLayout && d._fullLayout.scene), canvases: d.querySelectorAll('canvas').length,
     noWebGL: d.innerText.includes('WebGL is not supported')}))"""
 TWO_FRAMES = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"
+WIDTHS = """() => ({page: document.documentElement.scrollWidth, window: document.documentElement.clientWidth,
+    tables: [...document.querySelectorAll('table')].map(t => t.closest('.scroll') ?
+        Math.ceil(t.closest('.scroll').getBoundingClientRect().right) : null)})"""
 
 
 def unavailable(reason: str) -> None:
@@ -133,6 +136,15 @@ def test_the_report_draws_every_plot_in_chromium_without_errors(chromium, report
             plots = page.evaluate(PLOT_STATE)
             surface_pixels = page.locator("#plot-surface-fedavg-round-3-surface").screenshot()
             page.screenshot(path=str(shot), full_page=True)
+            widths = []  # at a narrow window too: tables scroll in their own box, never the page sideways
+            for width in (1400, 900):
+                page.set_viewport_size({"width": width, "height": 900})
+                try:  # the plots follow the window (plotly's responsive resize) within a moment
+                    page.wait_for_function("() => document.documentElement.scrollWidth <= "
+                                           "document.documentElement.clientWidth", timeout=10_000)
+                except PlaywrightTimeout:
+                    pass  # the assertion below says how wide the page is
+                widths.append(page.evaluate(WIDTHS))
         finally:
             context.close()
 
@@ -145,6 +157,9 @@ def test_the_report_draws_every_plot_in_chromium_without_errors(chromium, report
         assert plot["id"] == f"plot-{plot['name']}", plot
         assert plot["svgs"] > 0 and plot["laidOut"] and plot["traces"] > 0, plot
         assert not plot["noWebGL"], plot
+    for seen in widths:
+        assert seen["page"] <= seen["window"], seen  # the page never scrolls sideways
+        assert seen["tables"] and all(right is not None and right <= seen["window"] for right in seen["tables"]), seen
     (surface,) = [p for p in plots if p["gl3d"]]
     assert surface["name"] == "surface-fedavg-round-3-surface" and surface["canvases"] > 0, surface
 

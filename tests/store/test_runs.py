@@ -115,7 +115,7 @@ def test_a_run_is_read_once_by_its_one_read_model(tmp_path):
         {"round": 1, "train_loss": 2.0}, {"round": 2, "train_loss": 1.0, "flatness_distance_to_global": 0.5}]
     assert [e["event"] for e in run.events()] == ["diverged"] and run.rounds() == [1, 2]
     assert run.recipe_table()["model"]["name"] == "mlp" and run.recipe.model.name == "mlp"
-    (rec,) = run.results()[2]
+    (rec,) = run.records()[2]
     assert isinstance(rec, PassRecord) and rec.name == "loss" and rec.round == 2 and math.isnan(rec.value("loss"))
     np.testing.assert_array_equal(rec.value("curve"), np.arange(20.0))
     assert [(r, p.name) for r, p in run.loose_arrays()] == [(2, "surface-old.npz"), (2, "surface.partial.npz")]
@@ -123,9 +123,9 @@ def test_a_run_is_read_once_by_its_one_read_model(tmp_path):
     run_dir.append_metrics({"round": 3, "train_loss": 0.5})
     write_text(run_dir.checkpoints / "round-0003.pt", "")
     write_text(run_dir.path / "analysis" / "round-0003" / "loss.json", json.dumps({"pass": "loss", "round": 3}))
-    assert len(run.metrics()) == 2 and run.rounds() == [1, 2] and sorted(run.results()) == [2]
+    assert len(run.metrics()) == 2 and run.rounds() == [1, 2] and sorted(run.records()) == [2]
     again = Run(run_dir.path)
-    assert len(again.metrics()) == 3 and again.rounds() == [1, 2, 3] and sorted(again.results()) == [2, 3]
+    assert len(again.metrics()) == 3 and again.rounds() == [1, 2, 3] and sorted(again.records()) == [2, 3]
     with pytest.raises(LandscapeError, match=r"^\S+ is not a run directory \(no recipe.toml\)$"):
         Run(tmp_path)
 
@@ -137,5 +137,137 @@ def test_reading_a_run_never_imports_its_imports(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = Run(_run_folder(tmp_path, imports=["lab_registry_x"]).path)
     assert run.recipe_table()["imports"] == ["lab_registry_x"] and run.recipe.unimported == ("lab_registry_x",)
-    assert run.metrics() and run.results() and run.rounds() == [1, 2]
+    assert run.metrics() and run.records() and run.rounds() == [1, 2]
     assert not (tmp_path / "IMPORTED").exists()
+
+
+# -- open_run of a folder of runs, and the results table ----------------------------------------------------
+
+
+def test_open_run_of_a_folder_gives_its_runs_sorted_by_name(tmp_path):
+    import landscape
+    from landscape.store.run import Runs
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for name in ("b-run", "a-run"):
+        _run_folder(tmp_path / name).path.rename(folder / name)
+    (folder / "notes.txt").write_text("x")  # a file beside the runs is no run, and no obstacle
+    (folder / "empty").mkdir()  # nor a folder that is no run
+    runs = landscape.open_run(folder)
+    assert isinstance(runs, Runs) and isinstance(runs, list) and runs.names == ["a-run", "b-run"]
+    assert all(isinstance(run, Run) for run in runs) and runs["b-run"] is runs[1]
+    assert [run.path for run in runs] == [folder / "a-run", folder / "b-run"]
+    assert all(run.recipe.model.name == "mlp" for run in runs)  # each opened as open_run opens one
+    with pytest.raises(AttributeError, match=r"is a folder of 2 runs \(a-run, b-run\), not one run: take one first, "
+                                             r"e.g. runs\[0\].recipe"):
+        runs.recipe  # noqa: B018
+    with pytest.raises(KeyError, match="has no run 'c-run'; its runs: a-run, b-run"):
+        runs["c-run"]
+    assert isinstance(landscape.open_run(folder / "a-run"), Run)  # a run directory is one Run, as before
+
+
+def test_open_run_of_a_folder_holding_neither_says_what_it_holds(tmp_path):
+    import landscape
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    (tmp_path / "other" / "figures").mkdir()
+    _run_folder(tmp_path / "nested" / "demo")  # nested/demo/run: nested is a folder of folders of runs
+    for path, message in [
+        (tmp_path / "empty", f"open_run: {tmp_path / 'empty'} is an empty folder, not a run directory (no "
+                             "recipe.toml) or a folder of runs"),
+        (tmp_path / "other", f"open_run: {tmp_path / 'other'} is neither a run directory (no recipe.toml) nor a "
+                             "folder of runs (no sub-folder has one); it holds figures/, notes.txt"),
+        (tmp_path / "nested", f"open_run: {tmp_path / 'nested'} is a folder of folders of runs (demo): give one of "
+                              f"them, e.g. {tmp_path / 'nested' / 'demo'}"),
+    ]:
+        with pytest.raises(LandscapeError) as raised:
+            landscape.open_run(path)
+        assert str(raised.value) == message
+
+
+def _analysed(run_dir):
+    """``run_dir`` (the six-round run) analysed at round 6: loss, a cheap sharpness and hessian."""
+    from landscape.analyze.catalog import pass_options
+    from landscape.analyze.scheduler import run_analysis
+    from landscape.analyze.settings import AnalysisSettings
+
+    options = {"loss": pass_options("loss", {}),
+               "sharpness": pass_options("sharpness", {"rhos": [0.02, 0.05], "steps": 2, "starts": 1}),
+               "hessian": pass_options("hessian", {"top_k": 2, "trace_hvps": 6, "density_runs": 1,
+                                                   "density_steps": 2})}
+    run_analysis(run_dir, rounds="6", passes=list(options), options=options,
+                 settings=AnalysisSettings(device="cpu", analysis_samples=100), progress=False)
+    return run_dir
+
+
+def _numbers_of(node, key=""):
+    """Every number (not a flag) of a JSON result by dotted path, as the table names it ("nan" and "inf" are
+    how JSON holds those numbers)."""
+    if isinstance(node, dict):
+        for name, value in node.items():
+            yield from _numbers_of(value, f"{key}.{name}" if key else name)
+    elif isinstance(node, (int, float)) and not isinstance(node, bool) or node in ("nan", "inf", "-inf"):
+        yield key, float(node)
+
+
+def test_run_results_is_every_number_of_every_result_as_a_dataframe(six_round_copy):
+    import pandas as pd
+
+    run = Run(_analysed(six_round_copy))
+    table = run.results()
+    assert isinstance(table, pd.DataFrame)
+    assert table.columns[:5].tolist() == ["run", "round", "pass", "quantity", "value"]
+    assert table["value"].dtype == float and table["round"].dtype == "int64"
+    assert set(table["run"]) == {"run"} and set(table["round"]) == {6}
+    files = sorted((six_round_copy / "analysis" / "round-0006").glob("*.json"))
+    assert sorted(table["pass"].unique()) == ["hessian", "loss", "sharpness"] == sorted(
+        json.loads(f.read_text())["pass"] for f in files)
+    for path in files:
+        record = json.loads(path.read_text())
+        rows = table[table["pass"] == record["pass"]]
+        got = dict(zip(rows["quantity"], rows["value"]))
+        expected = dict(_numbers_of(record["result"]))
+        expected.update(record["summary"])  # the summary quantities, named as the tables name them
+        assert got.keys() == expected.keys() and len(rows) == len(got)
+        assert all(got[k] == expected[k] or (math.isnan(got[k]) and math.isnan(expected[k])) for k in got)
+        settings = rows.iloc[0]
+        assert settings["split"] == record["settings"]["analysis"]["split"] == "train"
+        assert settings["analysis_samples"] == 100
+        for option, value in record["settings"]["pass"].items():
+            cell = settings[f"{record['pass']}.{option}"]
+            assert cell == (",".join(map(str, value)) if isinstance(value, list) else value)
+    hessian = table[table["pass"] == "hessian"].set_index("quantity")["value"]
+    record = json.loads(next(f for f in files if f.name.startswith("hessian")).read_text())
+    assert hessian["lambda_max"] == record["result"]["top"]["values"][0]  # an array's headline: its summary
+    assert "top.values" not in hessian and hessian["trace.stderr"] == record["result"]["trace"]["stderr"]
+    sharp = table[table["pass"] == "sharpness"]
+    assert set(sharp["sharpness.rhos"]) == {"0.02,0.05"} and "S_rho(0.05)" in set(sharp["quantity"])
+    assert table[table["pass"] == "loss"]["hessian.top_k"].isna().all()  # another pass's setting: empty
+
+
+def test_results_of_many_runs_is_one_table(six_round_copy, tmp_path):
+    import shutil
+
+    import landscape
+
+    _analysed(six_round_copy)
+    folder = tmp_path / "runs"
+    for name in ("x", "y"):
+        shutil.copytree(six_round_copy, folder / name)
+    bare = RunDir(tmp_path / "bare")  # a run with no analysis adds no rows
+    bare.path.mkdir()
+    shutil.copy(six_round_copy / "recipe.toml", bare.recipe)
+    one = Run(six_round_copy).results()
+    both = landscape.results([folder, bare.path, str(folder / "x")])  # x once, though given twice
+    assert both["run"].tolist() == ["x"] * len(one) + ["y"] * len(one)
+    assert both["value"].tolist() == one["value"].tolist() * 2
+    assert landscape.open_run(folder).results().equals(both)
+    assert Run(bare.path).results().empty and Run(bare.path).results().columns.tolist()[:5] == [
+        "run", "round", "pass", "quantity", "value"]
+    with pytest.raises(LandscapeError, match="results: .*nosuch does not exist"):
+        landscape.results(tmp_path / "nosuch")
+    with pytest.raises(LandscapeError, match="results takes run directories, folders of runs or Runs, not 3"):
+        landscape.results([3])

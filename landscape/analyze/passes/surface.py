@@ -86,6 +86,38 @@ class SurfaceOptions:
         return self.directions == "clients" or (self.directions == "interpolate"
                                                 and (not self.target or self.target.startswith("client:")))
 
+    def unavailable(self, source: Any, round: int) -> str | None:
+        """Why this surface cannot be computed at ``round`` of ``source`` (a ``Source``), or None: a PCA plane
+        needs 3 checkpoints of the trajectory up to the round, a client plane two kept client models, and a
+        named client (``clients``, ``target = "client:<i>"``) must have been sampled (kept) in the round. The
+        plan skips such rounds with a note (``plan.skip_unavailable``); kept models at all: ``needs``."""
+        if self.directions == "pca":
+            if sum(1 for r in source.checkpoints if r <= round) < 3:
+                return "the PCA of the trajectory needs 3 checkpoints up to the round"
+            return None
+        if not self.needs_kept_clients:
+            return None
+        kept = source.kept_client_ids(round)
+        if not kept:
+            return None  # no kept models at all: said by the plan, for every pass that needs them
+        if self.directions == "clients":
+            named = list(parse_clients(self.clients)) if self.clients else []
+            if not named and len(kept) < 2:
+                return f"a client plane needs two kept client models, and that round kept {len(kept)}"
+        else:
+            spec = self.target.partition(":")[2]
+            named = [int(spec)] if spec.isdigit() else []
+        clients = source.recipe.partition.clients
+        for c in named:
+            if c >= clients:
+                raise LandscapeError(f"client {c} does not exist (the run has {clients} clients)")
+        missing = [c for c in named if c not in kept]
+        if missing:
+            which = " and ".join(f"client {c}" for c in missing)
+            return (f"{which} {'was' if len(missing) == 1 else 'were'} not sampled in that round (no kept "
+                    f"model); kept clients there: {', '.join(map(str, kept))}")
+        return None
+
     @property
     def described(self) -> str:
         """The pass as these options ask for it, in the words of ``landscape analyze``'s flags."""

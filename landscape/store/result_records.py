@@ -1,0 +1,210 @@
+"""Analysis results as stored, and as a table: each ``analysis/round-NNNN/<name>.json`` of a run directory read
+as a ``PassRecord`` (``read_results``), and every scalar they hold as rows of a pandas DataFrame
+(``result_rows``, ``frame``: ``Run.results()``, ``landscape.results``).
+
+A result value is named by its dotted path in the pass's ``result`` (``"global.rhos"``,
+``"gradients.cosine_matrix"``): it is read from the NPZ when the JSON's ``arrays`` list names it (the passes
+move arrays of more than 16 values there), else from the JSON, with ``"nan"`` / ``"inf"`` strings restored.
+
+The table has one row per scalar quantity of a result: its columns ``run``, ``round``, ``pass``,
+``quantity``, ``value`` (a float), then one column per setting the results record (the analysis settings by
+their name, ``split``, ``bn_mode``, ..., ``device`` included, which changes no number but its last bits; each
+pass's options as ``<pass>.<option>``, ``sharpness.rhos``, the names ``landscape compare --settings`` takes),
+a list spelt ``0.01,0.05,0.1``, empty where a result does not record the setting. The quantities are the
+pass's summary quantities first (``lambda_max``, ``trace``, ``S_rho(0.05)``, ``Delta_D``: the numbers the
+tables and figures show, named as there), then every other number of its result by its dotted path
+(``trace.stderr``, ``global.gradient_norm``, ``top.hvp_count``). Arrays are left out, short ones in the JSON
+(``top.values``, ``global.sharpness``) and the NPZ's alike: the summary quantities carry their headline
+numbers (``lambda_max`` is ``top.values[0]``, ``S_rho(rho)`` one per radius of ``global.sharpness``), and
+``PassRecord.value(key)`` reads any array. Text (``top.method``), true/false flags and nulls are not
+quantities and are left out; NaN and infinities are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from landscape.core.errors import LandscapeError
+
+if TYPE_CHECKING:
+    import pandas
+
+COLUMNS = ("run", "round", "pass", "quantity", "value")
+
+ROUND_DIR = re.compile(r"^round-(\d{4,})$")
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "Infinity": math.inf,
+               "-Infinity": -math.inf, "NaN": math.nan}
+_MISSING = object()
+
+
+def _restore(value: Any) -> Any:
+    """JSON values as the pass produced them: "nan" / "inf" strings back to floats (passes._json_ready)."""
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    if isinstance(value, list):
+        return [_restore(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _restore(v) for k, v in value.items()}
+    return value
+
+
+@dataclass
+class PassRecord:
+    """One analysis result as stored: ``analysis/round-NNNN/<name>.json`` and, opened on first use, its
+    ``<name>.npz``."""
+
+    path: Path
+    record: dict
+    _arrays: dict[str, np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return str(self.record.get("pass", self.path.stem))
+
+    @property
+    def settings(self) -> dict:
+        """The settings record ({"analysis": ..., "pass": ...}); {} for a record without one."""
+        settings = self.record.get("settings")
+        return settings if isinstance(settings, dict) else {}
+
+    @property
+    def round(self) -> int:
+        if "round" in self.record:
+            return int(self.record["round"])
+        match = ROUND_DIR.match(self.path.parent.name)
+        if match is None:
+            raise LandscapeError(f"{self.path}: no round in the record and not in a round-NNNN folder")
+        return int(match.group(1))
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return _restore(self.record.get("summary", {}))
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return self.record.get("result", {})
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        if self._arrays is None:
+            npz = self.path.with_suffix(".npz")
+            if not self.record.get("arrays"):
+                self._arrays = {}
+            elif not npz.is_file():
+                raise LandscapeError(f"{self.path} lists arrays but {npz.name} is missing beside it")
+            else:
+                try:
+                    with np.load(npz, allow_pickle=False) as f:
+                        self._arrays = {k: f[k] for k in f.files}
+                except (OSError, ValueError) as e:
+                    raise LandscapeError(f"cannot read {npz}: {e}") from None
+        return self._arrays
+
+    def value(self, key: str, default: Any = _MISSING) -> Any:
+        """The result value at a dotted path: from the NPZ when it holds it, else from the JSON."""
+        if key in self.record.get("arrays", ()):
+            arrays = self.arrays()
+            if key in arrays:
+                return arrays[key]
+        node: Any = self.result
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                if default is _MISSING:
+                    raise LandscapeError(f"{self.path}: the {self.name} result has no '{key}' (written by an "
+                                         "older or different version of the pass; rerun it with --force)")
+                return default
+            node = node[part]
+        return _restore(node)
+
+    def array(self, key: str) -> np.ndarray:
+        return np.asarray(self.value(key), dtype=float)
+
+
+def read_results(path: Path) -> dict[int, list[PassRecord]]:
+    """Every analysis result of every round of the run directory ``path``, by round, each round's in file-name
+    order (the record's settings, not the file's name, say what each is)."""
+    analyses: dict[int, list[PassRecord]] = {}
+    folder = Path(path) / "analysis"
+    if not folder.is_dir():
+        return analyses
+    for round_dir in sorted(folder.iterdir()):
+        match = ROUND_DIR.match(round_dir.name)
+        if not match or not round_dir.is_dir():
+            continue
+        for json_path in sorted(round_dir.glob("*.json")):
+            try:
+                record = json.loads(json_path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise LandscapeError(f"{json_path}: not a readable analysis record ({e})") from None
+            if not isinstance(record, dict):
+                continue
+            analyses.setdefault(int(match.group(1)), []).append(PassRecord(json_path, record))
+    return analyses
+
+
+def quantities(rec: PassRecord) -> dict[str, float]:
+    """Quantity -> value of one result: its summary quantities, then the other numbers of its result by dotted
+    path (a path named like a summary quantity is that quantity, once)."""
+    found = dict(_numbers(rec.summary))
+    for key, value in _numbers(_restore(rec.result)):
+        found.setdefault(key, value)
+    return found
+
+
+def _numbers(node: Any, key: str = "") -> Iterator[tuple[str, float]]:
+    """(dotted path, float) of every number in nested dicts; lists, text, flags and nulls left out."""
+    if isinstance(node, Mapping):
+        for name, value in node.items():
+            yield from _numbers(value, f"{key}.{name}" if key else str(name))
+    elif key and isinstance(node, numbers.Real) and not isinstance(node, (bool, np.bool_)):
+        yield key, float(node)
+
+
+def _spelt(value: Any) -> Any:
+    """A setting as one cell: a scalar as it is, a list as ``a,b`` (true / false for flags), a table as JSON."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(("true" if v else "false") if isinstance(v, bool) else str(_spelt(v)) for v in value)
+    if isinstance(value, Mapping):
+        return json.dumps(value, sort_keys=True, default=str)
+    return value
+
+
+def settings_columns(pass_name: str, settings: Any) -> dict[str, Any]:
+    """A settings record ({"analysis": ..., "pass": ...}) as columns: the analysis settings by name, the
+    pass's options as ``<pass>.<option>``."""
+    settings = settings if isinstance(settings, Mapping) else {}
+    analysis, options = settings.get("analysis"), settings.get("pass")
+    columns = {key: _spelt(v) for key, v in (analysis if isinstance(analysis, Mapping) else {}).items()
+               if key not in COLUMNS}
+    columns.update({f"{pass_name}.{key}": _spelt(v)
+                    for key, v in (options if isinstance(options, Mapping) else {}).items()})
+    return columns
+
+
+def result_rows(run: str, records: Mapping[int, Sequence[PassRecord]]) -> list[dict[str, Any]]:
+    """The table's rows of one run's results (round -> its ``PassRecord``s): one per quantity, rounds
+    ascending, each round's results in file-name order."""
+    rows = []
+    for round_number, recs in sorted(records.items()):
+        for rec in recs:
+            settings = settings_columns(rec.name, rec.settings)
+            rows += [{"run": run, "round": round_number, "pass": rec.name, "quantity": quantity, "value": value,
+                      **settings} for quantity, value in quantities(rec).items()]
+    return rows
+
+
+def frame(rows: Sequence[Mapping[str, Any]]) -> pandas.DataFrame:
+    """The rows as a DataFrame: ``COLUMNS``, then the settings columns in the order they first appear."""
+    import pandas as pd
+
+    columns = list(COLUMNS) + list(dict.fromkeys(key for row in rows for key in row if key not in COLUMNS))
+    table = pd.DataFrame.from_records(list(rows), columns=columns)
+    return table.astype({"round": "int64", "value": "float64"})

@@ -1,0 +1,276 @@
+"""Experiment tracking: a run's metrics rows and its analysis results' summary numbers, also written to
+TensorBoard event files (``<run>/tensorboard/``) and to Weights & Biases in offline mode
+(``<run>/wandb/``), as the recipe's ``train.log`` asks.
+
+Both are optional extras (``pip install 'fedlandscape[tensorboard]'``, ``'fedlandscape[wandb]'``): nothing here
+imports them unless a recipe asks for them, and a recipe that asks for one that is not installed is refused
+in one line before training starts. Every numeric key of a metrics row is a scalar at step = its round (the
+row's own name: ``train_loss``, ``test_acc``, ...); an event row (a divergence) is text under ``event``; an
+analysis result's summary numbers are scalars ``<result name>/<quantity>`` (``hessian/lambda_max``) at step =
+the checkpoint's round. TensorBoard keeps them as float64 (``double_precision``): they read back equal to
+metrics.jsonl. Weights & Biases never reaches a network (``mode="offline"``; ``wandb sync
+<run>/wandb/offline-run-*`` uploads later); its x-axis is the logged ``round``.
+
+Each tracker's folder holds a ledger of what it was given (``logged-metrics.json``: the last round and the
+number of event rows; ``logged-results.json``: the results), so that a resumed run appends to the same logs
+without logging a round twice: the rounds a resume computes again (after the checkpoint it starts from)
+give the same numbers and are not logged again, and rows the tracker has not seen (metrics.jsonl rows
+written while it was off) are caught up when training starts. Removing a tracker's folder starts it
+afresh. Only rank 0 of a torchrun job logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from landscape.core.errors import LandscapeError
+from landscape.store.fileio import os_reason, write_text
+
+TRACKERS = ("tensorboard", "wandb")  # the choices of train.log
+_MODULE = {"tensorboard": "tensorboard", "wandb": "wandb"}  # what each needs importable
+_METRICS_LEDGER = "logged-metrics.json"
+_RESULTS_LEDGER = "logged-results.json"
+
+
+def _distribution() -> str:
+    """The name this package is installed under (the extras are pip's), ``landscape`` when unknown."""
+    try:
+        from importlib.metadata import packages_distributions
+
+        return (packages_distributions().get("landscape") or ["landscape"])[0]
+    except Exception:  # an odd environment: the import name is the best guess
+        return "landscape"
+
+
+def check_installed(names: Iterable[str]) -> None:
+    """Refuse in one line a ``train.log`` naming a tracker whose package is missing (nothing is imported)."""
+    for name in dict.fromkeys(names):
+        if importlib.util.find_spec(_MODULE[name]) is None:
+            raise LandscapeError(f"train.log asks for {name}, which is not installed: pip install "
+                                 f"'{_distribution()}[{name}]' (or leave {name} out of train.log / --log)")
+
+
+def _numbers(values: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric values of a row (bools, lists, strings and the round itself left out)."""
+    return {k: float(v) for k, v in values.items()
+            if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the two trackers
+
+
+class _TensorBoard:
+    """Event files under ``<run>/tensorboard/`` (torch.utils.tensorboard's SummaryWriter), flushed often."""
+
+    def __init__(self, root: Path, project: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.folder = root / "tensorboard"
+        try:
+            self.writer = SummaryWriter(log_dir=str(self.folder), flush_secs=10)
+        except OSError as e:
+            raise LandscapeError(f"cannot write TensorBoard logs in {self.folder}: {os_reason(e)}") from None
+
+    def log(self, round: int, scalars: dict[str, float], text: dict[str, str]) -> None:
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, round, new_style=True, double_precision=True)
+        for tag, value in text.items():
+            self.writer.add_text(tag, value, round)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _Wandb:
+    """An offline Weights & Biases run in ``<run>/wandb/``, its id kept in ``<run>/wandb/run-id`` so that a
+    resumed run (and its analysis) continues the same run when synced."""
+
+    def __init__(self, root: Path, project: str) -> None:
+        import wandb
+
+        self.folder = root / "wandb"
+        id_file = self.folder / "run-id"
+        try:
+            run_id = id_file.read_text().strip() if id_file.is_file() else ""
+        except OSError as e:
+            raise LandscapeError(f"cannot read {id_file}: {os_reason(e)}") from None
+        if not run_id:
+            run_id = uuid.uuid4().hex[:12]
+            write_text(id_file, run_id + "\n")
+        # No console capture, no system metrics, no machine metadata; a run of its own beside any other in
+        # this process (a user's, another run directory's): reinit="create_new", wandb >= 0.19.10.
+        settings = wandb.Settings(mode="offline", console="off", silent=True, x_disable_stats=True,
+                                  x_disable_meta=True)
+        try:
+            self.run = wandb.init(mode="offline", dir=str(root), project=project, name=root.name, id=run_id,
+                                  resume="allow", reinit="create_new", settings=settings)
+            self.run.define_metric("round")
+            self.run.define_metric("*", step_metric="round")  # the x-axis: rounds come in any order
+        except Exception as e:  # wandb's own errors are many kinds: one line
+            raise LandscapeError(f"wandb could not start an offline run in {self.folder}: "
+                                 f"{_first_line(e)}") from None
+
+    def log(self, round: int, scalars: dict[str, float], text: dict[str, str]) -> None:
+        self.run.log({"round": round, **scalars, **text})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+_KINDS = {"tensorboard": _TensorBoard, "wandb": _Wandb}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the trackers of one run directory
+
+
+class _Ledger:
+    """What one tracker has logged, in a JSON file of its folder (written after each entry, atomically)."""
+
+    def __init__(self, path: Path, empty: dict) -> None:
+        self.path = path
+        self.data = dict(empty)
+        try:
+            found = json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, ValueError):
+            found = {}  # unreadable: what is there is logged again, never lost
+        if isinstance(found, dict):
+            self.data.update({k: v for k, v in found.items() if k in empty and type(v) is type(empty[k])})
+
+    def save(self) -> None:
+        write_text(self.path, json.dumps(self.data) + "\n")
+
+
+class RunTrackers:
+    """The trackers ``train.log`` names, for one run directory (none: every call does nothing)."""
+
+    def __init__(self, root: Path, names: Iterable[str], project: str) -> None:
+        self.root = Path(root)
+        self.trackers: dict[str, Any] = {}
+        self.metrics: dict[str, _Ledger] = {}
+        self.results: dict[str, _Ledger] = {}
+        try:
+            for name in dict.fromkeys(names):
+                tracker = self.trackers[name] = _KINDS[name](self.root, project)
+                self.metrics[name] = _Ledger(tracker.folder / _METRICS_LEDGER, {"round": 0, "events": 0})
+                self.results[name] = _Ledger(tracker.folder / _RESULTS_LEDGER, {"results": []})
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def of(cls, root: Path, recipe: Any) -> RunTrackers:
+        """The trackers a recipe asks for (its ``train.log``), writing into the run directory ``root``."""
+        return cls(root, recipe.train.log, recipe.name or "landscape")
+
+    def __bool__(self) -> bool:
+        return bool(self.trackers)
+
+    def log_row(self, row: Mapping[str, Any]) -> None:
+        """One round row of metrics.jsonl, by every tracker that has not logged its round yet."""
+        for name, tracker in self.trackers.items():
+            ledger = self.metrics[name]
+            if row["round"] > ledger.data["round"]:
+                tracker.log(row["round"], _numbers(row), {})
+                ledger.data["round"] = row["round"]
+                ledger.save()
+
+    def catch_up(self, rows: list[dict], events: list[dict]) -> None:
+        """The round rows and event rows of metrics.jsonl (``RunDir.read_rows``) a tracker has not logged yet:
+        rounds after its last one, and the event rows after those it has (event rows are never removed)."""
+        for row in rows:
+            self.log_row(row)
+        for name, tracker in self.trackers.items():
+            ledger = self.metrics[name]
+            for event in events[ledger.data["events"]:]:
+                text = json.dumps(event, allow_nan=True)
+                tracker.log(event["round"], {}, {"event": text})
+                ledger.data["events"] += 1
+                ledger.save()
+
+    def log_result(self, round: int, name: str, summary: Mapping[str, Any]) -> None:
+        """One analysis result's summary numbers (scalars ``<name>/<quantity>`` at step = ``round``), once."""
+        key = f"round-{round:04d}/{name}"
+        scalars = {f"{name}/{k}": v for k, v in _numbers(summary).items()}
+        for tracker_name, tracker in self.trackers.items():
+            ledger = self.results[tracker_name]
+            if key not in ledger.data["results"] and scalars:
+                tracker.log(round, scalars, {})
+                ledger.data["results"].append(key)
+                ledger.save()
+
+    def close(self) -> None:
+        errors = []
+        for tracker in self.trackers.values():
+            try:
+                tracker.close()
+            except Exception as e:  # close the others first
+                errors.append(e)
+        self.trackers = {}
+        if errors:
+            raise LandscapeError(f"cannot finish the tracker logs in {self.root}: {_first_line(errors[0])}")
+
+
+@contextlib.contextmanager
+def for_training(run_dir: Any, recipe: Any, enabled: bool = True) -> Iterator[RunTrackers]:
+    """The trackers of a run that trains (``run_dir``: a ``runs.RunDir``), with the rows of metrics.jsonl they
+    have not logged caught up on entry and again on exit (the event row of a divergence). ``enabled`` false
+    (a torchrun rank other than 0) or an empty ``train.log``: no tracker, nothing read."""
+    if not (enabled and recipe.train.log):
+        yield RunTrackers(run_dir.path, (), "")
+        return
+    trackers = RunTrackers.of(run_dir.path, recipe)
+    try:
+        trackers.catch_up(*run_dir.read_rows())
+        yield trackers
+    except BaseException:
+        with contextlib.suppress(Exception):  # the error that stopped training is the one to see
+            trackers.catch_up(*run_dir.read_rows())
+            trackers.close()
+        raise
+    trackers.catch_up(*run_dir.read_rows())
+    trackers.close()
+
+
+class ResultLog:
+    """The trackers of the runs an analysis writes results into: each run's opened at its first result, all
+    closed together. Only run directories are logged (a loose folder of checkpoints or a state_dict is not);
+    a run whose recipe asks for a tracker that is not installed is refused when this is made, before any
+    work."""
+
+    def __init__(self, sources: Iterable[Any] = ()) -> None:
+        self.open: dict[Path, RunTrackers] = {}
+        for source in sources:
+            if self._asked(source):
+                check_installed(source.recipe.train.log)
+
+    @staticmethod
+    def _asked(source: Any) -> bool:
+        return source.run_dir is not None and source.recipe is not None and bool(source.recipe.train.log)
+
+    def log(self, source: Any, round: int, name: str, summary: Mapping[str, Any]) -> None:
+        """The summary of result ``name`` of ``source`` (an ``analyze.source.Source``) at ``round``."""
+        if not self._asked(source):
+            return
+        root = Path(source.run_dir.path)
+        if root not in self.open:
+            self.open[root] = RunTrackers.of(root, source.recipe)
+        self.open[root].log_result(round, name, summary)
+
+    def close(self) -> None:
+        opened, self.open = list(self.open.values()), {}
+        for trackers in opened:
+            trackers.close()

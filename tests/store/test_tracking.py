@@ -1,0 +1,219 @@
+"""Experiment tracking (``train.log``, ``--log``): TensorBoard event files and offline Weights & Biases runs
+read back and compared with metrics.jsonl and the analysis results, a resume that logs no round twice, a
+divergence logged as text, and the optional extras refused in one line when missing, imported only when
+asked."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import invoke, one_line_error, tiny_recipe
+
+from landscape.analyze.catalog import pass_options
+from landscape.analyze.results import stored_results
+from landscape.analyze.scheduler import run_analysis
+from landscape.analyze.settings import AnalysisSettings
+from landscape.config import recipe as recipes
+from landscape.core.errors import LandscapeError
+from landscape.store import tracking
+from landscape.store.runs import RunDir
+from landscape.train import loop
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = AnalysisSettings(device="cpu")
+MLP = {"model__name": "mlp", "model__hidden": [16]}
+
+
+def tensorboard_logs(run: Path) -> dict[str, list[tuple[int, object]]]:
+    """Every tag of the run's event files -> its (step, value) in the order written (text as str); orphaned
+    steps are not purged, so a step logged twice shows twice."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"tensors": 0},
+                              purge_orphaned_data=False)
+    events.Reload()
+    out = {}
+    for tag in events.Tags()["tensors"]:
+        values = [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in events.Tensors(tag)]
+        out[tag] = [(step, v.item().decode() if v.dtype == object else v.item()) for step, v in values]
+    return out
+
+
+def metrics_scalars(run: Path, leave_out: tuple[str, ...] = ()) -> dict[str, list[tuple[int, float]]]:
+    """What the trackers must hold of metrics.jsonl: every numeric key of every round row at step = round."""
+    expected: dict[str, list] = {}
+    for row in RunDir(run).read_metrics():
+        for key, value in row.items():
+            if key != "round" and key not in leave_out and isinstance(value, (int, float)) \
+                    and not isinstance(value, bool):
+                expected.setdefault(key, []).append((row["round"], float(value)))
+    return expected
+
+
+def analyse(run: Path, **more):
+    return run_analysis(run, rounds="all", passes=["loss"], settings=SETTINGS,
+                        options={"loss": pass_options("loss", {})}, progress=False, **more)
+
+
+def result_summaries(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every summary number of the run's results as the trackers name it: ``<result name>/<quantity>``."""
+    expected: dict[str, list] = {}
+    for folder in sorted((run / "analysis").iterdir()):
+        for path, record in stored_results(folder):
+            for key, value in record["summary"].items():
+                expected.setdefault(f"{path.stem}/{key}", []).append((record["round"], float(value)))
+    return expected
+
+
+def test_tensorboard_holds_every_metrics_row_and_result_and_a_resume_logs_no_round_twice(tmp_path):
+    run = tmp_path / "run"
+    loop.start_run(tiny_recipe(train__log=["tensorboard"], **MLP), run, progress=False)
+    assert tensorboard_logs(run) == metrics_scalars(run)
+    assert "train_loss" in metrics_scalars(run) and "test_acc" in metrics_scalars(run)
+
+    # Killed after round 3 was logged but before its checkpoint: the resume starts from round 2, computes
+    # round 3 again (the same numbers, but for its time) and logs it no second time.
+    RunDir(run).checkpoint(3).unlink()
+    loop.resume_run(run, rounds=4, progress=False, warn=lambda message: None)
+    logged = tensorboard_logs(run)
+    assert {tag: [s for s, _ in steps] for tag, steps in logged.items()} == \
+        {tag: [1, 2, 3, 4] for tag in metrics_scalars(run)}
+    assert {k: v for k, v in logged.items() if k != "seconds"} == metrics_scalars(run, leave_out=("seconds",))
+
+    # The analysis results' summary numbers, at step = round, once: skipped and forced results are not
+    # logged again.
+    analyse(run)
+    analyse(run)
+    analyse(run, force=True)
+    logged = tensorboard_logs(run)
+    summaries = result_summaries(run)
+    assert "loss/loss" in summaries and [s for s, _ in summaries["loss/loss"]] == [0, 1, 2, 3, 4]
+    assert {tag: logged[tag] for tag in summaries} == summaries
+    assert set(logged) == set(summaries) | set(metrics_scalars(run))
+
+
+def test_a_divergence_is_logged_as_text_each_time(tmp_path):
+    run = tmp_path / "run"
+    recipe = tiny_recipe(train__log=["tensorboard"], train__lr=1e6, train__rounds=3, **MLP)
+    with pytest.raises(LandscapeError, match="diverged in round 2"):
+        loop.start_run(recipe, run, progress=False)
+    with pytest.raises(LandscapeError, match="diverged in round 2"):
+        loop.resume_run(run, progress=False)
+    logged = tensorboard_logs(run)
+    events = RunDir(run).read_events()
+    assert [json.loads(text) for _, text in logged["event/text_summary"]] == events and len(events) == 2
+    assert [step for step, _ in logged["event/text_summary"]] == [2, 2]
+    assert {k: v for k, v in logged.items() if k != "event/text_summary"} == metrics_scalars(run)
+
+
+def test_a_missing_extra_is_one_line_before_anything_is_written(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(LandscapeError) as caught:
+        loop.start_run(tiny_recipe(train__log=["tensorboard", "wandb"]), tmp_path / "run", progress=False)
+    message = str(caught.value)
+    assert message.startswith("train.log asks for wandb, which is not installed: pip install '")
+    assert "[wandb]'" in message and "\n" not in message
+    assert not (tmp_path / "run").exists()
+
+    line = one_line_error(invoke("train", "--log", "wandb", "--quiet", "-o", tmp_path / "cli"))
+    assert line == f"error: {message.replace('tensorboard, ', '')}" and not (tmp_path / "cli").exists()
+
+    # an analysis of a run whose recipe asks for it is refused before any work
+    source = SimpleNamespace(run_dir=RunDir(tmp_path), recipe=tiny_recipe(train__log=["wandb"]))
+    with pytest.raises(LandscapeError, match=r"^train.log asks for wandb, which is not installed"):
+        tracking.ResultLog([source])
+    tracking.ResultLog([SimpleNamespace(run_dir=None, recipe=source.recipe)])  # a loose folder: never logged
+
+
+def test_log_flag_is_one_list_checked_by_the_schema(tmp_path):
+    result = invoke("train", "--log", "tensorboard,wandb", "--dry-run")
+    assert result.exit_code == 0, result.output
+    printed = recipes.tomllib.loads(result.output.split("# run directory")[0])
+    assert printed["train"]["log"] == ["tensorboard", "wandb"]
+    line = one_line_error(invoke("train", "--log", "tensorbord", "--dry-run"))
+    assert line == "error: train.log[0] must be one of 'tensorboard' or 'wandb' (got 'tensorbord')"
+    default = recipes.tomllib.loads(invoke("train", "--dry-run").output.split("# run directory")[0])
+    assert default["train"]["log"] == []
+
+
+def test_nothing_imports_the_trackers_unless_a_recipe_asks(tmp_path):
+    recipe_file = tmp_path / "r.toml"
+    recipe_file.write_text(recipes.to_toml(tiny_recipe(train__rounds=1, **MLP)))
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from landscape.analyze.catalog import pass_options\n"
+        "from landscape.analyze.scheduler import run_analysis\n"
+        "from landscape.analyze.settings import AnalysisSettings\n"
+        "from landscape.config import recipe_overrides\n"
+        "from landscape.train import loop\n"
+        "run = Path(sys.argv[2])\n"
+        "loop.start_run(recipe_overrides.build(sys.argv[1]), run, progress=False)\n"
+        "run_analysis(run, passes=['loss'], settings=AnalysisSettings(device='cpu', analysis_samples=100),\n"
+        "             options={'loss': pass_options('loss', {})}, progress=False)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'wandb')\n"
+        "             or m.startswith('torch.utils.tensorboard')))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code, str(recipe_file), str(tmp_path / "run")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert not (tmp_path / "run" / "tensorboard").exists() and not (tmp_path / "run" / "wandb").exists()
+
+
+def wandb_history(run: Path) -> list[dict]:
+    """The history rows of every offline run under ``<run>/wandb/`` (oldest first), read from its ``.wandb``
+    file: records in 32 KiB blocks after a 7-byte header, each a 7-byte header (CRC, length, kind: full,
+    first, middle, last) and a protobuf ``Record``."""
+    from wandb.proto import wandb_internal_pb2
+
+    rows = []
+    for path in sorted((run / "wandb").glob("offline-run-*/run-*.wandb")):
+        data, pos, parts = path.read_bytes(), 7, b""
+        assert data[:4] == b":W&B"
+        while pos + 7 <= len(data):
+            if 32768 - pos % 32768 < 7:
+                pos += 32768 - pos % 32768
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            body, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+            parts = body if kind in (1, 2) else parts + body
+            if kind in (1, 4):
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(parts)
+                if record.WhichOneof("record_type") == "history":
+                    items = {item.key or "/".join(item.nested_key): item.value_json
+                             for item in record.history.item}
+                    rows.append({k: json.loads(v) for k, v in items.items() if not k.startswith("_")})
+    return rows
+
+
+def test_wandb_offline_run_holds_the_history(tmp_path):
+    if importlib.util.find_spec("wandb") is None:
+        pytest.skip("wandb is not installed (the optional extra: pip install '.[wandb]')")
+    run = tmp_path / "run"
+    recipe = tiny_recipe(train__log=["wandb"], train__rounds=2, name="tracked", **MLP)
+    loop.start_run(recipe, run, progress=False)
+    analyse(run)
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 2  # the training's and the analysis's
+    assert {p.name.rsplit("-", 1)[1] for p in (run / "wandb").glob("offline-run-*")} == \
+        {(run / "wandb" / "run-id").read_text().strip()}  # one run id: synced as one run
+    history = wandb_history(run)
+    rows = RunDir(run).read_metrics()
+    assert history[:2] == [{"round": r["round"], **{k: float(v) for k, v in r.items() if k != "round" and
+                                                       isinstance(v, (int, float))}} for r in rows]
+    summaries = result_summaries(run)
+    assert {(r["round"], k, v) for r in history[2:] for k, v in r.items() if k != "round"} == \
+        {(step, tag, value) for tag, steps in summaries.items() for step, value in steps}
