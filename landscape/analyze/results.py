@@ -43,23 +43,6 @@ def read_result(out_dir: Path, name: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def is_current(out_dir: Path, name: str, settings: dict, digest: str) -> bool:
-    """Whether ``<name>.json`` holds a result of these settings on the checkpoint with this SHA-256."""
-    path = out_dir / f"{name}.json"
-    if not path.is_file():
-        return False
-    try:
-        recorded = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
-    return (
-        isinstance(recorded, dict)
-        and recorded.get("schema_version") == SCHEMA_VERSION
-        and recorded.get("settings") == settings
-        and recorded.get("checkpoint_sha256") == digest
-    )
-
-
 def write_result(out_dir: Path, name: str, record: dict, arrays: dict[str, np.ndarray]) -> None:
     """``<name>.npz`` (when there are arrays), then ``<name>.json`` (the record, with the schema version)."""
     record = {"schema_version": SCHEMA_VERSION, **record, "arrays": sorted(arrays)}

@@ -83,11 +83,6 @@ def rank() -> int:
     return _global_rank() if is_distributed() else 0
 
 
-def global_rank() -> int:
-    """This process's rank in the whole job, also inside ``solo()``."""
-    return _global_rank()
-
-
 def local_rank() -> int:
     """This process's rank on its machine (torchrun's LOCAL_RANK; its GPU is cuda:LOCAL_RANK)."""
     try:

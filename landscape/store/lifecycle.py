@@ -269,15 +269,6 @@ def rounds_text(rounds: list[int]) -> str:
     return f"round {rounds[0]}" if len(rounds) == 1 else "rounds " + ", ".join(map(str, rounds))
 
 
-def last_good_checkpoint(run_dir: RunDir) -> tuple[int, dict]:
-    """The newest checkpoint that loads (damaged newer ones are skipped, see ``find_resume_point``)."""
-    point = find_resume_point(run_dir)
-    if point.checkpoint is None:
-        detail = f": {point.damaged[0]}" if point.damaged else ""
-        raise LandscapeError(f"no loadable checkpoint in {run_dir.path}{detail}")
-    return point.round, point.checkpoint
-
-
 def relative(run_dir: RunDir, path: Path) -> str:
     try:
         return str(path.relative_to(run_dir.path))

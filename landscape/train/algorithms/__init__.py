@@ -34,12 +34,12 @@ import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from landscape.config.schema import load
+from landscape.config.schema import load, rule
 from landscape.core.algorithm_labels import algorithm_label
 from landscape.core.registry import Registry
 
@@ -253,6 +253,9 @@ class AlgorithmRegistry(Registry[type[Algorithm]]):
 
 
 ALGORITHMS = AlgorithmRegistry("algorithm")
+
+# The kind of a server (or global) momentum coefficient lam of an options dataclass: 0 <= lam < 1.
+Momentum = Annotated[float, rule(ge=0, lt=1, text="must be in [0, 1)")]
 
 
 def build_algorithm(recipe: Any, layout: ParamLayout) -> Algorithm:

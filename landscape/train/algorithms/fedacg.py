@@ -26,6 +26,7 @@ from torch import Tensor
 from landscape.config.schema import rule
 from landscape.train.algorithms import (
     ALGORITHMS,
+    Momentum,
     Algorithm,
     Batch,
     ClientResult,
@@ -41,7 +42,7 @@ from landscape.train.algorithms import (
 @dataclass(frozen=True)
 class FedACGOptions:
     # server momentum coefficient (lookahead)
-    lam: Annotated[float, rule(ge=0, lt=1, text="must be in [0, 1)")] = 0.85
+    lam: Momentum = 0.85
     beta: Annotated[float, rule(ge=0)] = 1e-3  # weight of the proximal term beta * ||y - x~||^2
 
 

@@ -34,6 +34,7 @@ from landscape.config.schema import rule
 from landscape.core.perturb import normalized
 from landscape.train.algorithms import (
     ALGORITHMS,
+    Momentum,
     Algorithm,
     Batch,
     ClientResult,
@@ -50,7 +51,7 @@ from landscape.train.algorithms.fedsam import sam_direction
 @dataclass(frozen=True)
 class FedNSAMOptions:
     # global (Nesterov) momentum coefficient
-    lam: Annotated[float, rule(ge=0, lt=1, text="must be in [0, 1)")] = 0.85
+    lam: Momentum = 0.85
     rho: Annotated[float, rule(ge=0)] = 0.1  # SAM radius
 
 

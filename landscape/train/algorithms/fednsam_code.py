@@ -29,6 +29,7 @@ from torch import Tensor
 from landscape.config.schema import rule
 from landscape.train.algorithms import (
     ALGORITHMS,
+    Momentum,
     ClientResult,
     LocalModel,
     LocalProblem,
@@ -43,7 +44,7 @@ from landscape.train.algorithms.fedsam import sam_direction
 @dataclass(frozen=True)
 class FedNSAMCodeOptions:
     # global momentum coefficient (the code's gamma)
-    lam: Annotated[float, rule(ge=0, lt=1, text="must be in [0, 1)")] = 0.85
+    lam: Momentum = 0.85
     rho: Annotated[float, rule(ge=0)] = 0.05  # SAM radius (the code's value)
     # "momentum" (paper) or "latest-revision" (defect: m = (1 + lam) Delta_bar)
     server: Literal["momentum", "latest-revision"] = "momentum"
