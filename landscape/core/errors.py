@@ -1,11 +1,21 @@
 """The one exception type the CLI turns into a one-line message (no traceback)."""
 
+import unicodedata
+
 
 class LandscapeError(Exception):
     """A problem with the user's input or files, explained in one line."""
 
 
+# Control characters and line or paragraph separators: what would break a one-line message.
+_LINE_BREAKING = ("Cc", "Zl", "Zp")
+
+
 def shown(text: str, limit: int = 80) -> str:
     """Text for a one-line message: as it is, or its start and its length when it is long (a key or value of
-    megabytes is named, never echoed in full)."""
+    megabytes is named, never echoed in full); control characters (a newline in a key) written as escapes, so
+    the message stays one line."""
+    if any(unicodedata.category(c) in _LINE_BREAKING for c in text):
+        text = "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in _LINE_BREAKING
+                       else c for c in text)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
