@@ -1,0 +1,227 @@
+"""Regenerate the results tables: run a benchmark (or a landscape command) and write what it measured to
+``docs/results/tables/<name>.md``, with where and when it was measured.
+
+Every results table of the README and the docs is one such file (the docs include them with
+``--8<-- "docs/results/tables/<name>.md"``, the README between ``<!-- generated: ... -->`` markers), so a
+number in them is never typed: a rerun of this script writes it again. Each file starts with a line naming
+the command that measured it, the commit (and whether the working tree differed from it), the date, the
+machine (CPU, cores, memory), the torch version and thread count, the load average before and after, and how
+long it took. The benchmark's standard output is the table (Markdown); its standard error passes through.
+A benchmark that fails writes nothing: the previous file stays. Usage:
+
+    .venv/bin/python benchmarks/publish.py                 # every table, one after the other
+    .venv/bin/python benchmarks/publish.py hessian-cnn demo
+    .venv/bin/python benchmarks/publish.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLES = ROOT / "docs" / "results" / "tables"
+README = ROOT / "README.md"
+PY = "{python}"  # the running interpreter, filled in at run time
+
+
+@dataclass(frozen=True)
+class Table:
+    """One results file: the command that measures it (``{python}`` = this interpreter), where its Markdown comes
+    from (the command's standard output, or a file it writes), and images it draws that the docs show."""
+
+    command: tuple[str, ...]
+    what: str
+    output: str = ""  # a file the command writes (relative to the repository root); "" = its standard output
+    images: dict[str, str] = field(default_factory=dict)  # file it writes -> where the docs keep a copy
+    fenced: bool = False  # the output is shown as printed (a text block), not read as Markdown
+    fresh: str = ""  # a folder under runs/ removed first, so the command starts from nothing (and is timed so)
+
+    def argv(self, root: Path = ROOT) -> list[str]:
+        """The command to run: ``{python}`` this interpreter, a part with ``*`` the sorted files it matches."""
+        out: list[str] = []
+        for part in self.command:
+            if part == PY:
+                out.append(sys.executable)
+            elif "*" in part:
+                out += sorted(str(p.relative_to(root)) for p in root.glob(part))
+            else:
+                out.append(part)
+        return out
+
+
+DEMO_RUNS = "runs/publish-demo"
+REGISTRY: dict[str, Table] = {
+    "demo": Table((PY, "-m", "landscape", "demo", "--out", DEMO_RUNS, "--overwrite"),
+                  "what `landscape demo` (= `make demo` after the install) prints, its wall time and memory",
+                  images={f"{DEMO_RUNS}/figures/surfaces.png": "docs/images/demo-surfaces.png"}, fenced=True,
+                  fresh=DEMO_RUNS),
+    "train-digits": Table((PY, "benchmarks/train_digits.py"), "FedAvg on digits over 5 seeds"),
+    "algorithms-digits": Table((PY, "benchmarks/algorithms_digits.py"),
+                               "every algorithm of train/digits-quick.toml on digits"),
+    "analyze-digits": Table((PY, "benchmarks/analyze_digits.py"),
+                            "`landscape analyze` of a digits FedSAM run, every pass"),
+    "hessian-cnn": Table((PY, "benchmarks/hessian_vs_pyhessian.py", "--model", "cnn"),
+                         "top-5 eigenvalues and one product: ours and the peers on the digits CNN"),
+    "hessian-mlp": Table((PY, "benchmarks/hessian_vs_pyhessian.py", "--model", "mlp", "--hidden", "64"),
+                         "the same on a digits MLP against its dense Hessian"),
+    "lanczos-overhead": Table((PY, "benchmarks/lanczos_overhead.py"),
+                              "Lanczos time outside the products on a 657,910-parameter MLP"),
+    "trace-estimators": Table((PY, "benchmarks/trace_estimators.py"),
+                              "Hessian trace estimators at equal budgets against the exact trace"),
+    "surface-vs-loop": Table((PY, "benchmarks/surface_vs_loop.py", "--passes"),
+                             "a 51x51 surface: ours against loss-landscapes"),
+    "surface-ranks": Table((PY, "benchmarks/surface_ranks.py"), "a 51x51 surface on 1 and 2 torchrun ranks"),
+    "claims-digits": Table((PY, "-m", "landscape", "claims", "claims/*.toml", "-o", "runs/claims-digits", "--quiet"),
+                           "the published claims on digits, 8 seeds", output="runs/claims-digits/claims.md"),
+    "claims-mnist1d": Table((PY, "-m", "landscape", "claims", "claims/*.toml", "--seeds", "0,1,2,3,4",
+                             "--set", "dataset.name=mnist1d", "--figures-out", "runs/figures-mnist1d",
+                             "-o", "runs/claims-mnist1d", "--quiet"),
+                            "the same claims on MNIST-1D, 5 seeds", output="runs/claims-mnist1d/claims.md"),
+}
+
+
+def _git(*args: str, root: Path) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def commit_line(root: Path) -> str:
+    """The commit measured, and whether the code differed from it (docs-only changes do not count)."""
+    commit = _git("rev-parse", "--short", "HEAD", root=root) or "unknown"
+    changed = _git("status", "--porcelain", "--", "landscape", "benchmarks", "pyproject.toml", root=root)
+    return f"{commit} with uncommitted changes" if changed else commit
+
+
+def machine_line() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = re.findall(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = names[0].strip() if names else cpu
+    except OSError:
+        pass
+    memory = ""
+    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores{memory}"
+
+
+def torch_line(env: dict) -> str:
+    import torch
+
+    return f"torch {torch.__version__}, OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', 'unset')}"
+
+
+def as_markdown(text: str) -> str:
+    """The benchmark's lines as Markdown: a blank line around every table, trailing blanks dropped."""
+    out: list[str] = []
+    for line in text.rstrip().splitlines():
+        is_row = line.startswith("|")
+        if out and out[-1] and out[-1].startswith("|") != is_row:
+            out.append("")
+        out.append(line.rstrip())
+    return "\n".join(out) + "\n"
+
+
+def elapsed(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
+
+
+def header(name: str, table: Table, *, commit: str, started: datetime.datetime, seconds: float, loads: tuple,
+           env: dict, peak_mib: float) -> str:
+    shown = " ".join(shlex.quote(p) for p in table.command).replace(PY, "python")
+    return (f"<!-- generated by `python benchmarks/publish.py {name}` ({shown}); do not edit: rerun it -->\n\n"
+            f"*Measured by `python benchmarks/publish.py {name}` at commit {commit} on "
+            f"{started:%Y-%m-%d %H:%M} UTC; {machine_line()}; {torch_line(env)}; load average {loads[0]:.1f} "
+            f"before, {loads[1]:.1f} after; took {elapsed(seconds)}, peak memory of one process "
+            f"{peak_mib:,.0f} MiB.*\n\n")
+
+
+def _peak_child_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
+
+
+def publish(name: str, table: Table, *, root: Path = ROOT, tables: Path = TABLES) -> Path:
+    """Run ``table``'s command from ``root`` and write ``tables/<name>.md``; a failed command writes nothing."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MPLBACKEND", "Agg")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))
+    if table.fresh:
+        if not table.fresh.startswith("runs/publish-"):
+            raise ValueError(f"{name}: only a runs/publish-* folder is removed, not {table.fresh}")
+        shutil.rmtree(root / table.fresh, ignore_errors=True)
+    commit, loads0 = commit_line(root), os.getloadavg()[0]
+    started, clock = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
+    result = subprocess.run(table.argv(root), cwd=root, env=env, stdout=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - clock
+    if result.returncode != 0:
+        raise SystemExit(f"error: {name}: {shlex.join(table.argv(root))} exited {result.returncode}; nothing written")
+    body = (root / table.output).read_text(encoding="utf-8") if table.output else result.stdout
+    body = re.sub(r"^<!--.*?-->\n+", "", body)  # a command's own generated-by line: this header replaces it
+    body = f"```text\n{body.rstrip()}\n```\n" if table.fenced else as_markdown(body)
+    for source, copy in table.images.items():
+        (root / copy).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / source, root / copy)
+    tables.mkdir(parents=True, exist_ok=True)
+    target = tables / f"{name}.md"
+    text = header(name, table, commit=commit, started=started, seconds=seconds,
+                  loads=(loads0, os.getloadavg()[0]), env=env, peak_mib=_peak_child_mib()) + body
+    temporary = target.with_suffix(".md.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    temporary.replace(target)
+    return target
+
+
+MARKER = re.compile(r"(<!-- generated: (docs/results/tables/[\w.-]+\.md)[^>]*-->\n)(.*?)(<!-- end generated -->)",
+                    re.S)
+
+
+def fill_readme(text: str, root: Path = ROOT) -> str:
+    """``text`` with every block between ``<!-- generated: FILE ... -->`` and ``<!-- end generated -->``
+    replaced by FILE's content (the README's copies of the tables)."""
+    def body(match: re.Match) -> str:
+        return match.group(1) + (root / match.group(2)).read_text(encoding="utf-8") + match.group(4)
+
+    return MARKER.sub(body, text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="tables to regenerate (default: every one)")
+    parser.add_argument("--list", action="store_true", help="list the tables and what measures them")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(REGISTRY))
+    if unknown:
+        raise SystemExit(f"error: no table {', '.join(unknown)}; the tables: {', '.join(REGISTRY)}")
+    if args.list:
+        for name, table in REGISTRY.items():
+            print(f"{name}: {table.what}")
+        return
+    names = args.names or list(REGISTRY)
+    if len(names) > 1:  # one process per table, so each peak memory is its own
+        for name in names:
+            subprocess.run([sys.executable, __file__, name], check=True)
+        return
+    print(f"{names[0]}: {REGISTRY[names[0]].what} ...", file=sys.stderr, flush=True)
+    print(f"wrote {publish(names[0], REGISTRY[names[0]]).relative_to(ROOT)}", file=sys.stderr)
+    README.write_text(fill_readme(README.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
