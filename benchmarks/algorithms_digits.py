@@ -6,7 +6,7 @@ final flatness distance Delta_D, uplink floats per client, and training speed (r
 per-round `seconds` of metrics.jsonl, i.e. local work + aggregation + evaluation, without process start),
 also relative to FedAvg. Usage:
 
-    .venv/bin/python benchmarks/algorithms_digits.py [--out runs/bench-algorithms]
+    .venv/bin/python benchmarks/algorithms_digits.py [--out runs/publish-algorithms]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from landscape.store.runs import RunDir
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/bench-algorithms")
+    parser.add_argument("--out", default="runs/publish-algorithms")
     parser.add_argument("--recipe", default=str(Path(__file__).resolve().parents[1] / "train" / "digits-quick.toml"))
     args = parser.parse_args()
     subprocess.run([sys.executable, "-m", "landscape", "train", args.recipe, "--out", args.out, "--quiet"],

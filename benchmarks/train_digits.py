@@ -1,9 +1,9 @@
 """Benchmark: FedAvg on digits (Dirichlet 0.1, 20 clients, 25% participation, 30 rounds).
 
 Runs the README's command as a real subprocess for several seeds and prints a Markdown table of final test
-accuracy and wall time (process start to exit, install excluded). Usage:
+accuracy and wall time (process start to exit, install excluded), one thread per process. Usage:
 
-    .venv/bin/python benchmarks/train_digits.py [--seeds 0,1,2,3,4] [--out runs/bench]
+    .venv/bin/python benchmarks/train_digits.py [--seeds 0,1,2,3,4] [--out runs/publish-train-digits]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ COMMAND = ["train", "--algorithm", "fedavg", "--dataset", "digits", "--partition
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2,3,4")
-    parser.add_argument("--out", default="runs/bench-train-digits")
+    parser.add_argument("--out", default="runs/publish-train-digits")
     args = parser.parse_args()
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
@@ -34,7 +34,6 @@ def main() -> None:
         seconds = time.perf_counter() - started
         last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
         rows.append((seed, last["test_acc"], seconds))
-    print(f"threads: torch on {os.cpu_count()} CPU cores")
     print("| seed | final test accuracy | wall time (s) |\n|---|---|---|")
     for seed, acc, seconds in rows:
         print(f"| {seed} | {acc:.4f} | {seconds:.1f} |")
