@@ -25,6 +25,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ class Table:
     images: dict[str, str] = field(default_factory=dict)  # file it writes -> where the docs keep a copy
     fenced: bool = False  # the output is shown as printed (a text block), not read as Markdown
     fresh: str = ""  # a folder under runs/ removed first, so the command starts from nothing (and is timed so)
+    elsewhere: bool = False  # run in a new temporary folder (from nothing; its printed paths as a user's are)
 
     def argv(self, root: Path = ROOT) -> list[str]:
         """The command to run: ``{python}`` this interpreter, a part with ``*`` the sorted files it matches."""
@@ -60,12 +62,11 @@ class Table:
         return out
 
 
-DEMO_RUNS = "runs/publish-demo"
 REGISTRY: dict[str, Table] = {
-    "demo": Table((PY, "-m", "landscape", "demo", "--out", DEMO_RUNS),
+    "demo": Table((PY, "-m", "landscape", "demo", "--out", "runs/demo"),
                   "what `landscape demo` (= `make demo` after the install) prints, its wall time and memory",
-                  images={f"{DEMO_RUNS}/figures/surfaces.png": "docs/images/demo-surfaces.png"}, fenced=True,
-                  fresh=DEMO_RUNS),
+                  images={"runs/demo/figures/surfaces.png": "docs/images/demo-surfaces.png"}, fenced=True,
+                  elsewhere=True),
     "train-digits": Table((PY, "benchmarks/train_digits.py"), "FedAvg on digits over 5 seeds",
                           fresh="runs/publish-train-digits"),
     "algorithms-digits": Table((PY, "benchmarks/algorithms_digits.py"),
@@ -168,17 +169,20 @@ def publish(name: str, table: Table, *, root: Path = ROOT, tables: Path = TABLES
             raise ValueError(f"{name}: only a runs/publish-* folder is removed, not {table.fresh}")
         shutil.rmtree(root / table.fresh, ignore_errors=True)
     commit, loads0 = commit_line(root), os.getloadavg()[0]
-    started, clock = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
-    result = subprocess.run(table.argv(root), cwd=root, env=env, stdout=subprocess.PIPE, text=True)
-    seconds = time.perf_counter() - clock
-    if result.returncode != 0:
-        raise SystemExit(f"error: {name}: {shlex.join(table.argv(root))} exited {result.returncode}; nothing written")
-    body = (root / table.output).read_text(encoding="utf-8") if table.output else result.stdout
+    with tempfile.TemporaryDirectory(prefix=f"publish-{name}-") as folder:
+        cwd = Path(folder) if table.elsewhere else root
+        started, clock = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
+        result = subprocess.run(table.argv(root), cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
+        seconds = time.perf_counter() - clock
+        if result.returncode != 0:
+            raise SystemExit(f"error: {name}: {shlex.join(table.argv(root))} exited {result.returncode}; "
+                             "nothing written")
+        body = (cwd / table.output).read_text(encoding="utf-8") if table.output else result.stdout
+        for source, copy in table.images.items():
+            (root / copy).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cwd / source, root / copy)
     body = re.sub(r"^<!--.*?-->\n+", "", body)  # a command's own generated-by line: this header replaces it
     body = f"```text\n{body.rstrip()}\n```\n" if table.fenced else as_markdown(body)
-    for source, copy in table.images.items():
-        (root / copy).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(root / source, root / copy)
     tables.mkdir(parents=True, exist_ok=True)
     target = tables / f"{name}.md"
     text = header(name, table, commit=commit, started=started, seconds=seconds,
