@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--recipe", default=str(Path(__file__).resolve().parents[1] / "train" / "digits-quick.toml"))
     args = parser.parse_args()
     subprocess.run([sys.executable, "-m", "landscape", "train", args.recipe, "--out", args.out, "--quiet"],
-                   check=True)
+                   check=True, stdout=subprocess.DEVNULL)
     rows = []
     for path in sorted(Path(args.out).iterdir()):
         run = RunDir(path)

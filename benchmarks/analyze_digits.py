@@ -37,12 +37,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/publish-analyze/fedsam"))
     args = parser.parse_args()
     if not (args.out / "metrics.jsonl").is_file():
-        subprocess.run([sys.executable, "-m", "landscape", *TRAIN, "--out", str(args.out), "--overwrite"], check=True)
+        subprocess.run([sys.executable, "-m", "landscape", *TRAIN, "--out", str(args.out), "--overwrite"], check=True,
+                       stdout=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory() as folder:
         peak_file = Path(folder) / "peak"
         started = time.perf_counter()
         subprocess.run([sys.executable, "-c", ANALYZE, str(peak_file), "analyze", str(args.out), "--force",
-                        "--quiet"], check=True)
+                        "--quiet"], check=True, stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - started
         peak_mib = int(peak_file.read_text()) / 1024
     results = sorted((args.out / "analysis").glob("round-*"))[-1]

@@ -81,6 +81,11 @@ REGISTRY: dict[str, Table] = {
                               "Lanczos time outside the products on a 657,910-parameter MLP"),
     "trace-estimators": Table((PY, "benchmarks/trace_estimators.py"),
                               "Hessian trace estimators at equal budgets against the exact trace"),
+    "stderr-calibration": Table((PY, "benchmarks/stderr_calibration.py"),
+                                "calibration of the trace estimators' standard errors over seeds on exact matrices"),
+    "sharpness-ascent": Table((PY, "benchmarks/sharpness_ascent.py"),
+                              "S_rho: the former 5-step single start against the multi-start converged default",
+                              fresh="runs/publish-sharpness"),
     "surface-vs-loop": Table((PY, "benchmarks/surface_vs_loop.py", "--passes"),
                              "a 51x51 surface: ours against loss-landscapes"),
     "surface-ranks": Table((PY, "benchmarks/surface_ranks.py", "--configs", "1x1,2x1,1x2"), "a 51x51 surface on 1 and 2 torchrun ranks"),
@@ -199,9 +204,12 @@ MARKER = re.compile(r"(<!-- generated: (docs/results/tables/[\w.-]+\.md)[^>]*-->
 
 def fill_readme(text: str, root: Path = ROOT) -> str:
     """``text`` with every block between ``<!-- generated: FILE ... -->`` and ``<!-- end generated -->``
-    replaced by FILE's content (the README's copies of the tables)."""
+    replaced by FILE's content (the README's copies of the tables); a block whose FILE is not there yet stays."""
     def body(match: re.Match) -> str:
-        return match.group(1) + (root / match.group(2)).read_text(encoding="utf-8") + match.group(4)
+        source = root / match.group(2)
+        if not source.is_file():
+            return match.group(0)
+        return match.group(1) + source.read_text(encoding="utf-8") + match.group(4)
 
     return MARKER.sub(body, text)
 

@@ -107,3 +107,18 @@ def test_a_failed_benchmark_writes_nothing_and_keeps_the_previous_file(repositor
 def test_an_unknown_table_name_is_one_line(capsys):
     with pytest.raises(SystemExit, match=r"^error: no table nope; the tables: demo, "):
         publish.main(["nope"])
+
+
+def test_a_command_run_elsewhere_starts_from_nothing_and_its_images_are_kept(repository):
+    (repository / "benchmarks" / "draw.py").write_text(
+        "from pathlib import Path\nimport sys\n"
+        "assert not Path('runs').exists(), 'not a new folder'\n"
+        "Path('runs/demo').mkdir(parents=True)\nPath('runs/demo/x.png').write_bytes(b'png')\n"
+        "print('runs: runs/demo')\n")
+    (repository / "runs").mkdir()  # the repository's own runs/ is not where it runs
+    table = publish.Table(("{python}", str(repository / "benchmarks" / "draw.py")), "drawn elsewhere",
+                          images={"runs/demo/x.png": "docs/images/x.png"}, fenced=True, elsewhere=True)
+    text = publish.publish("draw", table, root=repository, tables=repository / "tables").read_text()
+    assert text.endswith("```text\nruns: runs/demo\n```\n")
+    assert (repository / "docs" / "images" / "x.png").read_bytes() == b"png"
+    assert list((repository / "runs").iterdir()) == []
