@@ -105,10 +105,12 @@ def _git(*args: str, root: Path) -> str:
         return ""
 
 
-def commit_line(root: Path) -> str:
-    """The commit measured, and whether the code differed from it (docs-only changes do not count)."""
+def commit_line(root: Path, scripts: list[str]) -> str:
+    """The commit measured, and whether the code it ran differed from it: the package, pyproject.toml, this
+    tool and the benchmark ``scripts`` (docs, tests and other benchmarks do not count)."""
     commit = _git("rev-parse", "--short", "HEAD", root=root) or "unknown"
-    changed = _git("status", "--porcelain", "--", "landscape", "benchmarks", "pyproject.toml", root=root)
+    changed = _git("status", "--porcelain", "--", "landscape", "pyproject.toml", "benchmarks/publish.py", *scripts,
+                   root=root)
     return f"{commit} with uncommitted changes" if changed else commit
 
 
@@ -173,7 +175,8 @@ def publish(name: str, table: Table, *, root: Path = ROOT, tables: Path = TABLES
         if not table.fresh.startswith("runs/publish-"):
             raise ValueError(f"{name}: only a runs/publish-* folder is removed, not {table.fresh}")
         shutil.rmtree(root / table.fresh, ignore_errors=True)
-    commit, loads0 = commit_line(root), os.getloadavg()[0]
+    scripts = [part for part in table.command if part.endswith(".py")]
+    commit, loads0 = commit_line(root, scripts), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix=f"publish-{name}-") as folder:
         cwd = Path(folder) if table.elsewhere else root
         started, clock = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
