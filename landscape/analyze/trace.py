@@ -240,22 +240,19 @@ def xtrace(op: LinearOperator, *, hvps: int = 60, seed: int = 0, block: int = 10
     E[w w^T] = I each T_i is unbiased for tr(H). ``probes``: "gaussian" (default; a_i = (dim - s + 1) /
     ||u_i||^2, which puts u_i on the sphere of radius sqrt(dim - s + 1) of the complement: the paper's
     normalisation, unbiased because a Gaussian u_i's direction is uniform there) or "rademacher" (a_i = 1).
-    On digits Hessians the Gaussian form had the smaller error at 6 of 8 budgets
-    (``benchmarks/trace_estimators.py``). The estimate is mean_i T_i.
+    ``benchmarks/trace_estimators.py`` compares the two on digits Hessians. The estimate is mean_i T_i.
 
     Standard error: the delete-one jackknife over the probes, sqrt((s-1)/s * sum_i (t_(i) - t_(.))^2), where
     t_(i) is the whole XTrace estimate recomputed without probe w_i (its sketch and its test vector; from
     the coordinates of the products already made, no product more) and t_(.) their mean
     (``stderr_method="jackknife"``, s - 1 degrees of freedom). The paper's error estimate
     sqrt(sum_i (T_i - mean T)^2 / (s (s-1))), which treats the T_i as independent although they share
-    their probes, is kept as ``settings["paper_stderr"]``: over 200 seeds of 100 x 100 matrices with
-    spectra 10 / k^p (p = 0.5, 1, 1.5; the last 20 times -0.3) at 30-60 products, z = (estimate - tr H) /
-    stderr had sd 1.16-1.61 and |z| > 3 in 1.5-6.5% of seeds with the paper's (0.3% for a normal z), sd
-    0.51-0.84 and 0-0.5% with the jackknife; on the digits-MLP Hessian of the tests at 30 / 60 products
-    sd 1.29 / 1.25 against 0.89 / 0.72. The jackknife errs on the large side (by the Efron-Stein inequality
-    a jackknife variance is conservative in expectation, and t_(i) has one probe fewer); with few probes its
-    few degrees of freedom give heavy tails (12 products, s = 6: 3% of seeds beyond 3). Docs:
-    ``docs/metrics.md`` 3.3; test: ``test_trace_standard_errors_are_calibrated_over_seeds``. Where H Omega is
+    their probes, is kept as ``settings["paper_stderr"]``: over many seeds of exact matrices z = (estimate -
+    tr H) / stderr has sd above 1 and too many |z| > 3 with the paper's, below 1 with the jackknife
+    (``benchmarks/stderr_calibration.py`` measures both). The jackknife errs on the large side (by the
+    Efron-Stein inequality a jackknife variance is conservative in expectation, and t_(i) has one probe
+    fewer); with few probes its few degrees of freedom give heavy tails. Docs: ``docs/metrics.md`` 3.3; test:
+    ``test_trace_standard_errors_are_calibrated_over_seeds``. Where H Omega is
     numerically rank-deficient, range(Q) holds all of range(H) and tr(Q^T H Q) is the trace (stderr 0,
     ``stderr_method="exact"``).
     """
