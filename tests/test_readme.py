@@ -1,35 +1,40 @@
-"""The README's commands, run as printed: every fenced shell block (```bash, ```sh, ```shell, ```console)
-line by line with the installed ``landscape`` on PATH, every ```python block in a subprocess, in README order,
-so a README command can no longer break unnoticed.
+"""The README's commands and the documentation site's, run as printed: every fenced shell block (```bash,
+```sh, ```shell, ```console) line by line with the installed ``landscape`` on PATH, every ```python block
+in a subprocess, so a printed command can no longer break unnoticed. The pages: README.md first, then every
+page of the ``nav:`` of mkdocs.yml in nav order, except the generated reference (docs/reference/) and the
+results (docs/results/). A command printed on several pages (the same text exactly) runs once, where it
+first appears. Test ids name the page and line: ``README-line12``, ``guides/train-line30``.
 
 How it runs. One workspace per session: a temporary folder holding copies of the recipe folders (train/,
-analyze/, figures/, claims/), the README's placeholders made real by ``SETUP`` (``runs/demo``: the demo's
-three runs; ``runs/x``: a FedSAM run with kept clients and checkpoints at rounds 0, 10 and 20; ``ckpt/``,
+analyze/, figures/, claims/), the pages' placeholders made real by ``SETUP`` (``runs/demo``: the demo's three
+runs; ``runs/x``: a FedSAM run with kept clients and checkpoints at rounds 0, 10 and 20; ``ckpt/``,
 ``runs/other``, ``mine.pt``, ``states/`` and the ``mylab`` module that the bring-your-own examples name), then
-each command in order, so a later command sees what an earlier one wrote (the analyze examples read the runs
-the train examples made).
+each command in order, so a later command sees what an earlier one wrote (the analyze guide's examples read
+the runs the train guide's examples made).
 
 Small settings. ``LANDSCAPE_README_SMALL`` (default 1) runs the commands that take minutes with small
-settings: ``SMALL`` maps such a command's exact README text to the command the test runs instead, with a
-comment above each entry saying what is shrunk (mostly flags appended or replaced: fewer rounds, one local
-step, a 100-sample analysis set, small pass options, a 5x5 surface grid). The package never reads the
-variable: only this file does. ``runs/demo`` is trained by ``landscape train`` with the demo's runs (names,
-partition, 30 rounds, checkpoints every 10) but one local step per round and a small analysis, rather than by
-``landscape demo`` (2-3 minutes alone; tests/workflows checks what the demo trains); so the README's paths and
-rounds (runs/demo/..., round 30) stay as printed and nothing is rewritten. LANDSCAPE_README_SMALL=0 runs every
+settings: ``SMALL`` maps such a command's exact text to the command the test runs instead, with a comment
+above each entry saying what is shrunk (mostly flags appended or replaced: fewer rounds, one local step, a
+100-sample analysis set, small pass options, a 5x5 surface grid). The package never reads the variable: only
+this file does. ``runs/demo`` is trained by ``landscape train`` with the demo's runs (names, partition, 30
+rounds, checkpoints every 10) but one local step per round and a small analysis, rather than by ``landscape
+demo`` (minutes alone; tests/workflows checks what the demo trains); so the pages' paths and rounds
+(runs/demo/..., round 30) stay as printed and nothing is rewritten. LANDSCAPE_README_SMALL=0 runs every
 command as printed (``landscape demo`` included): tens of minutes.
 
-Skipped, by exact text with the reason (``SKIP``): what installs (make demo / make test), needs a GPU,
-torchrun or data that must be downloaded. Commands that wait on a fix of another part of issue 22 are expected
-to fail (``XFAIL``, not strict, so they pass once fixed). A test checks that every entry of these tables still
-names a README command, so none goes stale. The slow part is the commands themselves: in small mode about 3.5
-minutes of CPU (one thread each, one after the other), 10 minutes of wall time on a 2-core machine busy with
-other jobs; deselect it with ``-k "not runs_as_printed"`` (the checks of the tables, paths and extraction
-stay).
+Skipped, by exact text with the reason (``SKIP``): what installs (make demo / make test, pip install), serves
+until stopped, needs a GPU, torchrun, a network or data that must be downloaded; ``REQUIRES``: a command that
+needs an optional extra the test extras do not install runs only where it is installed. Commands that wait on
+a fix elsewhere are expected to fail (``XFAIL``, not strict, so they pass once fixed). One entry of these
+tables serves a command wherever it is printed, and a test checks that every entry still names a command of
+some page, so none goes stale. The slow part is the commands themselves (minutes of CPU in small mode, one
+thread each, one after the other); deselect it with ``-k "not runs_as_printed"`` (the checks of the tables,
+pages, paths and extraction stay).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -40,9 +45,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml  # PyYAML: mkdocs (in the test extra) depends on it
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+MKDOCS = ROOT / "mkdocs.yml"
+NOT_RUN = ("reference/", "results/")  # docs/ folders whose pages are not run: generated, or measured
 RECIPE_FOLDERS = ("train", "analyze", "figures", "claims")
 SHELL_TAGS = {"bash", "sh", "shell", "console"}
 SMALL_MODE = os.environ.get("LANDSCAPE_README_SMALL", "1") != "0"
@@ -111,10 +119,13 @@ SETUP = [
     "python make_state_dicts.py",
 ]
 
-# Commands not run: exact README text -> why.
+# Commands not run: exact text -> why.
 SKIP = {
     "make demo": "installs into .venv (this test runs in it); the demo itself runs below",
     "make test": "installs into .venv and runs the whole suite, this file included",
+    "pip install -e '.[tensorboard]'": "installs into .venv (the test extras hold tensorboard already)",
+    "tensorboard --logdir runs/": "a web server: it serves until it is stopped",
+    "wandb sync runs/my-run/wandb/offline-run-*": "uploads to Weights & Biases: needs a network and an account",
     "landscape figures figures/fednsam-fig1-surfaces.toml --scale paper": "GPU scale, CIFAR-100 on disk",
     "landscape train train/cifar100-fednsam.toml --device cuda": "needs a GPU and CIFAR-100 on disk",
     **{cmd: "torchrun (several processes, a GPU or several machines)" for cmd in (
@@ -126,11 +137,17 @@ SKIP = {
         " -m landscape train train/cifar100-fednsam.toml --device cuda")},
 }
 
-# Commands that fail until another part of issue 22 lands: exact README text (a Python block: its first line
-# that is not an import) -> the fix they wait on.
+# Commands that need an optional extra the test extras do not install: exact text -> the module; run (with their
+# SMALL settings) where it is installed, skipped elsewhere.
+REQUIRES = {
+    "landscape train train/digits-fedavg.toml --log tensorboard,wandb -o runs/tracked": "wandb",
+}
+
+# Commands that fail until a fix elsewhere lands: exact text (a Python block: its first line that is not an
+# import) -> the fix they wait on.
 XFAIL: dict[str, str] = {}
 
-# Small settings (LANDSCAPE_README_SMALL=1): exact README text -> the command run instead.
+# Small settings (LANDSCAPE_README_SMALL=1): exact text -> the command run instead.
 SMALL = {
     # 2 rounds instead of 30
     "landscape train --algorithm fedavg --dataset digits --partition dirichlet --alpha 0.1 --clients 20"
@@ -152,6 +169,12 @@ SMALL = {
         "landscape train train/digits-quick.toml --out runs/digits-quick --rounds 1 --local-steps 1 --quiet",
     "landscape train train/mnist1d-quick.toml --out runs/mnist1d-quick":
         "landscape train train/mnist1d-quick.toml --out runs/mnist1d-quick --rounds 1 --local-steps 1 --quiet",
+    # the tracking examples: 2 rounds of one local step instead of the recipe's 30 of 5 epochs, or of 50
+    "landscape train train/digits-fedavg.toml --log tensorboard,wandb -o runs/tracked":
+        "landscape train train/digits-fedavg.toml --log tensorboard,wandb -o runs/tracked --rounds 2 --local-steps 1"
+        " --quiet",
+    "landscape train --log tensorboard --set train.rounds=50 -o runs/tb":
+        "landscape train --log tensorboard --set train.rounds=2 --set train.local_steps=1 -o runs/tb --quiet",
     # the analyze examples: the quick analysis (analyze_small) instead of every pass at its defaults
     "landscape analyze runs/digits-quick/digits-fedsam-dir0.1-cnn-c20-s0":
         "landscape analyze runs/digits-quick/digits-fedsam-dir0.1-cnn-c20-s0 " + analyze_small(),
@@ -194,7 +217,7 @@ SMALL = {
         "landscape analyze runs/x --set surface.normalization=filter-reference --set surface.reference=round:0")},
 }
 
-# What a Python block needs that the README leaves to the reader (its first line that is not an import -> code
+# What a Python block needs that its page leaves to the reader (its first line that is not an import -> code
 # run before it): the bring-your-own block's model, a loader of 64 samples, client models and a regressor on float
 # targets.
 PRELUDE = {
@@ -217,7 +240,8 @@ x, y_float = train.x[:64], torch.randn(64, 1, generator=torch.Generator().manual
 class Command:
     kind: str   # "shell" or "python"
     text: str   # a shell command (continuations joined, comment dropped) or a Python block
-    line: int   # where it starts in README.md
+    line: int   # where it starts on its page
+    page: str = "README"  # "README", or a docs page without its ".md" ("guides/train")
 
     @property
     def key(self) -> str:
@@ -228,8 +252,12 @@ class Command:
         lines = [re.split(r"\s+#\s", s, maxsplit=1)[0].strip() for s in self.text.splitlines()]
         return next(s for s in lines if s and not s.startswith(("import ", "from ", "#")))
 
+    @property
+    def where(self) -> str:
+        return f"{self.page}-line{self.line}"
 
-def shell_commands(block: list[str], first_line: int) -> list[Command]:
+
+def shell_commands(block: list[str], first_line: int, page: str = "README") -> list[Command]:
     """A shell block's commands: continuation lines joined, comment lines and trailing comments dropped,
     whitespace runs as one space."""
     commands, pending, start = [], "", first_line
@@ -241,13 +269,13 @@ def shell_commands(block: list[str], first_line: int) -> list[Command]:
         if line.endswith("\\"):
             continue
         if pending.strip():
-            commands.append(Command("shell", " ".join(pending.split()), start))
+            commands.append(Command("shell", " ".join(pending.split()), start, page))
         pending = ""
     return commands
 
 
-def readme_commands(text: str) -> list[Command]:
-    """Every shell command and Python block of a README, in order."""
+def readme_commands(text: str, page: str = "README") -> list[Command]:
+    """Every shell command and Python block of a page (the README or a docs page), in order."""
     commands, block, tag, start = [], None, "", 0
     for number, line in enumerate(text.splitlines(), 1):
         fence = re.match(r"^```\s*([\w+-]*)", line)
@@ -255,16 +283,53 @@ def readme_commands(text: str) -> list[Command]:
             block, tag, start = [], fence.group(1).lower(), number + 1
         elif block is not None and line.startswith("```"):
             if tag in SHELL_TAGS:
-                commands += shell_commands(block, start)
+                commands += shell_commands(block, start, page)
             elif tag == "python":
-                commands.append(Command("python", "\n".join(block), start))
+                commands.append(Command("python", "\n".join(block), start, page))
             block = None
         elif block is not None:
             block.append(line)
     return commands
 
 
-COMMANDS = readme_commands(README.read_text(encoding="utf-8"))
+def nav_pages(nav) -> list[str]:
+    """The pages of a mkdocs ``nav:`` (nested lists of ``title: page`` maps), in nav order."""
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in nav_pages(value)]
+    return [page for item in nav or [] for page in nav_pages(item)]
+
+
+def pages() -> dict[str, Path]:
+    """The pages whose commands run, in order: the README, then the site's pages in nav order (not the
+    generated reference, not the results), by name (``README``, ``guides/train``)."""
+    config = yaml.safe_load(MKDOCS.read_text(encoding="utf-8"))
+    docs = ROOT / config.get("docs_dir", "docs")
+    found = {"README": README}
+    for page in nav_pages(config["nav"]):
+        if not page.startswith(NOT_RUN) and "://" not in page:
+            found.setdefault(page.removesuffix(".md"), docs / page)
+    return found
+
+
+PAGES = pages()
+ALL_COMMANDS = [command for name, path in PAGES.items()
+                for command in readme_commands(path.read_text(encoding="utf-8"), name)]
+
+
+def first_of_each(commands: list[Command]) -> list[Command]:
+    """Each command once (kind and exact text), where it first appears: the README's first, then the pages'
+    in order."""
+    seen, kept = set(), []
+    for command in commands:
+        if (command.kind, command.text) not in seen:
+            seen.add((command.kind, command.text))
+            kept.append(command)
+    return kept
+
+
+COMMANDS = first_of_each(ALL_COMMANDS)
 
 
 def environment(workspace: Path) -> dict:
@@ -295,7 +360,7 @@ def check(result: subprocess.CompletedProcess, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
-    """The recipe folders copied, the README's placeholders made real (``SETUP``)."""
+    """The recipe folders copied, the pages' placeholders made real (``SETUP``)."""
     folder = tmp_path_factory.mktemp("readme")
     for name in RECIPE_FOLDERS:
         shutil.copytree(ROOT / name, folder / name)
@@ -313,49 +378,77 @@ def command_params():
         marks = []
         if command.key in XFAIL:
             marks.append(pytest.mark.xfail(reason=XFAIL[command.key], strict=False))
-        yield pytest.param(command, marks=marks, id=f"{command.kind}-line{command.line}")
+        yield pytest.param(command, marks=marks, id=command.where)
 
 
 @pytest.mark.parametrize("command", list(command_params()))
 def test_readme_runs_as_printed(command: Command, request):
     if command.key in SKIP:
         pytest.skip(SKIP[command.key])
+    if command.key in REQUIRES and importlib.util.find_spec(REQUIRES[command.key]) is None:
+        pytest.skip(f"needs {REQUIRES[command.key]}, an optional extra the test extras do not install")
     workspace = request.getfixturevalue("workspace")
     if command.kind == "python":
         code = PRELUDE.get(command.key, "") + "\n" + command.text
-        check(run_python(code, workspace), f"README line {command.line}: python block")
+        check(run_python(code, workspace), f"{command.where}: python block")
         return
     text = SMALL.get(command.text, command.text) if SMALL_MODE else command.text
-    check(run_shell(text, workspace), f"README line {command.line}: {text}")
+    check(run_shell(text, workspace), f"{command.where}: {text}")
+
+
+def test_the_pages_are_the_readme_then_the_nav_without_reference_and_results():
+    names = list(PAGES)
+    assert names[0] == "README" and "index" in names and "guides/train" in names, names
+    assert not [name for name in names if name.startswith(NOT_RUN)], names
+    missing = [str(path) for path in PAGES.values() if not path.is_file()]
+    assert not missing, f"in the nav of mkdocs.yml but not on disk: {missing}"
 
 
 def test_readme_has_commands_to_run():
     kinds = {c.kind for c in COMMANDS}
     assert kinds == {"shell", "python"}, kinds
     assert sum(c.key not in SKIP for c in COMMANDS) >= 20, [c.key for c in COMMANDS]
+    readme = [c for c in COMMANDS if c.page == "README"]
+    assert {c.kind for c in readme} == {"shell", "python"}, readme
 
 
-def test_every_table_entry_names_a_readme_command():
-    keys = {c.key for c in COMMANDS}
-    for table in (SKIP, XFAIL, SMALL, PRELUDE):
+def test_every_table_entry_names_a_command_of_some_page():
+    keys = {c.key for c in ALL_COMMANDS}
+    for table in (SKIP, REQUIRES, XFAIL, SMALL, PRELUDE):
         stale = sorted(set(table) - keys)
-        assert not stale, f"no longer in README.md (update tests/test_readme.py): {stale}"
+        assert not stale, f"on no page (README.md, mkdocs.yml's nav): update tests/test_readme.py: {stale}"
 
 
-def test_readme_cites_no_line_numbers():
-    text = README.read_text(encoding="utf-8")
-    cited = re.findall(r"[\w/.-]+\.(?:py|toml|md):\d+|\blines? \d+(?:-\d+)? of\b", text)
-    assert not cited, cited
+def test_no_page_cites_line_numbers():
+    for name, path in PAGES.items():
+        text = path.read_text(encoding="utf-8")
+        cited = re.findall(r"[\w/.-]+\.(?:py|toml|md):\d+|\blines? \d+(?:-\d+)? of\b", text)
+        assert not cited, (name, cited)
 
 
-def test_every_repository_path_the_readme_names_exists():
-    """Files and folders of the repository named in the README (a test moved into tests/<package>/, a pass into
-    landscape/analyze/passes/ leaves a dangling name); placeholders such as ``figures/X.toml`` are left out."""
-    text = README.read_text(encoding="utf-8")
+def expand_braces(path: str) -> list[str]:
+    """``train/cifar{10,100}-x.toml`` -> both names (the first brace group first, then the rest)."""
+    match = re.search(r"\{([^{}]*)\}", path)
+    if not match:
+        return [path]
+    return [name for part in match.group(1).split(",")
+            for name in expand_braces(path[:match.start()] + part + path[match.end():])]
+
+
+def test_every_repository_path_a_page_names_exists():
+    """Files and folders of the repository named on a page (a test moved into tests/<package>/, a pass into
+    landscape/analyze/passes/ leaves a dangling name), from the repository root or, as docs/architecture.md
+    names modules, from the package folder; brace lists are expanded; placeholders such as ``figures/X.toml``
+    are left out."""
     top = "|".join(re.escape(name) for name in (".ci", "landscape", "tests", "benchmarks", "docs", "tools",
                                                  *RECIPE_FOLDERS))
-    named = set(re.findall(rf"(?<![\w/.])(?:{top})/[\w./-]*\w", text))
-    missing = sorted(p for p in named if not re.search(r"(^|/)X\.", p) and not (ROOT / p).exists())
+    pattern = rf"(?<![\w/.])(?:{top})/(?:[\w./-]|\{{[\w.,-]+\}})*(?:\w|\}})"
+    missing = []
+    for name, page in PAGES.items():
+        text = page.read_text(encoding="utf-8")
+        named = {path for found in re.findall(pattern, text) for path in expand_braces(found)}
+        missing += [f"{name}: {p}" for p in sorted(named) if not re.search(r"(^|/)X\.", p)
+                    and not (ROOT / p).exists() and not (ROOT / "landscape" / p).exists()]
     assert not missing, missing
 
 
@@ -363,3 +456,12 @@ def test_the_extraction_joins_continuations_and_drops_comments():
     text = "x\n```bash\n# a comment\nlandscape a \\\n    --b 1   # why\n\nlandscape c#d\n```\n```\nnot run\n```\n"
     assert [c.text for c in readme_commands(text)] == ["landscape a --b 1", "landscape c#d"]
     assert readme_commands("```python\nimport x\ny = 1\n```\n") == [Command("python", "import x\ny = 1", 2)]
+    assert readme_commands("```bash\nls\n```\n", "guides/x")[0].where == "guides/x-line2"
+
+
+def test_a_command_printed_on_several_pages_runs_once_where_it_first_appears():
+    commands = [Command("shell", "landscape list", 3), Command("shell", "landscape list", 9, "guides/train"),
+                Command("python", "landscape list", 12, "guides/train"), Command("shell", "ls", 5, "index")]
+    assert first_of_each(commands) == [commands[0], commands[2], commands[3]]
+    texts = [(c.kind, c.text) for c in COMMANDS]
+    assert len(texts) == len(set(texts))
