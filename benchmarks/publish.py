@@ -89,6 +89,8 @@ REGISTRY: dict[str, Table] = {
     "surface-vs-loop": Table((PY, "benchmarks/surface_vs_loop.py", "--passes"),
                              "a 51x51 surface: ours against loss-landscapes"),
     "surface-ranks": Table((PY, "benchmarks/surface_ranks.py", "--configs", "1x1,2x1,1x2"), "a 51x51 surface on 1 and 2 torchrun ranks"),
+    "threads": Table((PY, "benchmarks/threads.py"), "one torch thread against two, training and a hessian pass",
+                     fresh="runs/publish-threads"),
     "claims-digits": Table((PY, "-m", "landscape", "claims", "claims/*.toml", "-o", "runs/claims-digits", "--quiet"),
                            "the published claims on digits, 8 seeds", output="runs/claims-digits/claims.md"),
     "claims-mnist1d": Table((PY, "-m", "landscape", "claims", "claims/*.toml", "--seeds", "0,1,2,3,4",
