@@ -34,10 +34,12 @@ def main() -> None:
         if not metrics:
             continue
         recipe = read_toml(run.recipe)
-        algorithm = recipe.algorithm.name + ("+swa" if recipe.train.swa else "")
+        algorithm = recipe["algorithm"]["name"] + ("+swa" if recipe["train"].get("swa") else "")
         seconds = sum(m["seconds"] for m in metrics)
         rows.append((algorithm, metrics[-1]["test_acc"], metrics[-1]["flatness_distance"],
                      metrics[-1]["uplink_floats"], len(metrics) / seconds))
+    order = read_toml(args.recipe).get("sweep", {}).get("algorithm.name", [])  # the recipe's order
+    rows.sort(key=lambda row: (order.index(row[0]) if row[0] in order else len(order), row[0]))
     base = {a: speed for a, *_, speed in rows}.get("fedavg")
     print("| algorithm | final test accuracy | final Delta_D | uplink floats / client | rounds/s | time vs FedAvg |")
     print("|---|---|---|---|---|---|")

@@ -232,9 +232,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: {table.what}")
         return
     names = args.names or list(REGISTRY)
-    if len(names) > 1:  # one process per table, so each peak memory is its own
-        for name in names:
-            subprocess.run([sys.executable, __file__, name], check=True)
+    if len(names) > 1:  # one process per table, so each peak memory is its own; a failure stops no other
+        failed = [name for name in names if subprocess.run([sys.executable, __file__, name]).returncode != 0]
+        if failed:
+            raise SystemExit(f"error: not regenerated: {', '.join(failed)}")
         return
     print(f"{names[0]}: {REGISTRY[names[0]].what} ...", file=sys.stderr, flush=True)
     print(f"wrote {publish(names[0], REGISTRY[names[0]]).relative_to(ROOT)}", file=sys.stderr)
