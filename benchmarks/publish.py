@@ -73,6 +73,8 @@ REGISTRY: dict[str, Table] = {
                                "every algorithm of train/digits-quick.toml on digits", fresh="runs/publish-algorithms"),
     "analyze-digits": Table((PY, "benchmarks/analyze_digits.py"),
                             "`landscape analyze` of a digits FedSAM run, every pass", fresh="runs/publish-analyze"),
+    "clients-scaling": Table((PY, "benchmarks/clients_scaling.py"), "every analysis pass at 20 and at 100 clients",
+                             fresh="runs/publish-clients"),
     "hessian-cnn": Table((PY, "benchmarks/hessian_vs_pyhessian.py", "--model", "cnn"),
                          "top-5 eigenvalues and one product: ours and the peers on the digits CNN"),
     "hessian-mlp": Table((PY, "benchmarks/hessian_vs_pyhessian.py", "--model", "mlp", "--hidden", "64"),
