@@ -75,6 +75,8 @@ REGISTRY: dict[str, Table] = {
                             "`landscape analyze` of a digits FedSAM run, every pass", fresh="runs/publish-analyze"),
     "clients-scaling": Table((PY, "benchmarks/clients_scaling.py"), "every analysis pass at 20 and at 100 clients",
                              fresh="runs/publish-clients"),
+    "resnet-products": Table((PY, "benchmarks/resnet_products.py"),
+                             "one Hessian-vector product against one gradient on ResNet-18-GN"),
     "hessian-cnn": Table((PY, "benchmarks/hessian_vs_pyhessian.py", "--model", "cnn"),
                          "top-5 eigenvalues and one product: ours and the peers on the digits CNN"),
     "hessian-mlp": Table((PY, "benchmarks/hessian_vs_pyhessian.py", "--model", "mlp", "--hidden", "64"),
