@@ -216,7 +216,7 @@ def _add_peers(module, objective: Objective, v: torch.Tensor, paths: dict, agree
     return missing
 
 
-def _min_seconds(paths: dict, calls: int) -> dict[str, float]:
+def min_seconds(paths: dict, calls: int) -> dict[str, float]:
     """Seconds of each path: one warm-up call each, then the minimum over ``calls`` interleaved calls."""
     best = {name: float("inf") for name in paths}
     for fn in paths.values():
@@ -247,7 +247,7 @@ def product_costs(module, flat: FlatModel, objective: Objective, w: torch.Tensor
     }
     agreement = {"ours: HVP through the kept graphs (default where they fit)": kept @ v}
     missing = _add_peers(module, objective, v, paths, agreement)
-    best = _min_seconds(paths, calls)
+    best = min_seconds(paths, calls)
     gradient = best["gradient of F (Objective.loss_and_grad)"]
     rows = []
     for name, seconds in best.items():

@@ -14,7 +14,6 @@ hold (as the operator measures them for its memory rule) and the products' agree
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
@@ -24,18 +23,7 @@ from landscape.analyze.operator import HessianOperator
 from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
-
-def minimum_seconds(paths: dict, calls: int) -> dict[str, float]:
-    """One warm-up call of each path, then the minimum over ``calls`` interleaved calls."""
-    best = {name: float("inf") for name in paths}
-    for fn in paths.values():
-        fn()
-    for _ in range(calls):
-        for name, fn in paths.items():
-            started = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - started)
-    return best
+from hessian_vs_pyhessian import min_seconds  # benchmarks/ is on the path of a script run from it
 
 
 def main() -> None:
@@ -63,7 +51,7 @@ def main() -> None:
              "HVP, forward-over-reverse (jvp of grad)": "forward"}
     paths = {"gradient": lambda: objective.loss_and_grad(w), "kept": lambda: kept @ v,
              "rebuilt": lambda: rebuilt @ v, "forward": lambda: forward @ v}
-    best = minimum_seconds(paths, args.calls)
+    best = min_seconds(paths, args.calls)
     agreement = {key: float(torch.linalg.vector_norm(op @ v - reference) / torch.linalg.vector_norm(reference))
                  for key, op in (("kept", kept), ("forward", forward))}
     print(f"ResNet-18-GN: {flat.dim:,} parameters, {args.samples} samples of 3x32x32 in batches of "
