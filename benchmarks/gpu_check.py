@@ -1,11 +1,18 @@
-"""GPU check: FedSAM rounds per second, seconds for lambda_1..5, seconds for a 51x51 surface, on one device.
+"""GPU check: FedSAM rounds per second (clients one after another and vectorised), HVP/gradient, seconds for
+lambda_1..5 and for a 51x51 surface, on one device.
 
 The paper-scale setting on synthetic tensors of CIFAR-10's shape (no download): 100 clients of 500 samples
 (3x32x32, 10 classes, random labels, an IID split), ResNet-18 with GroupNorm(2), FedSAM (rho 0.1), 10
 clients per round, E = 5 local epochs of batch 50 (K = 50 SAM steps, 100 forward/backward passes per client
 and round). Timed after one warm-up round, with the device synchronised:
 
-* training: ``--rounds`` rounds of ``Trainer.run_round`` (test evaluation every round, on 1,000 samples);
+* training: ``--rounds`` rounds of ``Trainer.run_round`` (test evaluation every round, on 1,000 samples) with
+  ``train.vectorize = "off"`` (the clients one after another) and ``"on"`` (the round's clients in lockstep,
+  one vmapped gradient per local step: ``landscape.train.vectorised``), the two runs' rounds interleaved from
+  the same initial model, and the relative distance of their final models; beside them the one-off timing
+  ``"auto"`` makes (one local step's gradients of the round's clients both ways);
+* HVP/gradient: one Hessian-vector product of the operator below (after Lanczos: its backend chosen, its
+  graphs kept where they fit) against one gradient of F over the same samples, minima of 3 interleaved calls;
 * lambda_1..5: ``lanczos_topk`` (k = 5, tol 1e-3, true residuals from the recorded products; the gradient
   graphs kept where they fit, as reported) of the Hessian of F over
   ``--analysis-samples`` training samples (batches of 512, eval mode, float32: curvature never runs in
@@ -48,6 +55,7 @@ from landscape.core.flat import FlatModel
 from landscape.data.datasets import ArrayDataset, DatasetBundle
 from landscape.data.partitions import class_histogram
 from landscape.store.runs import RunDir
+from landscape.train import vectorised
 from landscape.train.loop import Trainer
 
 try:  # where the data set-up lives (moved out of the training loop)
@@ -112,18 +120,22 @@ def main() -> None:
             ("train.rounds", args.rounds + 1), ("train.device", args.device),
             ("train.precision", args.precision), ("train.compile", args.compile),
         ])
+        trainers = {}
         with tempfile.TemporaryDirectory() as folder:  # rounds run through run_round, which writes no file
-            trainer = Trainer(recipe, RunDir(folder), setup)
+            for mode in ("off", "on"):
+                trainers[mode] = Trainer(recipe.with_values({"train.vectorize": mode}), RunDir(folder), setup)
+        trainer = trainers["off"]
         device = trainer.device
-        warm = trainer.run_round(trainer.initial_state())[0]  # warm-up (kernels, compile)
-
-        def train_rounds():
-            state = warm
-            for _ in range(args.rounds):
-                state = trainer.run_round(state)[0]
-            return state
-
-        train_seconds, state = timed(device, train_rounds)
+        # the rounds of the two runs interleaved (the machine's load shared), after one warm-up round each
+        states = {mode: t.run_round(t.initial_state())[0] for mode, t in trainers.items()}
+        seconds = dict.fromkeys(trainers, 0.0)
+        for _ in range(args.rounds):
+            for mode, t in trainers.items():
+                took, (states[mode], _, _) = timed(device, lambda t=t, mode=mode: t.run_round(states[mode]))
+                seconds[mode] += took
+        train_seconds, state = seconds["off"], states["off"]
+        final_distance = ((states["on"].x - state.x).norm() / state.x.norm()).item()
+        auto_seconds = vectorised.time_oracles(trainers["on"], vectorised.block_size(trainers["on"]))
         steps = len(trainer._batch_indices(0, torch.Generator().manual_seed(0)))
 
         # Analysis: a fresh, uncompiled float32 model of the last round (curvature never autocasts or compiles).
@@ -134,6 +146,11 @@ def main() -> None:
         objective = Objective(flat, {}, hessian_data.place(device))
         op = HessianOperator(objective, w)  # gradient graphs kept where they fit (op.keeps_graph)
         lanczos_seconds, top = timed(device, lambda: lanczos_topk(op, args.top_k, tol=1e-3, seed=0))
+        v = torch.randn(w.shape, generator=torch.Generator().manual_seed(1)).to(device)
+        best = {"hvp": float("inf"), "gradient": float("inf")}
+        for _ in range(3):  # after Lanczos: the operator's backend is chosen and its graphs built
+            best["hvp"] = min(best["hvp"], timed(device, lambda: op @ v)[0])
+            best["gradient"] = min(best["gradient"], timed(device, lambda: objective.loss_and_grad(w))[0])
         surface_data = AnalysisData(train_set.x[: args.surface_samples], train_set.y[: args.surface_samples])
         surface_objective = Objective(flat, {}, surface_data.place(device))
         plane = random_plane(flat, w, 0)
@@ -150,6 +167,13 @@ def main() -> None:
             "compile": args.compile, "clients_per_round": per_round, "local_steps": steps,
             "rounds_timed": args.rounds, "rounds_per_second": args.rounds / train_seconds,
             "seconds_per_round": train_seconds / args.rounds,
+            "vectorized_rounds_per_second": args.rounds / seconds["on"],
+            "vectorized_seconds_per_round": seconds["on"] / args.rounds,
+            "vectorized_used": vectorised.vectorisation(trainers["on"]).record(),
+            "vectorized_final_model_distance": final_distance,
+            "auto_step_seconds": {"sequential": auto_seconds[0], "vectorized": auto_seconds[1]},
+            "hvp_seconds": best["hvp"], "gradient_seconds": best["gradient"],
+            "hvp_per_gradient": best["hvp"] / best["gradient"], "hvp_backend": op.backend_used,
             "lanczos_seconds": lanczos_seconds, "lanczos_hvps": top.hvp_count, "eigenvalues": top.values.tolist(),
             "converged": top.converged.tolist(), "analysis_samples": len(hessian_data),
             "graphs_kept": op.keeps_graph, "graph_bytes": op.graph_bytes,
@@ -164,8 +188,17 @@ def main() -> None:
                   f"({flat.dim:,} parameters), precision {args.precision}, compile {args.compile}\n")
             print("| job | setting | seconds | rate |")
             print("|---|---|---|---|")
-            print(f"| FedSAM training | {per_round} clients/round, K = {steps} steps, batch {args.batch_size} | "
+            setting = f"{per_round} clients/round, K = {steps} steps, batch {args.batch_size}"
+            print(f"| FedSAM training, clients one after another | {setting} | "
                   f"{train_seconds / args.rounds:.2f} per round | {args.rounds / train_seconds:.3f} rounds/s |")
+            print(f"| FedSAM training, vectorised (train.vectorize = \"on\") | {setting}; final model "
+                  f"{final_distance:.1e} from the sequential one (relative) | {seconds['on'] / args.rounds:.2f} "
+                  f"per round | {args.rounds / seconds['on']:.3f} rounds/s ({train_seconds / seconds['on']:.2f}x) |")
+            print(f"| auto's timing: one local step's gradients | {vectorised.block_size(trainer)} clients, one "
+                  f"after another vs one vmapped pass | {auto_seconds[0]:.4f} vs {auto_seconds[1]:.4f} | "
+                  f"{auto_seconds[0] / auto_seconds[1]:.2f}x |")
+            print(f"| HVP / gradient | {len(hessian_data):,} samples, {op.backend_used} | "
+                  f"{best['hvp']:.3f} vs {best['gradient']:.3f} | {best['hvp'] / best['gradient']:.2f}x |")
             graphs = (f"graphs kept ({op.graph_bytes / 2**30:.1f} GiB)" if op.keeps_graph else
                       f"graphs rebuilt per product ({(op.graph_bytes or 0) / 2**30:.1f} GiB would not fit)")
             print(f"| lambda_1..{args.top_k} (Lanczos, tol 1e-3) | {len(hessian_data):,} samples, {graphs} | "

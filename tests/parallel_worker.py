@@ -100,6 +100,8 @@ def main() -> None:
         p = problem()
         products = {backend: HessianOperator(p["objective"], p["w"], backend).matmat(p["vectors"])
                     for backend in ("double-backward", "forward-over-reverse")}
+        # auto with nothing fitting: the ranks agree not to keep graphs and time the backends together
+        products["auto"] = HessianOperator(p["objective"], p["w"], "auto", memory_budget=0).matmat(p["vectors"])
         saves: list[int] = []
         grid = evaluate_surface(p["objective"], p["w"], p["d1"], p["d2"], *GRID, loss=p["partial_loss"],
                                 accuracy=p["partial_accuracy"], cells_per_batch=CELLS_PER_BATCH, save_every=8,

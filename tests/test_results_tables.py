@@ -39,10 +39,9 @@ def test_every_table_file_is_shown_in_the_docs_or_the_readme():
 def test_every_benchmark_script_measures_a_table():
     measured = {part for table in publish.REGISTRY.values() for part in table.command if part.endswith(".py")}
     scripts = {f"benchmarks/{p.name}" for p in (ROOT / "benchmarks").glob("*.py")}
-    # publish.py is this tool; gpu_check.py needs a GPU (its table is measured where one is lent); the three
-    # below are written but not yet measured on this machine (issue 23): no table stands in for them
-    not_tables = {"benchmarks/publish.py", "benchmarks/gpu_check.py", "benchmarks/clients_scaling.py",
-                  "benchmarks/resnet_products.py", "benchmarks/surface_ranks.py"}
+    # publish.py is this tool; gpu_check.py needs a GPU (its table is measured where one is lent);
+    # gradient_overhead.py (issue 23) is written and run once, not yet published: no table stands in for it
+    not_tables = {"benchmarks/publish.py", "benchmarks/gpu_check.py", "benchmarks/gradient_overhead.py"}
     assert scripts - measured == not_tables, scripts - measured
 
 

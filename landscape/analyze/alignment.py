@@ -32,9 +32,10 @@ from torch import Tensor
 from landscape.analyze.flatness import (
     check_client_vectors,
     check_minibatch_settings,
-    client_minibatches,
+    client_minibatch_gradients,
     pair_mean_se,
 )
+from landscape.analyze.gradient_cache import GradientCache, full_gradient
 from landscape.core.errors import LandscapeError
 
 
@@ -79,15 +80,17 @@ class GradientAlignmentResult:
 
 
 def gradient_alignment(
-    global_objective: Any, client_objectives: Mapping[int, Any], w: Tensor
+    global_objective: Any, client_objectives: Mapping[int, Any], w: Tensor, *,
+    gradients: GradientCache | None = None,
 ) -> GradientAlignmentResult:
-    """C_ij = cos(gradF_i, gradF_j) and c_i = cos(gradF_i, gradF) at w (full-batch gradients)."""
+    """C_ij = cos(gradF_i, gradF_j) and c_i = cos(gradF_i, gradF) at w (full-batch gradients; from
+    ``gradients`` when given, ``gradient_cache``)."""
     if not client_objectives:
         raise LandscapeError("gradient alignment needs at least one client objective")
     w = w.detach()
     clients = sorted(client_objectives)
-    _, grad = global_objective.loss_and_grad(w)
-    grads = torch.stack([client_objectives[c].loss_and_grad(w)[1] for c in clients])
+    _, grad = full_gradient(global_objective, w, gradients)
+    grads = torch.stack([full_gradient(client_objectives[c], w, gradients)[1] for c in clients])
     c = cosine_matrix(grads)
     to_global = cosines_to(grads, grad)
     return GradientAlignmentResult(
@@ -115,9 +118,11 @@ class MinibatchAlignmentResult:
 
 
 def minibatch_alignment(
-    client_objectives: Mapping[int, Any], w: Tensor, *, batch_size: int, batches: int, seed: int = 0
+    client_objectives: Mapping[int, Any], w: Tensor, *, batch_size: int, batches: int, seed: int = 0,
+    gradients: GradientCache | None = None,
 ) -> MinibatchAlignmentResult:
-    """Within-client minibatch gradient cosine: mean over pairs of distinct draws B != B' of cos(g_i^B, g_i^B')."""
+    """Within-client minibatch gradient cosine: mean over pairs of distinct draws B != B' of cos(g_i^B, g_i^B')
+    (the draws' gradients from ``gradients`` when given: the incompatibility pass's, ``gradient_cache``)."""
     check_minibatch_settings(batch_size, batches)
     if not client_objectives:
         raise LandscapeError("minibatch alignment needs at least one client objective")
@@ -125,9 +130,8 @@ def minibatch_alignment(
     clients = sorted(client_objectives)
     matrices = []
     for c in clients:
-        obj = client_objectives[c]
-        minibatches = client_minibatches(obj, batch_size, batches, seed, c)
-        grads = torch.stack([obj.batch_loss_and_grad(w, b)[1] for b in minibatches])
+        _, draws = client_minibatch_gradients(client_objectives[c], w, batch_size, batches, seed, c, gradients)
+        grads = torch.stack(draws)
         matrices.append(cosine_matrix(grads))
     stacked = np.stack(matrices)
     means, ses, mean, se = pair_mean_se(stacked)

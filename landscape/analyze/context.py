@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from landscape.analyze.analysis_data import AnalysisData
+from landscape.analyze.gradient_cache import GradientCache
 from landscape.analyze.objective import Objective, Problem
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import Source, file_digest
@@ -38,6 +39,8 @@ class CheckpointContext:
     buffers: dict[str, Tensor] = field(init=False)
     # progress(done, total or None) of the work inside a pass (products, surface cells); set by the scheduler
     progress: Callable[[int, int | None], None] | None = field(init=False, default=None)
+    # client -> F_i, each built once (``client_objective``)
+    _client_objectives: dict[int, Objective] = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         path = self.source.checkpoints[self.round]
@@ -103,8 +106,18 @@ class CheckpointContext:
         )
 
     def client_objective(self, client: int) -> Objective:
-        """F_i over client i's (never augmented) training data."""
-        return Objective(self.flat, self.buffers, self.client_data(client), self.settings.bn_mode)
+        """F_i over client i's (never augmented) training data: built once per checkpoint (its data placed and
+        checked against the model once), so that every pass asks ``gradients`` about the same objective."""
+        if client not in self._client_objectives:
+            self._client_objectives[client] = Objective(self.flat, self.buffers, self.client_data(client),
+                                                        self.settings.bn_mode)
+        return self._client_objectives[client]
+
+    @cached_property
+    def gradients(self) -> GradientCache:
+        """What several passes of this checkpoint compute at w, computed once (``gradient_cache``): grad F,
+        every grad F_i, the clients' minibatch gradients and the sharpness ascents."""
+        return GradientCache(self.w)
 
     def sample_clients(self, count: int) -> list[int]:
         """All clients (count 0 or >= N) or a seeded sample of ``count``."""

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from landscape.analyze.gradient_cache import GradientCache, full_gradient
 from landscape.core import perturb
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
@@ -129,6 +130,21 @@ def client_minibatches(objective: Any, batch_size: int, batches: int, seed: int,
     data = objective.data
     index = client_minibatch_indices(len(data), batch_size, batches, seed, client)
     return [data.take(i) for i in index]
+
+
+def client_minibatch_gradients(objective: Any, w: Tensor, batch_size: int, batches: int, seed: int, client: int,
+                               gradients: GradientCache | None = None) -> tuple[list[tuple], list[Tensor]]:
+    """The minibatches of ``client_minibatches`` and the gradients g_i^B = grad f_i^B(w) on each, from
+    ``gradients`` when given (computed there once per client, batch size, number of draws and seed)."""
+
+    def compute() -> tuple[list[tuple], list[Tensor]]:
+        minibatches = client_minibatches(objective, batch_size, batches, seed, client)
+        return minibatches, [objective.batch_loss_and_grad(w, b)[1] for b in minibatches]
+
+    if gradients is None:
+        return compute()
+    return gradients.remember(("minibatch gradients", objective, int(client), int(batch_size), int(batches),
+                               int(seed)), w, compute)
 
 
 def check_minibatch_settings(batch_size: int, batches: int) -> None:
@@ -237,10 +253,13 @@ def flatness_incompatibility(
     batches: int,
     seed: int = 0,
     loss_level: bool = True,
+    gradients: GradientCache | None = None,
 ) -> IncompatibilityResult:
     """Delta_FI and its decompositions at x (module docstring). ``batch_size`` is the training batch size;
     ``batches`` the Monte-Carlo minibatches per client (>= 2). ``loss_level=False`` skips the N * (M + 1)
-    full passes of F that the loss-level figures cost (they are then NaN)."""
+    full passes of F that the loss-level figures cost (they are then NaN): F(x + e_i^B) is F at client i's
+    own perturbation, so no client's term serves another. ``gradients``: grad F, grad F_i and the g_i^B at
+    x precomputed by other passes of the checkpoint (``gradient_cache``; the same numbers)."""
     if not rho > 0:
         raise LandscapeError(f"rho must be > 0 (got {rho})")
     check_minibatch_settings(batch_size, batches)
@@ -248,7 +267,7 @@ def flatness_incompatibility(
         raise LandscapeError("flatness incompatibility needs at least one client objective")
     w = w.detach()
     clients = sorted(client_objectives)
-    f0, grad = global_objective.loss_and_grad(w)
+    f0, grad = full_gradient(global_objective, w, gradients)
     e_star = rho * perturb.normalized(grad)
     nan = torch.full((), float("nan"), dtype=torch.float64, device=w.device)
     f_star = global_objective.loss(w + e_star).double() if loss_level else nan
@@ -256,16 +275,15 @@ def flatness_incompatibility(
     per_client: list[dict[str, Tensor]] = []
     for c in clients:
         obj = client_objectives[c]
-        _, grad_i = obj.loss_and_grad(w)
+        _, grad_i = full_gradient(obj, w, gradients)
         e_i = rho * perturb.normalized(grad_i)
         delta = grad_i - grad
-        minibatches = client_minibatches(obj, batch_size, batches, seed, c)
+        minibatches, draw_gradients = client_minibatch_gradients(obj, w, batch_size, batches, seed, c, gradients)
         with torch.no_grad():
             base = torch.stack([obj.batch_loss(w, b).double() for b in minibatches])  # f_i^{B'}(x)
         rows: dict[str, list[Tensor]] = {k: [] for k in ("fi", "batch", "cross", "gtotal", "gnoise", "gcross",
                                                           "gnorm", "ploss", "friendly")}
-        for b, batch in enumerate(minibatches):
-            _, g = obj.batch_loss_and_grad(w, batch)
+        for g in draw_gradients:
             e_b = rho * perturb.normalized(g)
             zeta = g - grad_i
             rows["fi"].append(((e_b - e_star) ** 2).sum())

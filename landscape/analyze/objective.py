@@ -18,7 +18,7 @@ statistics recomputed over the analysis data, then eval mode). Models without Ba
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -129,16 +129,21 @@ class Objective:
         return self.buffers
 
     # -- evaluations ------------------------------------------------------------------------------------
-    def batch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor], buffers: dict[str, Tensor] | None = None) -> Tensor:
-        """The mean loss on one batch at w (differentiable in w)."""
+    def batch_loss(self, w: Tensor | Mapping[str, Tensor], batch: tuple[Tensor, Tensor],
+                   buffers: dict[str, Tensor] | None = None) -> Tensor:
+        """The mean loss on one batch at w (differentiable in w): a flat vector, or the trainable parameters by
+        name (``ParameterLeaves.named``; then ``buffers`` must be given for a BN mode that depends on w)."""
+        if buffers is None:
+            buffers = self.buffers_for(w)
         with self.bn_mode_context():
-            return self.mean_loss(self.flat.logits(w, batch[0], buffers or self.buffers_for(w)), batch[1])
+            return self.mean_loss(self.flat.logits(w, batch[0], buffers), batch[1])
 
     def batch_loss_and_grad(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        """(f(w; B), grad f(w; B)), both detached."""
-        w = w.detach().requires_grad_(True)
-        loss = self.batch_loss(w, batch)
-        (grad,) = torch.autograd.grad(loss, w)
+        """(f(w; B), grad f(w; B)), both detached; the gradient written straight into a new flat tensor."""
+        leaves = self.flat.leaves(w)
+        grad = leaves.new_gradient()
+        loss = self.batch_loss(leaves.named, batch, self.buffers_for(w.detach()))
+        leaves.backward([loss])
         return loss.detach(), grad
 
     def loss(self, w: Tensor) -> Tensor:
@@ -151,16 +156,16 @@ class Objective:
         return total / len(self.data)
 
     def loss_and_grad(self, w: Tensor) -> tuple[Tensor, Tensor]:
-        """(F(w), grad F(w)) over the whole data set; batches weighted by size."""
-        w = w.detach().requires_grad_(True)
+        """(F(w), grad F(w)) over the whole data set; batches weighted by size. Every batch's gradient is added
+        in place into one new flat tensor (``ParameterLeaves``): the additions of a sum over batches, in order."""
         buffers = self.buffers_for(w.detach())
+        leaves = self.flat.leaves(w)
+        grad = leaves.new_gradient()
         total = torch.zeros((), dtype=torch.float64, device=w.device)
-        grad = torch.zeros_like(w)
         with self.bn_mode_context():
             for xb, yb in self.data.batches():
-                loss = self.summed_loss(self.flat.logits(w, xb, buffers), yb) / len(self.data)
-                (g,) = torch.autograd.grad(loss, w)
-                grad += g
+                loss = self.summed_loss(self.flat.logits(leaves.named, xb, buffers), yb) / len(self.data)
+                leaves.backward([loss])
                 total += loss.detach().double()
         return total, grad
 

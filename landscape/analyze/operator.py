@@ -15,6 +15,11 @@ Two ways to compute H_b v, equal up to rounding:
   back-propagates it k times). Both run the same operations in the same order: the same numbers.
 - ``forward-over-reverse``: the directional derivative of the gradient function, ``torch.func.jvp`` of
   ``torch.func.grad`` (usually the cheaper of the two on GPUs); it recomputes the gradient every product.
+- ``auto`` (the default): double-backward through kept graphs where they fit; otherwise, at the first
+  product, one rebuilt double-backward product and one forward-over-reverse product on the first batch are
+  timed and the faster is used (``backend_used``; ``backend_seconds`` the times).
+
+Both differentiate with respect to the parameters by name, products written in place (``products``).
 
 Memory rule for kept graphs (``keep_graph=None``, the default): at the first product the operator builds
 the first batch's gradient graph, measures the bytes of the tensors it saves (activations and the
@@ -38,18 +43,21 @@ this operator has computed so far (``total`` None: an operator does not know how
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
+from landscape.analyze import products
 from landscape.analyze.objective import Objective
+from landscape.analyze.products import Gradient, free_memory  # free_memory: also imported from here
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
+from landscape.core.flat import ParameterLeaves
 
-BACKENDS = ("double-backward", "forward-over-reverse")
+BACKENDS = ("auto", "double-backward", "forward-over-reverse")
+TIMED_BACKENDS = BACKENDS[1:]  # what auto chooses between where the graphs are not kept
 
 # Relative agreement two evaluations of Hv must reach (check_determinism). Reductions are the only rounding
 # differences a deterministic computation has, so far below what a dropout mask or a shuffled batch causes.
@@ -60,25 +68,6 @@ KEEP_GRAPH_FRACTION = 0.5
 
 # progress(done, total): work done so far and the total where known (None: unknown).
 Progress = Callable[[int, "int | None"], None]
-
-
-def free_memory(device: torch.device) -> int | None:
-    """Bytes free on ``device`` now: CUDA's ``mem_get_info``, the CPU's MemAvailable; None where unknown."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    if device.type == "cpu":
-        try:
-            with open("/proc/meminfo") as meminfo:
-                for line in meminfo:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        try:
-            return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-        except (ValueError, OSError, AttributeError):
-            return None
-    return None
 
 
 class LinearOperator(ABC):
@@ -155,15 +144,16 @@ class HessianOperator(LinearOperator):
     ``keep_graph``: None (default) keeps the double-backward's gradient graphs when they fit in
     ``memory_budget`` bytes (default ``KEEP_GRAPH_FRACTION`` of the device's free memory at the first
     product), True always, False never (every product rebuilds them). ``progress(done, None)`` is called
-    after every product. After the first product ``keeps_graph`` says what was decided and ``graph_bytes``
-    the measured size of the kept graphs (the estimate, where they were not kept).
+    after every product. After the first product ``keeps_graph`` says what was decided, ``graph_bytes``
+    the measured size of the kept graphs (the estimate, where they were not kept) and ``backend_used`` the
+    backend the products use.
     """
 
     def __init__(
         self,
         objective: Objective,
         w: Tensor,
-        backend: str = "double-backward",
+        backend: str = "auto",
         *,
         keep_graph: bool | None = None,
         memory_budget: int | None = None,
@@ -175,7 +165,7 @@ class HessianOperator(LinearOperator):
             raise LandscapeError(
                 f"w must be a flat vector of the model's {objective.flat.dim} parameters, got shape {tuple(w.shape)}"
             )
-        if keep_graph and backend != "double-backward":
+        if keep_graph and backend == "forward-over-reverse":
             raise LandscapeError("keep_graph applies to the double-backward backend (forward-over-reverse "
                                  "recomputes the gradient every product)")
         if memory_budget is not None and memory_budget < 0:
@@ -188,10 +178,14 @@ class HessianOperator(LinearOperator):
         self.keep_graph = keep_graph
         self.memory_budget = memory_budget
         self.progress = progress
-        self.keeps_graph: bool | None = False if backend != "double-backward" or keep_graph is False else None
+        self.keeps_graph: bool | None = False if backend == "forward-over-reverse" or keep_graph is False else None
         self.graph_bytes: int | None = None
-        self._graphs: list[tuple[float, Tensor | None]] = []
-        self._leaf: Tensor | None = None
+        # the backend the products use (auto: decided at the first product) and, where auto timed them, the
+        # seconds of one first-batch product by each
+        self.backend_used: str | None = None if backend == "auto" else backend
+        self.backend_seconds: dict[str, float] | None = None
+        self._graphs: list[tuple[float, Gradient]] = []
+        self._leaves: ParameterLeaves | None = None
         self._n = len(objective.data)
         self._buffers = self._fixed_buffers()
 
@@ -233,10 +227,12 @@ class HessianOperator(LinearOperator):
             return torch.zeros_like(vectors)
         if self.keeps_graph is None:
             self._decide_graphs()
+        if self.backend_used is None:
+            self._choose_backend(vectors[:, :1])
         if self.keeps_graph:
             out = torch.zeros_like(vectors)
             for weight, grad in self._graphs:
-                out += weight * self._hvps_through(grad, vectors, keep=True)
+                out += weight * products.hvps_through(grad, self._leaves, vectors, keep=True)
             parallel.all_reduce_sum(out)
         else:
             out = self._recomputed_matmat(vectors)
@@ -253,93 +249,111 @@ class HessianOperator(LinearOperator):
         out = torch.zeros_like(vectors)
         data = self.objective.data
         for start, stop in parallel.shard(data.batch_ranges()):
-            batch = data.batch(start, stop)
-            weight = (stop - start) / self._n  # batches weighted by size, as in F
-            if self.backend == "double-backward":
-                w = self.w.clone().requires_grad_(True)
-                out += weight * self._hvps_through(self._gradient(w, batch), vectors, keep=False, w=w)
-            else:
-                out += weight * self._batch_hvps_forward_over_reverse(batch, vectors)
+            out += (stop - start) / self._n * self._batch_hvps(data.batch(start, stop), vectors)  # weighted as in F
         parallel.all_reduce_sum(out)
         return out
 
-    def _gradient(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor | None:
-        """grad f_b(w) with its graph (create_graph); None where f_b is (piecewise) linear in w: H_b = 0."""
-        (grad,) = torch.autograd.grad(self._batch_loss(w, batch), w, create_graph=True)
-        return grad if grad.requires_grad else None
+    def _batch_hvps(self, batch: tuple[Tensor, Tensor], vectors: Tensor, backend: str | None = None) -> Tensor:
+        """H_b V for one batch by ``backend`` (default: the one in use), the gradient graph built afresh."""
+        if (backend or self.backend_used) == "double-backward":
+            leaves = self.objective.flat.leaves(self.w)
+            return products.hvps_through(self._gradient(leaves, batch), leaves, vectors, keep=False)
+        return products.forward_over_reverse(lambda params: self._batch_loss(params, batch), self.objective.flat,
+                                             self.w, vectors)
 
-    def _hvps_through(self, grad: Tensor | None, vectors: Tensor, *, keep: bool, w: Tensor | None = None) -> Tensor:
-        """H_b v for each column v, by back-propagating v through the graph of ``grad`` (Pearlmutter)."""
-        w = self._leaf if w is None else w
-        if grad is None:
-            return torch.zeros_like(vectors)
-        rows = vectors.T.contiguous()  # a strided column as grad_outputs makes the backward pass several times slower
-        columns = []
-        for j in range(vectors.shape[1]):
-            retain = keep or j < vectors.shape[1] - 1
-            (hv,) = torch.autograd.grad(grad, w, grad_outputs=rows[j], retain_graph=retain, allow_unused=True)
-            columns.append(torch.zeros_like(w) if hv is None else hv)  # None: the gradient is constant in w
-        return torch.stack(columns, dim=1)
+    def _gradient(self, leaves: ParameterLeaves, batch: tuple[Tensor, Tensor]) -> Gradient:
+        """grad f_b at the leaves with its graph, per parameter (``products.batch_gradient``)."""
+        return products.batch_gradient(lambda params: self._batch_loss(params, batch), leaves)
+
+    def _choose_backend(self, v: Tensor) -> None:
+        """``auto`` where the graphs are not kept: one rebuilt double-backward product and one forward-over-
+        reverse product on the first batch (each twice, interleaved, the minimum: first-call costs do not
+        decide), the device synchronised; the faster is used from then on. Under torchrun the ranks time the
+        same batch and their seconds are summed, so every rank picks the same backend."""
+        data = self.objective.data
+        batch = data.batch(*data.batch_ranges()[0])
+        seconds = torch.full((len(TIMED_BACKENDS),), float("inf"), dtype=torch.float64)
+        for _ in range(2):
+            for i, backend in enumerate(TIMED_BACKENDS):
+                took = products.synchronized_seconds(lambda b=backend: self._batch_hvps(batch, v, b), self.device)
+                seconds[i] = min(float(seconds[i]), took)
+        seconds = parallel.all_reduce_sum(seconds.to(self.device)).cpu()
+        self.backend_seconds = dict(zip(TIMED_BACKENDS, seconds.tolist()))
+        self.backend_used = TIMED_BACKENDS[int(seconds.argmin())]
+
+    def decide_backend(self) -> str:
+        """The backend the products use (``backend_used``), decided now where it is not yet, as the first product
+        would (auto: the memory rule on the first batch's measured graph, else the timing, with v = ones),
+        keeping no graph: what a result records, and what later operators on the problem can be given."""
+        if self.backend_used is None:
+            data = self.objective.data
+            ranges = parallel.shard(data.batch_ranges())
+            leaves = self.objective.flat.leaves(self.w)
+            size = self._measured_gradient(leaves, data.batch(*ranges[0]))[1] if ranges else 0
+            self.graph_bytes = size * len(ranges)
+            if self.keep_graph or (self.keep_graph is None and self._fits(self.graph_bytes)):
+                self.backend_used = "double-backward"
+            else:
+                self._choose_backend(torch.ones(self.dim, 1, dtype=self.dtype, device=self.device))
+        return self.backend_used
 
     # -- kept graphs ------------------------------------------------------------------------------------------
     def _decide_graphs(self) -> None:
         """Build and keep every batch's gradient graph, or decide not to (the memory rule)."""
         data = self.objective.data
         ranges = parallel.shard(data.batch_ranges())
-        leaf = self.w.clone().requires_grad_(True)
-        graphs: list[tuple[float, Tensor | None]] = []
+        leaves = self.objective.flat.leaves(self.w)
+        graphs: list[tuple[float, Gradient]] = []
         for i, (start, stop) in enumerate(ranges):
             batch = data.batch(start, stop)
             if i == 0:
-                grad, size = self._measured_gradient(leaf, batch)
+                grad, size = self._measured_gradient(leaves, batch)
                 self.graph_bytes = size * len(ranges)  # the first batch is the largest
-                if self.keep_graph is None:
-                    budget = self.memory_budget
-                    if budget is None:
-                        free = free_memory(self.device)
-                        budget = None if free is None else int(KEEP_GRAPH_FRACTION * free)
-                    if budget is None or self.graph_bytes > budget:
-                        self.keeps_graph = False
-                        return
+                if self.keep_graph is None and not self._fits(self.graph_bytes):
+                    self.keeps_graph = False
+                    return
             else:
-                grad = self._gradient(leaf, batch)
+                grad = self._gradient(leaves, batch)
             graphs.append(((stop - start) / self._n, grad))
-        self._leaf, self._graphs, self.keeps_graph = leaf, graphs, True
+        if not ranges and self.keep_graph is None and not self._fits(0):  # a rank without batches goes along
+            self.keeps_graph = False
+            return
+        self._leaves, self._graphs, self.keeps_graph = leaves, graphs, True
+        if self.backend == "auto":
+            self.backend_used = "double-backward"
 
-    def _measured_gradient(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> tuple[Tensor | None, int]:
+    def _fits(self, size: int) -> bool:
+        """The memory rule: ``size`` bytes within the budget. For ``auto`` under torchrun: on every rank, so
+        that all ranks take the same path (and time the backends together, ``_choose_backend``)."""
+        budget = self.memory_budget
+        if budget is None:
+            free = free_memory(self.device)
+            budget = None if free is None else int(KEEP_GRAPH_FRACTION * free)
+        fits = budget is not None and size <= budget
+        if self.backend == "auto" and parallel.is_distributed():
+            agree = parallel.all_reduce_sum(torch.tensor([float(fits)], device=self.device))
+            fits = int(agree.item()) == parallel.world_size()
+        return fits
+
+    def _measured_gradient(self, w: ParameterLeaves, batch: tuple[Tensor, Tensor]) -> tuple[Gradient, int]:
         """(grad f_b(w) with its graph, bytes of the tensors the graph saves): every storage counted once,
         except those of w, the data set, the batch's resident slices and the buffers (they exist anyway)."""
         data = self.objective.data
-        existing = {t.untyped_storage().data_ptr() for t in (w, data.x, data.y, *batch) if t is not None}
+        existing = {t.untyped_storage().data_ptr() for t in (w.vector, data.x, data.y, *batch) if t is not None}
         existing |= {b.untyped_storage().data_ptr() for b in self._buffers.values() if b is not None}
         if data.streamed:  # the batch's device copies are kept with the graph
             existing -= {t.untyped_storage().data_ptr() for t in batch}
-        saved: dict[int, int] = {}
-
-        def pack(t: Tensor) -> Tensor:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in existing:
-                saved[storage.data_ptr()] = storage.nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            grad = self._gradient(w, batch)
-        gradient_bytes = 0 if grad is None else grad.numel() * grad.element_size()
-        return grad, sum(saved.values()) + gradient_bytes
+        return products.measured_gradient(lambda params: self._batch_loss(params, batch), w, existing)
 
     def release(self) -> None:
         """Free the kept graphs; the next product decides again (and rebuilds them where they fit)."""
-        self._graphs, self._leaf, self.graph_bytes = [], None, None
+        self._graphs, self._leaves, self.graph_bytes = [], None, None
         if self.keeps_graph:
             self.keeps_graph = None
+            if self.backend == "auto":
+                self.backend_used = None
 
     # -- forward-over-reverse, the probe and the gradient ------------------------------------------------------
-    def _batch_hvps_forward_over_reverse(self, batch: tuple[Tensor, Tensor], vectors: Tensor) -> Tensor:
-        gradient = torch.func.grad(lambda u: self._batch_loss(u, batch))
-        rows = vectors.T.contiguous()
-        columns = [torch.func.jvp(gradient, (self.w,), (rows[j],))[1] for j in range(vectors.shape[1])]
-        return torch.stack(columns, dim=1)
-
     def _probe_products(self, v: Tensor) -> tuple[Tensor, Tensor]:
         """Hv as the solvers will get it (through kept graphs where they are kept) and Hv through graphs
         built afresh: a dropout mask or batch order frozen into a kept graph differs from a fresh one."""

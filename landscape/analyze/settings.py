@@ -26,7 +26,8 @@ class AnalysisSettings:
     bn_mode: Literal["eval", "train-batch-stats", "recompute"] = "eval"
     device: Annotated[str, rule(min_length=1, text="must be auto, cpu, cuda or cuda:N")] = "auto"
     backend: Literal["native", "pyhessian"] = "native"  # pyhessian: the lambda_max and trace cross-check
-    hvp: Literal["double-backward", "forward-over-reverse"] = "double-backward"
+    # auto: kept double-backward graphs where they fit, else the faster of the two by a one-off timing
+    hvp: Literal["auto", "double-backward", "forward-over-reverse"] = "auto"
     batch_size: Annotated[int, rule(ge=1)] = 512  # analysis batches (fixed order and boundaries)
     seed: Annotated[int, rule(ge=0, le=2**32 - 1, text="must be in 0..4294967295")] = 0
     dtype: Dtype = "auto"

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from landscape.analyze.ascent import Ball, ball_scale, loss64, multistart, unit_directions
+from landscape.analyze.gradient_cache import GradientCache, full_gradient
 from landscape.core import perturb
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
@@ -166,10 +167,15 @@ def sharpness_profile(
     eta: float = DEFAULT_ETA,
     weight_mask: Tensor | None = None,
     seed: int = 0,
+    gradients: GradientCache | None = None,
 ) -> SharpnessProfile:
     """S_rho(x) for every rho in ``rhos`` (F(x) and grad F(x) computed once and shared): the best of the
     ascents from ``starts`` starting points, the centre (trial 1 = SAM) and ``starts - 1`` seeded random points
-    on the sphere, each at most ``steps`` trials, stopped at relative tolerance ``tol`` (``ascent``)."""
+    on the sphere, each at most ``steps`` trials, stopped at relative tolerance ``tol`` (``ascent``).
+
+    ``gradients`` (``gradient_cache``): F(x) and grad F(x) from it, and each radius's ascent kept there, so
+    that a later request for the same ascent (``local_sharpness``'s global S_rho at a radius of the profile)
+    is not run again; the numbers are those of the uncached call."""
     rhos = [float(r) for r in rhos]
     if not rhos:
         raise LandscapeError("rhos is empty: give at least one radius")
@@ -177,13 +183,22 @@ def sharpness_profile(
         _check_settings(rho, steps, eta, tol, starts)
     w = w.detach()
     scale, scaled = ball_scale(w, adaptive, eta, weight_mask)
-    loss0, grad0 = objective.loss_and_grad(w)
+    loss0, grad0 = full_gradient(objective, w, gradients)
     loss0 = loss64(loss0)
     if not (math.isfinite(loss0) and bool(torch.isfinite(grad0).all())):
         raise LandscapeError(f"F(x) = {loss0:g} or its gradient is not finite (a weight or an input is nan or inf): "
                              "no sharpness can be measured there")
     directions = unit_directions(w, seed, starts)
-    runs = [multistart(Ball(objective, w, rho, steps, float(tol), scale, loss0), grad0, directions) for rho in rhos]
+
+    def ascent(rho: float) -> dict[str, Any]:
+        return multistart(Ball(objective, w, rho, steps, float(tol), scale, loss0), grad0, directions)
+
+    if gradients is None:
+        runs = [ascent(rho) for rho in rhos]
+    else:  # the ascent is a function of these settings and the mask (by identity) alone
+        runs = [gradients.remember(("sharpness ascent", objective, rho, int(steps), float(tol), int(starts),
+                                    bool(adaptive), float(eta), weight_mask, int(seed)), w,
+                                   lambda rho=rho: ascent(rho)) for rho in rhos]
 
     def column(key: str, dtype: Any = np.float64) -> np.ndarray:
         return np.array([r[key] for r in runs], dtype=dtype)
@@ -231,14 +246,15 @@ def rho_sharpness(
     eta: float = DEFAULT_ETA,
     weight_mask: Tensor | None = None,
     seed: int = 0,
+    gradients: GradientCache | None = None,
 ) -> SharpnessResult:
     """S_rho(x) = max_{||e|| <= rho} F(x + e) - F(x): the best of ``starts`` Armijo projected ascents, each at
     most ``steps`` trial points, stopped at relative tolerance ``tol`` (``ascent``). ``adaptive``: the
     ball {e : ||e / T|| <= rho}, T = |x| + eta (on the coordinates of ``weight_mask`` when given, else on all).
-    ``steps = 1, starts = 1`` is the SAM (ASAM) estimate."""
+    ``steps = 1, starts = 1`` is the SAM (ASAM) estimate. ``gradients``: as in ``sharpness_profile``."""
     p = sharpness_profile(
         objective, w, [rho], steps=steps, tol=tol, starts=starts, adaptive=adaptive, eta=eta,
-        weight_mask=weight_mask, seed=seed,
+        weight_mask=weight_mask, seed=seed, gradients=gradients,
     )
     return SharpnessResult(
         rho=float(rho),
@@ -284,12 +300,15 @@ def local_sharpness(
     eta: float = DEFAULT_ETA,
     weight_mask: Tensor | None = None,
     seed: int = 0,
+    gradients: GradientCache | None = None,
 ) -> LocalSharpnessResult:
-    """S_rho on each client's F_i (``objectives``: client -> Objective) and on F, at the same x; their gap."""
+    """S_rho on each client's F_i (``objectives``: client -> Objective) and on F, at the same x; their gap.
+    ``gradients`` (``gradient_cache``): grad F and the grad F_i at x from it, and the global ascent where the
+    global profile already ran it (the same radius and settings); the numbers are those of the uncached call."""
     if not objectives:
         raise LandscapeError("local sharpness needs at least one client objective")
     options = {"steps": steps, "tol": tol, "starts": starts, "adaptive": adaptive, "eta": eta,
-               "weight_mask": weight_mask, "seed": seed}
+               "weight_mask": weight_mask, "seed": seed, "gradients": gradients}
     glob = rho_sharpness(global_objective, w, rho, **options)
     clients = sorted(objectives)
     local = [rho_sharpness(objectives[c], w, rho, **options) for c in clients]

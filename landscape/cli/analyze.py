@@ -40,8 +40,9 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
 @click.option("--backend", type=click.Choice(SETTING_CHOICES["backend"]), default="native", show_default=True,
               help="pyhessian: also compute lambda_max and trace with the PyHessian package (cross-check)")
 @click.option("--hvp", type=click.Choice(SETTING_CHOICES["hvp"]),
-              default="double-backward",
-              show_default=True, help="how Hessian-vector products are computed")
+              default="auto",
+              show_default=True, help="how Hessian-vector products are computed (auto: kept double-backward graphs "
+                                      "where they fit, else the faster of the two by a one-off timing)")
 @click.option("--dtype", type=click.Choice(SETTING_CHOICES["dtype"]), default="auto", show_default=True,
               help="auto: the run's train.dtype (a state_dict's own dtype)")
 @click.option("--model", "model_spec", default=None, metavar="NAME|MODULE:FACTORY",

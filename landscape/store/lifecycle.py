@@ -29,15 +29,16 @@ OWNED_MARKER = ".landscape-owned"
 
 # Recipe keys that may differ between a checkpoint and the run it continues: they change where and how
 # often things are written, how long the run is (--rounds), or where and how the same round is computed
-# (device, compile, threads: the last bits may differ; a resume with another thread count warns), never the
-# rule of a round.
+# (device, compile, threads, vectorize, memory_format: the last bits may differ; a resume with another thread
+# count warns), never the rule of a round.
 RESUME_FREE_KEYS = frozenset({"name", "train.rounds", "train.device", "train.compile", "train.checkpoint_every",
-                              "train.eval_every", "train.keep_clients", "train.threads", "dataset.root",
-                              "dataset.download", "train.log"})
+                              "train.eval_every", "train.keep_clients", "train.threads", "train.vectorize",
+                              "train.memory_format", "dataset.root", "dataset.download", "train.log"})
 
 # Recipe keys that change where a run reads its data and computes, never its files (nor its numbers, but for
-# the last bits: see train.threads).
-PLACE_KEYS = frozenset({"name", "train.device", "train.threads", "dataset.root", "dataset.download"})
+# the last bits: see train.threads; train.vectorize, train.memory_format: equal to float tolerance).
+PLACE_KEYS = frozenset({"name", "train.device", "train.threads", "train.vectorize", "train.memory_format",
+                        "dataset.root", "dataset.download"})
 
 
 def print_warning(message: str) -> None:

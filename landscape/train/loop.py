@@ -42,6 +42,7 @@ from landscape.store.checkpoints import load_checkpoint
 from landscape.store.fileio import RunLock, os_reason, write_text
 from landscape.store.lifecycle import ResumePoint
 from landscape.store.runs import RunDir
+from landscape.train import vectorised
 from landscape.train.algorithms import ClientResult, LocalProblem, ParamLayout, ServerRound, build_algorithm
 from landscape.train.gather import average_buffers, gather_client_work
 from landscape.train.repair import repair_metrics, repair_partition, set_aside_damaged
@@ -95,6 +96,9 @@ class Trainer(TrainerCheckpoints):
         self.per_round = clients_per_round(self.train_cfg, self.num_clients)
         self.recipe_text = recipes.to_toml(recipe)
         self.threads = thread_count(self.train_cfg.threads)  # recorded in every checkpoint
+        # train.memory_format's layout (landscape.core.memory_format), decided when the run's state begins,
+        # since a resume takes its checkpoint's: initial_state / state_from_checkpoint (settle_memory_format)
+        self.memory_format = None
 
     # -- one client -------------------------------------------------------------------------------------
     def mixed_precision(self) -> contextlib.AbstractContextManager:
@@ -158,18 +162,9 @@ class Trainer(TrainerCheckpoints):
         lr = learning_rate(self.train_cfg, t)
         clients = sample_clients(self.recipe.seed, t, self.num_clients, self.per_round)
         message = self.algorithm.broadcast(state.x, state.server_state, t)
-        local: list[ClientResult] = []
-        local_buffers: list[dict[str, Tensor]] = []
         self.flat.module.train()
-        for i in parallel.shard(clients):  # every client in a single process
-            buffers = {k: v.clone() for k, v in state.buffers.items()}  # BN statistics move during local work
-            problem = self.local_problem(i, t, lr, buffers)
-            own_state = state.client_states.get(i)  # None before the client's first participation
-            own_state = own_state.to(self.device) if own_state is not None else None
-            result = self.algorithm.client_update(message, own_state, problem)
-            result.num_steps = problem.num_steps
-            local.append(result)
-            local_buffers.append(buffers)
+        # this rank's block, one after another or together (train.vectorize: landscape.train.vectorised)
+        local, local_buffers = vectorised.train_clients(self, state, message, clients, lr)
         results, client_buffers = gather_client_work(local, local_buffers, self.device, self.algorithm)
         client_states = dict(state.client_states)
         for result in results:

@@ -20,13 +20,21 @@ from torch import Tensor
 from landscape.config import recipe as recipes
 from landscape.config.recipe import Recipe
 from landscape.config.recipe_sections import TrainSettings
+from landscape.config.setup import thread_count, using_threads
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
+from landscape.core.memory_format import (
+    MemoryFormatChoice,
+    choose_memory_format,
+    recorded_choice,
+    training_step_timer,
+)
 from landscape.store import lifecycle
 from landscape.store.checkpoints import CHECKPOINT_FORMAT, Checkpoint, save_checkpoint
 from landscape.store.runs import RunDir
 from landscape.train.algorithms import Algorithm, ClientResult, Tensors
+from landscape.train.vectorised import vectorisation
 
 
 @dataclass
@@ -59,9 +67,13 @@ class TrainerCheckpoints:
     num_clients: int
     recipe_text: str
     threads: int
+    train_x: Tensor
+    train_y: Tensor
+    memory_format: MemoryFormatChoice | None  # None until the run's state begins (settle_memory_format)
 
     # -- state ------------------------------------------------------------------------------------------
     def initial_state(self) -> TrainerState:
+        self.settle_memory_format()
         x = self.flat.vector()
         return TrainerState(0, x, self.flat.buffers(), self.algorithm.init_server_state(x), {})
 
@@ -78,6 +90,8 @@ class TrainerCheckpoints:
             "rng": {"seed": self.recipe.seed, "scheme": "SeedSequence(seed, stream, round[, client])"},
             "recipe": self.recipe_text,
             "threads": self.threads,
+            "memory_format": self.settle_memory_format().record(),  # train.memory_format's layout and why
+            "vectorized": vectorisation(self).record(),  # train.vectorize's choice and why (equal to tolerance)
         }
         if state.swa_model is not None:
             payload["swa_model"] = self.flat.state_dict(state.swa_model, state.buffers)
@@ -95,6 +109,7 @@ class TrainerCheckpoints:
         checkpoint.check_model(self.flat.state_dict(self.flat.vector(), self.flat.buffers()),
                                self.recipe.model.name, self.dtype)
         check_training_state(ckpt, path, self.num_clients)
+        self.settle_memory_format(ckpt, path)
         try:
             x, buffers = self.flat.from_state_dict(ckpt["model"])
             swa_model = self.flat.from_state_dict(ckpt["swa_model"])[0] if "swa_model" in ckpt else None
@@ -111,6 +126,30 @@ class TrainerCheckpoints:
             what = (f"no '{e.args[0]}'" if isinstance(e, KeyError) and e.args
                     else str(e).strip().splitlines()[0])
             raise LandscapeError(f"{path} is not a complete training checkpoint ({what})") from None
+
+    def settle_memory_format(self, checkpoint: dict | None = None, path: Path | None = None) -> MemoryFormatChoice:
+        """``train.memory_format``'s layout for this run, decided once, when its state begins, and set on the
+        training model: the layout the recipe names; for "auto", the choice a checkpoint recorded when the
+        state comes from one (a resume never times again; a checkpoint from before the setting: contiguous),
+        else ``choose_memory_format``'s (a start-up timing of training steps on the CPU, under the recipe's
+        threads and autocast; rank 0's under torchrun, so every rank trains alike)."""
+        if self.memory_format is not None:
+            return self.memory_format
+        cfg = self.train_cfg
+        if cfg.memory_format == "auto" and checkpoint is not None:
+            choice = recorded_choice(checkpoint.get("memory_format"), str(path))
+        else:
+            x, y = self.train_x[: cfg.batch_size], self.train_y[: cfg.batch_size]
+            key = (repr(self.flat.module), tuple(x.shape), self.dtype, str(self.device), thread_count(cfg.threads),
+                   cfg.precision, cfg.compile)
+            with using_threads(cfg.threads):
+                timer = training_step_timer(self.flat, x, y, self.flat.buffers(), self.mixed_precision)
+                choice = choose_memory_format(cfg.memory_format, self.flat, self.device, timer, key)
+            if cfg.memory_format == "auto":
+                choice = parallel.broadcast_object(choice)
+        self.memory_format = choice
+        self.flat.channels_last = choice.channels_last
+        return choice
 
     def save(self, state: TrainerState, results: list[ClientResult] | None) -> None:
         # The clients' file first: round-NNNN.pt, written last, marks the round as saved (a kill between the

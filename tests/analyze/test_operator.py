@@ -166,7 +166,7 @@ def test_matrix_operator_and_bad_arguments():
         MatrixOperator(torch.full((2, 2), float("nan"), dtype=torch.float64)).check_determinism()
     flat, data = _mlp()
     obj = Objective(flat, flat.buffers(), data)
-    with pytest.raises(LandscapeError, match="unknown Hessian backend 'exact'; choose from: double-backward"):
+    with pytest.raises(LandscapeError, match="unknown Hessian backend 'exact'; choose from: auto, double-backward"):
         HessianOperator(obj, flat.vector(), "exact")
     with pytest.raises(LandscapeError, match="flat vector of the model's 1210 parameters"):
         HessianOperator(obj, flat.vector()[:10])

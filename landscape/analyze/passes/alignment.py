@@ -35,9 +35,10 @@ def alignment_pass(ctx: CheckpointContext, opts: AlignmentOptions) -> PassOutput
     from landscape.analyze.alignment import gradient_alignment, minibatch_alignment, update_alignment
 
     objectives = client_objectives(ctx, opts.clients, "the alignment pass")
-    gradients = gradient_alignment(ctx.objective, objectives, ctx.w)
+    # grad F, the grad F_i and the minibatch gradients are the checkpoint's, shared with incompatibility
+    gradients = gradient_alignment(ctx.objective, objectives, ctx.w, gradients=ctx.gradients)
     minibatch = minibatch_alignment(objectives, ctx.w, batch_size=training_batch_size(ctx, opts.batch_size),
-                                    batches=opts.batches, seed=ctx.settings.seed)
+                                    batches=opts.batches, seed=ctx.settings.seed, gradients=ctx.gradients)
     out: dict[str, Any] = {}
     out["gradients"], arrays = split_result(gradients, "gradients.")
     out["minibatch"], more = split_result(minibatch, "minibatch.")

@@ -80,8 +80,11 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
     from landscape.analyze import functions
     from landscape.analyze.lanczos import client_lambda_max
 
-    seed, backend = ctx.settings.seed, ctx.settings.hvp
-    problem = ctx.problem
+    from landscape.analyze.operator import HessianOperator
+
+    seed, problem = ctx.settings.seed, ctx.problem
+    chooser = HessianOperator(problem.objective, problem.w, ctx.settings.hvp)
+    backend = chooser.decide_backend()  # auto: decided once, here, for every operator below (and recorded)
     shared = {"seed": seed, "hvp": backend, "progress": ctx.progress}  # progress: every product, on the bar
     top = functions.hessian_eigs(problem, opts.top_k, tol=float(opts.tol), **shared)  # after the probe
     trace = functions.trace(problem, hvps=opts.trace_hvps, method=opts.trace_method, **shared)
@@ -97,6 +100,8 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
         "density": {k: v for k, v in density.summary().items() if k not in ("nodes", "weights", "grid", "density")},
         "hvp_count": (functions.PROBE_HVPS + top.hvp_count + trace.hvp_count + hutchinson.hvp_count
                       + density.hvp_count),
+        "hvp": {"setting": ctx.settings.hvp, "backend": backend, "graph_bytes": chooser.graph_bytes,
+                "seconds": chooser.backend_seconds},  # the products' backend (auto: the choice and its grounds)
     }
     arrays = {"density_grid": density.grid, "density": density.density, "slq_nodes": density.nodes,
               "slq_weights": density.weights}

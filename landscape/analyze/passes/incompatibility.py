@@ -39,7 +39,7 @@ def incompatibility_pass(ctx: CheckpointContext, opts: IncompatibilityOptions) -
     result = flatness_incompatibility(
         ctx.objective, client_objectives(ctx, opts.clients, "the incompatibility pass"), ctx.w, opts.rho,
         batch_size=training_batch_size(ctx, opts.batch_size), batches=opts.batches, seed=ctx.settings.seed,
-        loss_level=opts.loss_level,
+        loss_level=opts.loss_level, gradients=ctx.gradients,  # shared with alignment and sharpness
     )
     scalars, arrays = split_result(result)
     summary = {"Delta_FI": float(result.incompatibility), "heterogeneity_share": float(result.heterogeneity_share)}

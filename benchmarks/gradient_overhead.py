@@ -1,0 +1,132 @@
+"""Benchmark: landscape's gradient and Hessian-vector product against a plain ``nn.Module`` gradient (issue 23).
+
+Two models at their seeded initial weights on the digits training set (1,437 samples of 1x8x8, analysis
+batches of 512, eval mode, float32, one thread): the 657,910-parameter MLP of ``lanczos_overhead.py`` (hidden
+[774, 774]) and the digits CNN (``build_model("cnn", ...)``, as in ``hessian_vs_pyhessian.py``). Timed,
+interleaved, minimum over ``--calls`` calls after one warm-up each (``min_seconds``):
+
+- one batch of 512: the plain gradient (``torch.autograd.grad`` of the module's cross-entropy over
+  ``module.parameters()``), training's ``FlatModel.loss_and_grad`` (per-parameter leaves, the gradient added
+  in place into one flat tensor) and, for comparison, the flat-vector formulation it replaced (views of one
+  w that requires grad: a split in the forward, a cat in its backward);
+- the whole set: the plain gradient summed over the batches, analysis's ``Objective.loss_and_grad``, and one
+  Hessian-vector product through the kept gradient graphs (``HessianOperator``, double-backward), with the
+  flat-vector formulation of that product for comparison.
+
+Prints one Markdown table (the ratio to the plain gradient of the same data). Usage:
+
+    .venv/bin/python benchmarks/gradient_overhead.py [--calls 20] [--models mlp,cnn]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from landscape.analyze.analysis_data import AnalysisData
+from landscape.analyze.objective import Objective
+from landscape.analyze.operator import HessianOperator
+from landscape.core.flat import FlatModel
+from landscape.data.datasets import load_dataset
+from landscape.models import build_model
+
+from hessian_vs_pyhessian import min_seconds  # benchmarks/ is on the path of a script run from it
+
+BATCH = 512
+MODELS = {"mlp": ("mlp", {"hidden": [774, 774]}), "cnn": ("cnn", {})}
+
+
+def plain_gradient(module: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> list[torch.Tensor]:
+    """The gradient of the size-weighted mean cross-entropy as plain PyTorch writes it: per-parameter
+    gradients of each batch's summed loss / n, added up over the batches."""
+    params = list(module.parameters())
+    total = None
+    for xb, yb in batches:
+        grads = torch.autograd.grad(F.cross_entropy(module(xb), yb, reduction="sum") / n, params)
+        total = list(grads) if total is None else [t + g for t, g in zip(total, grads)]
+    return total
+
+
+def flat_vector_gradient(flat: FlatModel, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The gradient as ``FlatModel.loss_and_grad`` computed it before issue 23: through views of one w."""
+    u = w.detach().requires_grad_(True)
+    (grad,) = torch.autograd.grad(F.cross_entropy(flat.logits(u, x, {}), y), u)
+    return grad
+
+
+def flat_vector_product(flat: FlatModel, w: torch.Tensor, data: AnalysisData):
+    """A kept-graph product as the operator computed it before issue 23: gradients of f_b with respect to one
+    flat w (a cat in the graph), back-propagated into w (another cat)."""
+    u = w.detach().clone().requires_grad_(True)
+    graphs = []
+    for xb, yb in data.batches():
+        (grad,) = torch.autograd.grad(F.cross_entropy(flat.logits(u, xb, {}), yb), u, create_graph=True)
+        graphs.append((len(yb) / len(data), grad))
+
+    def product(v: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(v)
+        for weight, grad in graphs:
+            out += weight * torch.autograd.grad(grad, u, grad_outputs=v, retain_graph=True)[0]
+        return out
+
+    return product
+
+
+def rows_for(name: str, x: torch.Tensor, y: torch.Tensor, calls: int) -> list[tuple[str, str, float, float]]:
+    """(model, path, seconds, ratio to the plain gradient of the same data) for one model."""
+    kind, options = MODELS[name]
+    torch.manual_seed(0)
+    module = build_model(kind, (1, 8, 8), 10, options).eval()
+    flat = FlatModel(module)
+    w = flat.vector()
+    data = AnalysisData(x, y, BATCH)
+    objective = Objective(flat, flat.buffers(), data, "eval")
+    batches = list(data.batches())
+    xb, yb = batches[0]
+    kept = HessianOperator(objective, w, "double-backward", keep_graph=True)
+    before = flat_vector_product(flat, w, data)
+    v = torch.randn(flat.dim, generator=torch.Generator().manual_seed(1))
+    ours, theirs = kept @ v, before(v)
+    if not torch.equal(ours, theirs):
+        raise SystemExit(f"{name}: the product differs from the flat-vector one by {(ours - theirs).abs().max():.1e}")
+    paths = {
+        "batch: plain gradient": lambda: plain_gradient(module, [(xb, yb)], len(yb)),
+        "batch: FlatModel.loss_and_grad": lambda: flat.loss_and_grad(w, xb, yb, {}),
+        "batch: flat-vector gradient (before)": lambda: flat_vector_gradient(flat, w, xb, yb),
+        "set: plain gradient": lambda: plain_gradient(module, batches, len(data)),
+        "set: Objective.loss_and_grad": lambda: objective.loss_and_grad(w),
+        "set: HVP through the kept graphs": lambda: kept @ v,
+        "set: HVP through kept flat-vector graphs (before)": lambda: before(v),
+    }
+    best = min_seconds(paths, calls)
+    label = f"{name} ({flat.dim:,} parameters)"
+    out = []
+    for path, seconds in best.items():
+        scope = path.split(":")[0]
+        out.append((label, path, seconds, seconds / best[f"{scope}: plain gradient"]))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--root", type=Path, default=Path("data"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    bundle = load_dataset("digits", root=args.root, download=False, augment=False, num_clients=1, seed=0,
+                          options={})
+    x, y = bundle.train.x, bundle.train.y
+    print(f"| model | path ({len(y):,} samples; batch: the first {BATCH}) | ms | x plain gradient |")
+    print("|---|---|---|---|")
+    for name in args.models.split(","):
+        for label, path, seconds, ratio in rows_for(name, x, y, args.calls):
+            print(f"| {label} | {path} | {seconds * 1e3:.2f} | {ratio:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""The memory layout of a model's 4-D tensors in training and evaluation (``train.memory_format``), and the
+one-off timing that chooses it.
+
+Why: on the CPU a convolution given channels-last (NHWC) weights or input produces channels-last activations,
+and the convolution and max-pooling kernels of that layout can be much faster than the NCHW ones on small
+images (issue 23; the surface path uses it for its cells, ``landscape.analyze.surface_evaluation``).
+``FlatModel.channels_last`` switches it on for every forward of a model (``_call_module``): the 4-D input and
+every 4-D parameter (a 2-D convolution's weight) are copied into channels-last layout first. The copies are
+differentiable, so gradients reach w as before, in w's own layout. What changes is the order of float
+operations inside the kernels: losses, gradients and so every trained number equal the NCHW ones to float
+rounding, not bit for bit.
+
+Whether it pays depends on the model and the machine. A one-channel input such as digits' (N, 1, 8, 8) has
+the same strides in both layouts and PyTorch reads it as NCHW, so only the layers after the first
+convolution change; the weights' copies cost about 17 us a forward on the digits CNN (1 thread). Measured
+(1 thread, training steps of batch 32, channels-last / contiguous): the digits CNN 0.93-1.07 (a tie), the
+same CNN on 3x32x32 inputs 0.66, LeNet-5 on 3x32x32 0.82. So ``"auto"`` measures: a few training steps
+(``FlatModel.loss_and_grad`` on one training batch) each way, interleaved (``time_formats``); channels-last
+is chosen only when it is clearly faster, in its fastest step and in its median one (``DECISIVE``), so that
+a near tie (digits) stays contiguous rather than flipping between runs. Off the CPU, and for a model without
+4-D parameters, it is contiguous without a timing. A process keeps its choice per model, batch shape, dtype
+and threads (``choose_memory_format``: a sweep's runs of one model share one timing and one layout). The
+trainer decides when a run's state begins and records the choice in every checkpoint; a resume takes it
+from there (``landscape.train.state.TrainerCheckpoints.settle_memory_format``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from landscape.core.errors import LandscapeError
+
+# ``flat`` below is a ``landscape.core.flat.FlatModel`` (not imported: flat imports this module's copy)
+FlatModel = Any
+
+CHANNELS_LAST, CONTIGUOUS = "channels-last", "contiguous"
+LAYOUTS = (CHANNELS_LAST, CONTIGUOUS)  # what a choice resolves to ("auto" is the setting that times)
+DECISIVE = 0.9  # channels-last is chosen when its steps take at most this fraction of the contiguous ones'
+REPEATS = 5  # timed steps per layout, after one warm-up step each
+
+# A process's choices, by (model layout, batch shape, dtype, device, threads, autocast): measured once each
+_CHOSEN: dict[Hashable, MemoryFormatChoice] = {}
+
+
+def channels_last_copy(tensor: Tensor) -> Tensor:
+    """A 4-D tensor in channels-last layout (a differentiable copy, or the tensor itself when it already is);
+    any other tensor as it is."""
+    if tensor.dim() != 4:
+        return tensor
+    return tensor.contiguous(memory_format=torch.channels_last)
+
+
+def has_convolutions(flat: FlatModel) -> bool:
+    """Whether the model has a 4-D trainable parameter (a 2-D convolution's weight): without one the layout
+    changes nothing but the input's copy."""
+    return any(len(shape) == 4 for shape in flat.shapes)
+
+
+@dataclass(frozen=True)
+class MemoryFormatChoice:
+    """The layout a run trains and evaluates in (``name``: "channels-last" or "contiguous"), why, and auto's
+    timing: (contiguous, channels-last) seconds of one training step, the fastest of ``REPEATS`` each (kept
+    in memory only: a checkpoint records ``name`` and ``reason``, so that two runs that chose alike write the
+    same bytes, and a resumed run the same record as the run it continues)."""
+
+    name: str
+    reason: str
+    seconds: tuple[float, float] | None = None
+
+    @property
+    def channels_last(self) -> bool:
+        return self.name == CHANNELS_LAST
+
+    def record(self) -> dict[str, str]:
+        """The checkpoint's ``memory_format`` entry (a resume takes it as it is, never timing again)."""
+        return {"name": self.name, "reason": self.reason}
+
+
+def recorded_choice(record: Any, where: str) -> MemoryFormatChoice:
+    """The choice a checkpoint recorded (``MemoryFormatChoice.record``); a checkpoint without one was written
+    before the setting existed, by a run that trained contiguous. Anything else: a one-line error."""
+    if record is None:
+        return MemoryFormatChoice(CONTIGUOUS, "written before train.memory_format: contiguous")
+    name = record.get("name") if isinstance(record, dict) else None
+    if name not in LAYOUTS:
+        raise LandscapeError(f"{where} records an unknown memory format {name if name is not None else record!r} "
+                             f"(one of {', '.join(LAYOUTS)} expected)")
+    return MemoryFormatChoice(name, str(record.get("reason", name)))
+
+
+def time_formats(time_step: Callable[[bool], float], repeats: int = REPEATS) -> tuple[list[float], list[float]]:
+    """The seconds of ``repeats`` steps (contiguous, channels-last), after one warm-up step each (allocations,
+    kernel choice), interleaved so that a change in the machine's load reaches both.
+    ``time_step(channels_last)`` runs one step and returns its seconds."""
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    for layout in (False, True):
+        time_step(layout)
+    for _ in range(repeats):
+        for layout in (False, True):
+            seconds[layout].append(time_step(layout))
+    return seconds[False], seconds[True]
+
+
+def training_step_timer(flat: FlatModel, x: Tensor, y: Tensor, buffers: dict[str, Tensor],
+                        context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                        clock: Callable[[], float] = time.perf_counter) -> Callable[[bool], float]:
+    """``time_step`` of ``time_formats`` for one training step of ``flat`` at its module's parameters: forward
+    and backward of the batch (x, y) through ``FlatModel.loss_and_grad`` in train mode, inside ``context()``
+    (the trainer's autocast). Nothing the run computes is touched: BatchNorm statistics move in copies, the
+    global RNG (dropout's masks) is restored, and the model's layout and mode are set back."""
+    w = flat.vector()
+
+    def time_step(channels_last: bool) -> float:
+        before, training = flat.channels_last, flat.module.training
+        flat.channels_last = channels_last
+        flat.module.train()
+        try:
+            with torch.random.fork_rng(devices=[]), context():
+                stats = {k: v.clone() for k, v in buffers.items()}
+                start = clock()
+                flat.loss_and_grad(w, x, y, stats)
+                return clock() - start
+        finally:
+            flat.channels_last = before
+            flat.module.train(training)
+
+    return time_step
+
+
+def choose_memory_format(setting: str, flat: FlatModel, device: torch.device,
+                         time_step: Callable[[bool], float] | None = None, key: Hashable | None = None,
+                         repeats: int = REPEATS) -> MemoryFormatChoice:
+    """The layout ``setting`` ("auto", "channels-last" or "contiguous") means for ``flat`` on ``device``.
+
+    "auto" times ``time_step`` (``time_formats``) on the CPU for a model with 4-D parameters, and keeps the
+    answer for ``key`` (the trainer's model layout and batch shape) for the rest of the process, so runs of
+    one model in one process train alike; a test injects ``time_step`` to force either choice."""
+    if setting in LAYOUTS:
+        return MemoryFormatChoice(setting, f'train.memory_format = "{setting}"')
+    if setting != "auto":
+        raise LandscapeError(f"train.memory_format must be one of auto, {', '.join(LAYOUTS)} (got {setting!r})")
+    if device.type != "cpu":
+        return MemoryFormatChoice(CONTIGUOUS, f"auto on {device.type}: contiguous (timed on the CPU only)")
+    if not has_convolutions(flat):
+        return MemoryFormatChoice(CONTIGUOUS, "auto: the model has no 4-D convolution weights")
+    if key is not None and key in _CHOSEN:
+        return _CHOSEN[key]
+    if time_step is None:
+        raise LandscapeError("train.memory_format = \"auto\" needs a training step to time")
+    contiguous, channels_last = time_formats(time_step, repeats)
+    faster = all(pick(channels_last) <= DECISIVE * pick(contiguous) for pick in (min, statistics.median))
+    name = CHANNELS_LAST if faster else CONTIGUOUS
+    verdict = "at least" if faster else "not"
+    choice = MemoryFormatChoice(name, f"auto: channels-last {verdict} {1 - DECISIVE:.0%} faster than contiguous in "
+                                      "a start-up timing of training steps", (min(contiguous), min(channels_last)))
+    if key is not None:
+        _CHOSEN[key] = choice
+    return choice

@@ -1,0 +1,368 @@
+"""A round's clients trained together: one vmapped gradient per local step for all of them (``train.vectorize``).
+
+Why threads and not a rewrite of the rules: the 14 client rules are plain Python loops calling
+``problem.loss_and_grad(w, batch)`` (SAM's two calls per step, FedSMOO's dual step, ...). Each client's
+``client_update`` runs unchanged in its own thread; its oracle hands (w, batch) to the round's ``Lockstep`` and
+waits. Once every client still working has asked, the main thread computes all their minibatch losses and
+gradients in one ``torch.func.vmap`` of ``grad_and_value`` of a ``functional_call`` loss over the stacked
+w's and batches (grouped by batch shape: the last batch of an epoch is shorter; a request alone in its group
+goes through ``FlatModel.loss_and_grad`` as in the sequential loop) and hands each its answer. A client that
+has finished leaves the group, so clients of different sizes simply stop asking. What a rule computes is
+therefore the same as one after another, but for the rounding of a batched matrix product: the results equal
+the sequential loop's to float tolerance, not bit for bit (tests/test_vectorised_clients.py: 1e-9 relative
+in float64), so ``train.vectorize`` is a place key like ``train.threads``.
+
+Kept as in the sequential loop: results in client order; each client's minibatch order and augmentation from
+its own generator (no rule touches the global RNG); under torchrun each rank trains its block in lockstep;
+bf16 autocast wraps the vmapped pass as it wraps a client's; an exception in a client's rule (or in the
+vmapped pass) stops the others at their next request and is raised as it is, after every thread has ended.
+Not vectorised (one after another, said once when ``"on"`` asked for it): models with BatchNorm running
+statistics (each client updates its own copy in place, which one vmapped pass cannot do simply) or dropout
+(its masks come from the global RNG). The vmapped pass runs the model's plain forward, never a
+``train.compile`` one.
+
+``"auto"`` vectorises only on a CUDA device, where a one-off timing at start-up (a few oracle calls both ways
+for the round's clients per rank) says it is faster. On the CPU it stays sequential: one core computes the
+stacked batches at best as fast as one after another (a batched product does the same arithmetic), and the
+lockstep's thread switches only add to it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from landscape.core import parallel
+from landscape.core.flat import FlatModel
+from landscape.store.lifecycle import print_warning
+from landscape.train.algorithms import ClientResult, LocalProblem
+
+# The trainer (landscape.train.loop.Trainer) and its state (landscape.train.state.TrainerState): both modules
+# import this one, so their classes are named here without importing them (no import cycle).
+Trainer = Any
+TrainerState = Any
+
+T = TypeVar("T")
+Answer = tuple[Tensor, Tensor]  # (minibatch loss, gradient) of one request
+
+
+@dataclass(frozen=True)
+class Vectorisation:
+    """What ``train.vectorize`` chose for a run, and why (recorded in every checkpoint as ``vectorized``)."""
+
+    used: bool
+    reason: str
+    seconds: tuple[float, float] | None = None  # auto's timing: (one after another, vmapped) per step
+
+    def record(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"used": self.used, "reason": self.reason}
+        if self.seconds is not None:
+            record["sequential_seconds"], record["vectorized_seconds"] = self.seconds
+        return record
+
+
+def stateful_layers(module: nn.Module) -> str | None:
+    """Why the model's clients cannot share one vmapped pass (None when they can): BatchNorm running
+    statistics are updated in place per client, dropout draws its masks from the global RNG."""
+    for name, layer in module.named_modules():
+        if isinstance(layer, nn.modules.batchnorm._NormBase) and layer.track_running_stats:
+            return f"the model has running statistics ({type(layer).__name__} {name or 'at the top'})"
+        if isinstance(layer, nn.modules.dropout._DropoutNd) and layer.p > 0:
+            return f"the model has dropout ({type(layer).__name__} {name or 'at the top'})"
+    return None
+
+
+def vectorisation(trainer: Trainer) -> Vectorisation:
+    """``train.vectorize``'s choice for this trainer, made on first use and kept (the timing runs once).
+
+    Each rank decides for its own block (no collective call: rank 0 also asks while saving round 0 alone);
+    the checkpoints record rank 0's choice."""
+    chosen = trainer.__dict__.get("_vectorisation")
+    if chosen is None:
+        chosen = trainer.__dict__["_vectorisation"] = _choose(trainer)
+        if trainer.train_cfg.vectorize == "on" and not chosen.used and parallel.is_main():
+            print_warning(f"train.vectorize = \"on\": {chosen.reason}")
+    return chosen
+
+
+def block_size(trainer: Trainer) -> int:
+    """The most clients one rank trains in a round (its block of the sampled clients)."""
+    start, stop = parallel.shard_bounds(trainer.per_round, index=0)
+    return stop - start
+
+
+def _choose(trainer: Trainer) -> Vectorisation:
+    asked = trainer.train_cfg.vectorize
+    if asked == "off":
+        return Vectorisation(False, "train.vectorize = \"off\"")
+    why_not = stateful_layers(trainer.flat.module)
+    if why_not is not None:
+        return Vectorisation(False, f"{why_not}: the clients train one after another")
+    clients = block_size(trainer)
+    if clients < 2:
+        return Vectorisation(False, "one client per round and rank: nothing to train together")
+    if asked == "on":
+        return Vectorisation(True, "train.vectorize = \"on\"")
+    if trainer.device.type != "cuda":
+        return Vectorisation(False, f"train.vectorize = \"auto\" on {trainer.device.type}: one after another")
+    sequential, vectorised = time_oracles(trainer, clients)
+    faster = vectorised < sequential
+    verdict = "faster" if faster else "not faster"
+    return Vectorisation(faster, f"auto: {clients} clients in one vmapped pass {verdict} than one after another "
+                                 f"({vectorised:.4f} s vs {sequential:.4f} s a step)", (sequential, vectorised))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the vmapped oracle
+
+
+class StackedOracle:
+    """Minibatch cross-entropy f_i(w_i; B_i) and its gradient for k clients at once: ``vmap`` over stacked
+    w (k, d), inputs (k, b, ...) and labels (k, b) of ``grad_and_value`` of the model's ``functional_call``
+    loss, with the model's constants (buffers, frozen parameters) shared. The same loss as
+    ``FlatModel.loss_and_grad``; each answer is its own tensor (no view of the stacked result, which a
+    client's state would keep alive and a checkpoint would save whole)."""
+
+    def __init__(self, flat: FlatModel) -> None:
+        def loss(w: Tensor, x: Tensor, y: Tensor, constants: dict[str, Tensor]) -> Tensor:
+            return F.cross_entropy(functional_call(flat.module, {**flat.params(w), **constants}, (x,)), y)
+
+        self._step = vmap(grad_and_value(loss), in_dims=(0, 0, 0, None))
+
+    def __call__(self, w: Tensor, x: Tensor, y: Tensor, constants: dict[str, Tensor]) -> list[Answer]:
+        grads, losses = self._step(w, x, y, constants)
+        return [(loss.clone(), g.clone()) for loss, g in zip(losses, grads)]
+
+
+@dataclass
+class Request:
+    """One client's call of its oracle: the point, its minibatch and the client's constants."""
+
+    w: Tensor
+    x: Tensor
+    y: Tensor
+    buffers: dict[str, Tensor]
+    answer: Answer | None = None
+
+
+def answer_requests(flat: FlatModel, stacked: StackedOracle, requests: dict[int, Request]) -> dict[int, Answer]:
+    """The answers to one lockstep's requests: one vmapped pass per group of equal shapes (a request alone in
+    its group: ``FlatModel.loss_and_grad``, as the sequential loop computes it)."""
+    groups: dict[tuple, list[int]] = {}
+    for slot, r in requests.items():
+        groups.setdefault((r.w.shape, r.x.shape, r.x.dtype, r.y.shape), []).append(slot)
+    answers: dict[int, Answer] = {}
+    for slots in groups.values():
+        first = requests[slots[0]]
+        if len(slots) == 1:
+            answers[slots[0]] = flat.loss_and_grad(first.w, first.x, first.y, first.buffers)
+            continue
+        stack = [requests[s] for s in slots]
+        found = stacked(torch.stack([r.w for r in stack]), torch.stack([r.x for r in stack]),
+                        torch.stack([r.y for r in stack]), first.buffers)
+        answers.update(zip(slots, found))
+    return answers
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the lockstep
+
+
+class Aborted(BaseException):
+    """Raised in a client's thread at its next request once the round is abandoned (another client failed).
+    A BaseException, so that a rule's own ``except Exception`` cannot swallow it."""
+
+
+class Lockstep:
+    """Client rules run in threads, their oracle requests answered together by the calling thread.
+
+    ``run(jobs)`` starts one thread per job (a client's ``client_update``), then serves: whenever every job
+    still running waits on a request, ``compute(requests)`` answers them all. Returns the jobs' results in
+    their order; the first exception a job raised (or ``compute`` raised) is raised once every thread ended.
+    """
+
+    POLL_SECONDS = 1.0  # a wait wakes this often to look again (a lost wake-up cannot hang a round)
+
+    def __init__(self, compute: Callable[[dict[int, Request]], dict[int, Answer]],
+                 device: torch.device | None = None) -> None:
+        self._compute = compute
+        self._device = device
+        self._cond = threading.Condition()
+        self._pending: dict[int, Request] = {}
+        self._running: set[int] = set()
+        self._errors: list[BaseException] = []
+        self._abort = False
+
+    def oracle(self, slot: int, buffers: dict[str, Tensor]) -> Callable[[Tensor, tuple[Tensor, Tensor], bool],
+                                                                         Answer]:
+        """The oracle of job ``slot`` (a ``LocalProblem.oracle``): posts its request and waits for the answer.
+        ``update_stats`` does not matter here: a model with running statistics is never vectorised."""
+
+        def ask(w: Tensor, batch: tuple[Tensor, Tensor], update_stats: bool) -> Answer:
+            request = Request(w.detach(), batch[0], batch[1], buffers)
+            with self._cond:
+                if self._abort:
+                    raise Aborted
+                self._pending[slot] = request
+                self._cond.notify_all()
+                while request.answer is None:
+                    self._cond.wait(self.POLL_SECONDS)
+                    if self._abort:
+                        raise Aborted
+            return request.answer
+
+        return ask
+
+    def run(self, jobs: list[Callable[[], T]]) -> list[T]:
+        results: list[Any] = [None] * len(jobs)
+        self._running = set(range(len(jobs)))
+        threads = [threading.Thread(target=self._work, args=(slot, job, results), daemon=True,
+                                    name=f"landscape-client-{slot}") for slot, job in enumerate(jobs)]
+        for thread in threads:
+            thread.start()
+        try:
+            self._serve()
+        finally:  # also on KeyboardInterrupt: every waiting client is released before the round is left
+            with self._cond:
+                self._abort = True
+                self._cond.notify_all()
+            for thread in threads:
+                thread.join()
+        if self._errors:
+            raise self._errors[0]
+        return results
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._abort and self._running and not self._running <= self._pending.keys():
+                    self._cond.wait(self.POLL_SECONDS)
+                if self._abort or not self._running:
+                    return
+                requests = dict(sorted(self._pending.items()))
+                self._pending.clear()
+            answers = self._compute(requests)
+            with self._cond:
+                for slot, answer in answers.items():
+                    requests[slot].answer = answer
+                self._cond.notify_all()
+
+    def _work(self, slot: int, job: Callable[[], Any], results: list[Any]) -> None:
+        try:
+            if self._device is not None and self._device.type == "cuda":
+                torch.cuda.set_device(self._device)  # the current device is per thread
+            results[slot] = job()
+        except Aborted:
+            pass
+        except BaseException as error:  # handed to the calling thread, raised there
+            with self._cond:
+                self._errors.append(error)
+                self._abort = True
+        finally:
+            with self._cond:
+                self._running.discard(slot)
+                self._pending.pop(slot, None)
+                self._cond.notify_all()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the round's local work
+
+
+def client_problem(trainer: Trainer, state: TrainerState, client: int, lr: float
+                   ) -> tuple[LocalProblem, dict[str, Tensor], Any]:
+    """Client ``client``'s problem of the round, its own copy of the buffers (BN statistics move during local
+    work) and its state on the device (None before its first participation)."""
+    buffers = {k: v.clone() for k, v in state.buffers.items()}
+    problem = trainer.local_problem(client, state.round, lr, buffers)
+    own_state = state.client_states.get(client)
+    return problem, buffers, own_state.to(trainer.device) if own_state is not None else None
+
+
+def train_clients(trainer: Trainer, state: TrainerState, message: dict[str, Tensor], clients: list[int],
+                  lr: float) -> tuple[list[ClientResult], list[dict[str, Tensor]]]:
+    """This rank's block of the round's clients trained (in lockstep where ``vectorisation`` says so): their
+    results (``num_steps`` filled in) and buffers, in client order."""
+    block = parallel.shard(clients)  # every client in a single process
+    update = trainer.algorithm.client_update
+    results: list[ClientResult] = []
+    buffers: list[dict[str, Tensor]] = []
+    problems: list[LocalProblem] = []
+    if len(block) > 1 and vectorisation(trainer).used:
+        lockstep = Lockstep(_answerer(trainer), trainer.device)
+        jobs = []
+        for slot, client in enumerate(block):
+            problem, own_buffers, own_state = client_problem(trainer, state, client, lr)
+            problem.oracle = lockstep.oracle(slot, own_buffers)
+            jobs.append(_job(update, message, own_state, problem))
+            problems.append(problem)
+            buffers.append(own_buffers)
+        results = lockstep.run(jobs)
+    else:
+        for client in block:
+            problem, own_buffers, own_state = client_problem(trainer, state, client, lr)
+            results.append(update(message, own_state, problem))
+            problems.append(problem)
+            buffers.append(own_buffers)
+    for result, problem in zip(results, problems):
+        result.num_steps = problem.num_steps
+    return results, buffers
+
+
+def _job(update: Callable, message: dict[str, Tensor], own_state: Any, problem: LocalProblem
+         ) -> Callable[[], ClientResult]:
+    return lambda: update(message, own_state, problem)
+
+
+def _answerer(trainer: Trainer) -> Callable[[dict[int, Request]], dict[int, Answer]]:
+    stacked = StackedOracle(trainer.flat)
+
+    def compute(requests: dict[int, Request]) -> dict[int, Answer]:
+        with trainer.mixed_precision():
+            return answer_requests(trainer.flat, stacked, requests)
+
+    return compute
+
+
+# ----------------------------------------------------------------------------------------------------------
+# auto's timing
+
+
+def time_oracles(trainer: Trainer, clients: int, repeats: int = 3) -> tuple[float, float]:
+    """Seconds of one local step's gradients for ``clients`` clients, (one after another, one vmapped pass):
+    minima over ``repeats`` interleaved repeats after a warm-up, at the initial model on the first training
+    samples (a full batch), under the run's autocast, the device synchronised."""
+    flat = trainer.flat
+    n = min(trainer.train_cfg.batch_size, len(trainer.train_y))
+    x, y = trainer.train_x[:n], trainer.train_y[:n]
+    w, constants = flat.vector(), flat.buffers()
+    stacked = StackedOracle(flat)
+    ws, xs, ys = (t.unsqueeze(0).expand(clients, *t.shape).contiguous() for t in (w, x, y))
+
+    def sequential() -> None:
+        for _ in range(clients):
+            flat.loss_and_grad(w, x, y, constants)
+
+    best = [float("inf"), float("inf")]
+    for _ in range(repeats + 1):  # the first pass warms up (kernels, caches); minima ignore it
+        for k, run in enumerate((sequential, lambda: stacked(ws, xs, ys, constants))):
+            _synchronize(trainer.device)
+            started = time.perf_counter()
+            with trainer.mixed_precision():
+                run()
+            _synchronize(trainer.device)
+            best[k] = min(best[k], time.perf_counter() - started)
+    return best[0], best[1]
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,187 @@
+"""train.memory_format: channels-last training and evaluation equal the contiguous ones to float tolerance (and a
+plain-PyTorch gradient), "auto" chooses by an injected timing, records its choice and a resume keeps it, a model
+without convolutions stays contiguous, bad values are one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from conftest import tiny_recipe
+
+from landscape.core import memory_format
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
+from landscape.core.memory_format import choose_memory_format, recorded_choice, training_step_timer
+from landscape.models import build_model
+from landscape.store.checkpoints import load_checkpoint
+from landscape.store.runs import RunDir
+from landscape.train import loop
+from landscape.train import state as trainer_state
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def fresh_choices(monkeypatch):
+    """Each test starts with no choice kept by the process (``memory_format._CHOSEN``)."""
+    monkeypatch.setattr(memory_format, "_CHOSEN", {})
+
+
+def forced_timer(monkeypatch, channels_last_seconds: float, contiguous_seconds: float = 1.0) -> list[bool]:
+    """Make the trainer's timing report fixed seconds per step for each layout; the layouts it timed, in order."""
+    timed: list[bool] = []
+
+    def timer(*args, **kwargs):
+        def time_step(channels_last: bool) -> float:
+            timed.append(channels_last)
+            return channels_last_seconds if channels_last else contiguous_seconds
+
+        return time_step
+
+    monkeypatch.setattr(trainer_state, "training_step_timer", timer)
+    return timed
+
+
+def pool2_layouts(flat: FlatModel) -> list[bool]:
+    """Whether each forward fed the CNN's second max-pool a channels-last tensor (a hook on ``pool2``)."""
+    seen: list[bool] = []
+    flat.module.pool2.register_forward_hook(
+        lambda module, inputs, output: seen.append(inputs[0].is_contiguous(memory_format=torch.channels_last)))
+    return seen
+
+
+def test_channels_last_gradient_equals_a_plain_pytorch_gradient():
+    torch.manual_seed(0)
+    module = build_model("cnn", (1, 8, 8), 10, {}).double()
+    x, y = torch.randn(16, 1, 8, 8, dtype=torch.float64), torch.randint(0, 10, (16,))
+    flat = FlatModel(module)
+    flat.channels_last = True
+    seen = pool2_layouts(flat)
+    loss, grad = flat.loss_and_grad(flat.vector(), x, y, {})
+    assert seen == [True]  # the layout really changed
+    # plain PyTorch: the module's own NCHW forward and backward
+    module.zero_grad()
+    plain = F.cross_entropy(module(x), y)
+    plain.backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
+    assert seen == [True, False]
+    torch.testing.assert_close(loss, plain.detach(), rtol=1e-12, atol=0)
+    torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-13)
+    assert grad.is_contiguous() and grad.shape == (flat.dim,)
+
+
+def test_channels_last_training_equals_contiguous_on_the_digits_cnn(tmp_path):
+    trained = {}
+    for layout in ("contiguous", "channels-last"):
+        trainer = loop.Trainer(tiny_recipe(train__memory_format=layout), RunDir(tmp_path / layout))
+        seen = pool2_layouts(trainer.flat)
+        state = trainer.initial_state()
+        assert trainer.memory_format.name == layout and trainer.flat.channels_last == (layout == "channels-last")
+        for _ in range(2):
+            state, _, row = trainer.run_round(state)
+        evaluated = trainer.evaluate(state)
+        assert seen and set(seen) == {layout == "channels-last"}  # training and evaluation
+        trained[layout] = (state, row, evaluated)
+    (a, row_a, eval_a), (b, row_b, eval_b) = trained["contiguous"], trained["channels-last"]
+    assert not torch.equal(a.x, b.x)  # another order of float operations: the last bits differ
+    torch.testing.assert_close(b.x, a.x, rtol=1e-5, atol=1e-6)
+    assert row_b["train_loss"] == pytest.approx(row_a["train_loss"], rel=1e-5)
+    assert eval_b == pytest.approx(eval_a, rel=1e-5)
+
+
+@pytest.mark.parametrize("channels_last_seconds, chosen", [(0.5, "channels-last"), (0.95, "contiguous"),
+                                                           (2.0, "contiguous")])
+def test_an_injected_timer_forces_the_choice(channels_last_seconds, chosen):
+    flat = FlatModel(build_model("cnn", (1, 8, 8), 10, {}))
+    timed = []
+
+    def time_step(channels_last: bool) -> float:
+        timed.append(channels_last)
+        return channels_last_seconds if channels_last else 1.0
+
+    choice = choose_memory_format("auto", flat, CPU, time_step, key="cnn")
+    assert choice.name == chosen and choice.reason.startswith("auto: channels-last")
+    assert choice.seconds == (1.0, channels_last_seconds)
+    # a warm-up step each, then REPEATS of each, interleaved
+    assert timed == [False, True] * (1 + memory_format.REPEATS)
+    # kept for the rest of the process: the same key is not timed again
+    assert choose_memory_format("auto", flat, CPU, lambda _: pytest.fail("timed again"), key="cnn") is choice
+
+
+def test_auto_is_recorded_and_a_resume_keeps_it_without_timing(tmp_path, monkeypatch):
+    timed = forced_timer(monkeypatch, channels_last_seconds=0.5)
+    recipe = tiny_recipe(train__rounds=2)
+    run = tmp_path / "run"
+    loop.start_run(recipe, run, progress=False)
+    assert timed  # auto timed both layouts at start-up
+    record = load_checkpoint(RunDir(run).checkpoint(2))["memory_format"]
+    assert record["name"] == "channels-last" and record["reason"].startswith("auto: channels-last at least 10% faster")
+    assert 'memory_format = "auto"' in (run / "recipe.toml").read_text()  # recipe.toml keeps what was asked
+
+    # the resume takes the checkpoint's choice: timing now would fail, and contiguous would change the bits
+    monkeypatch.setattr(memory_format, "_CHOSEN", {})
+    monkeypatch.setattr(trainer_state, "training_step_timer",
+                        lambda *a, **k: lambda channels_last: pytest.fail("a resume timed again"))
+    resumed = loop.resume_run(run, rounds=3, progress=False)
+    assert load_checkpoint(RunDir(run).checkpoint(3))["memory_format"] == record
+
+    pinned = loop.start_run(tiny_recipe(train__rounds=3, train__memory_format="channels-last"), tmp_path / "pinned",
+                            progress=False)
+    assert torch.equal(resumed.x, pinned.x)
+
+
+def test_a_checkpoint_from_before_the_setting_resumes_contiguous(tmp_path):
+    trainer = loop.Trainer(tiny_recipe(), RunDir(tmp_path / "run"))
+    payload = trainer.checkpoint_payload(trainer.initial_state())
+    del payload["memory_format"]
+    fresh = loop.Trainer(tiny_recipe(), RunDir(tmp_path / "other"))
+    fresh.state_from_checkpoint(payload, tmp_path / "round-0000.pt")
+    assert fresh.memory_format.name == "contiguous" and not fresh.flat.channels_last
+    assert recorded_choice(None, "x").reason.startswith("written before train.memory_format")
+
+
+def test_a_model_without_convolutions_or_off_the_cpu_stays_contiguous(tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_state, "training_step_timer",
+                        lambda *a, **k: lambda channels_last: pytest.fail("timed a model without convolutions"))
+    trainer = loop.Trainer(tiny_recipe(model__name="mlp"), RunDir(tmp_path / "mlp"))
+    trainer.initial_state()
+    assert trainer.memory_format.name == "contiguous" and not trainer.flat.channels_last
+    assert "no 4-D convolution weights" in trainer.memory_format.reason
+    cnn = FlatModel(build_model("cnn", (1, 8, 8), 10, {}))
+    off_cpu = choose_memory_format("auto", cnn, torch.device("cuda"), lambda _: pytest.fail("timed off the CPU"))
+    assert off_cpu.name == "contiguous"
+
+
+def test_the_real_timer_leaves_the_model_and_the_run_alone():
+    torch.manual_seed(0)  # BatchNorm statistics and dropout (masks from the global RNG)
+    module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.5), nn.Flatten(),
+                           nn.Linear(8 * 6 * 6, 10))
+    flat = FlatModel(module)
+    module.eval()
+    buffers = flat.buffers()
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))
+    rng = torch.get_rng_state()
+    choice = choose_memory_format("auto", flat, CPU, training_step_timer(flat, x, y, buffers), repeats=1)
+    assert choice.name in memory_format.LAYOUTS and len(choice.seconds) == 2
+    assert not flat.channels_last and not module.training  # set back
+    assert torch.equal(torch.get_rng_state(), rng)
+    for name, value in flat.buffers().items():  # BatchNorm statistics moved in copies only
+        assert torch.equal(value, buffers[name]), name
+
+
+@pytest.mark.parametrize("value", ["nchw", "channels_last", 1, True])
+def test_bad_values_are_one_line_errors(value):
+    with pytest.raises(LandscapeError, match=r"^train\.memory_format must be one of auto, channels-last, "
+                                             r"contiguous \(got .*\)$"):
+        tiny_recipe(train__memory_format=value)
+
+
+def test_a_checkpoint_recording_an_unknown_format_is_refused(tmp_path):
+    trainer = loop.Trainer(tiny_recipe(), RunDir(tmp_path / "run"))
+    payload = trainer.checkpoint_payload(trainer.initial_state())
+    payload["memory_format"] = {"name": "nhwc"}
+    fresh = loop.Trainer(tiny_recipe(), RunDir(tmp_path / "other"))
+    with pytest.raises(LandscapeError, match=r"round-0000.pt records an unknown memory format 'nhwc' \(one of "):
+        fresh.state_from_checkpoint(payload, tmp_path / "round-0000.pt")
