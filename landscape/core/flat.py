@@ -41,12 +41,12 @@ class ParameterLeaves:
     def __init__(self, flat: FlatModel, w: Tensor) -> None:
         self.flat = flat
         self.vector = w.detach().clone()  # the leaves' own storage: a later in-place change of w cannot reach them
-        self.tensors = [t.view(s).requires_grad_() for t, s in zip(self.vector.split(flat.numels), flat.shapes)]
+        self.tensors = [t.requires_grad_() for t in self.views(self.vector)]
         self.named = dict(zip(flat.names, self.tensors))
 
     def views(self, vector: Tensor) -> list[Tensor]:
         """Per-parameter views of a flat ``vector`` (the layout of w), with the parameters' shapes."""
-        return [t.view(s) for t, s in zip(vector.split(self.flat.numels), self.flat.shapes)]
+        return list(self.flat.params(vector).values())
 
     def accumulate_into(self, grad: Tensor) -> Tensor:
         """Make the flat tensor ``grad`` the leaves' ``.grad`` (each leaf its slice); return it."""

@@ -293,25 +293,16 @@ def train_clients(trainer: Trainer, state: TrainerState, message: dict[str, Tens
     results (``num_steps`` filled in) and buffers, in client order."""
     block = parallel.shard(clients)  # every client in a single process
     update = trainer.algorithm.client_update
-    results: list[ClientResult] = []
-    buffers: list[dict[str, Tensor]] = []
-    problems: list[LocalProblem] = []
+    prepared = [client_problem(trainer, state, client, lr) for client in block]
+    problems = [problem for problem, _, _ in prepared]
+    buffers = [own_buffers for _, own_buffers, _ in prepared]
     if len(block) > 1 and vectorisation(trainer).used:
         lockstep = Lockstep(_answerer(trainer), trainer.device)
-        jobs = []
-        for slot, client in enumerate(block):
-            problem, own_buffers, own_state = client_problem(trainer, state, client, lr)
+        for slot, (problem, own_buffers, _) in enumerate(prepared):
             problem.oracle = lockstep.oracle(slot, own_buffers)
-            jobs.append(_job(update, message, own_state, problem))
-            problems.append(problem)
-            buffers.append(own_buffers)
-        results = lockstep.run(jobs)
+        results = lockstep.run([_job(update, message, own_state, problem) for problem, _, own_state in prepared])
     else:
-        for client in block:
-            problem, own_buffers, own_state = client_problem(trainer, state, client, lr)
-            results.append(update(message, own_state, problem))
-            problems.append(problem)
-            buffers.append(own_buffers)
+        results = [update(message, own_state, problem) for problem, _, own_state in prepared]
     for result, problem in zip(results, problems):
         result.num_steps = problem.num_steps
     return results, buffers
