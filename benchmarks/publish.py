@@ -77,6 +77,8 @@ REGISTRY: dict[str, Table] = {
                          "top-5 eigenvalues and one product: ours and the peers on the digits CNN"),
     "hessian-mlp": Table((PY, "benchmarks/hessian_vs_pyhessian.py", "--model", "mlp", "--hidden", "64"),
                          "the same on a digits MLP against its dense Hessian"),
+    "gradient-overhead": Table((PY, "benchmarks/gradient_overhead.py"),
+                               "our gradient and Hessian-vector product against a plain nn.Module gradient"),
     "lanczos-overhead": Table((PY, "benchmarks/lanczos_overhead.py"),
                               "Lanczos time outside the products on a 657,910-parameter MLP"),
     "trace-estimators": Table((PY, "benchmarks/trace_estimators.py"),
