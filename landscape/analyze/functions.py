@@ -13,6 +13,7 @@ from torch import Tensor
 
 from landscape.analyze import flatness
 from landscape.analyze.density import DensityResult, slq_density
+from landscape.analyze.gradient_cache import GradientCache
 from landscape.analyze.lanczos import EigenResult, lanczos_topk
 from landscape.analyze.objective import Problem
 from landscape.analyze.operator import HessianOperator, Progress
@@ -49,12 +50,13 @@ def density(p: Problem, *, runs: int, steps: int, seed: int, hvp: str,
 
 
 def sharpness(p: Problem, rhos: Sequence[float], *, steps: int, tol: float, starts: int, adaptive: bool,
-              eta: float, seed: int) -> SharpnessProfile:
+              eta: float, seed: int, gradients: GradientCache | None = None) -> SharpnessProfile:
     """S_rho of F at each radius by multi-start Armijo projected ascent; ``adaptive``: on the ASAM ball
-    (weights only, ``asam_weight_mask``)."""
+    (weights only, ``asam_weight_mask``). ``gradients``: a checkpoint's cache (F(w), grad F(w) and each
+    radius's ascent kept there for the other passes; the same numbers)."""
     mask = asam_weight_mask(p.flat) if adaptive else None
     return sharpness_profile(p.objective, p.w, list(rhos), steps=steps, tol=tol, starts=starts,
-                             adaptive=adaptive, eta=eta, weight_mask=mask, seed=seed)
+                             adaptive=adaptive, eta=eta, weight_mask=mask, seed=seed, gradients=gradients)
 
 
 def checked_vector(vector: Tensor, what: str) -> Tensor:

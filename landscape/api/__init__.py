@@ -115,7 +115,7 @@ def _copy_module(model: nn.Module) -> nn.Module:
 
 
 def hessian_eigs(model: nn.Module | Problem, data: Any = None, k: int = 5, *, tol: float = 1e-3, seed: int = 0,
-                 hvp: str = "double-backward", progress: Progress | None = None, threads: int = DEFAULT_THREADS,
+                 hvp: str = "auto", progress: Progress | None = None, threads: int = DEFAULT_THREADS,
                  **settings: Any) -> EigenResult:
     """The k largest eigenvalues of the Hessian of F by Lanczos (``values`` descending, ``residuals``: the true
     ||Hv - lambda v|| from the recorded products, ``converged``, ``hvp_count``). A determinism probe (two
@@ -128,7 +128,7 @@ def hessian_eigs(model: nn.Module | Problem, data: Any = None, k: int = 5, *, to
 
 
 def trace(model: nn.Module | Problem, data: Any = None, *, hvps: int = 60, method: str = DEFAULT_TRACE_METHOD,
-          seed: int = 0, hvp: str = "double-backward", progress: Progress | None = None,
+          seed: int = 0, hvp: str = "auto", progress: Progress | None = None,
           threads: int = DEFAULT_THREADS, **settings: Any) -> TraceResult:
     """tr(grad^2 F) by a randomised estimator with ``hvps`` Hessian-vector products (``estimate``,
     ``stderr``); ``method``: xtrace (default), hutch++ or hutchinson."""
@@ -139,7 +139,7 @@ def trace(model: nn.Module | Problem, data: Any = None, *, hvps: int = 60, metho
 
 
 def density(model: nn.Module | Problem, data: Any = None, *, runs: int = 4, steps: int = 40, seed: int = 0,
-            hvp: str = "double-backward", progress: Progress | None = None, threads: int = DEFAULT_THREADS,
+            hvp: str = "auto", progress: Progress | None = None, threads: int = DEFAULT_THREADS,
             **settings: Any) -> DensityResult:
     """The Hessian's spectral density by stochastic Lanczos quadrature (``runs`` x ``steps`` products; the
     trace it implies has a standard error with ``runs`` - 1 degrees of freedom, as the hessian pass's default)."""

@@ -58,20 +58,19 @@ PASSES.declare("sharpness", options=SharpnessOptions,
 
 @PASSES.implement("sharpness")
 def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput:
-    from landscape.analyze.sharpness import DEFAULT_ETA, asam_weight_mask, local_sharpness, sharpness_profile
+    from landscape.analyze import functions
+    from landscape.analyze.sharpness import DEFAULT_ETA, local_sharpness
 
     seed = ctx.settings.seed
     # grad F, the grad F_i and each radius's ascent are kept in the checkpoint's cache: the local comparison's
     # global S_rho at local_rho is the plain profile's ascent at that radius when it has one
     ascent = {"steps": opts.steps, "tol": opts.tol, "starts": opts.starts, "seed": seed, "gradients": ctx.gradients}
-    # eta is the ASAM ball's: the global profile records the default, which it does not use. The profiles are
-    # functions.sharpness's (the ASAM ball on the weights only), given the checkpoint's cache.
-    profile = sharpness_profile(ctx.objective, ctx.w, list(opts.rhos), adaptive=False, eta=DEFAULT_ETA, **ascent)
+    # eta is the ASAM ball's: the global profile records the default, which it does not use
+    profile = functions.sharpness(ctx.problem, opts.rhos, adaptive=False, eta=DEFAULT_ETA, **ascent)
     scalars, arrays = split_result(profile, "global.")
     out = {"global": scalars}
     if opts.adaptive:
-        adaptive = sharpness_profile(ctx.objective, ctx.w, list(opts.rhos), adaptive=True, eta=opts.eta,
-                                     weight_mask=asam_weight_mask(ctx.flat), **ascent)
+        adaptive = functions.sharpness(ctx.problem, opts.rhos, adaptive=True, eta=opts.eta, **ascent)
         out["adaptive"], more = split_result(adaptive, "adaptive.")
         arrays.update(more)
     summary = {f"S_rho({rho:g})": float(s) for rho, s in zip(profile.rhos, profile.sharpness)}
