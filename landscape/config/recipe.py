@@ -320,6 +320,12 @@ def toml_value(value: Any) -> str:
     return schema.dump_toml({"v": value}).removeprefix("v = ").rstrip("\n")
 
 
+# Recipe keys that change where a run reads its data and computes, never its files (nor its numbers, but for
+# the last bits: see train.threads; train.vectorize, train.memory_format: equal to float tolerance).
+PLACE_KEYS = frozenset({"name", "train.device", "train.threads", "train.vectorize", "train.memory_format",
+                        "dataset.root", "dataset.download"})
+
+
 def difference(recorded: str, recipe: Recipe, ignore: frozenset[str] = frozenset()) -> str | None:
     """The first key in which a recorded recipe (TOML text, e.g. a checkpoint's) differs from ``recipe``,
     ignoring the keys in ``ignore``, as 'model.width is 32 there, 8 in recipe.toml'; None when they agree."""

@@ -24,13 +24,15 @@ from typing import Any
 
 import numpy as np
 
+from landscape.config.recipe import PLACE_KEYS
 from landscape.core.errors import LandscapeError
 
 # A run is a ``rundata.RunData`` (not imported: rundata imports this module, and the package has no import cycle).
 RunData = Any
 
-# Recipe keys that do not make two runs different experiments (besides the seed itself).
-GROUP_IGNORES = frozenset({"name", "seed", "train.device", "train.threads", "dataset.root", "dataset.download"})
+# Recipe keys that do not make two runs different experiments: the seed itself and where and how a round is
+# computed (device, threads, vectorize, memory_format: the same numbers to float tolerance).
+GROUP_IGNORES = PLACE_KEYS | {"seed"}
 
 
 def mean_se(values: Sequence[Any]) -> tuple[Any, Any, int]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from landscape.config import recipe as recipes
-from landscape.config.recipe import Recipe
+from landscape.config.recipe import PLACE_KEYS, Recipe
 from landscape.config.setup import DataSetup
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
@@ -35,10 +35,6 @@ RESUME_FREE_KEYS = frozenset({"name", "train.rounds", "train.device", "train.com
                               "train.eval_every", "train.keep_clients", "train.threads", "train.vectorize",
                               "train.memory_format", "dataset.root", "dataset.download", "train.log"})
 
-# Recipe keys that change where a run reads its data and computes, never its files (nor its numbers, but for
-# the last bits: see train.threads; train.vectorize, train.memory_format: equal to float tolerance).
-PLACE_KEYS = frozenset({"name", "train.device", "train.threads", "train.vectorize", "train.memory_format",
-                        "dataset.root", "dataset.download"})
 
 
 def print_warning(message: str) -> None:
@@ -145,8 +141,8 @@ def _sweep_status(recipe: Recipe, path: Path, overwrite: bool) -> str:
         recorded = recipes.to_toml(recipes.read_recipe(run_dir.recipe))
     except LandscapeError:
         recorded = run_dir.recipe.read_text(errors="replace")
-    # The thread count changes how a round is computed, not which run it is (a resume with another warns).
-    if recipes.difference(recorded, recipe, ignore=frozenset({"train.threads"})) is not None:
+    # Where and how a round is computed (device, threads, vectorize, memory_format) is not which run it is.
+    if recipes.difference(recorded, recipe, ignore=PLACE_KEYS) is not None:
         if overwrite:
             return "replace"
         raise LandscapeError(f"{path} holds a run of another recipe; pass --overwrite to replace it")

@@ -88,8 +88,9 @@ def test_mean_se_is_the_mean_and_its_standard_error():
 
 def test_recipes_group_by_everything_but_the_seed():
     r = {"name": "a", "seed": 0, "train": {"lr": 0.1, "device": "cpu", "threads": 1}, "dataset": {"root": "data"}}
-    same = {**r, "name": "b", "seed": 1, "train": {"lr": 0.1, "device": "cuda", "threads": 4},
-            "dataset": {"root": "/elsewhere"}}
+    same = {**r, "name": "b", "seed": 1, "train": {"lr": 0.1, "device": "cuda", "threads": 4, "vectorize": "on",
+                                                   "memory_format": "channels-last"},
+            "dataset": {"root": "/elsewhere"}}  # where and how a round is computed: the same experiment
     other = {**r, "seed": 2, "train": {"lr": 0.2, "device": "cpu", "threads": 1}}
     assert seeds.recipe_groups([r, other, same]) == [[0, 2], [1]]
     twin = dict(same)  # seed 1 twice: two copies of one run, not seeds

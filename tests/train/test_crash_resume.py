@@ -243,6 +243,9 @@ def test_a_run_killed_before_its_partition_and_first_checkpoint_resumes(six_roun
     (cut / ".lock").write_text("")
     (cut / ".partition.json.abcd1234.tmp").write_text('{"settings": ')
     assert lifecycle.sweep_status(recipe6(), cut, overwrite=False) == "resume"
+    elsewhere = recipe6().with_values({"train.threads": 2, "train.vectorize": "off",
+                                       "train.memory_format": "contiguous"})  # how a round is computed
+    assert lifecycle.sweep_status(elsewhere, cut, overwrite=False) == "resume"
     notes: list[str] = []
     loop.resume_run(cut, progress=False, warn=notes.append)
     assert len(notes) == 1 and "has no checkpoint yet" in notes[0]
