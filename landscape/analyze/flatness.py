@@ -279,8 +279,7 @@ def flatness_incompatibility(
         e_i = rho * perturb.normalized(grad_i)
         delta = grad_i - grad
         minibatches, draw_gradients = client_minibatch_gradients(obj, w, batch_size, batches, seed, c, gradients)
-        with torch.no_grad():
-            base = torch.stack([obj.batch_loss(w, b).double() for b in minibatches])  # f_i^{B'}(x)
+        base = obj.batch_losses(w, minibatches)  # f_i^{B'}(x), the M draws in one forward
         rows: dict[str, list[Tensor]] = {k: [] for k in ("fi", "batch", "cross", "gtotal", "gnoise", "gcross",
                                                           "gnorm", "ploss", "friendly")}
         for g in draw_gradients:
@@ -294,8 +293,7 @@ def flatness_incompatibility(
             rows["gcross"].append(_dot(zeta, delta))
             rows["gnorm"].append(g.norm())
             rows["ploss"].append(global_objective.loss(w + e_b).double() if loss_level else nan)
-            with torch.no_grad():
-                moved = torch.stack([obj.batch_loss(w + e_b, other).double() for other in minibatches])
+            moved = obj.batch_losses(w + e_b, minibatches)  # f_i^{B'}(x + e_i^B) for every draw B'
             rows["friendly"].append(moved < base)  # entry b (B' = B) is masked out later
         full_ploss = global_objective.loss(w + e_i).double() if loss_level else nan
         record = {k: torch.stack([v.double() for v in vals]) for k, vals in rows.items()}

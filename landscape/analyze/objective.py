@@ -18,7 +18,7 @@ statistics recomputed over the analysis data, then eval mode). Models without Ba
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -137,6 +137,21 @@ class Objective:
             buffers = self.buffers_for(w)
         with self.bn_mode_context():
             return self.mean_loss(self.flat.logits(w, batch[0], buffers), batch[1])
+
+    def batch_losses(self, w: Tensor, batches: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
+        """The mean loss of each batch at w, as a float64 tensor [len(batches)] (no gradient): one forward of
+        the batches together where that gives each batch its own value (the cross-entropy's per-sample
+        losses summed per batch; no BatchNorm batch statistics), else one forward per batch."""
+        with torch.no_grad():
+            if self.loss_fn is not None or (self.bn_mode == "train-batch-stats" and self.has_batchnorm):
+                return torch.stack([self.batch_loss(w, b).double() for b in batches])
+            sizes = [int(b[1].shape[0]) for b in batches]
+            x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+            buffers = self.buffers_for(w)
+            with self.bn_mode_context():
+                per_sample = F.cross_entropy(self.flat.logits(w, x, buffers), y, reduction="none").double()
+            sums = torch.stack([part.sum() for part in per_sample.split(sizes)])
+            return sums / torch.tensor(sizes, dtype=torch.float64, device=sums.device)
 
     def batch_loss_and_grad(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """(f(w; B), grad f(w; B)), both detached; the gradient written straight into a new flat tensor."""

@@ -64,3 +64,23 @@ def test_recompute_uses_the_analysis_data_statistics():
     recomputed, batch_stats, initial = obj.loss(w).item(), train_mode.loss(w).item(), eval_mode.loss(w).item()
     assert abs(recomputed - batch_stats) < 0.02 * batch_stats
     assert abs(recomputed - batch_stats) < 0.2 * abs(initial - batch_stats)
+
+
+def test_batch_losses_are_each_batchs_own_mean_loss():
+    """One forward of several batches together gives each its own loss; where batch statistics or a custom
+    loss tie the batches together, each batch is evaluated alone."""
+    for norm, mode, loss in ((None, "eval", None), ("bn", "eval", None), ("bn", "train-batch-stats", None),
+                             (None, "eval", "mse")):
+        flat, data = _setup(norm=norm, n=30)
+        if loss == "mse":  # regression targets
+            data = AnalysisData(data.x, F.one_hot(data.y, 10).double())
+        obj = Objective(flat, flat.buffers(), data, mode, loss=loss)
+        w = flat.vector() + 0.01
+        batches = [obj.data.take(torch.arange(a, b)) for a, b in ((0, 7), (7, 19), (3, 30))]
+        got = obj.batch_losses(w, batches)
+        want = torch.stack([obj.batch_loss(w, b).double() for b in batches])
+        assert got.dtype == torch.float64 and got.shape == (3,)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+        if mode == "train-batch-stats":  # each batch normalised by its own statistics: not one forward
+            together = obj.batch_loss(w, (torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])))
+            assert abs(float(together) - float(want.mean())) > 1e-6
