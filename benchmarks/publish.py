@@ -79,6 +79,8 @@ REGISTRY: dict[str, Table] = {
                          "the same on a digits MLP against its dense Hessian"),
     "gradient-overhead": Table((PY, "benchmarks/gradient_overhead.py"),
                                "our gradient and Hessian-vector product against a plain nn.Module gradient"),
+    "memory-format": Table((PY, "benchmarks/memory_format.py"),
+                           "contiguous against channels-last layout: training step, loss, gradient, product"),
     "lanczos-overhead": Table((PY, "benchmarks/lanczos_overhead.py"),
                               "Lanczos time outside the products on a 657,910-parameter MLP"),
     "trace-estimators": Table((PY, "benchmarks/trace_estimators.py"),

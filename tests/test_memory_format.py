@@ -52,6 +52,31 @@ def pool2_layouts(flat: FlatModel) -> list[bool]:
     return seen
 
 
+@pytest.mark.parametrize("shape", [(5, 1, 8, 8), (32, 1, 3, 3), (4, 3, 6, 7)])
+def test_a_copy_has_channels_last_strides_even_with_one_channel(shape):
+    tensor = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    copy = memory_format.channels_last_copy(tensor)
+    _, c, h, w = shape
+    assert copy.stride() == (h * w * c, 1, w * c, c) and torch.equal(copy, tensor)
+    assert memory_format.channels_last_copy(copy) is copy  # already laid out: no second copy
+    copy.sum().backward()  # differentiable: the gradient reaches the original in its own layout
+    assert torch.equal(tensor.grad, torch.ones_like(tensor)) and tensor.grad.is_contiguous()
+    three_d = tensor.detach()[0]
+    assert memory_format.channels_last_copy(three_d) is three_d  # not 4-D: as it is
+
+
+def test_a_one_channel_input_runs_its_first_convolution_and_pooling_channels_last():
+    """A grey-scale input's (N, 1, H, W) strides are NCHW's too: PyTorch would run the first block NCHW."""
+    flat = FlatModel(build_model("cnn", (1, 8, 8), 10, {}))
+    flat.channels_last = True
+    seen: list[bool] = []
+    flat.module.pool1.register_forward_hook(
+        lambda module, inputs, output: seen.append(inputs[0].is_contiguous(memory_format=torch.channels_last)
+                                                   and inputs[0].stride(1) == 1))
+    flat.loss_and_grad(flat.vector(), torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,)), {})
+    assert seen == [True]
+
+
 def test_channels_last_gradient_equals_a_plain_pytorch_gradient():
     torch.manual_seed(0)
     module = build_model("cnn", (1, 8, 8), 10, {}).double()

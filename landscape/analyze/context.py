@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from landscape.analyze import products
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.gradient_cache import GradientCache
 from landscape.analyze.objective import Objective, Problem
@@ -22,9 +23,28 @@ from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import Source, file_digest
 from landscape.analyze.state_dict_source import StateDictSource
 from landscape.config.setup import resolve_device, torch_dtype
+from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
+from landscape.core.memory_format import CONTIGUOUS, MemoryFormatChoice, choose_memory_format
 from landscape.store.checkpoints import Checkpoint, load_client_models, non_finite_weights
+
+
+# The samples of the analysis data on which "auto" times the two layouts (a training batch's size: the
+# timing of a large model stays short).
+LAYOUT_TIMING_SAMPLES = 32
+
+
+def _evaluation_timer(objective: Objective, w: Tensor, batch: tuple[Tensor, Tensor]) -> Callable[[bool], float]:
+    """``time_step`` of ``memory_format.time_formats``: the seconds of one loss and gradient of ``batch`` at w
+    in the layout asked (the objective's loss and BN mode; nothing is kept)."""
+    flat = objective.flat
+
+    def time_step(channels_last: bool) -> float:
+        with flat.layout(channels_last):
+            return products.synchronized_seconds(lambda: objective.batch_loss_and_grad(w, batch), w.device)
+
+    return time_step
 
 
 @dataclass
@@ -41,6 +61,8 @@ class CheckpointContext:
     progress: Callable[[int, int | None], None] | None = field(init=False, default=None)
     # client -> F_i, each built once (``client_objective``)
     _client_objectives: dict[int, Objective] = field(init=False, default_factory=dict, repr=False)
+    # the layout of the evaluations, settled by the first use of ``objective`` (None before: nothing evaluated)
+    memory_format: MemoryFormatChoice | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         path = self.source.checkpoints[self.round]
@@ -85,8 +107,30 @@ class CheckpointContext:
 
     @cached_property
     def objective(self) -> Objective:
-        """F over the analysis data."""
-        return Objective(self.flat, self.buffers, self.global_data, self.settings.bn_mode)
+        """F over the analysis data; its first use settles the layout of every evaluation (``memory_format``)."""
+        objective = Objective(self.flat, self.buffers, self.global_data, self.settings.bn_mode)
+        self.memory_format = self._settle_memory_format(objective)
+        return objective
+
+    def _settle_memory_format(self, objective: Objective) -> MemoryFormatChoice:
+        """``analyze.memory_format``'s layout of this checkpoint's losses and gradients (F and every F_i), set on
+        the model: the setting's; for "auto" ``choose_memory_format``'s on the CPU, a start-up timing of a loss
+        and gradient of the first ``LAYOUT_TIMING_SAMPLES`` analysis samples each way, kept by the process per
+        model, batch, dtype, device, threads and BN mode. Under torchrun "auto" is contiguous: ranks that time
+        alone could choose apart, and their products and cells are summed together. Hessian-vector products
+        are contiguous in every case (``HessianOperator``)."""
+        setting = self.settings.memory_format
+        if setting == "auto" and parallel.world_size() > 1:
+            choice = MemoryFormatChoice(CONTIGUOUS, "auto under torchrun: contiguous (ranks could time apart)")
+        else:
+            batch = objective.data.batch(0, min(LAYOUT_TIMING_SAMPLES, len(objective.data)))
+            key = ("analysis", repr(self.flat.module), tuple(batch[0].shape), self.dtype, str(self.device),
+                   torch.get_num_threads(), self.settings.bn_mode)
+            timer = _evaluation_timer(objective, self.w, batch)
+            choice = choose_memory_format(setting, self.flat, self.device, timer, key, name="analyze.memory_format",
+                                          steps="losses and gradients")
+        self.flat.channels_last = choice.channels_last
+        return choice
 
     @cached_property
     def problem(self):
@@ -109,6 +153,7 @@ class CheckpointContext:
         """F_i over client i's (never augmented) training data: built once per checkpoint (its data placed and
         checked against the model once), so that every pass asks ``gradients`` about the same objective."""
         if client not in self._client_objectives:
+            _ = self.objective  # the layout is settled first, by the global objective
             self._client_objectives[client] = Objective(self.flat, self.buffers, self.client_data(client),
                                                         self.settings.bn_mode)
         return self._client_objectives[client]

@@ -213,7 +213,10 @@ class HessianOperator(LinearOperator):
         return buffers
 
     def _batch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
-        return self.objective.batch_loss(w, batch, self._buffers)
+        """f_b at w for the products: contiguous whatever layout the objective's evaluations use (the
+        double-backward of a channels-last convolution is no faster on the CPU: landscape.core.memory_format)."""
+        with self.objective.flat.layout(False):
+            return self.objective.batch_loss(w, batch, self._buffers)
 
     def matmat(self, vectors: Tensor) -> Tensor:
         """H @ V for V of shape [dim, k]; counts k products.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +36,29 @@ from landscape.store import tracking
 from landscape.store.checkpoints import CheckpointError
 
 
-def write_output(job: Job, settings: AnalysisSettings, digest: str, output: PassOutput, seconds: float) -> None:
+@dataclass(frozen=True)
+class Computed:
+    """How one job's result was computed, beside its settings: the checkpoint's digest, the seconds, and the
+    layout of its evaluations (``CheckpointContext.memory_format``'s record; None where it evaluated none)."""
+
+    digest: str
+    seconds: float
+    memory_format: dict[str, str] | None
+
+
+def write_output(job: Job, settings: AnalysisSettings, output: PassOutput, computed: Computed) -> None:
     record = {
         "pass": job.name,
         "run": job.source.name,
         "round": job.round,
         "checkpoint": str(job.source.checkpoints[job.round]),
-        "checkpoint_sha256": digest,
+        "checkpoint_sha256": computed.digest,
         **({} if job.source.inputs is None else {"inputs": job.source.inputs}),  # a state_dict's model and data
         "settings": settings_record(settings, job.options),
-        "seconds": seconds,
-        "threads": thread_count(settings.threads),  # the last bits depend on it: recorded, not a setting
+        "seconds": computed.seconds,
+        # the last bits depend on these: recorded, not settings
+        "threads": thread_count(settings.threads),
+        **({} if computed.memory_format is None else {"memory_format": computed.memory_format}),
         "summary": output.summary,
         "result": output.scalars,
     }
@@ -195,7 +207,7 @@ class WorkBar:
             self.bar = None
 
 
-def _run_job(job: Job, contexts: _Contexts, work: WorkBar | None = None) -> tuple[PassOutput, str, float]:
+def _run_job(job: Job, contexts: _Contexts, work: WorkBar | None = None) -> tuple[PassOutput, Computed]:
     ctx = contexts.get(job)
     ctx.progress = work.start(job.name) if work is not None else None
     started = time.perf_counter()
@@ -205,7 +217,8 @@ def _run_job(job: Job, contexts: _Contexts, work: WorkBar | None = None) -> tupl
         ctx.progress = None
         if work is not None:
             work.close()
-    return output, ctx.digest, time.perf_counter() - started
+    layout = None if ctx.memory_format is None else ctx.memory_format.record()
+    return output, Computed(ctx.digest, time.perf_counter() - started, layout)
 
 
 class _Runner:
@@ -226,9 +239,9 @@ class _Runner:
                         dynamic_ncols=True)
         self.failed: dict[Path, str] = {}  # state_dict files that did not load or match the model: why
 
-    def finish(self, i: int, output: PassOutput, digest: str, seconds: float) -> None:
+    def finish(self, i: int, output: PassOutput, computed: Computed) -> None:
         if self.main:
-            write_output(self.jobs[i], self.settings, digest, output, seconds)
+            write_output(self.jobs[i], self.settings, output, computed)
             job = self.jobs[i]  # the summary goes to the run's train.log trackers too
             name = result_name(job.name, settings_record(self.settings, job.options))
             self.tracked.log(job.source, job.round, name, output.summary)
@@ -241,7 +254,7 @@ class _Runner:
         self.bar.set_postfix_str(f"{job.source.name} r{job.round} {job.name}")
 
     def _alone(self, i: int) -> tuple:
-        """Job i run by this rank alone: (i, output, digest, seconds, error or None, whether it is a state_dict
+        """Job i run by this rank alone: (i, output, ``Computed``, error or None, whether it is a state_dict
         file that failed). One rank: a LandscapeError other than a failed file stops here."""
         self._show(i)
         try:
@@ -250,11 +263,11 @@ class _Runner:
             with parallel.solo():
                 return (i, *_run_job(self.jobs[i], self.contexts), None, False)
         except _FileFailed as e:  # the other files go on; the analysis fails at the end
-            return (i, None, "", 0.0, str(e), True)
+            return (i, None, None, str(e), True)
         except LandscapeError as e:  # every rank stops with it, after the step's other results
             if parallel.world_size() == 1:
                 raise
-            return (i, None, "", 0.0, str(e), False)
+            return (i, None, None, str(e), False)
 
     def run_alone(self, queues: list[list[int]]) -> None:
         """Every rank its own queue (``split_work``), one job a step; each step's outcomes go to every rank."""
@@ -266,9 +279,9 @@ class _Runner:
     def _gathered(self, outcomes: list[tuple]) -> None:
         """One step's outcomes of all ranks: results finished, failed files noted; any other error stops every
         rank (the first one's)."""
-        for i, output, digest, seconds, error, file_failed in outcomes:
+        for i, output, computed, error, file_failed in outcomes:
             if error is None:
-                self.finish(i, output, digest, seconds)
+                self.finish(i, output, computed)
             elif file_failed:
                 self.failed.setdefault(self.jobs[i].source.checkpoints[self.jobs[i].round], error)
         errors = [error for *_, error, file_failed in outcomes if error is not None and not file_failed]

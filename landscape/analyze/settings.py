@@ -1,5 +1,5 @@
 """The analysis settings shared by every pass (``AnalysisSettings``: split, subset, BN mode, device, backend,
-product, batch size, seed, dtype, threads), a schema of the one loader (``landscape.config.schema``): their
+product, batch size, seed, dtype, threads, memory format), a schema of the one loader (``landscape.config.schema``): their
 kinds, ranges and choices are in the annotations, checked where they enter (CLI flags, analysis recipes,
 figure recipes). Imports nothing of the analysis, so figures, reports and recipes read them without loading
 models or data sets."""
@@ -14,6 +14,10 @@ from landscape.config.schema import check, choices, rule
 
 # "auto": the run's dtype (train.dtype) or the state_dict's; else one of the training recipe's dtypes
 Dtype = Literal[("auto", *DTYPES)]
+
+
+# Settings that say how a result is computed, not what: recorded beside its settings (the last bits only).
+HOW_COMPUTED = frozenset({"threads", "memory_format"})
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,10 @@ class AnalysisSettings:
     # machine, so the numbers do not change with it. Not part of what a result records as its settings (the
     # result records it beside them, with its seconds): another count changes the last bits only.
     threads: Annotated[int, rule(ge=0, le=4096, text="must be in 0..4096 (0: every core)")] = 1
+    # the layout of the losses' and gradients' 4-D tensors (landscape.core.memory_format; auto: channels-last
+    # where a start-up timing on the CPU finds it faster); Hessian-vector products are contiguous in every case.
+    # Like threads, recorded beside a result's settings, not among them: it changes the last bits only.
+    memory_format: Literal["auto", "channels-last", "contiguous"] = "auto"
 
     def __post_init__(self) -> None:
         """Made directly too (from CLI flags): every setting checked as the loader checks an analysis recipe's
@@ -42,8 +50,9 @@ class AnalysisSettings:
         check(self, "settings", noun="analysis setting")
 
     def record(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "threads"}
+        return {k: v for k, v in self.__dict__.items() if k not in HOW_COMPUTED}
 
 
 # The choices of the settings that have them: the analyze command's click choices derive from these.
-SETTING_CHOICES = {key: choices(AnalysisSettings, key) for key in ("split", "bn_mode", "backend", "hvp", "dtype")}
+SETTING_CHOICES = {key: choices(AnalysisSettings, key)
+                   for key in ("split", "bn_mode", "backend", "hvp", "dtype", "memory_format")}

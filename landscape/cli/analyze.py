@@ -56,6 +56,10 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
 @click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
               help="CPU threads (0: every core); the numbers' last bits depend on it, the machine never "
                    "sets it")
+@click.option("--memory-format", type=click.Choice(SETTING_CHOICES["memory_format"]), default="auto",
+              show_default=True, help="layout of the losses' and gradients' 4-D tensors (auto: channels-last "
+                                      "where a start-up timing on the CPU finds it faster); the last bits "
+                                      "depend on it")
 @set_option("a pass option, e.g. --set hessian.top_k=10 or --set sharpness.rhos=[0.05,0.1], or an analysis "
             "setting, e.g. --set analyze.batch_size=256 (over the flags)", "analyze takes the last two")
 @click.option("--directions", type=click.Choice(["random", "pca", "clients", "interpolate"]), default=None,
@@ -75,8 +79,8 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
 def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, passes: str | None,
                     analysis_samples: int, split: str, bn_mode: str, device: str, backend: str, hvp: str,
                     dtype: str, model_spec: str | None, dataset_spec: str | None, seed: int, threads: int,
-                    assignments: tuple[str, ...], directions: str | None, grid: str | None, span: str | None,
-                    surface_data: str | None, force: bool, dry_run: bool, quiet: bool) -> None:
+                    memory_format: str, assignments: tuple[str, ...], directions: str | None, grid: str | None,
+                    span: str | None, surface_data: str | None, force: bool, dry_run: bool, quiet: bool) -> None:
     """Analyse checkpoints: Hessian spectrum, sharpness, flatness distance, incompatibility, alignment,
     loss surfaces.
 
@@ -102,7 +106,8 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
     foreign = _state_dict_model(model_spec, dataset_spec)
     recipe = load_analysis_recipe(analysis_recipe) if analysis_recipe is not None else None
     chosen = {"split": split, "analysis_samples": analysis_samples, "bn_mode": bn_mode, "device": device,
-              "backend": backend, "hvp": hvp, "seed": seed, "dtype": dtype, "threads": threads}
+              "backend": backend, "hvp": hvp, "seed": seed, "dtype": dtype, "threads": threads,
+              "memory_format": memory_format}
     set_settings, set_options = _set_kinds(assignments)
     if recipe is not None:
         chosen.update({k: v for k, v in recipe.settings.items() if not given(k)})

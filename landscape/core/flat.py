@@ -15,7 +15,8 @@ frozen ones. For a model whose parameters are all trainable the layout is every 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -87,11 +88,21 @@ class FlatModel:
         if self.dim == 0:
             what = "every parameter has requires_grad=False" if named else "it has no parameters"
             raise LandscapeError(f"the model has no trainable parameters ({what})")
-        # train.memory_format: every forward with 4-D inputs and parameters in channels-last layout (set by the
-        # trainer, landscape.core.memory_format); a model built elsewhere (analysis) stays contiguous
+        # every forward with 4-D inputs and parameters in channels-last layout: set by the trainer
+        # (train.memory_format) and by the analysis (analyze.memory_format) as landscape.core.memory_format chose
         self.channels_last = False
         self._parameter_names = frozenset(n for n, _ in named)  # buffers keep their layout (updated in place)
         self._forward = self._call_module
+
+    @contextlib.contextmanager
+    def layout(self, channels_last: bool) -> Iterator[None]:
+        """Forwards in channels-last (True) or contiguous (False) layout inside the block, whatever
+        ``channels_last`` says outside it (restored after)."""
+        before, self.channels_last = self.channels_last, channels_last
+        try:
+            yield
+        finally:
+            self.channels_last = before
 
     def compile(self) -> None:
         """Run the forward passes through ``torch.compile`` (the training model: ``train.compile = true``)."""

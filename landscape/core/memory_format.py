@@ -10,18 +10,18 @@ differentiable, so gradients reach w as before, in w's own layout. What changes 
 operations inside the kernels: losses, gradients and so every trained number equal the NCHW ones to float
 rounding, not bit for bit.
 
-Whether it pays depends on the model and the machine. A one-channel input such as digits' (N, 1, 8, 8) has
-the same strides in both layouts and PyTorch reads it as NCHW, so only the layers after the first
-convolution change; the weights' copies cost about 17 us a forward on the digits CNN (1 thread). Measured
-(1 thread, training steps of batch 32, channels-last / contiguous): the digits CNN 0.93-1.07 (a tie), the
-same CNN on 3x32x32 inputs 0.66, LeNet-5 on 3x32x32 0.82. So ``"auto"`` measures: a few training steps
-(``FlatModel.loss_and_grad`` on one training batch) each way, interleaved (``time_formats``); channels-last
-is chosen only when it is clearly faster, in its fastest step and in its median one (``DECISIVE``), so that
-a near tie (digits) stays contiguous rather than flipping between runs. Off the CPU, and for a model without
-4-D parameters, it is contiguous without a timing. A process keeps its choice per model, batch shape, dtype
-and threads (``choose_memory_format``: a sweep's runs of one model share one timing and one layout). The
-trainer decides when a run's state begins and records the choice in every checkpoint; a resume takes it
-from there (``landscape.train.state.TrainerCheckpoints.settle_memory_format``).
+Whether it pays depends on the model, the work and the machine (benchmarks/memory_format.py measures it; the
+table is in docs/results). So ``"auto"`` measures: a few steps (a training step, ``FlatModel.loss_and_grad``
+on one training batch; in the analysis a loss and gradient of one analysis batch) each way, interleaved
+(``time_formats``); channels-last is chosen only when it is clearly faster, in its fastest step and in its
+median one (``DECISIVE``), so that a near tie stays contiguous rather than flipping between runs. Off the
+CPU, and for a model without 4-D parameters, it is contiguous without a timing. A process keeps its choice
+per model, batch shape, dtype and threads (``choose_memory_format``: a sweep's runs of one model share one
+timing and one layout). The trainer decides when a run's state begins and records the choice in every
+checkpoint; a resume takes it from there (``landscape.train.state.TrainerCheckpoints.settle_memory_format``).
+The analysis decides per checkpoint and records the choice in every result beside its threads
+(``landscape.analyze.context``); its Hessian-vector products are computed contiguous in every case (the
+double-backward of a channels-last convolution measured no faster: the same table).
 """
 
 from __future__ import annotations
@@ -51,11 +51,21 @@ _CHOSEN: dict[Hashable, MemoryFormatChoice] = {}
 
 
 def channels_last_copy(tensor: Tensor) -> Tensor:
-    """A 4-D tensor in channels-last layout (a differentiable copy, or the tensor itself when it already is);
-    any other tensor as it is."""
+    """A 4-D tensor (N, C, H, W) with the strides of channels-last layout, (HWC, 1, WC, C) (a differentiable
+    copy, or the tensor itself when it has them); any other tensor as it is.
+
+    The strides are written out rather than asked of ``contiguous(memory_format=torch.channels_last)``: for
+    C = 1 (a grey-scale input, a first convolution's weight) that returns the NCHW tensor itself, whose
+    strides are those of both layouts, and PyTorch then runs the first convolution, and the pooling after
+    it, in NCHW."""
     if tensor.dim() != 4:
         return tensor
-    return tensor.contiguous(memory_format=torch.channels_last)
+    _, c, h, w = tensor.shape
+    strides = (h * w * c, 1, w * c, c)
+    if tensor.stride() == strides:
+        return tensor
+    out = torch.empty_strided(tensor.shape, strides, dtype=tensor.dtype, device=tensor.device)
+    return out.copy_(tensor)
 
 
 def has_convolutions(flat: FlatModel) -> bool:
@@ -119,17 +129,15 @@ def training_step_timer(flat: FlatModel, x: Tensor, y: Tensor, buffers: dict[str
     w = flat.vector()
 
     def time_step(channels_last: bool) -> float:
-        before, training = flat.channels_last, flat.module.training
-        flat.channels_last = channels_last
+        training = flat.module.training
         flat.module.train()
         try:
-            with torch.random.fork_rng(devices=[]), context():
+            with flat.layout(channels_last), torch.random.fork_rng(devices=[]), context():
                 stats = {k: v.clone() for k, v in buffers.items()}
                 start = clock()
                 flat.loss_and_grad(w, x, y, stats)
                 return clock() - start
         finally:
-            flat.channels_last = before
             flat.module.train(training)
 
     return time_step
@@ -137,16 +145,19 @@ def training_step_timer(flat: FlatModel, x: Tensor, y: Tensor, buffers: dict[str
 
 def choose_memory_format(setting: str, flat: FlatModel, device: torch.device,
                          time_step: Callable[[bool], float] | None = None, key: Hashable | None = None,
-                         repeats: int = REPEATS) -> MemoryFormatChoice:
-    """The layout ``setting`` ("auto", "channels-last" or "contiguous") means for ``flat`` on ``device``.
+                         repeats: int = REPEATS, *, name: str = "train.memory_format",
+                         steps: str = "training steps") -> MemoryFormatChoice:
+    """The layout ``setting`` ("auto", "channels-last" or "contiguous") of the setting ``name`` means for
+    ``flat`` on ``device``.
 
-    "auto" times ``time_step`` (``time_formats``) on the CPU for a model with 4-D parameters, and keeps the
-    answer for ``key`` (the trainer's model layout and batch shape) for the rest of the process, so runs of
-    one model in one process train alike; a test injects ``time_step`` to force either choice."""
+    "auto" times ``time_step`` (``time_formats``; ``steps`` says what it runs) on the CPU for a model with 4-D
+    parameters, and keeps the answer for ``key`` (the model's layout and batch shape) for the rest of the
+    process, so runs of one model in one process compute alike; a test injects ``time_step`` to force either
+    choice."""
     if setting in LAYOUTS:
-        return MemoryFormatChoice(setting, f'train.memory_format = "{setting}"')
+        return MemoryFormatChoice(setting, f'{name} = "{setting}"')
     if setting != "auto":
-        raise LandscapeError(f"train.memory_format must be one of auto, {', '.join(LAYOUTS)} (got {setting!r})")
+        raise LandscapeError(f"{name} must be one of auto, {', '.join(LAYOUTS)} (got {setting!r})")
     if device.type != "cpu":
         return MemoryFormatChoice(CONTIGUOUS, f"auto on {device.type}: contiguous (timed on the CPU only)")
     if not has_convolutions(flat):
@@ -154,13 +165,13 @@ def choose_memory_format(setting: str, flat: FlatModel, device: torch.device,
     if key is not None and key in _CHOSEN:
         return _CHOSEN[key]
     if time_step is None:
-        raise LandscapeError("train.memory_format = \"auto\" needs a training step to time")
+        raise LandscapeError(f"{name} = \"auto\" needs a step to time")
     contiguous, channels_last = time_formats(time_step, repeats)
     faster = all(pick(channels_last) <= DECISIVE * pick(contiguous) for pick in (min, statistics.median))
-    name = CHANNELS_LAST if faster else CONTIGUOUS
     verdict = "at least" if faster else "not"
-    choice = MemoryFormatChoice(name, f"auto: channels-last {verdict} {1 - DECISIVE:.0%} faster than contiguous in "
-                                      "a start-up timing of training steps", (min(contiguous), min(channels_last)))
+    choice = MemoryFormatChoice(CHANNELS_LAST if faster else CONTIGUOUS,
+                                f"auto: channels-last {verdict} {1 - DECISIVE:.0%} faster than contiguous in a "
+                                f"start-up timing of {steps}", (min(contiguous), min(channels_last)))
     if key is not None:
         _CHOSEN[key] = choice
     return choice
