@@ -30,9 +30,9 @@ from landscape.core.memory_format import CONTIGUOUS, MemoryFormatChoice, choose_
 from landscape.store.checkpoints import Checkpoint, load_client_models, non_finite_weights
 
 
-# The samples of the analysis data on which "auto" times the two layouts (a training batch's size: the
-# timing of a large model stays short).
-LAYOUT_TIMING_SAMPLES = 32
+# The samples of the analysis data on which "auto" times the two layouts: enough that the timing measures the
+# kernels more than the calls around them (at 32 the digits CNN is near the tie), few enough that it stays short.
+LAYOUT_TIMING_SAMPLES = 128
 
 
 def _evaluation_timer(objective: Objective, w: Tensor, batch: tuple[Tensor, Tensor]) -> Callable[[bool], float]:
