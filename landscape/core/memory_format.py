@@ -54,18 +54,17 @@ def channels_last_copy(tensor: Tensor) -> Tensor:
     """A 4-D tensor (N, C, H, W) with the strides of channels-last layout, (HWC, 1, WC, C) (a differentiable
     copy, or the tensor itself when it has them); any other tensor as it is.
 
-    The strides are written out rather than asked of ``contiguous(memory_format=torch.channels_last)``: for
-    C = 1 (a grey-scale input, a first convolution's weight) that returns the NCHW tensor itself, whose
-    strides are those of both layouts, and PyTorch then runs the first convolution, and the pooling after
-    it, in NCHW."""
+    Not ``contiguous(memory_format=torch.channels_last)``: for C = 1 (a grey-scale input, a first convolution's
+    weight) that returns the NCHW tensor itself, whose strides are those of both layouts, and PyTorch then runs
+    the first convolution, and the pooling after it, in NCHW. The NHWC tensor is made by views and one
+    reshape instead (no copy at all for C = 1), out of place, so that it works under ``torch.func.vmap`` too
+    (the surface's vmapped cells)."""
     if tensor.dim() != 4:
         return tensor
-    _, c, h, w = tensor.shape
-    strides = (h * w * c, 1, w * c, c)
-    if tensor.stride() == strides:
+    n, c, h, w = tensor.shape
+    if tensor.stride() == (h * w * c, 1, w * c, c):
         return tensor
-    out = torch.empty_strided(tensor.shape, strides, dtype=tensor.dtype, device=tensor.device)
-    return out.copy_(tensor)
+    return tensor.permute(0, 2, 3, 1).reshape(n, h * w * c).view(n, h, w, c).permute(0, 3, 1, 2)
 
 
 def has_convolutions(flat: FlatModel) -> bool:

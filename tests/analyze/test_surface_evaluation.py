@@ -121,13 +121,17 @@ def _small_cnn(seed=0, batchnorm=False):
     return flat, flat.buffers(), AnalysisData(x, y, batch_size=16)
 
 
-def test_batched_cells_equal_cells_one_at_a_time_on_a_cnn():
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batched_cells_equal_cells_one_at_a_time_on_a_cnn(channels_last):
+    """Also with the analysis's evaluations in channels-last layout (analyze.memory_format): the vmapped cells
+    copy their weights into that layout under vmap."""
     flat, buffers, data = _small_cnn()
+    flat.channels_last = channels_last
     objective = Objective(flat, buffers, data)
     w = flat.vector()
     plane = random_plane(flat, w, 2)
     axes = make_axis(5, -1, 1), make_axis(5, -1, 1)
-    batched = evaluate_surface(objective, w, plane.d1, plane.d2, *axes, cells_per_batch=8)
+    batched = evaluate_surface(objective, w, plane.d1, plane.d2, *axes, cells_per_batch=8, cells_per_pass=8)
     single = evaluate_surface(objective, w, plane.d1, plane.d2, *axes, vectorize=False)
     np.testing.assert_allclose(batched.loss, single.loss, rtol=1e-6)
     np.testing.assert_array_equal(batched.accuracy, single.accuracy)
