@@ -39,8 +39,8 @@ class AnalysisSettings:
     # machine, so the numbers do not change with it. Not part of what a result records as its settings (the
     # result records it beside them, with its seconds): another count changes the last bits only.
     threads: Annotated[int, rule(ge=0, le=4096, text="must be in 0..4096 (0: every core)")] = 1
-    # the layout of the losses' and gradients' 4-D tensors (landscape.core.memory_format; auto: channels-last
-    # where a start-up timing on the CPU finds it faster); Hessian-vector products are contiguous in every case.
+    # the layout of the losses' and gradients' 4-D tensors (landscape.core.memory_format; auto: channels-last on
+    # the CPU unless a start-up timing finds it clearly slower); Hessian-vector products are contiguous always.
     # Like threads, recorded beside a result's settings, not among them: it changes the last bits only.
     memory_format: Literal["auto", "channels-last", "contiguous"] = "auto"
 

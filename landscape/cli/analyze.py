@@ -58,8 +58,8 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
                    "sets it")
 @click.option("--memory-format", type=click.Choice(SETTING_CHOICES["memory_format"]), default="auto",
               show_default=True, help="layout of the losses' and gradients' 4-D tensors (auto: channels-last "
-                                      "where a start-up timing on the CPU finds it faster); the last bits "
-                                      "depend on it")
+                                      "on the CPU unless a start-up timing finds it clearly slower); the last "
+                                      "bits depend on it")
 @set_option("a pass option, e.g. --set hessian.top_k=10 or --set sharpness.rhos=[0.05,0.1], or an analysis "
             "setting, e.g. --set analyze.batch_size=256 (over the flags)", "analyze takes the last two")
 @click.option("--directions", type=click.Choice(["random", "pca", "clients", "interpolate"]), default=None,

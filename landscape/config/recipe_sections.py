@@ -99,9 +99,9 @@ class TrainSettings:
     # numbers equal the sequential ones to float tolerance; BatchNorm or dropout models train one after another.
     vectorize: Literal["auto", "on", "off"] = "auto"
     # The layout of 4-D inputs and convolution weights in the training steps and evaluations: "channels-last",
-    # "contiguous" (NCHW), or "auto": on the CPU, for a model with 2-D convolutions, the faster of the two in a
-    # start-up timing (landscape.core.memory_format), recorded in every checkpoint and kept by a resume. The
-    # numbers of the two differ in the last bits (float rounding), like train.threads.
+    # "contiguous" (NCHW), or "auto": on the CPU, for a model with 2-D convolutions, channels-last unless a
+    # start-up timing finds it clearly slower (landscape.core.memory_format), recorded in every checkpoint and
+    # kept by a resume. The numbers of the two differ in the last bits (float rounding), like train.threads.
     memory_format: Literal["auto", "channels-last", "contiguous"] = "auto"
     # Experiment trackers that also get every metrics row and analysis result (docs/tracking.md; the optional
     # extras of the same names). They change no number.
