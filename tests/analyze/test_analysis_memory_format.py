@@ -6,6 +6,7 @@ recomputes a result, and a model without convolutions or a torchrun analysis sta
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -123,8 +124,6 @@ def test_no_convolutions_or_torchrun_stay_contiguous_without_a_timing(tmp_path, 
 
 
 def test_the_layout_is_recorded_beside_the_settings_and_renames_nothing(cnn_run, tmp_path):
-    import shutil
-
     run = tmp_path / "run"
     shutil.copytree(cnn_run, run)
     folder = run / "analysis" / "round-0002"
