@@ -1,5 +1,5 @@
-"""The memory layout of a model's 4-D tensors in training and evaluation (``train.memory_format``), and the
-one-off timing that chooses it.
+"""The memory layout of a model's 4-D tensors in training and evaluation (``train.memory_format``,
+``analyze.memory_format``), and the one-off timing that chooses it.
 
 Why: on the CPU a convolution given channels-last (NHWC) weights or input produces channels-last activations,
 and the convolution and max-pooling kernels of that layout can be much faster than the NCHW ones on small
@@ -15,16 +15,16 @@ table is in docs/results). So ``"auto"`` measures: a few steps (a training step,
 on one training batch; in the analysis a loss and gradient of one analysis batch) each way, interleaved
 (``time_formats``); channels-last is taken unless it is clearly slower, in its fastest step and in its
 median one (``DECISIVE``). The default side is channels-last because on the CPU it was faster for every kind
-of work measured but the products (the table): a model near the old "clearly faster" line, such
-as the digits CNN's training step, flipped between processes, and two runs of one recipe then differed in
-their last bits; the line now lies where no measured model is. Off the
-CPU, and for a model without 4-D parameters, it is contiguous without a timing. A process keeps its choice
-per model, batch shape, dtype and threads (``choose_memory_format``: a sweep's runs of one model share one
-timing and one layout). The trainer decides when a run's state begins and records the choice in every
-checkpoint; a resume takes it from there (``landscape.train.state.TrainerCheckpoints.settle_memory_format``).
-The analysis decides per checkpoint and records the choice in every result beside its threads
-(``landscape.analyze.context``); its Hessian-vector products are computed contiguous in every case (the
-double-backward of a channels-last convolution measured no faster: the same table).
+of work measured but the products (the table): a model near the old "clearly faster" line, such as the
+digits CNN's training step, flipped between processes, and two runs of one recipe then differed in their
+last bits; the line now lies where no measured model is. Off the CPU, and for a model without 4-D
+parameters, it is contiguous without a timing. A process keeps its choice per model, batch shape, dtype and
+threads (``choose_memory_format``: a sweep's runs of one model share one timing and one layout). The trainer
+decides when a run's state begins and records the choice in every checkpoint; a resume takes it from there
+(``landscape.train.state.TrainerCheckpoints.settle_memory_format``). The analysis decides per checkpoint and
+records the choice in every result beside its threads (``landscape.analyze.context``); its Hessian-vector
+products are contiguous in every case: channels-last ones measured within 10% of them either way, and so no
+Hessian number depends on a timing.
 """
 
 from __future__ import annotations
