@@ -116,7 +116,8 @@ class CheckpointContext:
         """``analyze.memory_format``'s layout of this checkpoint's losses and gradients (F and every F_i), set on
         the model: the setting's; for "auto" ``choose_memory_format``'s on the CPU, a start-up timing of a loss
         and gradient of the first ``LAYOUT_TIMING_SAMPLES`` analysis samples each way, kept by the process per
-        model, batch, dtype, device, threads and BN mode. Under torchrun "auto" is contiguous: ranks that time
+        model, batch, dtype, device and BN mode (not per thread count: every checkpoint context of a model in
+        one process, a notebook's or a test's too, computes in one layout). Under torchrun "auto" is contiguous: ranks that time
         alone could choose apart, and their products and cells are summed together. Hessian-vector products
         are contiguous in every case (``HessianOperator``)."""
         setting = self.settings.memory_format
@@ -125,7 +126,7 @@ class CheckpointContext:
         else:
             batch = objective.data.batch(0, min(LAYOUT_TIMING_SAMPLES, len(objective.data)))
             key = ("analysis", repr(self.flat.module), tuple(batch[0].shape), self.dtype, str(self.device),
-                   torch.get_num_threads(), self.settings.bn_mode)
+                   self.settings.bn_mode)
             timer = _evaluation_timer(objective, self.w, batch)
             choice = choose_memory_format(setting, self.flat, self.device, timer, key, name="analyze.memory_format",
                                           steps="losses and gradients")
