@@ -117,9 +117,9 @@ class CheckpointContext:
         the model: the setting's; for "auto" ``choose_memory_format``'s on the CPU, a start-up timing of a loss
         and gradient of the first ``LAYOUT_TIMING_SAMPLES`` analysis samples each way, kept by the process per
         model, batch, dtype, device and BN mode (not per thread count: every checkpoint context of a model in
-        one process, a notebook's or a test's too, computes in one layout). Under torchrun "auto" is contiguous: ranks that time
-        alone could choose apart, and their products and cells are summed together. Hessian-vector products
-        are contiguous in every case (``HessianOperator``)."""
+        one process, a notebook's or a test's too, computes in one layout). Under torchrun "auto" is
+        contiguous: ranks that time alone could choose apart, and their products and cells are summed together.
+        Hessian-vector products are contiguous in every case (``HessianOperator``)."""
         setting = self.settings.memory_format
         if setting == "auto" and parallel.world_size() > 1:
             choice = MemoryFormatChoice(CONTIGUOUS, "auto under torchrun: contiguous (ranks could time apart)")
