@@ -1,8 +1,8 @@
 """The analysis settings shared by every pass (``AnalysisSettings``: split, subset, BN mode, device, backend,
 product, batch size, seed, dtype, threads, memory format), a schema of the one loader
 (``landscape.config.schema``): their kinds, ranges and choices are in the annotations, checked where they enter
-(CLI flags, analysis recipes, figure recipes). Imports nothing of the analysis, so figures, reports and recipes read them without loading
-models or data sets."""
+(CLI flags, analysis recipes, figure recipes). Imports nothing of the analysis, so figures, reports and recipes
+read them without loading models or data sets."""
 
 from __future__ import annotations
 
