@@ -8,7 +8,8 @@ one-channel input: ``channels_last_copy`` writes its strides out), on MNIST-shap
 CIFAR-shaped 3x32x32 inputs, and LeNet-5 on 3x32x32. The work, timed interleaved, minimum over ``--calls``
 calls after one warm-up each (``min_seconds``):
 
-- a training step: ``FlatModel.loss_and_grad`` on a batch of 32 in train mode;
+- a training step: ``FlatModel.loss_and_grad`` on a batch of 32 in train mode, as ``train.memory_format``'s
+  start-up timing runs it (``training_step_timer``);
 - a loss of 512 samples (``Objective.loss``) and its gradient (``Objective.loss_and_grad``);
 - a Hessian-vector product through the kept double-backward graph of those 512 samples.
 
@@ -28,6 +29,7 @@ from landscape.analyze import products
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.objective import Objective
 from landscape.core.flat import FlatModel
+from landscape.core.memory_format import training_step_timer
 from landscape.models import build_model
 
 from hessian_vs_pyhessian import min_seconds  # benchmarks/ is on the path of a script run from it
@@ -44,13 +46,7 @@ def work_for(flat: FlatModel, objective: Objective, w: torch.Tensor, channels_la
         leaves = flat.leaves(w)
         graph = products.batch_gradient(lambda params: objective.batch_loss(params, (x, y)), leaves)
     v = torch.randn(flat.dim, 1, generator=torch.Generator().manual_seed(1))
-
-    def step() -> None:
-        flat.module.train()
-        try:
-            flat.loss_and_grad(w, x[:TRAIN_BATCH], y[:TRAIN_BATCH], {})
-        finally:
-            flat.module.eval()
+    step = training_step_timer(flat, x[:TRAIN_BATCH], y[:TRAIN_BATCH], {})  # what train.memory_format times
 
     def layout(fn):
         def call():
@@ -58,7 +54,8 @@ def work_for(flat: FlatModel, objective: Objective, w: torch.Tensor, channels_la
                 return fn()
         return call
 
-    return dict(zip(WORK, (layout(step), layout(lambda: objective.loss(w)), layout(lambda: objective.loss_and_grad(w)),
+    return dict(zip(WORK, (lambda: step(channels_last), layout(lambda: objective.loss(w)),
+                           layout(lambda: objective.loss_and_grad(w)),
                            lambda: products.hvps_through(graph, leaves, v, keep=True))))
 
 
