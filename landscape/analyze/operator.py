@@ -214,8 +214,8 @@ class HessianOperator(LinearOperator):
 
     def _batch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
         """f_b at w for the products: contiguous whatever layout the objective's evaluations use, so that no
-        Hessian number depends on the layout's timing (channels-last products are no faster on the CPU:
-        landscape.core.memory_format)."""
+        Hessian number depends on the layout's timing (channels-last products are not clearly faster on the
+        CPU: landscape.core.memory_format)."""
         with self.objective.flat.layout(False):
             return self.objective.batch_loss(w, batch, self._buffers)
 

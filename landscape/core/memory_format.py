@@ -23,8 +23,8 @@ threads (``choose_memory_format``: a sweep's runs of one model share one timing 
 decides when a run's state begins and records the choice in every checkpoint; a resume takes it from there
 (``landscape.train.state.TrainerCheckpoints.settle_memory_format``). The analysis decides per checkpoint and
 records the choice in every result beside its threads (``landscape.analyze.context``); its Hessian-vector
-products are contiguous in every case: channels-last ones measured within 10% of them either way, and so no
-Hessian number depends on a timing.
+products are contiguous in every case: channels-last ones measured close to them, a little faster for some
+models and slower for others (the table), and so no Hessian number depends on a timing.
 """
 
 from __future__ import annotations
