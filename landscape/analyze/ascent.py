@@ -13,9 +13,11 @@ with step factor s (s = 1 at the first trial, so trial 1 is exactly the SAM pert
 Foret et al. 2021, or ASAM's e = rho T^2 g / ||T g||, Kwon et al. 2021). The trial is accepted when it passes
 Armijo's sufficient-increase test F(x + e') >= F(x + e_j) + c d_j^T (u' - u_j), c = ARMIJO_C: then
 u_{j+1} = u' and s doubles (at most S_MAX); else s halves and the next trial starts from u_j again. Every
-trial costs one loss and gradient (the last allowed trial a loss only). Accepted iterates never lower F, and
-the limit points of the iterates are stationary points of the ball problem (KKT points: on the sphere with
-grad F parallel to e, or inside with grad F = 0); a local, not necessarily the global, maximum.
+trial costs one loss; the gradient d_{j+1} is computed only where a next trial needs it (the trial accepted,
+the ascent not stopped, a trial left: ``deferred_loss_and_grad``), so a rejected trial, about half of them,
+never pays a backward pass. Accepted iterates never lower F, and the limit points of the iterates are
+stationary points of the ball problem (KKT points: on the sphere with grad F parallel to e, or inside with
+grad F = 0); a local, not necessarily the global, maximum.
 
 Stopping, after accepted step j >= 2 with gain Delta_j = F(x + e_j) - F(x + e_{j-1}) and
 S_j = F(x + e_j) - F(x): the relative gain gamma_j = Delta_j / S_j and the geometric tail estimate
@@ -42,6 +44,7 @@ S. Where d vanishes exactly (x at a stationary point) the step takes a fixed uni
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,11 +118,21 @@ class Ball:
     loss0: float
 
 
+def deferred_loss_and_grad(objective: Any, w: Tensor) -> tuple[Tensor, Callable[[], Tensor]]:
+    """(F(w), a function returning grad F(w)): the objective's ``loss_and_deferred_grad`` where it has one (the
+    backward pass only when asked), else ``loss_and_grad`` (any object with ``loss`` and ``loss_and_grad``)."""
+    deferred = getattr(objective, "loss_and_deferred_grad", None)
+    if deferred is not None:
+        return deferred(w)
+    loss, grad = objective.loss_and_grad(w)
+    return loss, lambda: grad
+
+
 def _trial(ball: Ball, u: Tensor, d: Tensor, s: float, fallback: Tensor,
-           gradient: bool) -> tuple[Tensor, float, Tensor | None]:
-    """The trial point u' = Proj_rho(u_j + s rho d_j / ||d_j||) and F(x + T u') (a float64 float), with its
-    gradient unless ``gradient`` is False (the last allowed trial: a loss only). A trial point or a loss that
-    is not finite is an error: no maximum can be measured on that ball."""
+           gradient: bool) -> tuple[Tensor, float, Callable[[], Tensor] | None]:
+    """The trial point u' = Proj_rho(u_j + s rho d_j / ||d_j||) and F(x + T u') (a float64 float), with a
+    function that returns its gradient unless ``gradient`` is False (the last allowed trial: a loss only). A
+    trial point or a loss that is not finite is an error: no maximum can be measured on that ball."""
     rho, scale = ball.rho, ball.scale
     trial = u + (s * rho) * _unit(d, fallback)
     length = float(trial.norm())
@@ -129,7 +142,7 @@ def _trial(ball: Ball, u: Tensor, d: Tensor, s: float, fallback: Tensor,
     trial = trial * min(1.0, rho / length)  # Proj_rho
     e = trial if scale is None else scale * trial
     if gradient:
-        loss, grad = ball.objective.loss_and_grad(ball.w + e)
+        loss, grad = deferred_loss_and_grad(ball.objective, ball.w + e)
     else:
         loss, grad = ball.objective.loss(ball.w + e), None
     loss = loss64(loss)
@@ -156,21 +169,22 @@ def _ascent(ball: Ball, start: tuple[Tensor, float, Tensor], fallback: Tensor) -
     grads = 0
     for k in range(1, steps + 1):
         trial, loss, grad = _trial(ball, u, d, s, fallback, gradient=k < steps)
-        grads += grad is not None
         values[k - 1] = loss - loss0
         if loss - loss0 > best["value"]:
             best = {"value": loss - loss0, "loss": loss, "u": trial, "step": k}
         if loss >= f + ARMIJO_C * float(d @ (trial - u)) and loss > f:  # Armijo's sufficient increase
             gains.append(loss - f)
             u, f, s = trial, loss, min(2 * s, S_MAX)
-            if grad is not None:
-                d = grad if scale is None else scale * grad
             on_ball = float(u.norm()) >= ON_BALL * rho
             gamma, remaining, passed = _stop_test(gains, f - loss0, tol)
             if passed and passed_before and on_ball:  # two in a row: one short step is no proof
                 converged = True
                 break
             passed_before = passed
+            if grad is not None:  # the next trial steps along the gradient at u_{j+1}
+                g = grad()
+                grads += 1
+                d = g if scale is None else scale * g
         else:
             s /= 2
             if s < S_MIN:
@@ -190,8 +204,8 @@ def _ascent(ball: Ball, start: tuple[Tensor, float, Tensor], fallback: Tensor) -
         "ball_fraction": float(u.norm()) / rho,
         "converged": converged,
         "stalled": stalled,
-        "gradients": grads,
-        "losses": k - grads,
+        "gradients": grads,  # accepted trials' gradients
+        "losses": k - grads,  # trials evaluated for their loss alone (rejected, or the last allowed)
     }
 
 

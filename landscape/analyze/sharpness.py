@@ -10,7 +10,8 @@ element-wise operator); ``weight_mask`` (see ``asam_weight_mask``) rescales only
 T = 1 on biases, the rule of the reference code that FedASAM training uses.
 
 All values are full-batch: F (or F_i) over the objective's whole data. The functions only call
-``objective.loss(w)`` and ``objective.loss_and_grad(w)``, so any object with those two methods works.
+``objective.loss(w)`` and ``objective.loss_and_grad(w)`` (and ``objective.loss_and_deferred_grad(w)`` where
+it has one: ``ascent.deferred_loss_and_grad``), so any object with the first two methods works.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ class SharpnessResult:
     ball_fraction: float  # ||u|| / rho of the final iterate (u = e / T; 1 = on the sphere)
     converged: bool  # the stopping test passed (or stalled)
     stalled: bool  # stopped because no step of factor >= S_MIN passed the Armijo test
-    gradient_evaluations: int  # full-data loss-and-gradient evaluations (centre included)
-    loss_evaluations: int  # full-data loss-only evaluations (the last allowed trial)
+    gradient_evaluations: int  # full-data gradients used: the centre, the start points, accepted trials
+    loss_evaluations: int  # trial points evaluated for their full-data loss alone (rejected, the last allowed)
 
 
 @dataclass(frozen=True)

@@ -84,3 +84,47 @@ def test_batch_losses_are_each_batchs_own_mean_loss():
         if mode == "train-batch-stats":  # each batch normalised by its own statistics: not one forward
             together = obj.batch_loss(w, (torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])))
             assert abs(float(together) - float(want.mean())) > 1e-6
+
+
+def _bits(a, b):
+    return torch.equal(a, b) and a.dtype == b.dtype
+
+
+def test_deferred_gradient_is_loss_and_grad_bit_for_bit(monkeypatch):
+    from landscape.analyze import products
+
+    for norm, modes in ((None, ("eval",)), ("bn", ("eval", "train-batch-stats", "recompute")), ("gn", ("eval",))):
+        for n, batch in ((40, 64), (40, 16)):  # one batch; three batches
+            flat, data = _setup(norm=norm, n=n, batch=batch, dtype=torch.float32)
+            w = flat.vector() + 0.01
+            for mode in modes:
+                for budget in (None, 0):  # the memory rule's verdict: keep the graphs, or none fit
+                    if budget == 0:
+                        monkeypatch.setattr(products, "graph_budget", lambda device: 0)
+                    obj = Objective(flat, flat.buffers(), data, mode)
+                    loss, grad = obj.loss_and_grad(w)
+                    deferred, gradient = obj.loss_and_deferred_grad(w)
+                    assert obj.keeps_forward_graphs(w, obj.buffers_for(w)) == (budget is None or n <= batch)
+                    assert _bits(deferred, loss), (norm, n, mode, budget)
+                    assert _bits(gradient(), grad), (norm, n, mode, budget)
+                    monkeypatch.undo()
+
+
+def test_deferred_gradient_that_is_never_asked_for_costs_no_backward_pass():
+    flat, data = _setup(norm=None, n=40, batch=16)
+    w = flat.vector()
+    obj = Objective(flat, flat.buffers(), data)
+    calls = []
+    real = flat.leaves
+
+    def counting_leaves(v):
+        leaves = real(v)
+        original = leaves.backward
+        leaves.backward = lambda *a, **k: (calls.append(1), original(*a, **k))[1]
+        return leaves
+
+    flat.leaves = counting_leaves
+    loss, gradient = obj.loss_and_deferred_grad(w)
+    assert calls == [] and torch.isfinite(loss)
+    gradient()
+    assert len(calls) == 3  # one per batch, only when asked

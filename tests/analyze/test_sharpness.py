@@ -1,5 +1,7 @@
 """rho-ball sharpness: exact values on quadratics, the SAM / ASAM first step, the adaptive ball, local vs global."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -67,7 +69,10 @@ def test_quadratic_at_the_minimum_gives_rho_squared_lambda_max_over_two():
         assert r.sharpness == pytest.approx(exact, rel=1e-3) and r.converged and not r.stalled
         assert r.sharpness <= exact * (1 + 1e-9)  # a lower bound of the true maximum
         assert r.perturbation_norm == pytest.approx(rho, rel=1e-12) and r.ball_fraction == pytest.approx(1.0)
-        assert r.gradient_evaluations == r.steps_used + 1 < 50  # the centre and every trial, the stop early
+        assert r.steps_used < 50  # the stop came early
+        # the centre's gradient, and each trial's loss or loss and gradient (the eager Quadratic computes every
+        # gradient, but one is only counted where the ascent used it)
+        assert r.gradient_evaluations + r.loss_evaluations == r.steps_used + 1
 
 
 def test_zero_gradient_takes_the_seeded_direction_and_still_converges():
@@ -108,7 +113,7 @@ def test_quadratic_profile_is_non_negative_and_non_decreasing():
     used = (~np.isnan(p.ascent_values)).sum(axis=2)  # trial points of each ascent
     capped = (used == 20).sum()  # an ascent that ran to the cap takes a loss only at its last trial
     assert p.gradient_evaluations + p.loss_evaluations == 1 + 6 * 2 + used.sum()  # centre, 2 random starts each
-    assert p.loss_evaluations == capped
+    assert p.loss_evaluations >= capped  # a capped ascent's last trial, and every rejected trial
 
 
 def test_estimate_keeps_the_best_iterate_and_never_drops_below_the_centre():
@@ -226,6 +231,56 @@ def test_local_sharpness_per_client_and_gap(digits):
     expected_se = res.client_sharpness.std(ddof=1) / np.sqrt(3)
     assert res.mean_local_sharpness_se == pytest.approx(expected_se, rel=1e-12)
     assert (res.client_sharpness > 0).all()
+
+
+class Eager:
+    """An objective with only ``loss`` and ``loss_and_grad`` (every trial's gradient computed at once), counting
+    the gradients it computes."""
+
+    def __init__(self, objective):
+        self.objective, self.gradients = objective, 0
+
+    def loss(self, w):
+        return self.objective.loss(w)
+
+    def loss_and_grad(self, w):
+        self.gradients += 1
+        return self.objective.loss_and_grad(w)
+
+
+def _same_ascent(a, b):
+    """Every field of two results equal bit for bit, but the evaluation counts."""
+    for field in dataclasses.fields(a):
+        if field.name not in ("gradient_evaluations", "loss_evaluations"):
+            x, y = getattr(a, field.name), getattr(b, field.name)
+            assert np.array_equal(x, y, equal_nan=True), field.name
+
+
+def test_deferred_gradients_give_the_eager_ascent_bit_for_bit(digits, monkeypatch):
+    """Rejected trials skip their backward pass (``Objective.loss_and_deferred_grad``): the same ascent, fewer
+    gradients; on data of several batches with their forward graphs kept, and with none kept."""
+    from landscape.analyze import products
+
+    flat, glob, clients, w = digits
+    torch.manual_seed(1)
+    cnn = FlatModel(build_model("cnn", (1, 8, 8), 10))  # float32, channels-last: one batch
+    cnn.channels_last = True
+    small = Objective(cnn, {}, AnalysisData(glob.data.x[:40].float(), glob.data.y[:40], 64))
+    cases = [(glob, w, {}), (clients[0], w, {"adaptive": True}), (small, cnn.vector(), {"adaptive": True})]
+    for budget in (None, 0):
+        if budget == 0:
+            monkeypatch.setattr(products, "graph_budget", lambda device: 0)
+        for objective, x, options in cases:
+            objective = objective.with_data(objective.data)  # a fresh memory-rule decision
+            eager = Eager(objective)
+            ref = rho_sharpness(eager, x, 0.1, steps=12, starts=3, **options)
+            got = rho_sharpness(objective, x, 0.1, steps=12, starts=3, **options)
+            _same_ascent(got, ref)
+            assert got.gradient_evaluations + got.loss_evaluations == ref.gradient_evaluations + ref.loss_evaluations
+            assert got.gradient_evaluations < eager.gradients  # rejected trials cost a loss alone
+            assert objective.keeps_forward_graphs(x, objective.buffers) == (budget is None
+                                                                            or len(objective.data.batch_ranges()) == 1)
+    cnn.channels_last = False
 
 
 def test_bad_settings_are_named():
