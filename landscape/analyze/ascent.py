@@ -14,10 +14,13 @@ Foret et al. 2021, or ASAM's e = rho T^2 g / ||T g||, Kwon et al. 2021). The tri
 Armijo's sufficient-increase test F(x + e') >= F(x + e_j) + c d_j^T (u' - u_j), c = ARMIJO_C: then
 u_{j+1} = u' and s doubles (at most S_MAX); else s halves and the next trial starts from u_j again. Every
 trial costs one loss; the gradient d_{j+1} is computed only where a next trial needs it (the trial accepted,
-the ascent not stopped, a trial left: ``deferred_loss_and_grad``), so a rejected trial, about half of them,
-never pays a backward pass. Accepted iterates never lower F, and the limit points of the iterates are
-stationary points of the ball problem (KKT points: on the sphere with grad F parallel to e, or inside with
-grad F = 0); a local, not necessarily the global, maximum.
+the ascent not stopped, a trial left: ``deferred_loss_and_grad``), so on data of one batch a rejected trial,
+about half of them, never pays a backward pass (on several batches: see ``Objective.loss_and_deferred_grad``;
+a trial after an accepted one, mostly accepted too, computes its gradient at once, one after a rejected one,
+mostly rejected too, its loss first). The values are those of computing every gradient, bit for bit.
+Accepted iterates never lower F, and the limit points of the iterates are stationary points of the ball
+problem (KKT points: on the sphere with grad F parallel to e, or inside with grad F = 0); a local, not
+necessarily the global, maximum.
 
 Stopping, after accepted step j >= 2 with gain Delta_j = F(x + e_j) - F(x + e_{j-1}) and
 S_j = F(x + e_j) - F(x): the relative gain gamma_j = Delta_j / S_j and the geometric tail estimate
@@ -118,21 +121,24 @@ class Ball:
     loss0: float
 
 
-def deferred_loss_and_grad(objective: Any, w: Tensor) -> tuple[Tensor, Callable[[], Tensor]]:
+def deferred_loss_and_grad(objective: Any, w: Tensor,
+                           expect_gradient: bool) -> tuple[Tensor, Callable[[], Tensor]]:
     """(F(w), a function returning grad F(w)): the objective's ``loss_and_deferred_grad`` where it has one (the
-    backward pass only when asked), else ``loss_and_grad`` (any object with ``loss`` and ``loss_and_grad``)."""
+    backward pass only when asked; ``expect_gradient``: it most likely will be), else ``loss_and_grad`` (any
+    object with ``loss`` and ``loss_and_grad``)."""
     deferred = getattr(objective, "loss_and_deferred_grad", None)
     if deferred is not None:
-        return deferred(w)
+        return deferred(w, expect_gradient)
     loss, grad = objective.loss_and_grad(w)
     return loss, lambda: grad
 
 
-def _trial(ball: Ball, u: Tensor, d: Tensor, s: float, fallback: Tensor,
-           gradient: bool) -> tuple[Tensor, float, Callable[[], Tensor] | None]:
+def _trial(ball: Ball, u: Tensor, d: Tensor, s: float, fallback: Tensor, gradient: bool,
+           expect_gradient: bool) -> tuple[Tensor, float, Callable[[], Tensor] | None]:
     """The trial point u' = Proj_rho(u_j + s rho d_j / ||d_j||) and F(x + T u') (a float64 float), with a
-    function that returns its gradient unless ``gradient`` is False (the last allowed trial: a loss only). A
-    trial point or a loss that is not finite is an error: no maximum can be measured on that ball."""
+    function that returns its gradient unless ``gradient`` is False (the last allowed trial: a loss only);
+    ``expect_gradient``: the trial will most likely be accepted. A trial point or a loss that is not finite is
+    an error: no maximum can be measured on that ball."""
     rho, scale = ball.rho, ball.scale
     trial = u + (s * rho) * _unit(d, fallback)
     length = float(trial.norm())
@@ -142,7 +148,7 @@ def _trial(ball: Ball, u: Tensor, d: Tensor, s: float, fallback: Tensor,
     trial = trial * min(1.0, rho / length)  # Proj_rho
     e = trial if scale is None else scale * trial
     if gradient:
-        loss, grad = deferred_loss_and_grad(ball.objective, ball.w + e)
+        loss, grad = deferred_loss_and_grad(ball.objective, ball.w + e, expect_gradient)
     else:
         loss, grad = ball.objective.loss(ball.w + e), None
     loss = loss64(loss)
@@ -167,14 +173,18 @@ def _ascent(ball: Ball, start: tuple[Tensor, float, Tensor], fallback: Tensor) -
     gamma, remaining, converged, stalled = math.nan, math.nan, False, False
     passed_before = False  # the stopping test at the previous accepted step
     grads = 0
+    accepted = True  # whether the previous trial was (the first from a start mostly is)
     for k in range(1, steps + 1):
-        trial, loss, grad = _trial(ball, u, d, s, fallback, gradient=k < steps)
+        # accepted trials mostly follow accepted ones, rejected ones rejected ones (a halved step is still too
+        # long): a trial after an accepted one is expected to need its gradient
+        trial, loss, grad = _trial(ball, u, d, s, fallback, gradient=k < steps, expect_gradient=accepted)
+        accepted = False
         values[k - 1] = loss - loss0
         if loss - loss0 > best["value"]:
             best = {"value": loss - loss0, "loss": loss, "u": trial, "step": k}
         if loss >= f + ARMIJO_C * float(d @ (trial - u)) and loss > f:  # Armijo's sufficient increase
             gains.append(loss - f)
-            u, f, s = trial, loss, min(2 * s, S_MAX)
+            u, f, s, accepted = trial, loss, min(2 * s, S_MAX), True
             on_ball = float(u.norm()) >= ON_BALL * rho
             gamma, remaining, passed = _stop_test(gains, f - loss0, tol)
             if passed and passed_before and on_ball:  # two in a row: one short step is no proof

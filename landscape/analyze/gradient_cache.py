@@ -61,7 +61,7 @@ class GradientCache:
             raise LandscapeError(f"the gradient cache budget must be >= 0 bytes, got {budget}")
         self.w = w.detach()
         if budget is None:
-            from landscape.analyze.products import free_memory
+            from landscape.analyze.operator import free_memory
 
             free = free_memory(self.w.device)
             budget = 0 if free is None else int(CACHE_FRACTION * free)

@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from landscape.analyze import products
 from landscape.analyze.analysis_data import AnalysisData, check_model_data
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
@@ -67,7 +66,6 @@ class Objective:
         self.buffers = dict(buffers)
         self.loss_fn = loss_function(loss)
         self._recomputed_for: Tensor | None = None
-        self._keeps_forward_graphs: bool | None = None  # keeps_forward_graphs' decision, once made
         check_model_data(flat, self.buffers, data, self.loss_fn)  # where the model and the data meet
 
     # -- the loss on model outputs -----------------------------------------------------------------------
@@ -191,56 +189,41 @@ class Objective:
                 total += loss.detach().double()
         return total, grad
 
-    def loss_and_deferred_grad(self, w: Tensor) -> tuple[Tensor, Callable[[], Tensor]]:
-        """(F(w), gradient) where ``gradient()`` returns grad F(w): both bit for bit what ``loss_and_grad(w)``
-        returns, the backward passes paid only when the gradient is asked for (a trial point an ascent rejects
-        never needs it). The forward passes keep their graphs until ``gradient()`` (called at most once)
-        back-propagates them, batch by batch in order, or the function is dropped; where the graphs of all
-        batches would not fit (``keeps_forward_graphs``), F(w) comes from forward passes without graphs, in
-        the same arithmetic, and ``gradient()`` is ``loss_and_grad(w)``'s (a second forward pass)."""
-        buffers = self.buffers_for(w.detach())
-        total = torch.zeros((), dtype=torch.float64, device=w.device)
-        if not self.keeps_forward_graphs(w, buffers):
+    def loss_and_deferred_grad(self, w: Tensor,
+                               expect_gradient: bool = False) -> tuple[Tensor, Callable[[], Tensor]]:
+        """(F(w), gradient) where ``gradient()`` (called at most once) returns grad F(w): both bit for bit what
+        ``loss_and_grad(w)`` returns, the backward pass paid only when the gradient is asked for (a trial point
+        an ascent rejects never needs it).
+
+        Data of one batch: the forward pass keeps its graph until ``gradient()`` back-propagates it (or the
+        function is dropped), so F(w) costs a forward pass and the gradient its backward pass, as in
+        ``loss_and_grad``. Data of several batches: keeping every batch's graph would hold the activations of
+        the whole data set, so F(w) comes from forward passes without graphs, in the same arithmetic, and
+        ``gradient()`` is ``loss_and_grad(w)``'s, a second forward pass; ``expect_gradient`` (the caller will
+        most likely ask) computes ``loss_and_grad(w)`` at once instead."""
+        ranges = self.data.batch_ranges()
+        if len(ranges) != 1:
+            if expect_gradient:
+                loss, grad = self.loss_and_grad(w)
+                return loss, lambda: grad
+            buffers = self.buffers_for(w.detach())
+            total = torch.zeros((), dtype=torch.float64, device=w.device)
             with torch.no_grad(), self.bn_mode_context():
                 for batch in self.data.batches():
                     total += self._batch_term(w, batch, buffers).double()
             return total, lambda: self.loss_and_grad(w)[1]
+        buffers = self.buffers_for(w.detach())
         leaves = self.flat.leaves(w)
-        terms = []
         with self.bn_mode_context():
-            for batch in self.data.batches():
-                terms.append(self._batch_term(leaves.named, batch, buffers))
-                total += terms[-1].detach().double()
+            loss = self._batch_term(leaves.named, self.data.batch(*ranges[0]), buffers)
+        total = torch.zeros((), dtype=torch.float64, device=w.device) + loss.detach().double()
 
         def gradient() -> Tensor:
             grad = leaves.new_gradient()
-            for term in terms:
-                leaves.backward([term])
-            terms.clear()
+            leaves.backward([loss])
             return grad
 
         return total, gradient
-
-    def keeps_forward_graphs(self, w: Tensor, buffers: dict[str, Tensor]) -> bool:
-        """Whether ``loss_and_deferred_grad`` keeps the forward graphs of all batches: always for data of one
-        batch (``loss_and_grad`` holds that graph too); for more, decided at the first call and kept: the bytes
-        the first batch's forward graph saves (its storages once, not w, the data or the buffers) times the
-        number of batches within ``products.graph_budget`` of the device."""
-        ranges = self.data.batch_ranges()
-        if len(ranges) <= 1:
-            return True
-        if self._keeps_forward_graphs is None:
-            leaves = self.flat.leaves(w)
-            batch = self.data.batch(*ranges[0])
-            existing = {t.untyped_storage().data_ptr() for t in (leaves.vector, self.data.x, self.data.y, *batch)}
-            existing |= {b.untyped_storage().data_ptr() for b in buffers.values()}
-            if self.data.streamed:  # the batch's device copies are kept with the graph
-                existing -= {t.untyped_storage().data_ptr() for t in batch}
-            with self.bn_mode_context():
-                size = products.saved_bytes(lambda: self._batch_term(leaves.named, batch, buffers), existing)[1]
-            budget = products.graph_budget(w.device)
-            self._keeps_forward_graphs = budget is not None and size * len(ranges) <= budget
-        return self._keeps_forward_graphs
 
     def accuracy(self, w: Tensor) -> float:
         """The fraction of correct argmax predictions; NaN when the targets are not class indices."""

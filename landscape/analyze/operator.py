@@ -25,8 +25,8 @@ Memory rule for kept graphs (``keep_graph=None``, the default): at the first pro
 the first batch's gradient graph, measures the bytes of the tensors it saves (activations and the
 double-backward's own saved tensors, each storage once, the data and w not counted), and keeps the
 graphs of all its batches only if that size times its number of batches is at most ``memory_budget``
-(default: ``products.KEEP_GRAPH_FRACTION`` of the memory free on the device at that moment, ``MemAvailable``
-of /proc/meminfo on the CPU). Otherwise, or where the free memory cannot be read, every product recomputes.
+(default: ``KEEP_GRAPH_FRACTION`` of the memory free on the device at that moment, ``MemAvailable`` of
+/proc/meminfo on the CPU). Otherwise, or where the free memory cannot be read, every product recomputes.
 ``keep_graph=True`` keeps them whatever their size, ``False`` never; ``release()`` frees them.
 
 The model is used through ``torch.func.functional_call`` (``Objective``), so parameters, ``requires_grad``,
@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from landscape.analyze import products
 from landscape.analyze.objective import Objective
-from landscape.analyze.products import Gradient
+from landscape.analyze.products import Gradient, free_memory  # free_memory: also imported from here
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import ParameterLeaves
@@ -62,6 +62,9 @@ TIMED_BACKENDS = BACKENDS[1:]  # what auto chooses between where the graphs are 
 # Relative agreement two evaluations of Hv must reach (check_determinism). Reductions are the only rounding
 # differences a deterministic computation has, so far below what a dropout mask or a shuffled batch causes.
 DETERMINISM_RTOL = {torch.float64: 1e-10, torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+# Kept gradient graphs may take at most this fraction of the memory free on the device (module docstring).
+KEEP_GRAPH_FRACTION = 0.5
 
 # progress(done, total): work done so far and the total where known (None: unknown).
 Progress = Callable[[int, "int | None"], None]
@@ -139,7 +142,7 @@ class HessianOperator(LinearOperator):
     """grad^2 F(w) of ``objective`` at ``w`` as a linear operator (see the module docstring).
 
     ``keep_graph``: None (default) keeps the double-backward's gradient graphs when they fit in
-    ``memory_budget`` bytes (default ``products.KEEP_GRAPH_FRACTION`` of the device's free memory at the first
+    ``memory_budget`` bytes (default ``KEEP_GRAPH_FRACTION`` of the device's free memory at the first
     product), True always, False never (every product rebuilds them). ``progress(done, None)`` is called
     after every product. After the first product ``keeps_graph`` says what was decided, ``graph_bytes``
     the measured size of the kept graphs (the estimate, where they were not kept) and ``backend_used`` the
@@ -326,7 +329,10 @@ class HessianOperator(LinearOperator):
     def _fits(self, size: int) -> bool:
         """The memory rule: ``size`` bytes within the budget. For ``auto`` under torchrun: on every rank, so
         that all ranks take the same path (and time the backends together, ``_choose_backend``)."""
-        budget = self.memory_budget if self.memory_budget is not None else products.graph_budget(self.device)
+        budget = self.memory_budget
+        if budget is None:
+            free = free_memory(self.device)
+            budget = None if free is None else int(KEEP_GRAPH_FRACTION * free)
         fits = budget is not None and size <= budget
         if self.backend == "auto" and parallel.is_distributed():
             agree = parallel.all_reduce_sum(torch.tensor([float(fits)], device=self.device))

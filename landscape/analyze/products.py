@@ -13,9 +13,8 @@ was most of the overhead of a product over the arithmetic (issue 23).
   dict of views of v; each product is written by one cat into its row of the [k, dim] tensor.
 
 The values are those of the flat-vector formulation bit for bit (the same operations on the same numbers;
-the split and cat only move them). Also the memory free on a device (``free_memory``) and the share of it that
-kept graphs may take (``graph_budget``), for the rules by which the operator keeps gradient graphs and an
-objective keeps forward graphs (``Objective.loss_and_deferred_grad``).
+the split and cat only move them). Also the memory free on a device (``free_memory``), for the rule by which
+the operator keeps gradient graphs.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -36,12 +34,6 @@ Gradient = list[Tensor | None] | None
 # f_b as a function of the trainable parameters by name.
 BatchLoss = Callable[[Mapping[str, Tensor]], Tensor]
 
-# Kept autograd graphs (the operator's gradient graphs, an ascent's forward graphs) may take at most this
-# fraction of the memory free on the device.
-KEEP_GRAPH_FRACTION = 0.5
-
-T = TypeVar("T")
-
 
 def batch_gradient(loss: BatchLoss, leaves: ParameterLeaves) -> Gradient:
     """grad f_b at the leaves with its graph (``create_graph``), one tensor per parameter, None for a parameter
@@ -51,9 +43,9 @@ def batch_gradient(loss: BatchLoss, leaves: ParameterLeaves) -> Gradient:
     return kept if any(g is not None for g in kept) else None
 
 
-def saved_bytes(run: Callable[[], T], existing: set[int]) -> tuple[T, int]:
-    """(``run()``, the bytes of the tensors the autograd graphs it builds save): every storage counted once,
-    except those whose ``data_ptr`` is in ``existing`` (tensors that exist anyway)."""
+def measured_gradient(loss: BatchLoss, leaves: ParameterLeaves, existing: set[int]) -> tuple[Gradient, int]:
+    """(``batch_gradient``, the bytes of the tensors its graph saves, with the gradient itself): every storage
+    counted once, except those whose ``data_ptr`` is in ``existing`` (tensors that exist anyway)."""
     saved: dict[int, int] = {}
 
     def pack(t: Tensor) -> Tensor:
@@ -63,16 +55,9 @@ def saved_bytes(run: Callable[[], T], existing: set[int]) -> tuple[T, int]:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        result = run()
-    return result, sum(saved.values())
-
-
-def measured_gradient(loss: BatchLoss, leaves: ParameterLeaves, existing: set[int]) -> tuple[Gradient, int]:
-    """(``batch_gradient``, the bytes of the tensors its graph saves, with the gradient itself): every storage
-    counted once, except those whose ``data_ptr`` is in ``existing`` (tensors that exist anyway)."""
-    grad, size = saved_bytes(lambda: batch_gradient(loss, leaves), existing)
+        grad = batch_gradient(loss, leaves)
     gradient_bytes = sum(g.numel() * g.element_size() for g in grad or () if g is not None)
-    return grad, size + gradient_bytes
+    return grad, sum(saved.values()) + gradient_bytes
 
 
 def hvps_through(grad: Gradient, leaves: ParameterLeaves, vectors: Tensor, *, keep: bool) -> Tensor:
@@ -118,13 +103,6 @@ def synchronized_seconds(run: Callable[[], object], device: torch.device) -> flo
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - started
-
-
-def graph_budget(device: torch.device) -> int | None:
-    """The bytes kept autograd graphs may take on ``device``: ``KEEP_GRAPH_FRACTION`` of its free memory now
-    (None where that cannot be read: keep none)."""
-    free = free_memory(device)
-    return None if free is None else int(KEEP_GRAPH_FRACTION * free)
 
 
 def free_memory(device: torch.device) -> int | None:

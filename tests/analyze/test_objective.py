@@ -90,24 +90,19 @@ def _bits(a, b):
     return torch.equal(a, b) and a.dtype == b.dtype
 
 
-def test_deferred_gradient_is_loss_and_grad_bit_for_bit(monkeypatch):
-    from landscape.analyze import products
-
-    for norm, modes in ((None, ("eval",)), ("bn", ("eval", "train-batch-stats", "recompute")), ("gn", ("eval",))):
+def test_deferred_gradient_is_loss_and_grad_bit_for_bit():
+    models = ((None, ("eval",)), ("bn", ("eval", "train-batch-stats", "recompute")), ("gn", ("eval",)))
+    for norm, modes in models:
         for n, batch in ((40, 64), (40, 16)):  # one batch; three batches
             flat, data = _setup(norm=norm, n=n, batch=batch, dtype=torch.float32)
             w = flat.vector() + 0.01
             for mode in modes:
-                for budget in (None, 0):  # the memory rule's verdict: keep the graphs, or none fit
-                    if budget == 0:
-                        monkeypatch.setattr(products, "graph_budget", lambda device: 0)
-                    obj = Objective(flat, flat.buffers(), data, mode)
-                    loss, grad = obj.loss_and_grad(w)
-                    deferred, gradient = obj.loss_and_deferred_grad(w)
-                    assert obj.keeps_forward_graphs(w, obj.buffers_for(w)) == (budget is None or n <= batch)
-                    assert _bits(deferred, loss), (norm, n, mode, budget)
-                    assert _bits(gradient(), grad), (norm, n, mode, budget)
-                    monkeypatch.undo()
+                obj = Objective(flat, flat.buffers(), data, mode)
+                loss, grad = obj.loss_and_grad(w)
+                for expect in (False, True):
+                    deferred, gradient = obj.loss_and_deferred_grad(w, expect_gradient=expect)
+                    assert _bits(deferred, loss), (norm, n, mode, expect)
+                    assert _bits(gradient(), grad), (norm, n, mode, expect)
 
 
 def test_deferred_gradient_that_is_never_asked_for_costs_no_backward_pass():
@@ -127,4 +122,13 @@ def test_deferred_gradient_that_is_never_asked_for_costs_no_backward_pass():
     loss, gradient = obj.loss_and_deferred_grad(w)
     assert calls == [] and torch.isfinite(loss)
     gradient()
-    assert len(calls) == 3  # one per batch, only when asked
+    assert len(calls) == 3  # one per batch, only when asked (a second forward pass on several batches)
+    calls.clear()
+    obj.loss_and_deferred_grad(w, expect_gradient=True)
+    assert len(calls) == 3  # expected: at once
+    one = Objective(flat, flat.buffers(), AnalysisData(data.x, data.y, 64))  # one batch: the graph is kept
+    calls.clear()
+    loss, gradient = one.loss_and_deferred_grad(w, expect_gradient=True)
+    assert calls == []
+    gradient()
+    assert len(calls) == 1

@@ -187,7 +187,7 @@ def check_grid_memory(options: SurfaceOptions) -> None:
     allocated (checked when options are made for work, not when stored results are read)."""
     import torch
 
-    from landscape.analyze.products import free_memory
+    from landscape.analyze.operator import free_memory
 
     sizes = parse_grid(options.grid, 1 if options.directions == "interpolate" else 2)
     cells = int(np.prod(sizes, dtype=object))
