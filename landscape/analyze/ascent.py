@@ -175,6 +175,7 @@ def _ascent(ball: Ball, start: tuple[Tensor, float, Tensor], fallback: Tensor) -
     grads = 0
     accepted = True  # whether the previous trial was (the first from a start mostly is)
     for k in range(1, steps + 1):
+        grad = None  # the previous trial's kept graph goes before this trial's forward pass
         # accepted trials mostly follow accepted ones, rejected ones rejected ones (a halved step is still too
         # long): a trial after an accepted one is expected to need its gradient
         trial, loss, grad = _trial(ball, u, d, s, fallback, gradient=k < steps, expect_gradient=accepted)
