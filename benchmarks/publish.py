@@ -2,16 +2,23 @@
 ``docs/results/tables/<name>.md``, with where and when it was measured.
 
 Every results table of the README and the docs is one such file (the docs include them with
-``--8<-- "docs/results/tables/<name>.md"``, the README between ``<!-- generated: ... -->`` markers), so a
-number in them is never typed: a rerun of this script writes it again. Each file starts with a line naming
+``--8<-- "docs/results/tables/<name>.md"``; the README, and a docs page for a table that may not exist yet,
+between ``<!-- generated: ... -->`` markers), so a number in them is never typed: a rerun of this script writes
+it again. Each file starts with a line naming
 the command that measured it, the commit (and whether the working tree differed from it), the date, the
 machine (CPU, cores, memory), the torch version and thread count, the load average before and after, and how
 long it took. The benchmark's standard output is the table (Markdown); its standard error passes through.
-A benchmark that fails writes nothing: the previous file stays. Usage:
+A benchmark that fails writes nothing: the previous file stays.
+
+A table that needs a GPU (``gpu-check``) is measured only where torch sees a CUDA device: the run of every
+table skips it elsewhere, and naming it there is an error. On a copy of the checkout without git metadata (a
+lent GPU machine that received the working tree), ``--commit`` names the commit the copy was made from; the
+header says it was given, not read. Usage:
 
     .venv/bin/python benchmarks/publish.py                 # every table, one after the other
     .venv/bin/python benchmarks/publish.py hessian-cnn demo
     .venv/bin/python benchmarks/publish.py --list
+    python3 benchmarks/publish.py gpu-check --commit 1a2b3c4   # on a GPU machine, in a copy of the tree
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ROOT / "docs" / "results" / "tables"
 README = ROOT / "README.md"
+RESULTS_PAGE = ROOT / "docs" / "results" / "index.md"
 PY = "{python}"  # the running interpreter, filled in at run time
 
 
@@ -48,6 +56,7 @@ class Table:
     fenced: bool = False  # the output is shown as printed (a text block), not read as Markdown
     fresh: str = ""  # a folder under runs/ removed first, so the command starts from nothing (and is timed so)
     elsewhere: bool = False  # run in a new temporary folder (from nothing; its printed paths as a user's are)
+    needs_cuda: bool = False  # measured only where torch sees a CUDA device; its file may not exist yet
 
     def argv(self, root: Path = ROOT) -> list[str]:
         """The command to run: ``{python}`` this interpreter, a part with ``*`` the sorted files it matches."""
@@ -100,6 +109,9 @@ REGISTRY: dict[str, Table] = {
                            "the 51x51 digits surface by 1 and 2 torchrun ranks"),
     "threads": Table((PY, "benchmarks/threads.py"), "one torch thread against two, training and a hessian pass",
                      fresh="runs/publish-threads"),
+    "gpu-check": Table((PY, "benchmarks/gpu_check.py"),
+                       "FedSAM rounds/s, HVP/gradient, lambda_1..5 and a surface for ResNet-18-GN on a GPU",
+                       needs_cuda=True),
     "claims-digits": Table((PY, "-m", "landscape", "claims", "claims/*.toml", "-o", "runs/claims-digits", "--quiet"),
                            "the published claims on digits, 8 seeds", output="runs/claims-digits/claims.md"),
     "claims-mnist1d": Table((PY, "-m", "landscape", "claims", "claims/*.toml", "--seeds", "0,1,2,3,4",
@@ -116,13 +128,28 @@ def _git(*args: str, root: Path) -> str:
         return ""
 
 
-def commit_line(root: Path, scripts: list[str]) -> str:
+def commit_line(root: Path, scripts: list[str], given: str = "") -> str:
     """The commit measured, and whether the code it ran differed from it: the package, pyproject.toml, this
-    tool and the benchmark ``scripts`` (docs, tests and other benchmarks do not count)."""
-    commit = _git("rev-parse", "--short", "HEAD", root=root) or "unknown"
+    tool and the benchmark ``scripts`` (docs, tests and other benchmarks do not count). ``given``: the commit a
+    copy without git metadata was made from (``--commit``); in a checkout it must be the checkout's."""
+    commit = _git("rev-parse", "--short", "HEAD", root=root)
+    if not commit:
+        return f"{given} (given: the tree measured has no git metadata)" if given else "unknown"
+    if given and not (commit.startswith(given) or given.startswith(commit)):
+        raise SystemExit(f"error: --commit {given} is not this checkout's commit {commit}; nothing written")
     changed = _git("status", "--porcelain", "--", "landscape", "pyproject.toml", "benchmarks/publish.py", *scripts,
                    root=root)
     return f"{commit} with uncommitted changes" if changed else commit
+
+
+def gpu_line() -> str:
+    """The first CUDA device torch sees, with its memory ("" where it sees none)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ""
+    props = torch.cuda.get_device_properties(0)
+    return f"; GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB, {torch.cuda.device_count()} visible"
 
 
 def machine_line() -> str:
@@ -165,7 +192,8 @@ def header(name: str, table: Table, *, commit: str, started: datetime.datetime, 
     shown = " ".join("python" if p == PY else shlex.quote(p) for p in table.command)
     return (f"<!-- generated by `python benchmarks/publish.py {name}` ({shown}); do not edit: rerun it -->\n\n"
             f"*Measured by `python benchmarks/publish.py {name}` at commit {commit} on "
-            f"{started:%Y-%m-%d %H:%M} UTC; {machine_line()}; {torch_line(env)}; load average {loads[0]:.1f} "
+            f"{started:%Y-%m-%d %H:%M} UTC; {machine_line()}{gpu_line() if table.needs_cuda else ''}; "
+            f"{torch_line(env)}; load average {loads[0]:.1f} "
             f"before, {loads[1]:.1f} after; took {elapsed(seconds)}, peak memory of one process "
             f"{peak_mib:,.0f} MiB.*\n\n")
 
@@ -176,8 +204,9 @@ def _peak_child_mib() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
 
 
-def publish(name: str, table: Table, *, root: Path = ROOT, tables: Path = TABLES) -> Path:
-    """Run ``table``'s command from ``root`` and write ``tables/<name>.md``; a failed command writes nothing."""
+def publish(name: str, table: Table, *, root: Path = ROOT, tables: Path = TABLES, commit: str = "") -> Path:
+    """Run ``table``'s command from ``root`` and write ``tables/<name>.md``; a failed command writes nothing.
+    ``commit``: as ``commit_line``'s ``given``."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MPLBACKEND", "Agg")
@@ -187,7 +216,7 @@ def publish(name: str, table: Table, *, root: Path = ROOT, tables: Path = TABLES
             raise ValueError(f"{name}: only a runs/publish-* folder is removed, not {table.fresh}")
         shutil.rmtree(root / table.fresh, ignore_errors=True)
     scripts = [part for part in table.command if part.endswith(".py")]
-    commit, loads0 = commit_line(root, scripts), os.getloadavg()[0]
+    commit, loads0 = commit_line(root, scripts, commit), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix=f"publish-{name}-") as folder:
         cwd = Path(folder) if table.elsewhere else root
         started, clock = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
@@ -216,9 +245,10 @@ MARKER = re.compile(r"(<!-- generated: (docs/results/tables/[\w.-]+\.md)[^>]*-->
                     re.S)
 
 
-def fill_readme(text: str, root: Path = ROOT) -> str:
+def fill_generated(text: str, root: Path = ROOT) -> str:
     """``text`` with every block between ``<!-- generated: FILE ... -->`` and ``<!-- end generated -->``
-    replaced by FILE's content (the README's copies of the tables); a block whose FILE is not there yet stays."""
+    replaced by FILE's content (the README's copies of the tables, the results page's GPU table); a block whose
+    FILE is not there yet stays as written (the results page says there why no table is shown)."""
     def body(match: re.Match) -> str:
         source = root / match.group(2)
         if not source.is_file():
@@ -228,27 +258,54 @@ def fill_readme(text: str, root: Path = ROOT) -> str:
     return MARKER.sub(body, text)
 
 
+GENERATED_PAGES = (README, RESULTS_PAGE)  # pages with <!-- generated: --> blocks
+
+
+def cuda_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def selected(names: list[str], cuda: bool) -> tuple[list[str], list[str]]:
+    """(tables to run, tables skipped): every table when ``names`` is empty, but those that need a CUDA device
+    only where ``cuda``; named tables as named."""
+    if names:
+        return list(names), []
+    skipped = [] if cuda else [name for name, table in REGISTRY.items() if table.needs_cuda]
+    return [name for name in REGISTRY if name not in skipped], skipped
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="tables to regenerate (default: every one)")
     parser.add_argument("--list", action="store_true", help="list the tables and what measures them")
+    parser.add_argument("--commit", default="", help="the commit a copy without git metadata was made from")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.names) - set(REGISTRY))
     if unknown:
         raise SystemExit(f"error: no table {', '.join(unknown)}; the tables: {', '.join(REGISTRY)}")
     if args.list:
         for name, table in REGISTRY.items():
-            print(f"{name}: {table.what}")
+            print(f"{name}: {table.what}{' (needs a CUDA device)' if table.needs_cuda else ''}")
         return
-    names = args.names or list(REGISTRY)
+    names, skipped = selected(args.names, bool(args.names) or cuda_present())
+    for name in skipped:
+        print(f"{name}: skipped: torch sees no CUDA device here", file=sys.stderr)
     if len(names) > 1:  # one process per table, so each peak memory is its own; a failure stops no other
-        failed = [name for name in names if subprocess.run([sys.executable, __file__, name]).returncode != 0]
+        extra = ["--commit", args.commit] if args.commit else []
+        failed = [name for name in names
+                  if subprocess.run([sys.executable, __file__, name, *extra]).returncode != 0]
         if failed:
             raise SystemExit(f"error: not regenerated: {', '.join(failed)}")
         return
-    print(f"{names[0]}: {REGISTRY[names[0]].what} ...", file=sys.stderr, flush=True)
-    print(f"wrote {publish(names[0], REGISTRY[names[0]]).relative_to(ROOT)}", file=sys.stderr)
-    README.write_text(fill_readme(README.read_text(encoding="utf-8")), encoding="utf-8")
+    table = REGISTRY[names[0]]
+    if table.needs_cuda and not cuda_present():
+        raise SystemExit(f"error: {names[0]} needs a CUDA device and torch sees none here; nothing written")
+    print(f"{names[0]}: {table.what} ...", file=sys.stderr, flush=True)
+    print(f"wrote {publish(names[0], table, commit=args.commit).relative_to(ROOT)}", file=sys.stderr)
+    for page in GENERATED_PAGES:
+        page.write_text(fill_generated(page.read_text(encoding="utf-8")), encoding="utf-8")
 
 
 if __name__ == "__main__":
