@@ -64,7 +64,6 @@ from landscape.train import vectorised
 from landscape.train.loop import Trainer
 
 
-
 def synthetic_setup(clients: int, per_client: int, test: int, seed: int = 0) -> DataSetup:
     """CIFAR-10-shaped standardised noise with random labels, split IID over the clients."""
     generator = torch.Generator().manual_seed(seed)
