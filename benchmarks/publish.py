@@ -6,8 +6,9 @@ Every results table of the README and the docs is one such file (the docs includ
 between ``<!-- generated: ... -->`` markers), so a number in them is never typed: a rerun of this script writes
 it again. Each file starts with a line naming the command that measured it, the commit (and whether the working
 tree differed from it), the date, the machine (CPU, cores, memory; the GPU for a table that needs one), the
-torch version and thread count, the load average before and after, and how long it took. The benchmark's standard output is the table (Markdown); its standard error passes through.
-A benchmark that fails writes nothing: the previous file stays.
+torch version and thread count, the load average before and after, and how long it took. The benchmark's
+standard output is the table (Markdown); its standard error passes through. A benchmark that fails writes
+nothing: the previous file stays.
 
 A table that needs a GPU (``gpu-check``) is measured only where torch sees a CUDA device: the run of every
 table skips it elsewhere, and naming it there is an error. On a copy of the checkout without git metadata (a
