@@ -3,8 +3,10 @@ the CLI invoked in process, and comparisons of run folders, checkpoints and metr
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +24,20 @@ set_hypothesis_home_dir(os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY")
                         or os.path.join(tempfile.gettempdir(), "landscape-hypothesis"))
 FUZZ = settings(max_examples=int(os.environ.get("LANDSCAPE_FUZZ_EXAMPLES", "60")), deadline=None,
                 database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(relative: str):
+    """The repository's script at ``relative`` (a tool or benchmark, not part of the package), imported as a
+    module named after its file (registered in sys.modules, which its dataclasses need)."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 TINY = {
     "partition.clients": 4,

@@ -3,7 +3,6 @@ reference (docs/reference/, tools/reference.py) is current, and no page cites a 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import pytest
+from conftest import load_script
 
 from landscape.config.schema import rule
 
@@ -20,10 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("reference", ROOT / "tools" / "reference.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+    return load_script("tools/reference.py")
 
 
 @pytest.fixture(scope="module")

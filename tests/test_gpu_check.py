@@ -4,23 +4,12 @@ smoke run of its docstring, minutes long, so it is not part of the suite)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_script
 
 
 def test_the_synthetic_set_is_cifar_shaped_and_split_iid_over_the_clients():
-    gpu_check = load_gpu_check()
+    gpu_check = load_script("benchmarks/gpu_check.py")
     setup = gpu_check.synthetic_setup(clients=4, per_client=3, test=5, seed=0)
     train, test = setup.bundle.train, setup.bundle.test
     assert tuple(train.x.shape) == (12, 3, 32, 32) and tuple(test.x.shape) == (5, 3, 32, 32)

@@ -6,7 +6,6 @@ only the result files and the passes' declarations."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import analyze_args, invoke, tiny_recipe
+from conftest import analyze_args, invoke, load_script, tiny_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,9 +26,7 @@ def test_the_import_contracts_hold(capsys):
 
 
 def test_the_module_list_of_the_architecture_document_is_current():
-    spec = importlib.util.spec_from_file_location("module_list", ROOT / "tools" / "module_list.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_script("tools/module_list.py")
     assert tool.documented() == tool.module_list(), "run: python tools/module_list.py --write"
 
 

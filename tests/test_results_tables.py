@@ -4,19 +4,15 @@ README's copies (and the results page's GPU block) are the files' text."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC = importlib.util.spec_from_file_location("publish", ROOT / "benchmarks" / "publish.py")
-publish = importlib.util.module_from_spec(SPEC)
-sys.modules["publish"] = publish
-SPEC.loader.exec_module(publish)
+publish = load_script("benchmarks/publish.py")
 
 
 def test_every_table_file_is_one_the_registry_measures_and_says_so():
