@@ -4,7 +4,9 @@ The papers' model at CPU scale: ``resnet18`` (GroupNorm with 2 groups, 11,173,96
 at its seeded initial weights, ``--samples`` random 3x32x32 inputs with random labels in batches of
 ``--batch-size`` (eval mode, float32, one thread). Timed, interleaved, minimum over ``--calls`` calls after
 one warm-up each: the gradient of F (``Objective.loss_and_grad``), a product through the kept gradient graphs
-(double-backward), a product with the graph rebuilt every time (double-backward, ``keep_graph=False``), a
+(double-backward, convolutions differentiated on first-order kernels: ``landscape.analyze.conv_graphs``), the
+same through graphs that PyTorch's own double-backward builds (its derivative of a convolution, written out
+here as the reference), a product with the graph rebuilt every time (double-backward, ``keep_graph=False``), a
 forward-over-reverse product (``torch.func.jvp`` of ``torch.func.grad``) and the ``auto`` backend where the
 graphs do not fit (``memory_budget=0``: its one-off timing picks one of the last two; where they fit, auto is
 the kept-graph row). Beside each the memory it holds: the peak of the bytes allocated during one call above
@@ -17,6 +19,7 @@ hold (as the operator measures them for its memory rule); and the products' agre
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -41,6 +44,37 @@ def peak_bytes(fn) -> int:
     return peak
 
 
+def pytorch_kept_products(objective: Objective, w: torch.Tensor, v: torch.Tensor) -> tuple[Callable[[], torch.Tensor], int]:
+    """H v by PyTorch's own double-backward through gradient graphs kept per batch (its derivative of a
+    convolution, not ``landscape.analyze.conv_graphs``), and the bytes those graphs save: the kept-graph row as
+    it was without conv_graphs, written out here as a reference."""
+    leaves = objective.flat.leaves(w)
+    data, graphs, saved = objective.data, [], {}
+
+    existing = {t.untyped_storage().data_ptr() for t in (leaves.vector, data.x, data.y)}  # counted as the operator does
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in existing:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    for start, stop in data.batch_ranges():
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = objective.batch_loss(leaves.named, data.batch(start, stop))
+            grads = torch.autograd.grad(loss, leaves.tensors, create_graph=True)
+        graphs.append(((stop - start) / len(data), grads))
+    tangents = leaves.views(v)
+
+    def product() -> torch.Tensor:
+        out = torch.zeros_like(v)
+        for weight, grads in graphs:
+            parts = torch.autograd.grad(grads, leaves.tensors, tangents, retain_graph=True)
+            out += weight * torch.cat([p.reshape(-1) for p in parts])
+        return out
+
+    return product, sum(saved.values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=64)
@@ -62,18 +96,22 @@ def main() -> None:
     forward = HessianOperator(objective, w, "forward-over-reverse")
     auto = HessianOperator(objective, w, "auto", memory_budget=0)
     reference = rebuilt @ v
+    pytorch, pytorch_bytes = pytorch_kept_products(objective, w, v)
     auto @ v  # the first product times the two backends and picks one
     names = {"gradient of F": "gradient", "HVP, double-backward through the kept graphs": "kept",
+             "HVP, PyTorch's own double-backward through kept graphs (its convolution derivative)": "pytorch",
              "HVP, double-backward, graph rebuilt every product": "rebuilt",
              "HVP, forward-over-reverse (jvp of grad)": "forward",
              f"HVP, auto where the graphs do not fit: {auto.backend_used}": "auto"}
-    paths = {"gradient": lambda: objective.loss_and_grad(w), "kept": lambda: kept @ v,
+    paths = {"gradient": lambda: objective.loss_and_grad(w), "kept": lambda: kept @ v, "pytorch": pytorch,
              "rebuilt": lambda: rebuilt @ v, "forward": lambda: forward @ v, "auto": lambda: auto @ v}
     best = min_seconds(paths, args.calls)
     held = {key: peak_bytes(fn) for key, fn in paths.items()}  # after the timing: the profiler slows calls down
     held["kept"] += kept.graph_bytes
-    agreement = {key: float(torch.linalg.vector_norm(op @ v - reference) / torch.linalg.vector_norm(reference))
-                 for key, op in (("kept", kept), ("forward", forward), ("auto", auto))}
+    held["pytorch"] += pytorch_bytes
+    agreement = {key: float(torch.linalg.vector_norm(product() - reference) / torch.linalg.vector_norm(reference))
+                 for key, product in (("kept", lambda: kept @ v), ("pytorch", pytorch), ("forward", lambda: forward @ v),
+                                      ("auto", lambda: auto @ v))}
     print(f"ResNet-18-GN: {flat.dim:,} parameters, {args.samples} samples of 3x32x32 in batches of "
           f"{args.batch_size}, 1 thread; minimum of {args.calls} interleaved calls:\n")
     print("| path | seconds | x gradient | memory held (MiB) | rel. difference to the rebuilt-graph product |")

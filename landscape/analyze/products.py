@@ -6,7 +6,9 @@ w: the split's backward is a cat of the per-parameter gradients, and a split/cat
 was most of the overhead of a product over the arithmetic (issue 23).
 
 - double-backward (Pearlmutter): ``batch_gradient`` differentiates f_b once with ``create_graph`` with respect
-  to per-parameter leaves (``landscape.core.flat.ParameterLeaves``); ``hvps_through`` back-propagates each v
+  to per-parameter leaves (``landscape.core.flat.ParameterLeaves``), its convolutions differentiable on
+  first-order kernels (``conv_graphs``: PyTorch's own derivative of a convolution is slow on the CPU);
+  ``hvps_through`` back-propagates each v
   through that graph with the leaves' ``.grad`` pointed at one row of a preallocated [k, dim] tensor, so the
   product is added in place where it belongs (AccumulateGrad), with no cat and no stack of columns.
 - forward-over-reverse: ``torch.func.jvp`` of ``torch.func.grad`` over the dict of parameters, the tangent a
@@ -26,6 +28,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
+from landscape.analyze.conv_graphs import conv_gradient_graphs
 from landscape.core.flat import FlatModel, ParameterLeaves
 
 # A batch's gradient with its graph: one tensor per parameter (None: constant in w), or None where H_b = 0.
@@ -38,7 +41,8 @@ BatchLoss = Callable[[Mapping[str, Tensor]], Tensor]
 def batch_gradient(loss: BatchLoss, leaves: ParameterLeaves) -> Gradient:
     """grad f_b at the leaves with its graph (``create_graph``), one tensor per parameter, None for a parameter
     whose gradient is constant in w; None where all are (f_b (piecewise) linear in w: H_b = 0)."""
-    grads = torch.autograd.grad(loss(leaves.named), leaves.tensors, create_graph=True, allow_unused=True)
+    with conv_gradient_graphs():  # the products' derivatives of convolutions on first-order kernels
+        grads = torch.autograd.grad(loss(leaves.named), leaves.tensors, create_graph=True, allow_unused=True)
     kept = [g if g is not None and g.requires_grad else None for g in grads]
     return kept if any(g is not None for g in kept) else None
 
@@ -60,14 +64,18 @@ def measured_gradient(loss: BatchLoss, leaves: ParameterLeaves, existing: set[in
     return grad, sum(saved.values()) + gradient_bytes
 
 
-def hvps_through(grad: Gradient, leaves: ParameterLeaves, vectors: Tensor, *, keep: bool) -> Tensor:
+def hvps_through(grad: Gradient, leaves: ParameterLeaves, vectors: Tensor, *, keep: bool,
+                 out: Tensor | None = None) -> Tensor:
     """H_b v for each column v of ``vectors`` [dim, k], by back-propagating v through the graph of ``grad``
-    (Pearlmutter): product j lands in place in row j of one [k, dim] tensor, returned transposed ([dim, k]).
-    ``keep``: keep the graph for later products (else it is freed after the last column)."""
+    (Pearlmutter): product j lands in place in row j of one [k, dim] tensor, returned transposed ([dim, k]):
+    ``out``, a [k, dim] tensor of zeros the caller reuses (a new one of tens of MB costs its page faults on
+    the CPU, a tenth of a ResNet-18 product), else a new one. ``keep``: keep the graph for later products
+    (else it is freed after the last column)."""
+    if out is None:
+        out = vectors.new_zeros(vectors.shape[1], vectors.shape[0])
     if grad is None:
-        return torch.zeros_like(vectors)
+        return out.T
     rows = vectors.T.contiguous()  # a strided column as grad_outputs makes the backward pass several times slower
-    out = torch.zeros_like(rows)
     used = [i for i, g in enumerate(grad) if g is not None]  # the others have constant gradients: H v = 0 there
     outputs = [grad[i] for i in used]
     count = vectors.shape[1]
