@@ -9,10 +9,10 @@ product's time (issue 23).
 
 ``conv_gradient_graphs()`` is a context in which ``torch.nn.functional.conv1d/2d/3d`` (what ``nn.Conv*d``
 calls) run as ``Convolution``, an autograd function with the same forward call (``torch.convolution``, bias
-included: the same numbers) whose backward is built from two bilinear functions of their own:
+included: the same numbers) whose backward is built from two bilinear functions (``ConvolutionGradient``):
 
-    g_x = InputGradient(g_y, W)    the input gradient, conv^T(g_y, W)
-    g_W = WeightGradient(g_y, x)   the weight gradient, sum over the batch of g_y correlated with x
+    g_x = the input gradient,  conv^T(g_y, W), bilinear in (g_y, W)
+    g_W = the weight gradient, g_y correlated with x summed over the batch, bilinear in (g_y, x)
     g_b = sum of g_y over the batch and spatial axes
 
 Each is computed by ``convolution_backward`` (the kernels of a plain gradient), and each one's backward,
@@ -20,8 +20,8 @@ which is what a product back-propagates through, is again one forward convolutio
 ``convolution_backward``: for a direction V_x of g_x, dg_y = conv(V_x, W) and dW = the weight gradient of
 (g_y, V_x); for a direction V_W of g_W, dg_y = conv(x, V_W) and dx = the input gradient of g_y through V_W.
 These are the derivatives of bilinear maps, exact: the products are PyTorch's up to the rounding of other
-kernels (about 1e-7 relative in float32, 1e-15 in float64; tests/analyze/test_conv_graphs.py). The
-backward of the two functions is not differentiable again (a product needs second derivatives only).
+kernels (tests/analyze/test_conv_graphs.py, against dense Hessians in float64). The backward of
+``ConvolutionGradient`` is not differentiable again (a product needs second derivatives only).
 
 String padding (``"same"``, ``"valid"``) and anything that is not a plain tensor call keeps PyTorch's own
 convolution. The context is used only where a gradient graph is built for products (``batch_gradient``);
@@ -65,43 +65,34 @@ def _weight_gradient(g_y: Tensor, x: Tensor, weight: Tensor, geometry: Geometry)
                                                [0] * len(stride), groups, [False, True, False])[1]
 
 
-class InputGradient(Function):
-    """g_x = the input gradient of g_y through ``weight`` (``x`` gives the shape only)."""
+class ConvolutionGradient(Function):
+    """A convolution's input gradient g_x (``of = "input"``: bilinear in g_y and ``weight``; ``x`` gives the
+    shape only) or weight gradient g_W (``of = "weight"``: bilinear in g_y and ``x``; ``weight`` gives the
+    shape only); the backward pass is the exact derivative of that bilinear map."""
 
     @staticmethod
-    def forward(ctx: Any, g_y: Tensor, weight: Tensor, x: Tensor, geometry: Geometry) -> Tensor:
-        ctx.save_for_backward(g_y, weight, x)
-        ctx.geometry = geometry
-        return _input_gradient(g_y, x, weight, geometry)
-
-    @staticmethod
-    def backward(ctx: Any, v: Tensor) -> tuple[Tensor | None, ...]:
-        g_y, weight, x = ctx.saved_tensors
-        d_g_y = _forward(v, weight, None, ctx.geometry) if ctx.needs_input_grad[0] else None
-        d_weight = _weight_gradient(g_y, v, weight, ctx.geometry) if ctx.needs_input_grad[1] else None
-        return d_g_y, d_weight, None, None
-
-
-class WeightGradient(Function):
-    """g_W = the weight gradient of g_y and the input ``x`` (``weight`` gives the shape only)."""
-
-    @staticmethod
-    def forward(ctx: Any, g_y: Tensor, x: Tensor, weight: Tensor, geometry: Geometry) -> Tensor:
+    def forward(ctx: Any, g_y: Tensor, x: Tensor, weight: Tensor, geometry: Geometry, of: str) -> Tensor:
         ctx.save_for_backward(g_y, x, weight)
-        ctx.geometry = geometry
-        return _weight_gradient(g_y, x, weight, geometry)
+        ctx.geometry, ctx.of = geometry, of
+        return (_input_gradient if of == "input" else _weight_gradient)(g_y, x, weight, geometry)
 
     @staticmethod
     def backward(ctx: Any, v: Tensor) -> tuple[Tensor | None, ...]:
         g_y, x, weight = ctx.saved_tensors
-        d_g_y = _forward(x, v, None, ctx.geometry) if ctx.needs_input_grad[0] else None
-        d_x = _input_gradient(g_y, x, v, ctx.geometry) if ctx.needs_input_grad[1] else None
-        return d_g_y, d_x, None, None
+        geometry, wants = ctx.geometry, ctx.needs_input_grad
+        d_x = d_weight = None
+        if ctx.of == "input":  # v has x's shape: d g_y = conv(v, W), dW = the weight gradient of (g_y, v)
+            d_g_y = _forward(v, weight, None, geometry) if wants[0] else None
+            d_weight = _weight_gradient(g_y, v, weight, geometry) if wants[2] else None
+        else:  # v has W's shape: d g_y = conv(x, v), dx = the input gradient of g_y through v
+            d_g_y = _forward(x, v, None, geometry) if wants[0] else None
+            d_x = _input_gradient(g_y, x, v, geometry) if wants[1] else None
+        return d_g_y, d_x, d_weight, None, None
 
 
 class Convolution(Function):
     """y = conv(x, weight) + bias by ``torch.convolution``; its backward is differentiable through
-    ``InputGradient`` and ``WeightGradient``."""
+    ``ConvolutionGradient``."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, geometry: Geometry) -> Tensor:
@@ -112,8 +103,8 @@ class Convolution(Function):
     @staticmethod
     def backward(ctx: Any, g_y: Tensor) -> tuple[Tensor | None, ...]:
         x, weight = ctx.saved_tensors
-        g_x = InputGradient.apply(g_y, weight, x, ctx.geometry) if ctx.needs_input_grad[0] else None
-        g_w = WeightGradient.apply(g_y, x, weight, ctx.geometry) if ctx.needs_input_grad[1] else None
+        g_x = ConvolutionGradient.apply(g_y, x, weight, ctx.geometry, "input") if ctx.needs_input_grad[0] else None
+        g_w = ConvolutionGradient.apply(g_y, x, weight, ctx.geometry, "weight") if ctx.needs_input_grad[1] else None
         g_b = g_y.sum([0, *range(2, g_y.dim())]) if ctx.needs_input_grad[2] else None
         return g_x, g_w, g_b, None
 

@@ -77,11 +77,11 @@ def test_the_graph_runs_on_the_first_order_functions_and_string_padding_keeps_py
         with conv_gradient_graphs():
             (g,) = torch.autograd.grad(F.conv2d(x, w, padding=padding).pow(2).sum(), w, create_graph=True)
         names = _graph_names(g)
-        assert ("WeightGradientBackward" in names) == ours, names
+        assert ("ConvolutionGradientBackward" in names) == ours, names
         (want,) = torch.autograd.grad(F.conv2d(x, w, padding=padding).pow(2).sum(), w)
         torch.testing.assert_close(g.detach(), want, rtol=1e-12, atol=1e-12)
     outside = torch.autograd.grad(F.conv2d(x, w, padding=1).pow(2).sum(), w, create_graph=True)[0]
-    assert "WeightGradientBackward" not in _graph_names(outside)  # only inside the block
+    assert "ConvolutionGradientBackward" not in _graph_names(outside)  # only inside the block
 
 
 def test_the_operator_on_a_cnn_equals_its_dense_hessian():
