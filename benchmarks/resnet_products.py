@@ -50,8 +50,7 @@ def pytorch_kept_products(objective: Objective, w: torch.Tensor, v: torch.Tensor
     it was without conv_graphs, written out here as a reference."""
     leaves = objective.flat.leaves(w)
     data, graphs, saved = objective.data, [], {}
-
-    existing = {t.untyped_storage().data_ptr() for t in (leaves.vector, data.x, data.y)}  # counted as the operator does
+    existing = {t.untyped_storage().data_ptr() for t in (leaves.vector, data.x, data.y)}  # as the operator counts
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         if t.untyped_storage().data_ptr() not in existing:

@@ -4,8 +4,8 @@ A Hessian-vector product by double-backward (``products``) back-propagates v thr
 For a convolution y = conv(x, W) + b that graph holds PyTorch's ``ConvolutionBackward``, whose own derivative,
 ``_convolution_double_backward``, computes the weight-gradient term as a convolution of the transposed input
 with the transposed output gradient as its kernel (a kernel as large as the feature map). On the CPU that
-call runs at a fraction of the speed of the kernels a gradient uses: on ResNet-18 it was a third of a
-product's time (issue 23).
+call runs far slower than the kernels a gradient uses for the same arithmetic (issue 23; the resnet-products
+and gradient-overhead tables of docs/results/index.md measure both derivatives side by side).
 
 ``conv_gradient_graphs()`` is a context in which ``torch.nn.functional.conv1d/2d/3d`` (what ``nn.Conv*d``
 calls) run as ``Convolution``, an autograd function with the same forward call (``torch.convolution``, bias
