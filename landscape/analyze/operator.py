@@ -187,7 +187,7 @@ class HessianOperator(LinearOperator):
         self.backend_seconds: dict[str, float] | None = None
         self._graphs: list[tuple[float, Gradient]] = []
         self._leaves: ParameterLeaves | None = None
-        self._scratch: Tensor | None = None  # the kept-graph products' rows (``_rows``)
+        self._rows: Tensor | None = None  # the kept-graph products' rows (matmat)
         self._n = len(objective.data)
         self._buffers = self._fixed_buffers()
 
@@ -237,23 +237,16 @@ class HessianOperator(LinearOperator):
             self._choose_backend(vectors[:, :1])
         if self.keeps_graph:
             out = torch.zeros_like(vectors)
-            rows = self._rows(vectors)
+            if self._rows is None or self._rows.shape != vectors.T.shape:  # one [k, dim] tensor, reused: a new one
+                self._rows = vectors.new_empty(vectors.T.shape)  # every product and batch costs its page faults
             for weight, grad in self._graphs:
-                out += products.hvps_through(grad, self._leaves, vectors, keep=True, out=rows.zero_()).mul_(weight)
+                rows = self._rows.zero_()
+                out += products.hvps_through(grad, self._leaves, vectors, keep=True, out=rows).mul_(weight)
             parallel.all_reduce_sum(out)
         else:
             out = self._recomputed_matmat(vectors)
         self._count(vectors.shape[1])
         return out
-
-    def _rows(self, vectors: Tensor) -> Tensor:
-        """A [k, dim] tensor for the products of ``vectors`` [dim, k] through the kept graphs, kept with them and
-        reused: a new one every product and batch would cost the page faults of a fresh allocation."""
-        shape = (vectors.shape[1], vectors.shape[0])
-        if self._scratch is None or self._scratch.shape != shape:
-            self._scratch = None  # freed before the next is allocated
-            self._scratch = vectors.new_empty(shape)
-        return self._scratch
 
     def _count(self, products: int) -> None:
         self.hvp_count += products
@@ -363,7 +356,7 @@ class HessianOperator(LinearOperator):
 
     def release(self) -> None:
         """Free the kept graphs; the next product decides again (and rebuilds them where they fit)."""
-        self._graphs, self._leaves, self.graph_bytes, self._scratch = [], None, None, None
+        self._graphs, self._leaves, self.graph_bytes, self._rows = [], None, None, None
         if self.keeps_graph:
             self.keeps_graph = None
             if self.backend == "auto":
