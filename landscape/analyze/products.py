@@ -8,9 +8,9 @@ was most of the overhead of a product over the arithmetic (issue 23).
 - double-backward (Pearlmutter): ``batch_gradient`` differentiates f_b once with ``create_graph`` with respect
   to per-parameter leaves (``landscape.core.flat.ParameterLeaves``), its convolutions differentiable on
   first-order kernels (``conv_graphs``: PyTorch's own derivative of a convolution is slow on the CPU);
-  ``hvps_through`` back-propagates each v
-  through that graph with the leaves' ``.grad`` pointed at one row of a preallocated [k, dim] tensor, so the
-  product is added in place where it belongs (AccumulateGrad), with no cat and no stack of columns.
+  ``hvps_through`` back-propagates each v through that graph with the leaves' ``.grad`` pointed at one row of a
+  preallocated [k, dim] tensor, so the product is added in place where it belongs (AccumulateGrad), with no
+  cat and no stack of columns.
 - forward-over-reverse: ``torch.func.jvp`` of ``torch.func.grad`` over the dict of parameters, the tangent a
   dict of views of v; each product is written by one cat into its row of the [k, dim] tensor.
 
@@ -69,7 +69,7 @@ def hvps_through(grad: Gradient, leaves: ParameterLeaves, vectors: Tensor, *, ke
     """H_b v for each column v of ``vectors`` [dim, k], by back-propagating v through the graph of ``grad``
     (Pearlmutter): product j lands in place in row j of one [k, dim] tensor, returned transposed ([dim, k]):
     ``out``, a [k, dim] tensor of zeros the caller reuses (a new one of tens of MB costs its page faults on
-    the CPU, a tenth of a ResNet-18 product), else a new one. ``keep``: keep the graph for later products
+    the CPU every time), else a new one. ``keep``: keep the graph for later products
     (else it is freed after the last column)."""
     if out is None:
         out = vectors.new_zeros(vectors.shape[1], vectors.shape[0])

@@ -26,7 +26,7 @@ GEOMETRIES = [
 
 def _two_convolutions(axes, stride, padding, dilation, groups, bias):
     """A loss of (W1, b1, W2) through two convolutions of the geometry (the second one's input depends on W1,
-    so both of its derivatives are exercised), its parameters as one float64 vector, and a split of it."""
+    so both of its derivatives are exercised), as a function of one float64 vector, and that vector."""
     g = torch.Generator().manual_seed(axes)
     size = (7,) * axes
     x = torch.randn(3, 4, *size, dtype=torch.float64, generator=g)
