@@ -11,8 +11,9 @@ interleaved, minimum over ``--calls`` calls after one warm-up each (``min_second
   w that requires grad: a split in the forward, a cat in its backward);
 - the whole set: the plain gradient summed over the batches, analysis's ``Objective.loss_and_grad``, and one
   Hessian-vector product through the kept gradient graphs (``HessianOperator``, double-backward), with the
-  product as it was before issue 23 for comparison (the flat-vector formulation, PyTorch's own derivative of
-  a convolution); the operator's product is checked to equal the flat-vector one under the same derivative.
+  product as it was before issue 23 for comparison (the flat-vector formulation, PyTorch's own derivatives of
+  convolutions, ReLU and max-pools); the operator's product is checked to equal the flat-vector one in graphs
+  built alike (``landscape.analyze.gradient_graphs``).
 
 Prints one Markdown table (the ratio to the plain gradient of the same data). Usage:
 
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.conv_graphs import conv_gradient_graphs
+from landscape.analyze.gradient_graphs import product_gradient_graphs
 from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator
 from landscape.core.flat import FlatModel
@@ -61,15 +62,15 @@ def flat_vector_gradient(flat: FlatModel, w: torch.Tensor, x: torch.Tensor, y: t
     return grad
 
 
-def flat_vector_product(flat: FlatModel, w: torch.Tensor, data: AnalysisData, conv_rule: bool = False):
+def flat_vector_product(flat: FlatModel, w: torch.Tensor, data: AnalysisData, our_graphs: bool = False):
     """A kept-graph product as the operator computed it before issue 23: gradients of f_b with respect to one
-    flat w (a cat in the graph), back-propagated into w (another cat), through PyTorch's own derivative of a
-    convolution; ``conv_rule``: through ``conv_graphs``' instead, as the operator now does (the same numbers as
+    flat w (a cat in the graph), back-propagated into w (another cat), through PyTorch's own derivatives;
+    ``our_graphs``: in ``product_gradient_graphs`` instead, as the operator now does (the same numbers as
     the operator's: what the per-parameter leaves change is the layout of the graph, not its arithmetic)."""
     u = w.detach().clone().requires_grad_(True)
     graphs = []
     for xb, yb in data.batches():
-        with conv_gradient_graphs() if conv_rule else contextlib.nullcontext():
+        with product_gradient_graphs() if our_graphs else contextlib.nullcontext():
             (grad,) = torch.autograd.grad(F.cross_entropy(flat.logits(u, xb, {}), yb), u, create_graph=True)
         graphs.append((len(yb) / len(data), grad))
 
@@ -96,7 +97,7 @@ def rows_for(name: str, x: torch.Tensor, y: torch.Tensor, calls: int) -> list[tu
     kept = HessianOperator(objective, w, "double-backward", keep_graph=True)
     before = flat_vector_product(flat, w, data)
     v = torch.randn(flat.dim, generator=torch.Generator().manual_seed(1))
-    ours, theirs = kept @ v, flat_vector_product(flat, w, data, conv_rule=True)(v)
+    ours, theirs = kept @ v, flat_vector_product(flat, w, data, our_graphs=True)(v)
     if not torch.equal(ours, theirs):
         raise SystemExit(f"{name}: the product differs from the flat-vector one by {(ours - theirs).abs().max():.1e}")
     paths = {
@@ -106,7 +107,7 @@ def rows_for(name: str, x: torch.Tensor, y: torch.Tensor, calls: int) -> list[tu
         "set: plain gradient": lambda: plain_gradient(module, batches, len(data)),
         "set: Objective.loss_and_grad": lambda: objective.loss_and_grad(w),
         "set: HVP through the kept graphs": lambda: kept @ v,
-        "set: HVP through kept flat-vector graphs, PyTorch's convolution derivative (before)": lambda: before(v),
+        "set: HVP through kept flat-vector graphs, PyTorch's own derivatives (before)": lambda: before(v),
     }
     best = min_seconds(paths, calls)
     label = f"{name} ({flat.dim:,} parameters)"

@@ -4,9 +4,9 @@ The papers' model at CPU scale: ``resnet18`` (GroupNorm with 2 groups, 11,173,96
 at its seeded initial weights, ``--samples`` random 3x32x32 inputs with random labels in batches of
 ``--batch-size`` (eval mode, float32, one thread). Timed, interleaved, minimum over ``--calls`` calls after
 one warm-up each: the gradient of F (``Objective.loss_and_grad``), a product through the kept gradient graphs
-(double-backward, convolutions differentiated on first-order kernels: ``landscape.analyze.conv_graphs``), the
-same through graphs that PyTorch's own double-backward builds (its derivative of a convolution, written out
-here as the reference), a product with the graph rebuilt every time (double-backward, ``keep_graph=False``), a
+(double-backward in ``landscape.analyze.gradient_graphs``: convolutions differentiated on first-order
+kernels, ReLUs without PyTorch's zero terms), the same through graphs that PyTorch's own double-backward
+builds (its derivatives, written out here as the reference), a product with the graph rebuilt every time (double-backward, ``keep_graph=False``), a
 forward-over-reverse product (``torch.func.jvp`` of ``torch.func.grad``) and the ``auto`` backend where the
 graphs do not fit (``memory_budget=0``: its one-off timing picks one of the last two; where they fit, auto is
 the kept-graph row). Beside each the memory it holds: the peak of the bytes allocated during one call above
@@ -45,9 +45,9 @@ def peak_bytes(fn) -> int:
 
 
 def pytorch_kept_products(objective: Objective, w: torch.Tensor, v: torch.Tensor) -> tuple[Callable[[], torch.Tensor], int]:
-    """H v by PyTorch's own double-backward through gradient graphs kept per batch (its derivative of a
-    convolution, not ``landscape.analyze.conv_graphs``), and the bytes those graphs save: the kept-graph row as
-    it was without conv_graphs, written out here as a reference."""
+    """H v by PyTorch's own double-backward through gradient graphs kept per batch (its derivatives of
+    convolutions and ReLU, not ``landscape.analyze.gradient_graphs``), and the bytes those graphs save: the
+    kept-graph row as it was without gradient_graphs, written out here as a reference."""
     leaves = objective.flat.leaves(w)
     data, graphs, saved = objective.data, [], {}
     existing = {t.untyped_storage().data_ptr() for t in (leaves.vector, data.x, data.y)}  # as the operator counts
@@ -98,7 +98,7 @@ def main() -> None:
     pytorch, pytorch_bytes = pytorch_kept_products(objective, w, v)
     auto @ v  # the first product times the two backends and picks one
     names = {"gradient of F": "gradient", "HVP, double-backward through the kept graphs": "kept",
-             "HVP, PyTorch's own double-backward through kept graphs (its convolution derivative)": "pytorch",
+             "HVP, PyTorch's own double-backward through kept graphs (its derivatives)": "pytorch",
              "HVP, double-backward, graph rebuilt every product": "rebuilt",
              "HVP, forward-over-reverse (jvp of grad)": "forward",
              f"HVP, auto where the graphs do not fit: {auto.backend_used}": "auto"}

@@ -10,7 +10,7 @@ from torch import nn
 from torch.func import functional_call
 
 from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.conv_graphs import conv_gradient_graphs
+from landscape.analyze.gradient_graphs import product_gradient_graphs
 from landscape.analyze.objective import Objective
 from landscape.analyze.operator import BACKENDS, TIMED_BACKENDS, HessianOperator
 from landscape.core.flat import FlatModel
@@ -118,11 +118,11 @@ def test_analysis_gradients_are_the_plain_sum_over_batches_bit_for_bit(mode):
 def _flat_vector_products(flat: FlatModel, data: AnalysisData, w: torch.Tensor, vectors: torch.Tensor):
     """H @ V in the flat-vector layout the operator used before issue 23: gradients with respect to one flat w that
     requires grad (a split in the forward, a cat in the backward), v back-propagated into w, columns stacked;
-    convolutions differentiated as the operator does now (``conv_graphs``), so only the layout differs."""
+    gradient graphs as the operator builds them now (``gradient_graphs``), so only the layout differs."""
     out = torch.zeros_like(vectors)
     for xb, yb in data.batches():
         u = w.clone().requires_grad_(True)
-        with conv_gradient_graphs():
+        with product_gradient_graphs():
             (grad,) = torch.autograd.grad(F.cross_entropy(functional_call(flat.module, flat.params(u), (xb,)), yb),
                                           u, create_graph=True)
         columns = [torch.autograd.grad(grad, u, grad_outputs=vectors[:, j].contiguous(), retain_graph=True)[0]

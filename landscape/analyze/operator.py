@@ -8,8 +8,8 @@ torchrun the batches are split across the ranks and the sum is all-reduced (``ma
 
 Two ways to compute H_b v, equal up to rounding:
 
-- ``double-backward``: v . grad f_b differentiated once more (reverse-over-reverse, Pearlmutter's trick), the
-  convolutions of the gradient graph differentiated on first-order kernels (``conv_graphs``).
+- ``double-backward``: v . grad f_b differentiated once more (reverse-over-reverse, Pearlmutter's trick) through
+  a gradient graph built by ``gradient_graphs`` (convolutions on first-order kernels, no zero terms).
   Kept graphs (the default where they fit, see below): each batch's gradient graph is built once, at the
   first product, and every later product is one more backward pass through it (as PyHessian does for a
   single batch); otherwise each product rebuilds it (a matmat of k columns builds it once per batch and

@@ -6,8 +6,9 @@ w: the split's backward is a cat of the per-parameter gradients, and a split/cat
 was most of the overhead of a product over the arithmetic (issue 23).
 
 - double-backward (Pearlmutter): ``batch_gradient`` differentiates f_b once with ``create_graph`` with respect
-  to per-parameter leaves (``landscape.core.flat.ParameterLeaves``), its convolutions differentiable on
-  first-order kernels (``conv_graphs``: PyTorch's own derivative of a convolution is slow on the CPU);
+  to per-parameter leaves (``landscape.core.flat.ParameterLeaves``), inside ``product_gradient_graphs``
+  (``gradient_graphs``: convolutions differentiable on first-order kernels, PyTorch's own derivative being slow
+  on the CPU; ReLU and max-pools without PyTorch's zero terms);
   ``hvps_through`` back-propagates each v through that graph with the leaves' ``.grad`` pointed at one row of a
   preallocated [k, dim] tensor, so the product is added in place where it belongs (AccumulateGrad), with no
   cat and no stack of columns.
@@ -28,7 +29,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
-from landscape.analyze.conv_graphs import conv_gradient_graphs
+from landscape.analyze.gradient_graphs import product_gradient_graphs
 from landscape.core.flat import FlatModel, ParameterLeaves
 
 # A batch's gradient with its graph: one tensor per parameter (None: constant in w), or None where H_b = 0.
@@ -41,7 +42,7 @@ BatchLoss = Callable[[Mapping[str, Tensor]], Tensor]
 def batch_gradient(loss: BatchLoss, leaves: ParameterLeaves) -> Gradient:
     """grad f_b at the leaves with its graph (``create_graph``), one tensor per parameter, None for a parameter
     whose gradient is constant in w; None where all are (f_b (piecewise) linear in w: H_b = 0)."""
-    with conv_gradient_graphs():  # the products' derivatives of convolutions on first-order kernels
+    with product_gradient_graphs():  # derivatives of convolutions on first-order kernels, no zero terms
         grads = torch.autograd.grad(loss(leaves.named), leaves.tensors, create_graph=True, allow_unused=True)
     kept = [g if g is not None and g.requires_grad else None for g in grads]
     return kept if any(g is not None for g in kept) else None
