@@ -10,8 +10,9 @@ hessian-cnn and gradient-overhead tables of docs/results/index.md measure it):
   as large as the feature map), on the CPU a far slower call than the kernels a gradient uses;
 - ReLU and max-pooling are piecewise linear: their backward, g -> the masked or routed g, is linear in g with
   a mask (the indices) that is constant in x almost everywhere. PyTorch's derivative of that backward with
-  respect to x is a tensor of zeros as large as x (``zeros_like`` in its derivative formulas), made and then
-  added into x's gradient at every ReLU and every pool of every product.
+  respect to the tensor the mask is read from (the ReLU's output, the pool's input) is a tensor of zeros as
+  large as it (``zeros_like`` in its derivative formulas), made and then added into that tensor's gradient at
+  every ReLU and every pool of every product.
 
 ``product_gradient_graphs()`` is a context in which ``torch.nn.functional.conv1d/2d/3d`` (what ``nn.Conv*d``
 calls), ``relu`` (``nn.ReLU``, ``torch.relu``, ``Tensor.relu``) and ``max_pool1d/2d`` (``nn.MaxPool1d/2d``) run
