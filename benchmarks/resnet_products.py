@@ -6,12 +6,13 @@ at its seeded initial weights, ``--samples`` random 3x32x32 inputs with random l
 one warm-up each: the gradient of F (``Objective.loss_and_grad``), a product through the kept gradient graphs
 (double-backward in ``landscape.analyze.gradient_graphs``: convolutions differentiated on first-order
 kernels, ReLUs without PyTorch's zero terms), the same through graphs that PyTorch's own double-backward
-builds (its derivatives, written out here as the reference), a product with the graph rebuilt every time (double-backward, ``keep_graph=False``), a
-forward-over-reverse product (``torch.func.jvp`` of ``torch.func.grad``) and the ``auto`` backend where the
-graphs do not fit (``memory_budget=0``: its one-off timing picks one of the last two; where they fit, auto is
-the kept-graph row). Beside each the memory it holds: the peak of the bytes allocated during one call above
-what was allocated before it (the profiler's record of CPU allocations), plus, for kept graphs, the bytes they
-hold (as the operator measures them for its memory rule); and the products' agreement. Usage:
+builds (its derivatives, written out here as the reference), a product with the graph rebuilt every time
+(double-backward, ``keep_graph=False``), a forward-over-reverse product (``torch.func.jvp`` of
+``torch.func.grad``) and the ``auto`` backend where the graphs do not fit (``memory_budget=0``: its one-off
+timing picks one of the last two; where they fit, auto is the kept-graph row). Beside each the memory it
+holds: the peak of the bytes allocated during one call above what was allocated before it (the profiler's
+record of CPU allocations), plus, for kept graphs, the bytes they hold (as the operator measures them for its
+memory rule); and the products' agreement. Usage:
 
     .venv/bin/python benchmarks/resnet_products.py [--samples 64] [--batch-size 32] [--calls 3]
 """
@@ -44,7 +45,8 @@ def peak_bytes(fn) -> int:
     return peak
 
 
-def pytorch_kept_products(objective: Objective, w: torch.Tensor, v: torch.Tensor) -> tuple[Callable[[], torch.Tensor], int]:
+def pytorch_kept_products(objective: Objective, w: torch.Tensor,
+                          v: torch.Tensor) -> tuple[Callable[[], torch.Tensor], int]:
     """H v by PyTorch's own double-backward through gradient graphs kept per batch (its derivatives of
     convolutions and ReLU, not ``landscape.analyze.gradient_graphs``), and the bytes those graphs save: the
     kept-graph row as it was without gradient_graphs, written out here as a reference."""
@@ -109,8 +111,8 @@ def main() -> None:
     held["kept"] += kept.graph_bytes
     held["pytorch"] += pytorch_bytes
     agreement = {key: float(torch.linalg.vector_norm(product() - reference) / torch.linalg.vector_norm(reference))
-                 for key, product in (("kept", lambda: kept @ v), ("pytorch", pytorch), ("forward", lambda: forward @ v),
-                                      ("auto", lambda: auto @ v))}
+                 for key, product in (("kept", lambda: kept @ v), ("pytorch", pytorch),
+                                      ("forward", lambda: forward @ v), ("auto", lambda: auto @ v))}
     print(f"ResNet-18-GN: {flat.dim:,} parameters, {args.samples} samples of 3x32x32 in batches of "
           f"{args.batch_size}, 1 thread; minimum of {args.calls} interleaved calls:\n")
     print("| path | seconds | x gradient | memory held (MiB) | rel. difference to the rebuilt-graph product |")
