@@ -11,7 +11,18 @@ grows faster.
 
 ``--baseline COMMIT`` (default: 3eee690, where issue 23 began) also trains and analyses the 100-client run with
 the package as it was at that commit (a git worktree of it, run from there), in the same process, after the
-runs of this code: the last column is this code's seconds over that code's for the same work. Usage:
+runs of this code: the last column is this code's seconds over that code's for the same work.
+
+What the arithmetic costs: before the timed analyses, a separate process (``--count-flops RUN``) runs the last
+count's analysis once more under ``torch.utils.flop_counter``'s ``FlopCounterMode`` (slowed by it, so not
+timed) and counts each pass's floating-point operations: those of the matrix products and convolutions,
+forward and backward, 2 per multiply-add (what the counter has formulas for; activations, pooling and the
+losses are not counted; the first pass's include the layout's start-up timing, as its seconds do). Then it
+times F over the whole data, its gradient and a Hessian-vector product at the checkpoint (medians of
+``RATE_REPEATS``, in the analysis' layouts). Each pass's GFLOP over its timed seconds is the rate at which it
+ran: beside those three rates it says how far a pass is from the arithmetic of full-data batches, and the last
+line says the rate that half of the baseline's time would need.
+Usage:
 
     .venv/bin/python benchmarks/clients_scaling.py [--clients 20,100] [--baseline 3eee690] [--out runs/publish-clients]
 """
@@ -19,12 +30,16 @@ runs of this code: the last column is this code's seconds over that code's for t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
+import statistics
 import tempfile
 import time
 from pathlib import Path
+
+RATE_REPEATS = 15  # timed losses, gradients and products of the rates (after one of each untimed)
 
 TRAIN = ["train", "--algorithm", "fedavg", "--partition", "dirichlet", "--alpha", "0.2", "--participation", "0.25",
          "--rounds", "10", "--checkpoint-every", "10", "--keep-clients", "--quiet"]
@@ -46,12 +61,77 @@ def analyse(run: Path, cwd: Path | None = None) -> tuple[dict[str, float], float
     return seconds, wall
 
 
-def measure(run: Path, clients: int, cwd: Path | None = None) -> tuple[dict[str, float], float]:
-    """Train ``run`` with ``clients`` clients unless it is there, then analyse it (both by the package in ``cwd``)."""
+def train(run: Path, clients: int, cwd: Path | None = None) -> None:
+    """Train ``run`` with ``clients`` clients unless it is there (by the package in ``cwd``)."""
     if not (run / "metrics.jsonl").is_file():
         subprocess.run([sys.executable, "-m", "landscape", *TRAIN, "--clients", str(clients), "--out", str(run),
                         "--overwrite"], check=True, stdout=subprocess.DEVNULL, cwd=cwd)
+
+
+def measure(run: Path, clients: int, cwd: Path | None = None) -> tuple[dict[str, float], float]:
+    """``train`` ``run``, then analyse it (both by the package in ``cwd``)."""
+    train(run, clients, cwd)
     return analyse(run, cwd)
+
+
+def count_flops(run: Path) -> dict[str, dict[str, float]]:
+    """``flops_and_rates`` of ``run`` in a process of its own (this script with ``--count-flops``)."""
+    done = subprocess.run([sys.executable, __file__, "--count-flops", str(run)], check=True, stdout=subprocess.PIPE,
+                          text=True)
+    return json.loads(done.stdout)
+
+
+def flops_and_rates(run: Path) -> dict[str, dict[str, float]]:
+    """{"flops": GFLOP of each default pass at ``run``'s last checkpoint, "rates": GFLOP/s of a full-data loss
+    and gradient of F and of a Hessian-vector product there} (module docstring), one thread."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from landscape.analyze import scheduler
+    from landscape.analyze.context import CheckpointContext
+    from landscape.analyze.operator import HessianOperator
+    from landscape.analyze.settings import AnalysisSettings
+    from landscape.analyze.source import find_sources
+    from landscape.cli import main as landscape_main
+
+    torch.set_num_threads(1)
+    flops: dict[str, float] = {}
+    run_job = scheduler._run_job  # every job of the analysis passes through it: each pass counted alone
+
+    def counted(job, *args, **kwargs):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            result = run_job(job, *args, **kwargs)
+        flops[job.name] = counter.get_total_flops() / 1e9
+        return result
+
+    scheduler._run_job = counted
+    sys.argv = ["landscape", "analyze", str(run), "--force", "--quiet"]
+    try:
+        landscape_main()
+    except SystemExit as e:
+        if e.code:
+            raise
+
+    sources, _ = find_sources(run)
+    ctx = CheckpointContext(sources[0], max(sources[0].checkpoints), AnalysisSettings())
+    objective, w = ctx.objective, ctx.w  # the layout the analysis settles (contiguous products in any case)
+    operator = HessianOperator(objective, w, "auto")
+    v = torch.randn(w.shape, generator=torch.Generator().manual_seed(0), dtype=w.dtype)
+    rates = {}
+    for name, work in (("loss", lambda: objective.loss(w)), ("gradient", lambda: objective.loss_and_grad(w)),
+                       ("product", lambda: operator.matvec(v))):
+        work()
+        counter = FlopCounterMode(display=False)
+        with counter:
+            work()
+        seconds = []
+        for _ in range(RATE_REPEATS):
+            started = time.perf_counter()
+            work()
+            seconds.append(time.perf_counter() - started)
+        rates[name] = counter.get_total_flops() / 1e9 / statistics.median(seconds)
+    return {"rates": rates, "flops": flops}
 
 
 def at_commit(commit: str, run: Path, clients: int) -> tuple[dict[str, float], float]:
@@ -73,32 +153,58 @@ def main() -> None:
     parser.add_argument("--clients", default="20,100")
     parser.add_argument("--baseline", default="3eee690", help="a commit to compare the last count with ('' for none)")
     parser.add_argument("--out", type=Path, default=Path("runs/publish-clients"))
+    parser.add_argument("--count-flops", type=Path, metavar="RUN", help=argparse.SUPPRESS)  # count_flops' process
     args = parser.parse_args()
+    if args.count_flops is not None:
+        with contextlib.redirect_stdout(sys.stderr):  # the analysis' own printing: standard output is the JSON
+            record = flops_and_rates(args.count_flops)
+        print(json.dumps(record))
+        return
     counts = [int(n) for n in args.clients.split(",")]
-    measured = {n: measure(args.out / f"clients{n}", n) for n in counts}
     first, last = counts[0], counts[-1]
+    for n in counts:
+        train(args.out / f"clients{n}", n)
+    arithmetic = count_flops(args.out / f"clients{last}")
+    measured = {n: analyse(args.out / f"clients{n}") for n in counts}
     base = at_commit(args.baseline, args.out / f"baseline-clients{last}", last) if args.baseline else None
-    print("FedAvg on digits, 10 rounds, every default pass at round 10, seconds per pass (1 thread):\n")
+    print("FedAvg on digits, 10 rounds, every default pass at round 10, seconds per pass (1 thread); GFLOP: the "
+          f"pass's matrix products and convolutions at {last} clients, and the rate at which it ran them:\n")
     header = "| pass | " + " | ".join(f"{n} clients" for n in counts) + f" | {last} / {first} |"
     if base is not None:
         header += f" {last} clients at {args.baseline} | now / {args.baseline} |"
+    header += f" GFLOP at {last} | GFLOP/s at {last} |"
     print(header)
-    print("|---|" + "---|" * (len(counts) + 1 + (2 if base is not None else 0)))
+    print("|---|" + "---|" * (len(counts) + 3 + (2 if base is not None else 0)))
 
-    def row(name: str, values: list[float], before: float | None) -> str:
+    def row(name: str, values: list[float], before: float | None, gflop: float | None) -> str:
         text = f"| {name} | " + " | ".join(f"{v:.1f}" for v in values) + f" | {values[-1] / values[0]:.2f}x |"
         if base is not None:
             text += f" {before:.1f} | {values[-1] / before:.2f}x |"
-        return text
+        if gflop is None:
+            return text + " | |"
+        rate = f"{gflop / values[-1]:.1f}" if gflop >= 0.05 else "-"  # no arithmetic to speak of: no rate
+        return text + f" {gflop:.1f} | {rate} |"
 
     nan = float("nan")
+    flops = arithmetic["flops"]
     for name in measured[first][0]:
         values = [measured[n][0].get(name, nan) for n in counts]
-        print(row(name, values, None if base is None else base[0].get(name, nan)))
+        print(row(name, values, None if base is None else base[0].get(name, nan), flops.get(name, nan)))
     totals = [sum(measured[n][0].values()) for n in counts]
-    print(row("every pass", totals, None if base is None else sum(base[0].values())))
+    total_gflop = sum(flops.get(name, nan) for name in measured[last][0])
+    print(row("every pass", totals, None if base is None else sum(base[0].values()), total_gflop))
     print(row("the analyze process (start to exit)", [measured[n][1] for n in counts],
-              None if base is None else base[1]))
+              None if base is None else base[1], None))
+    rates = arithmetic["rates"]
+    print(f"\nAt the {last}-client checkpoint F over the whole data ran at {rates['loss']:.1f} GFLOP/s, its gradient "
+          f"at {rates['gradient']:.1f} GFLOP/s and a Hessian-vector product at {rates['product']:.1f} GFLOP/s "
+          f"(medians of {RATE_REPEATS}).", end="")
+    if base is not None:
+        half = sum(base[0].values()) / 2
+        print(f" Every pass at {last} clients in half of {args.baseline}'s time ({half:.1f} s) would run at "
+              f"{total_gflop / half:.1f} GFLOP/s.")
+    else:
+        print()
 
 
 if __name__ == "__main__":
