@@ -14,14 +14,14 @@ the package as it was at that commit (a git worktree of it, run from there), in 
 runs of this code: the last column is this code's seconds over that code's for the same work.
 
 What the arithmetic costs: before the timed analyses, a separate process (``--count-flops RUN``) runs the last
-count's analysis once more under ``torch.utils.flop_counter``'s ``FlopCounterMode`` (slowed by it, so not
-timed) and counts each pass's floating-point operations: those of the matrix products and convolutions,
-forward and backward, 2 per multiply-add (what the counter has formulas for; activations, pooling and the
-losses are not counted; the first pass's include the layout's start-up timing, as its seconds do). Then it
-times F over the whole data, its gradient and a Hessian-vector product at the checkpoint (medians of
-``RATE_REPEATS``, in the analysis' layouts). Each pass's GFLOP over its timed seconds is the rate at which it
-ran: beside those three rates it says how far a pass is from the arithmetic of full-data batches, and the last
-line says the rate that half of the baseline's time would need.
+count's analysis once more, slowed by counting and so not timed, and counts each pass's floating-point
+operations (``FlopCount``): those of the matrix products and convolutions, forward and backward, 2 per
+multiply-add (what ``torch.utils.flop_counter`` has formulas for; activations, pooling and the losses are not
+counted; the first pass's include the layout's start-up timing, as its seconds do). Then it times F over the
+whole data, its gradient and a Hessian-vector product at the checkpoint (medians of ``RATE_REPEATS``, in the
+analysis' layouts). Each pass's GFLOP over its timed seconds is the rate at which it ran: beside those three
+rates it says how far a pass is from the arithmetic of full-data batches, and the last line says the rate that
+half of the baseline's time would need.
 Usage:
 
     .venv/bin/python benchmarks/clients_scaling.py [--clients 20,100] [--baseline 3eee690] [--out runs/publish-clients]
@@ -38,6 +38,10 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 RATE_REPEATS = 15  # timed losses, gradients and products of the rates (after one of each untimed)
 
@@ -59,6 +63,29 @@ def analyse(run: Path, cwd: Path | None = None) -> tuple[dict[str, float], float
         if "seconds" in record:
             seconds[record["pass"]] = record["seconds"]
     return seconds, wall
+
+
+class FlopCount(TorchDispatchMode):
+    """The floating-point operations of the matrix products and convolutions run under it (``gflop``), forward
+    and backward, by the formulas of ``torch.utils.flop_counter``. Not its ``FlopCounterMode``: that one's
+    module tracking holds every forward graph that is dropped without a backward pass (a sharpness ascent's
+    rejected trials), and the counted analysis grew to gigabytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.flops += formula(*args, **kwargs, out_val=out)
+        return out
+
+    @property
+    def gflop(self) -> float:
+        return self.flops / 1e9
 
 
 def train(run: Path, clients: int, cwd: Path | None = None) -> None:
@@ -84,9 +111,6 @@ def count_flops(run: Path) -> dict[str, dict[str, float]]:
 def flops_and_rates(run: Path) -> dict[str, dict[str, float]]:
     """{"flops": GFLOP of each default pass at ``run``'s last checkpoint, "rates": GFLOP/s of a full-data loss
     and gradient of F and of a Hessian-vector product there} (module docstring), one thread."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
     from landscape.analyze import scheduler
     from landscape.analyze.context import CheckpointContext
     from landscape.analyze.operator import HessianOperator
@@ -99,10 +123,9 @@ def flops_and_rates(run: Path) -> dict[str, dict[str, float]]:
     run_job = scheduler._run_job  # every job of the analysis passes through it: each pass counted alone
 
     def counted(job, *args, **kwargs):
-        counter = FlopCounterMode(display=False)
-        with counter:
+        with FlopCount() as counter:
             result = run_job(job, *args, **kwargs)
-        flops[job.name] = counter.get_total_flops() / 1e9
+        flops[job.name] = counter.gflop
         return result
 
     scheduler._run_job = counted
@@ -122,15 +145,14 @@ def flops_and_rates(run: Path) -> dict[str, dict[str, float]]:
     for name, work in (("loss", lambda: objective.loss(w)), ("gradient", lambda: objective.loss_and_grad(w)),
                        ("product", lambda: operator.matvec(v))):
         work()
-        counter = FlopCounterMode(display=False)
-        with counter:
+        with FlopCount() as counter:
             work()
         seconds = []
         for _ in range(RATE_REPEATS):
             started = time.perf_counter()
             work()
             seconds.append(time.perf_counter() - started)
-        rates[name] = counter.get_total_flops() / 1e9 / statistics.median(seconds)
+        rates[name] = counter.gflop / statistics.median(seconds)
     return {"rates": rates, "flops": flops}
 
 

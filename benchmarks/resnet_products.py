@@ -12,7 +12,10 @@ builds (its derivatives, written out here as the reference), a product with the 
 timing picks one of the last two; where they fit, auto is the kept-graph row). Beside each the memory it
 holds: the peak of the bytes allocated during one call above what was allocated before it (the profiler's
 record of CPU allocations), plus, for kept graphs, the bytes they hold (as the operator measures them for its
-memory rule); and the products' agreement. Usage:
+memory rule); the floating-point operations of one call, those of its matrix products and convolutions
+(``FlopCount`` of benchmarks/clients_scaling.py, 2 per multiply-add; GroupNorm, activations and pooling are not
+counted), and their ratio to the gradient's: what "x gradient" would be if a product ran its arithmetic at the
+gradient's rate; and the products' agreement. Usage:
 
     .venv/bin/python benchmarks/resnet_products.py [--samples 64] [--batch-size 32] [--calls 3]
 """
@@ -31,7 +34,8 @@ from landscape.analyze.operator import HessianOperator
 from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
-from hessian_vs_pyhessian import min_seconds  # benchmarks/ is on the path of a script run from it
+from clients_scaling import FlopCount  # benchmarks/ is on the path of a script run from it
+from hessian_vs_pyhessian import min_seconds
 
 
 def peak_bytes(fn) -> int:
@@ -92,8 +96,8 @@ def main() -> None:
     w = flat.vector()
     objective = Objective(flat, flat.buffers(), AnalysisData(x, y, args.batch_size), "eval")
     v = torch.randn(flat.dim, generator=g)
-    kept = HessianOperator(objective, w, keep_graph=True)
-    rebuilt = HessianOperator(objective, w, keep_graph=False)
+    kept = HessianOperator(objective, w, "double-backward", keep_graph=True)
+    rebuilt = HessianOperator(objective, w, "double-backward", keep_graph=False)  # named: auto would time one
     forward = HessianOperator(objective, w, "forward-over-reverse")
     auto = HessianOperator(objective, w, "auto", memory_budget=0)
     reference = rebuilt @ v
@@ -108,6 +112,11 @@ def main() -> None:
              "rebuilt": lambda: rebuilt @ v, "forward": lambda: forward @ v, "auto": lambda: auto @ v}
     best = min_seconds(paths, args.calls)
     held = {key: peak_bytes(fn) for key, fn in paths.items()}  # after the timing: the profiler slows calls down
+    flops = {}
+    for key, fn in paths.items():
+        with FlopCount() as counter:
+            fn()
+        flops[key] = counter.gflop
     held["kept"] += kept.graph_bytes
     held["pytorch"] += pytorch_bytes
     agreement = {key: float(torch.linalg.vector_norm(product() - reference) / torch.linalg.vector_norm(reference))
@@ -115,12 +124,13 @@ def main() -> None:
                                       ("forward", lambda: forward @ v), ("auto", lambda: auto @ v))}
     print(f"ResNet-18-GN: {flat.dim:,} parameters, {args.samples} samples of 3x32x32 in batches of "
           f"{args.batch_size}, 1 thread; minimum of {args.calls} interleaved calls:\n")
-    print("| path | seconds | x gradient | memory held (MiB) | rel. difference to the rebuilt-graph product |")
-    print("|---|---|---|---|---|")
+    print("| path | seconds | x gradient | GFLOP | x gradient's GFLOP | memory held (MiB) "
+          "| rel. difference to the rebuilt-graph product |")
+    print("|---|---|---|---|---|---|---|")
     for label, key in names.items():
         difference = f"{agreement[key]:.1e}" if key in agreement else "-"
-        print(f"| {label} | {best[key]:.2f} | {best[key] / best['gradient']:.2f}x | {held[key] / 2**20:,.0f} | "
-              f"{difference} |")
+        print(f"| {label} | {best[key]:.2f} | {best[key] / best['gradient']:.2f}x | {flops[key]:.1f} | "
+              f"{flops[key] / flops['gradient']:.2f}x | {held[key] / 2**20:,.0f} | {difference} |")
     seconds = ", ".join(f"{k} {s:.2f} s" for k, s in (auto.backend_seconds or {}).items())
     print(f"\nauto's one-off timing (one product on the first batch each): {seconds}.")
     print(f"\nThe kept gradient graphs hold {kept.graph_bytes / 2**20:,.0f} MiB for {args.samples} samples "
