@@ -10,7 +10,9 @@ and with it one ``GradientCache`` at its w. In it:
   client's objective, the client id, the batch size, the number of draws, the seed): the alignment pass's
   within-client cosines and the incompatibility pass's e_i^B use the same draws (``flatness.client_minibatches``);
 - results of deterministic computations named by a key (``remember``): the sharpness ascent of one radius,
-  which the global profile and the local-sharpness comparison both run at ``local_rho``.
+  which the global profile and the local-sharpness comparison both run at ``local_rho``, and the seeded start
+  directions of the ascents, the same for every radius, profile and client (8 Gaussian vectors of the
+  model's size, drawn once per checkpoint rather than once per client).
 
 A cached value is the value the same call computes without the cache (it is that call, made once), so the
 numbers of every pass are bitwise those of the uncached path; the functions take the cache as an optional

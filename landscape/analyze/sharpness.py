@@ -174,9 +174,10 @@ def sharpness_profile(
     ascents from ``starts`` starting points, the centre (trial 1 = SAM) and ``starts - 1`` seeded random points
     on the sphere, each at most ``steps`` trials, stopped at relative tolerance ``tol`` (``ascent``).
 
-    ``gradients`` (``gradient_cache``): F(x) and grad F(x) from it, and each radius's ascent kept there, so
-    that a later request for the same ascent (``local_sharpness``'s global S_rho at a radius of the profile)
-    is not run again; the numbers are those of the uncached call."""
+    ``gradients`` (``gradient_cache``): F(x) and grad F(x) from it, the seeded start directions, and each
+    radius's ascent kept there, so that a later request for the same ascent (``local_sharpness``'s global
+    S_rho at a radius of the profile) is not run again, nor the directions drawn again for another profile or
+    client; the numbers are those of the uncached call."""
     rhos = [float(r) for r in rhos]
     if not rhos:
         raise LandscapeError("rhos is empty: give at least one radius")
@@ -189,7 +190,11 @@ def sharpness_profile(
     if not (math.isfinite(loss0) and bool(torch.isfinite(grad0).all())):
         raise LandscapeError(f"F(x) = {loss0:g} or its gradient is not finite (a weight or an input is nan or inf): "
                              "no sharpness can be measured there")
-    directions = unit_directions(w, seed, starts)
+    if gradients is None:
+        directions = unit_directions(w, seed, starts)
+    else:  # the same for every radius, profile and client of the checkpoint
+        directions = gradients.remember(("start directions", int(seed), int(starts)), w,
+                                        lambda: unit_directions(w, seed, starts))
 
     def ascent(rho: float) -> dict[str, Any]:
         return multistart(Ball(objective, w, rho, steps, float(tol), scale, loss0), grad0, directions)

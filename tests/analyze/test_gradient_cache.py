@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from landscape.analyze import sharpness
 from landscape.analyze.alignment import gradient_alignment, minibatch_alignment
 from landscape.analyze.catalog import load_passes, pass_options
 from landscape.analyze.context import CheckpointContext
@@ -92,16 +93,25 @@ def test_functions_give_their_numbers_with_and_without_the_cache(six_round_run):
     cache = GradientCache(w)
     for cached, plain in zip(measure(cache), measure(None)):
         _assert_equal(vars(cached), vars(plain), type(plain).__name__)
-    # grad F once, each grad F_i once, each client's draws once, the global ascents at 0.02 and 0.05 once
-    assert cache.misses == 1 + len(clients) + len(clients) + 2 + len(clients) * 1
+    # grad F once, each grad F_i once, each client's draws once, the start directions once, the global ascents
+    # at 0.02 and 0.05 once, each client's ascent once
+    assert cache.misses == 1 + len(clients) + len(clients) + 1 + 2 + len(clients) * 1
     assert cache.hits > 0
 
 
-def test_each_shared_quantity_is_computed_once_per_checkpoint(six_round_run):
+def test_each_shared_quantity_is_computed_once_per_checkpoint(six_round_run, monkeypatch):
     """Across alignment, incompatibility and sharpness: grad F at x and each grad F_i at x once, each
-    client's minibatch gradients once (counted where the objectives compute them)."""
+    client's minibatch gradients once (counted where the objectives compute them), the ascents' start
+    directions once for both profiles and every client."""
     ctx = _context(six_round_run)
     calls: dict[str, int] = {}
+    draw = sharpness.unit_directions
+
+    def directions(*args):
+        calls["directions"] = calls.get("directions", 0) + 1
+        return draw(*args)
+
+    monkeypatch.setattr(sharpness, "unit_directions", directions)
 
     def counted(name, method):
         def wrapper(v, *args, **kwargs):
@@ -117,7 +127,7 @@ def test_each_shared_quantity_is_computed_once_per_checkpoint(six_round_run):
     passes = load_passes()
     for name, options in PASSES[:3]:
         passes.get(name).factory(ctx, pass_options(name, options))
-    assert calls["global"] == 1
+    assert calls["global"] == 1 and calls["directions"] == 1
     for i in range(ctx.num_clients):
         assert calls[f"client {i}"] == 1
         assert calls[f"client {i} minibatch"] == 3  # the 3 draws, for alignment and incompatibility together
