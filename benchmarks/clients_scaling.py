@@ -21,8 +21,7 @@ counted; the first pass's include the layout's start-up timing, as its seconds d
 whole data, its gradient and a Hessian-vector product at the checkpoint (medians of ``RATE_REPEATS``, in the
 analysis' layouts). Each pass's GFLOP over its timed seconds is the rate at which it ran: beside those three
 rates it says how far a pass is from the arithmetic of full-data batches, and the last line says the rate that
-half of the baseline's time would need.
-Usage:
+half of the baseline's time would need. Usage:
 
     .venv/bin/python benchmarks/clients_scaling.py [--clients 20,100] [--baseline 3eee690] [--out runs/publish-clients]
 """
@@ -32,9 +31,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
-import statistics
 import tempfile
 import time
 from pathlib import Path

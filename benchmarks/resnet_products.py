@@ -97,7 +97,7 @@ def main() -> None:
     objective = Objective(flat, flat.buffers(), AnalysisData(x, y, args.batch_size), "eval")
     v = torch.randn(flat.dim, generator=g)
     kept = HessianOperator(objective, w, "double-backward", keep_graph=True)
-    rebuilt = HessianOperator(objective, w, "double-backward", keep_graph=False)  # named: auto would time one
+    rebuilt = HessianOperator(objective, w, "double-backward", keep_graph=False)  # by name: auto picks by a timing
     forward = HessianOperator(objective, w, "forward-over-reverse")
     auto = HessianOperator(objective, w, "auto", memory_budget=0)
     reference = rebuilt @ v
