@@ -300,10 +300,8 @@ def check_model_data(flat: FlatModel, buffers: dict[str, Tensor], data: Analysis
     w = flat.vector()
     xb = xb.to(w.device, w.dtype) if xb.is_floating_point() else xb.to(w.device)
     yb = yb.to(w.device)
-    was_training = flat.module.training
     try:
-        flat.module.train(False)
-        with torch.no_grad():
+        with flat.mode(False), torch.no_grad():
             outputs = flat.logits(w, xb, buffers)
     except LandscapeError:
         raise
@@ -311,8 +309,6 @@ def check_model_data(flat: FlatModel, buffers: dict[str, Tensor], data: Analysis
         dtype = str(xb.dtype).replace("torch.", "")
         raise LandscapeError(f"{name}: the model's forward pass fails on its first batch (inputs "
                              f"{_shape(xb)} {dtype}): {_first_line(e)}") from None
-    finally:
-        flat.module.train(was_training)
     batch = stop - start
     if not isinstance(outputs, Tensor) or not outputs.is_floating_point():
         what = f"{outputs.dtype} outputs" if isinstance(outputs, Tensor) else _describe(outputs)

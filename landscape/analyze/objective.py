@@ -108,13 +108,9 @@ class Objective:
 
     @contextlib.contextmanager
     def bn_mode_context(self) -> Iterator[None]:
-        """Set the module's training flag for this BN mode; always restore it."""
-        was_training = self.module.training
-        self.module.train(self.bn_mode == "train-batch-stats")
-        try:
+        """The module's training flag for this BN mode inside the block (``FlatModel.mode``; restored after)."""
+        with self.flat.mode(self.bn_mode == "train-batch-stats"):
             yield
-        finally:
-            self.module.train(was_training)
 
     def buffers_for(self, w: Tensor) -> dict[str, Tensor]:
         """The BatchNorm buffers an evaluation at w uses under this BN mode (a throw-away copy, the statistics
@@ -270,15 +266,13 @@ def recompute_bn_statistics(
             value.zero_()
         elif name.endswith("running_var"):
             value.fill_(1.0)
-    was_training = flat.module.training
     try:
         for m in bns:
             m.momentum = None  # cumulative moving average = exact mean over the batches
-        flat.module.train()
-        for xb, _ in data.batches():
-            flat.logits(w, xb, fresh)
+        with flat.mode(True):
+            for xb, _ in data.batches():
+                flat.logits(w, xb, fresh)
     finally:
         for m, momentum in saved:
             m.momentum = momentum
-        flat.module.train(was_training)
     return fresh

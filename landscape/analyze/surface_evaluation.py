@@ -81,8 +81,6 @@ def _channels_last_parameters(objective: Objective, w: Tensor) -> dict[str, Tens
 def _cell_one_pass(objective: Objective, w: Tensor) -> tuple[float, float]:
     """(F(w), accuracy) in one pass over the data, with the objective's BN handling (the sums of ``loss``);
     on the CPU with channels-last convolution weights (``_channels_last_parameters``)."""
-    from torch.func import functional_call
-
     buffers = objective.buffers_for(w)
     channels_last = w.device.type == "cpu"
     tensors = {**(_channels_last_parameters(objective, w) if channels_last else objective.flat.params(w)),
@@ -91,7 +89,7 @@ def _cell_one_pass(objective: Objective, w: Tensor) -> tuple[float, float]:
     correct = torch.zeros((), dtype=torch.long, device=w.device)
     with objective.bn_mode_context():
         for xb, yb in objective.data.batches():
-            logits = functional_call(objective.module, tensors, (xb,))
+            logits = objective.flat.call(tensors, xb)
             total += objective.summed_loss(logits, yb).double()
             correct += objective.num_correct(logits, yb)
     n = len(objective.data)

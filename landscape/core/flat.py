@@ -93,6 +93,32 @@ class FlatModel:
         self.channels_last = False
         self._parameter_names = frozenset(n for n, _ in named)  # buffers keep their layout (updated in place)
         self._forward = self._call_module
+        self._modules = list(module.modules())  # for ``mode``: every module's training flag
+        # functional_call's tie_weights=True looks for tied tensors on every call (a tenth of a millisecond on
+        # the digits CNN, as much as the forward pass of a small client): only a model with a tensor under two
+        # names, a tie it must keep, pays for it
+        self._tied = _has_tied_tensors(module)
+
+    @contextlib.contextmanager
+    def mode(self, training: bool) -> Iterator[None]:
+        """The module in training (True) or eval (False) mode inside the block (``module.train(training)``),
+        every module's own flag restored after; nothing is set when every flag already is ``training`` (an
+        evaluation on a small client pays for no mode switch)."""
+        if all(m.training == training for m in self._modules):
+            yield
+            return
+        saved = [m.training for m in self._modules]
+        self.module.train(training)
+        try:
+            yield
+        finally:
+            for m, flag in zip(self._modules, saved):
+                m.training = flag
+
+    def call(self, tensors: dict[str, Tensor], x: Tensor) -> Tensor:
+        """``torch.func.functional_call`` of the module at ``tensors`` (parameters and constants by name) on
+        ``x``: the one way every evaluation calls the model (vmapped ones included)."""
+        return functional_call(self.module, tensors, (x,), tie_weights=self._tied)
 
     @contextlib.contextmanager
     def layout(self, channels_last: bool) -> Iterator[None]:
@@ -116,7 +142,7 @@ class FlatModel:
         if self.channels_last:
             tensors = {n: channels_last_copy(t) if n in self._parameter_names else t for n, t in tensors.items()}
             x = channels_last_copy(x)
-        return functional_call(self.module, tensors, (x,))
+        return self.call(tensors, x)
 
     # -- conversions ------------------------------------------------------------------------------------
     def _constants(self) -> dict[str, Tensor]:
@@ -193,9 +219,7 @@ class FlatModel:
         self, w: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor, batch_size: int = 1024
     ) -> tuple[float, float]:
         """(mean cross-entropy, accuracy) over a whole data set, eval mode, batches weighted by size."""
-        was_training = self.module.training
-        self.module.eval()
-        try:
+        with self.mode(False):
             total_loss = torch.zeros((), dtype=torch.float64, device=w.device)
             correct = torch.zeros((), dtype=torch.long, device=w.device)
             for start in range(0, len(y), batch_size):
@@ -203,7 +227,12 @@ class FlatModel:
                 out = self.logits(w, xb, buffers)
                 total_loss += F.cross_entropy(out, yb, reduction="sum").double()
                 correct += (out.argmax(dim=1) == yb).sum()
-        finally:
-            self.module.train(was_training)
         n = max(len(y), 1)
         return total_loss.item() / n, correct.item() / n
+
+
+def _has_tied_tensors(module: nn.Module) -> bool:
+    """Whether one parameter or buffer tensor of ``module`` is reachable under two names (tied weights)."""
+    tensors = [t for _, t in module.named_parameters(remove_duplicate=False)]
+    tensors += [t for _, t in module.named_buffers(remove_duplicate=False)]
+    return len({id(t) for t in tensors}) < len(tensors)

@@ -131,16 +131,11 @@ def training_step_timer(flat: FlatModel, x: Tensor, y: Tensor, buffers: dict[str
     w = flat.vector()
 
     def time_step(channels_last: bool) -> float:
-        training = flat.module.training
-        flat.module.train()
-        try:
-            with flat.layout(channels_last), torch.random.fork_rng(devices=[]), context():
-                stats = {k: v.clone() for k, v in buffers.items()}
-                start = clock()
-                flat.loss_and_grad(w, x, y, stats)
-                return clock() - start
-        finally:
-            flat.module.train(training)
+        with flat.mode(True), flat.layout(channels_last), torch.random.fork_rng(devices=[]), context():
+            stats = {k: v.clone() for k, v in buffers.items()}
+            start = clock()
+            flat.loss_and_grad(w, x, y, stats)
+            return clock() - start
 
     return time_step
 

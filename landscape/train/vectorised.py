@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import grad_and_value, vmap
 
 from landscape.core import parallel
 from landscape.core.flat import FlatModel
@@ -133,7 +133,7 @@ class StackedOracle:
 
     def __init__(self, flat: FlatModel) -> None:
         def loss(w: Tensor, x: Tensor, y: Tensor, constants: dict[str, Tensor]) -> Tensor:
-            return F.cross_entropy(functional_call(flat.module, {**flat.params(w), **constants}, (x,)), y)
+            return F.cross_entropy(flat.call({**flat.params(w), **constants}, x), y)
 
         self._step = vmap(grad_and_value(loss), in_dims=(0, 0, 0, None))
 
