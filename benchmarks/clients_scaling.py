@@ -10,8 +10,11 @@ about 5x the time at 100 clients; one that does more than one pass of the data p
 grows faster.
 
 ``--baseline COMMIT`` (default: 3eee690, where issue 23 began) also trains and analyses the 100-client run with
-the package as it was at that commit (a git worktree of it, run from there), in the same process, after the
-runs of this code: the last column is this code's seconds over that code's for the same work.
+the package as it was at that commit (a git worktree of it, run from there), in the same process: the
+100-client analyses of this code and of that one alternate, this, that, that, this (``--pairs`` such rounds),
+and each side's seconds are the mean of its analyses, so that a machine whose speed drifts during the
+benchmark (a shared host) weighs on both alike; "now / COMMIT" is this code's seconds over that code's for
+the same work.
 
 What the arithmetic costs: before the timed analyses, a separate process (``--count-flops RUN``) runs the last
 count's analysis once more, slowed by counting and so not timed, and counts each pass's floating-point
@@ -23,7 +26,8 @@ analysis' layouts). Each pass's GFLOP over its timed seconds is the rate at whic
 rates it says how far a pass is from the arithmetic of full-data batches, and the last line says the rate that
 half of the baseline's time would need. Usage:
 
-    .venv/bin/python benchmarks/clients_scaling.py [--clients 20,100] [--baseline 3eee690] [--out runs/publish-clients]
+    .venv/bin/python benchmarks/clients_scaling.py [--clients 20,100] [--baseline 3eee690] [--pairs 1]
+        [--out runs/publish-clients]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -94,12 +99,6 @@ def train(run: Path, clients: int, cwd: Path | None = None) -> None:
                         "--overwrite"], check=True, stdout=subprocess.DEVNULL, cwd=cwd)
 
 
-def measure(run: Path, clients: int, cwd: Path | None = None) -> tuple[dict[str, float], float]:
-    """``train`` ``run``, then analyse it (both by the package in ``cwd``)."""
-    train(run, clients, cwd)
-    return analyse(run, cwd)
-
-
 def count_flops(run: Path) -> dict[str, dict[str, float]]:
     """``flops_and_rates`` of ``run`` in a process of its own (this script with ``--count-flops``)."""
     done = subprocess.run([sys.executable, __file__, "--count-flops", str(run)], check=True, stdout=subprocess.PIPE,
@@ -155,27 +154,66 @@ def flops_and_rates(run: Path) -> dict[str, dict[str, float]]:
     return {"rates": rates, "flops": flops}
 
 
-def at_commit(commit: str, run: Path, clients: int) -> tuple[dict[str, float], float]:
-    """``measure`` by the package as it was at ``commit``: a detached git worktree, removed afterwards."""
+@contextlib.contextmanager
+def worktree(commit: str) -> Iterator[Path]:
+    """The package as it was at ``commit``: a detached git worktree (a working directory for ``train`` and
+    ``analyse``: `python -m` imports the package of its cwd first), removed afterwards."""
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=root, check=True,
                        capture_output=True)
         try:
-            return measure(run.resolve(), clients, cwd=tree)  # `python -m` imports the package of its cwd first
+            yield tree
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=root, check=True,
                            capture_output=True)
+
+
+def mean_of(analyses: list[tuple[dict[str, float], float]]) -> tuple[dict[str, float], float]:
+    """Each pass's mean seconds over ``analyses`` (``analyse``'s results of the same run), and the process's."""
+    passes = analyses[0][0]
+    return ({name: statistics.fmean(a[0][name] for a in analyses) for name in passes},
+            statistics.fmean(a[1] for a in analyses))
+
+
+def alternating(run: Path, base_run: Path, tree: Path, pairs: int) -> tuple[tuple, tuple]:
+    """(this code's, the worktree's) mean ``analyse`` of ``run`` and of ``base_run``, in the order this, that,
+    that, this for each of ``pairs`` rounds."""
+    ours: list = []
+    theirs: list = []
+    for _ in range(pairs):
+        ours.append(analyse(run))
+        theirs.append(analyse(base_run, cwd=tree))
+        theirs.append(analyse(base_run, cwd=tree))
+        ours.append(analyse(run))
+    return mean_of(ours), mean_of(theirs)
+
+
+def timings(out: Path, counts: list[int], baseline: str, pairs: int) -> tuple[dict[int, tuple], tuple | None]:
+    """({count: ``analyse`` of its run}, the baseline's ``analyse`` of the last count's run or None): with a
+    baseline, the last count's analyses alternate with the baseline's (``alternating``)."""
+    if not baseline:
+        return {n: analyse(out / f"clients{n}") for n in counts}, None
+    last = counts[-1]
+    base_run = (out / f"baseline-clients{last}").resolve()
+    with worktree(baseline) as tree:
+        train(base_run, last, cwd=tree)
+        measured = {n: analyse(out / f"clients{n}") for n in counts[:-1]}
+        measured[last], base = alternating(out / f"clients{last}", base_run, tree, pairs)
+    return measured, base
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", default="20,100")
     parser.add_argument("--baseline", default="3eee690", help="a commit to compare the last count with ('' for none)")
+    parser.add_argument("--pairs", type=int, default=1, help="rounds of this, that, that, this (with --baseline)")
     parser.add_argument("--out", type=Path, default=Path("runs/publish-clients"))
     parser.add_argument("--count-flops", type=Path, metavar="RUN", help=argparse.SUPPRESS)  # count_flops' process
     args = parser.parse_args()
+    if args.pairs < 1:
+        parser.error(f"--pairs must be at least 1 (got {args.pairs})")
     if args.count_flops is not None:
         with contextlib.redirect_stdout(sys.stderr):  # the analysis' own printing: standard output is the JSON
             record = flops_and_rates(args.count_flops)
@@ -186,10 +224,12 @@ def main() -> None:
     for n in counts:
         train(args.out / f"clients{n}", n)
     arithmetic = count_flops(args.out / f"clients{last}")
-    measured = {n: analyse(args.out / f"clients{n}") for n in counts}
-    base = at_commit(args.baseline, args.out / f"baseline-clients{last}", last) if args.baseline else None
-    print("FedAvg on digits, 10 rounds, every default pass at round 10, seconds per pass (1 thread); GFLOP: the "
-          f"pass's matrix products and convolutions at {last} clients, and the rate at which it ran them:\n")
+    measured, base = timings(args.out, counts, args.baseline, args.pairs)
+    alternated = (f" (at {last} clients the mean of {2 * args.pairs} analyses, alternating with "
+                  f"{args.baseline}'s)") if base is not None else ""
+    print(f"FedAvg on digits, 10 rounds, every default pass at round 10, seconds per pass{alternated} (1 thread); "
+          f"GFLOP: the pass's matrix products and convolutions at {last} clients, and the rate at which it ran "
+          "them:\n")
     header = "| pass | " + " | ".join(f"{n} clients" for n in counts) + f" | {last} / {first} |"
     if base is not None:
         header += f" {last} clients at {args.baseline} | now / {args.baseline} |"

@@ -13,9 +13,14 @@ interleaved, minimum over ``--calls`` calls after one warm-up each (``min_second
   Hessian-vector product through the kept gradient graphs (``HessianOperator``, double-backward), with the
   product as it was before issue 23 for comparison (the flat-vector formulation, PyTorch's own derivatives of
   convolutions, ReLU and max-pools); the operator's product is checked to equal the flat-vector one in graphs
-  built alike (``landscape.analyze.gradient_graphs``).
+  built alike (``landscape.analyze.gradient_graphs``);
+- one small client's data (the first ``CLIENT`` samples: 1,437 over 100 clients), where the fixed cost of a
+  call weighs most (a sharpness ascent on a client is thousands of such calls): the plain loss (the module's
+  cross-entropy under ``torch.no_grad``) against ``Objective.loss``, and the plain gradient against
+  ``Objective.loss_and_grad``; each timed call runs ``CLIENT_CALLS`` of them and the table gives one.
 
-Prints one Markdown table (the ratio to the plain gradient of the same data). Usage:
+Prints one Markdown table: each row's ratio to the plain row of its scope (the first of the scope, the same data
+and the same quantity). Usage:
 
     .venv/bin/python benchmarks/gradient_overhead.py [--calls 20] [--models mlp,cnn]
 """
@@ -41,6 +46,8 @@ from landscape.models import build_model
 from hessian_vs_pyhessian import min_seconds  # benchmarks/ is on the path of a script run from it
 
 BATCH = 512
+CLIENT = 14  # samples of a small client (digits at 100 clients)
+CLIENT_CALLS = 20  # evaluations per timed call of a client row (one alone is too short to time)
 MODELS = {"mlp": ("mlp", {"hidden": [774, 774]}), "cnn": ("cnn", {})}
 
 
@@ -83,8 +90,22 @@ def flat_vector_product(flat: FlatModel, w: torch.Tensor, data: AnalysisData, ou
     return product
 
 
+def plain_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy as plain PyTorch evaluates it, without a graph."""
+    with torch.no_grad():
+        return F.cross_entropy(module(x), y)
+
+
+def repeated(fn, count: int):
+    """``fn`` called ``count`` times in one call."""
+    def run() -> None:
+        for _ in range(count):
+            fn()
+    return run
+
+
 def rows_for(name: str, x: torch.Tensor, y: torch.Tensor, calls: int) -> list[tuple[str, str, float, float]]:
-    """(model, path, seconds, ratio to the plain gradient of the same data) for one model."""
+    """(model, path, seconds of one call, ratio to the plain row of its scope) for one model."""
     kind, options = MODELS[name]
     torch.manual_seed(0)
     module = build_model(kind, (1, 8, 8), 10, options).eval()
@@ -92,6 +113,8 @@ def rows_for(name: str, x: torch.Tensor, y: torch.Tensor, calls: int) -> list[tu
     w = flat.vector()
     data = AnalysisData(x, y, BATCH)
     objective = Objective(flat, flat.buffers(), data, "eval")
+    xc, yc = x[:CLIENT], y[:CLIENT]
+    client = objective.with_data(AnalysisData(xc, yc, BATCH))
     batches = list(data.batches())
     xb, yb = batches[0]
     kept = HessianOperator(objective, w, "double-backward", keep_graph=True)
@@ -108,13 +131,23 @@ def rows_for(name: str, x: torch.Tensor, y: torch.Tensor, calls: int) -> list[tu
         "set: Objective.loss_and_grad": lambda: objective.loss_and_grad(w),
         "set: HVP through the kept graphs": lambda: kept @ v,
         "set: HVP through kept flat-vector graphs, PyTorch's own derivatives (before)": lambda: before(v),
+        f"client of {CLIENT}, F: plain loss": repeated(lambda: plain_loss(module, xc, yc), CLIENT_CALLS),
+        f"client of {CLIENT}, F: Objective.loss": repeated(lambda: client.loss(w), CLIENT_CALLS),
+        f"client of {CLIENT}, gradient: plain gradient": repeated(lambda: plain_gradient(module, [(xc, yc)], CLIENT),
+                                                              CLIENT_CALLS),
+        f"client of {CLIENT}, gradient: Objective.loss_and_grad": repeated(lambda: client.loss_and_grad(w),
+                                                                       CLIENT_CALLS),
     }
     best = min_seconds(paths, calls)
     label = f"{name} ({flat.dim:,} parameters)"
     out = []
+    plain: dict[str, float] = {}  # scope -> its first row's seconds
     for path, seconds in best.items():
+        if path.startswith("client"):
+            seconds /= CLIENT_CALLS
         scope = path.split(":")[0]
-        out.append((label, path, seconds, seconds / best[f"{scope}: plain gradient"]))
+        plain.setdefault(scope, seconds)
+        out.append((label, path, seconds, seconds / plain[scope]))
     return out
 
 
@@ -128,11 +161,12 @@ def main() -> None:
     bundle = load_dataset("digits", root=args.root, download=False, augment=False, num_clients=1, seed=0,
                           options={})
     x, y = bundle.train.x, bundle.train.y
-    print(f"| model | path ({len(y):,} samples; batch: the first {BATCH}) | ms | x plain gradient |")
+    print(f"| model | path ({len(y):,} samples; batch: the first {BATCH}; client: the first {CLIENT}) | ms | "
+          "x plain |")
     print("|---|---|---|---|")
     for name in args.models.split(","):
         for label, path, seconds, ratio in rows_for(name, x, y, args.calls):
-            print(f"| {label} | {path} | {seconds * 1e3:.2f} | {ratio:.2f}x |", flush=True)
+            print(f"| {label} | {path} | {seconds * 1e3:.{2 if seconds >= 0.01 else 3}f} | {ratio:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":
