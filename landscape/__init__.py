@@ -5,7 +5,8 @@ run, which the figures read too; a folder of runs gives the list of its runs), `
 analysis result of the run, a pandas DataFrame) and ``landscape.results(paths)`` (the same for many runs);
 analysis of any model on any data, with no run directory: ``landscape.hessian_eigs(model, data, k=5)``,
 ``landscape.trace``, ``landscape.density``, ``landscape.sharpness``, ``landscape.surface``,
-``landscape.flatness_distance`` (see ``landscape.api``). ``dir(landscape)`` lists exactly these names
+``landscape.flatness_distance`` (see ``landscape.api``); a run recorded from a training loop of your own:
+``landscape.RunWriter`` (see ``landscape.store.run_writer``). ``dir(landscape)`` lists exactly these names
 (``__all__``).
 """
 
@@ -17,6 +18,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "LandscapeError": "landscape.core.errors",
     "Run": "landscape.store.run",
+    "RunWriter": "landscape.store.run_writer",
     "open_run": "landscape.store.run",
     "results": "landscape.store.run",
     "DEFAULT_THREADS": "landscape.api",
@@ -39,6 +41,8 @@ def __getattr__(name: str):
         from landscape import api as module  # static imports, which the import contracts see
     elif module == "landscape.store.run":
         from landscape.store import run as module
+    elif module == "landscape.store.run_writer":
+        from landscape.store import run_writer as module
     elif module == "landscape.core.errors":
         from landscape.core import errors as module
     else:

@@ -27,7 +27,13 @@ from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.core.memory_format import CONTIGUOUS, MemoryFormatChoice, choose_memory_format
-from landscape.store.checkpoints import Checkpoint, load_client_models, non_finite_weights
+from landscape.store.checkpoints import (
+    Checkpoint,
+    check_model_state,
+    load_checkpoint,
+    load_client_models,
+    non_finite_weights,
+)
 
 
 # The samples of the analysis data on which "auto" times the two layouts: enough that the timing measures the
@@ -195,7 +201,21 @@ class CheckpointContext:
         return self.load_global(path, analysed=False)
 
     def broadcast_start(self) -> Tensor | None:
-        """s^t, the model this round's clients started their local steps from, when round t-1 was checkpointed:
+        """s^t, the model this round's clients started their local steps from: recorded beside their models
+        (``start`` in ``round-NNNN.clients.pt``, run format 2: written by the trainer and ``RunWriter``), so no
+        algorithm is needed to find it. A run written before the format recorded it has it rebuilt when round
+        t-1 was checkpointed (``rebuilt_start``); else None."""
+        path = self.source.clients_checkpoint(self.round)
+        if path.is_file():
+            start = load_checkpoint(path).get("start")
+            if start is not None:
+                check_model_state(start, self.reference_state, self.source.model_name, f"{path} (start)",
+                                  self.source.run_dtype)
+                return self.flat.from_state_dict(start)[0].to(self.device, self.dtype)
+        return self.rebuilt_start()
+
+    def rebuilt_start(self) -> Tensor | None:
+        """s^t of a run written before the run format recorded it, when round t-1 was checkpointed:
         s^t = A.start_point(A.broadcast(x^{t-1}, server_state^{t-1}, t-1)), with A the run's algorithm rebuilt
         from its recipe (``build_algorithm``, as the trainer builds it) and x^{t-1} and its server state from
         checkpoint ``round-(t-1)``. It is x^{t-1} for FedAvg and every rule that sends the global model, the

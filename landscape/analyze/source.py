@@ -45,7 +45,7 @@ class Source:
     def setup(self) -> DataSetup:
         if self._setup is None:
             self.recipe.require_entries()  # a data set or partition only its untrusted imports provide: refused
-            self._setup = prepare_data(self.recipe)
+            self._setup = prepare_data(self.recipe, self.run_dir.partition if self.run_dir else None)
         return self._setup
 
     def clients_checkpoint(self, round: int) -> Path:

@@ -121,3 +121,14 @@ def call_factory(spec: str, what: str) -> Any:
         raise
     except BaseException as e:  # noqa: BLE001 - the user's factory failed: one line naming it
         raise LandscapeError(f"{what} '{spec}' failed: {_one_line(e)}") from None
+
+
+def check_factory_spec(spec: object, where: str) -> None:
+    """``spec`` names a function by ``package.module:function`` (never ``__main__``, which another process
+    cannot import), or a one-line error naming ``where`` it was given."""
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise LandscapeError(f"{where} must name a function as package.module:function (got {spec!r:.80})")
+    if spec.split(":")[0] == "__main__":
+        raise LandscapeError(f"{where} '{spec}' is in the script being run (__main__), which the analysis cannot "
+                             "import: put the function in a module of its own (e.g. mylab/nets.py: "
+                             "mylab.nets:make_net)")

@@ -174,6 +174,25 @@ def _import_modules(modules: tuple[str, ...], recorded: bool, trust_imports: boo
     return tuple(m for m in modules if m not in sys.modules)
 
 
+# Entry options that name a function of the user's own (package.module:function): its module is imported as the
+# recipe's ``imports`` are (a recorded recipe's only when trusted).
+FACTORY_OPTIONS = {("model", "factory"): ("factory",), ("dataset", "factory"): ("train", "test")}
+
+
+def _factories(raw: dict) -> dict[str, str]:
+    """The module of each function a raw recipe's entries name ({module: "model factory 'pkg.mod:make'"})."""
+    found: dict[str, str] = {}
+    for (section, entry), keys in FACTORY_OPTIONS.items():
+        table = raw.get(section)
+        if not isinstance(table, dict) or table.get("name") != entry:
+            continue
+        for key in keys:
+            spec = table.get(key)
+            if isinstance(spec, str) and spec.count(":") == 1 and spec.split(":")[0]:
+                found.setdefault(spec.split(":")[0], f"{section} {key} '{spec}'")
+    return found
+
+
 def _table(raw: dict, section: str) -> dict:
     given = raw.get(section, {})
     if not isinstance(given, dict):
@@ -260,8 +279,11 @@ def resolve(raw: dict, *, algorithms: bool = True, recorded: bool = False, trust
         raise LandscapeError("a recipe must be a TOML table")
     top = _top_level(raw)
     regs = registries(algorithms)
-    unimported = _import_modules(top.imports, recorded, trust_imports)
-    missing: list[str] = []  # entries of a recorded recipe that only its not-imported modules can provide
+    factories = _factories(raw)
+    unimported = _import_modules(top.imports + tuple(m for m in factories if m not in top.imports), recorded,
+                                 trust_imports)
+    # entries of a recorded recipe that only its not-imported modules can provide
+    missing: list[str] = [what for module, what in factories.items() if module in unimported]
     sections: dict[str, Any] = {}
     for section in SECTIONS:
         given = _table(raw, section)

@@ -11,6 +11,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -86,8 +87,10 @@ class DataSetup:
     histogram: np.ndarray
 
 
-def prepare_data(recipe: recipes.Recipe) -> DataSetup:
-    """Load the data set and partition it exactly as the recipe says (no files written)."""
+def prepare_data(recipe: recipes.Recipe, partition_file: Path | None = None) -> DataSetup:
+    """Load the data set and partition it exactly as the recipe says (no files written). The partition
+    ``recorded`` (a run written by ``landscape.RunWriter`` or ``landscape import``) is read from
+    ``partition_file``, the run's partition.json (checked: ``store.checkpoints.read_partition``)."""
     ds, part = recipe.dataset, recipe.partition
     # A download goes to one shared folder: rank 0 fetches, the other ranks then read what it fetched.
     with parallel.main_first() if ds.download else contextlib.nullcontext():
@@ -101,6 +104,11 @@ def prepare_data(recipe: recipes.Recipe) -> DataSetup:
             options=dict(ds.options),
         )
     labels = bundle.train.y.numpy()
+    natural = bundle.natural_partition
+    if part.name == "recorded" and partition_file is not None and Path(partition_file).is_file():
+        from landscape.store.checkpoints import read_partition
+
+        natural = read_partition(Path(partition_file), len(labels), part.clients, recorded=True)
     indices = make_partition(
         part.name,
         labels,
@@ -108,7 +116,7 @@ def prepare_data(recipe: recipes.Recipe) -> DataSetup:
         num_classes=bundle.num_classes,
         seed=recipe.seed,
         options=dict(part.options),
-        natural=bundle.natural_partition,
+        natural=natural,
     )
     return DataSetup(bundle, indices, class_histogram(labels, indices, bundle.num_classes))
 

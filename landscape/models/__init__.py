@@ -200,3 +200,6 @@ class ResNetOptions:
 def _build_resnet18(input_shape: tuple[int, ...], num_classes: int, opts: ResNetOptions) -> nn.Module:
     c, _, _ = _image_shape("resnet18", input_shape)
     return ResNet18(c, num_classes, norm_factory(opts.norm, opts.groups))
+
+
+from landscape.models import factory as _factory  # noqa: E402,F401 - registers the "factory" model

@@ -361,14 +361,19 @@ def _partition_from_record(text: str, num_samples: int, num_clients: int | None)
     return out, ""
 
 
-def read_partition(path: Path, num_samples: int, num_clients: int | None = None) -> list[np.ndarray]:
+def read_partition(path: Path, num_samples: int, num_clients: int | None = None, *,
+                   recorded: bool = False) -> list[np.ndarray]:
     """The per-client index arrays of a partition.json, checked (JSON, one list of whole numbers per client,
-    every index one of the ``num_samples`` training samples, no sample twice); else a one-line error."""
+    every index one of the ``num_samples`` training samples, no sample twice); else a one-line error.
+    ``recorded``: the partition is the run's record (partition ``recorded``), not drawn from its seed."""
     try:
         text = Path(path).read_text(errors="replace")
     except OSError as e:
         raise LandscapeError(f"cannot read {path}: {os_reason(e)}") from None
     parts, problem = _partition_from_record(text, num_samples, num_clients)
+    if problem and recorded:
+        raise LandscapeError(f"{path} {problem}: the clients' split recorded with the run is damaged or is "
+                             "another data set's")
     if problem:
         raise LandscapeError(f"{path} {problem}; it is not this run's partition (the recipe's seed makes it: "
                              "`landscape train --resume` writes it again)")

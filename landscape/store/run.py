@@ -146,7 +146,7 @@ class Run:
             from landscape.config.setup import prepare_data
 
             self.recipe.require_entries()  # a data set or partition only its untrusted imports provide
-            self._setup = prepare_data(self.recipe)
+            self._setup = prepare_data(self.recipe, self.dir.partition)
         return self._setup
 
     def data(self):

@@ -181,7 +181,8 @@ class Trainer(TrainerCheckpoints):
             swa_count += 1
         server_tensors = [x_new, *server_state.named().values(), *new_buffers.values()]
         parallel.broadcast_tensors(server_tensors + ([swa_model] if swa_model is not None else []))
-        new_state = TrainerState(t + 1, x_new, new_buffers, server_state, client_states, swa_model, swa_count)
+        new_state = TrainerState(t + 1, x_new, new_buffers, server_state, client_states, swa_model, swa_count,
+                                 (self.algorithm.start_point(message), state.buffers))
 
         # Flatness distance (docs/metrics.md), the FedNSAM paper's: Delta_D = mean_S ||y_{i,K} - ybar||^2 around the
         # clients' mean ybar; the distance to the new global model x^{t+1} is logged under its own name.

@@ -31,7 +31,8 @@ from landscape.core.memory_format import (
     training_step_timer,
 )
 from landscape.store import lifecycle
-from landscape.store.checkpoints import CHECKPOINT_FORMAT, Checkpoint, save_checkpoint
+from landscape.store.checkpoints import CHECKPOINT_FORMAT, Checkpoint
+from landscape.store.run_writer import write_round_files
 from landscape.store.runs import RunDir
 from landscape.train.algorithms import Algorithm, ClientResult, Tensors
 from landscape.train.vectorised import vectorisation
@@ -47,6 +48,9 @@ class TrainerState:
     client_states: dict[int, Tensors]
     swa_model: Tensor | None = None  # server SWA average x_swa, once a cycle has closed
     swa_count: int = 0
+    # (s^round, its buffers): the model the last round's clients started from (recorded beside their models);
+    # None before a round has run in this process
+    round_start: tuple[Tensor, dict[str, Tensor]] | None = None
 
     @property
     def model(self) -> Tensor:
@@ -152,15 +156,15 @@ class TrainerCheckpoints:
         return choice
 
     def save(self, state: TrainerState, results: list[ClientResult] | None) -> None:
-        # The clients' file first: round-NNNN.pt, written last, marks the round as saved (a kill between the
-        # two leaves a clients file that the resumed run rewrites with the same bits).
+        """The round's files, written as every recorded run's are (``run_writer.write_round_files``): with
+        --keep-clients the clients' final models and the point they started from, s^t (run format 2)."""
+        kept = None
         if self.train_cfg.keep_clients and results:
-            kept = {str(r.client): self.flat.state_dict(r.model, state.buffers) for r in results}
-            save_checkpoint(
-                self.run_dir.clients_checkpoint(state.round),
-                {"format": CHECKPOINT_FORMAT, "round": state.round, "model": {}, "clients": kept},
-            )
-        save_checkpoint(self.run_dir.checkpoint(state.round), self.checkpoint_payload(state))
+            kept = {"start": self.flat.state_dict(*state.round_start),
+                    "clients": {str(r.client): self.flat.state_dict(r.model, state.buffers) for r in results}}
+        payload = self.checkpoint_payload(state)
+        write_round_files(self.run_dir, state.round, {k: v for k, v in payload.items()
+                                                      if k not in ("format", "round")}, kept)
 
     def stop_diverged(self, state: TrainerState, row: dict, problems: list[str]) -> None:
         """Record the divergence in metrics.jsonl and stop: the diverged state is never checkpointed."""

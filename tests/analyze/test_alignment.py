@@ -240,17 +240,31 @@ def test_update_cosines_of_fedavg_are_those_from_the_previous_global_model(saved
     np.testing.assert_array_equal(np.array(r["cosine_matrix"]), direct.cosine_matrix)
 
 
-def test_update_cosines_without_the_previous_checkpoint_say_so(tmp_path):
+def test_update_cosines_without_the_previous_checkpoint_come_from_the_recorded_start(tmp_path):
+    """The clients' start point is recorded beside their models (run format 2): their update cosines need no
+    checkpoint of round t - 1; the server's step from x^{t-1} does, and without it is reported as not known."""
     recipe = tiny_recipe(algorithm__name="fedacg", model__name="mlp", train__keep_clients=True, train__rounds=2,
                          train__checkpoint_every=2)
     loop.start_run(recipe, tmp_path / "run", progress=False)
     r = _pass_updates(tmp_path / "run", 2)
-    assert r == {"available": False, "reason": "needs --keep-clients and a checkpoint of round 1 (train with "
-                 "--checkpoint-every 1 around this round)"}
+    assert r["server_step"] == "not known: round 1 has no checkpoint"
+    assert np.isnan(r["server_mean_cosine"]) and np.isnan(r["start_offset_norm"])
+    assert np.isnan(r["server_cosine"]).all() and np.isfinite(r["cosine_matrix"]).all()
+    kept = load_checkpoint(RunDir(tmp_path / "run").clients_checkpoint(2))
+    names = [n for n in kept["start"] if "weight" in n or "bias" in n]
+    start = torch.cat([kept["start"][n].reshape(-1).double() for n in names])
+    deltas = torch.stack([torch.cat([s[n].reshape(-1).double() for n in names]) - start
+                          for _, s in sorted(kept["clients"].items(), key=lambda kv: int(kv[0]))])
+    unit = (deltas / deltas.norm(dim=1, keepdim=True)).numpy()
+    np.testing.assert_allclose(r["cosine_matrix"], unit @ unit.T, rtol=0, atol=1e-6)
 
 
 def test_a_previous_checkpoint_without_the_broadcast_state_is_named(saved_rounds, tmp_path):
     shutil.copytree(saved_rounds["fedacg"], tmp_path / "run")
+    clients = RunDir(tmp_path / "run").clients_checkpoint(3)  # as a run written before the start was recorded
+    kept = load_checkpoint(clients)
+    del kept["start"]
+    torch.save(kept, clients)
     path = RunDir(tmp_path / "run").checkpoint(2)
     payload = load_checkpoint(path)
     del payload["server_state"]["m"]

@@ -3,6 +3,7 @@ cosines and the cosines of the clients' updates (docs/metrics.md "Alignment").""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -43,15 +44,22 @@ def alignment_pass(ctx: CheckpointContext, opts: AlignmentOptions) -> PassOutput
     out["gradients"], arrays = split_result(gradients, "gradients.")
     out["minibatch"], more = split_result(minibatch, "minibatch.")
     arrays.update(more)
-    # Update cosines need this round's kept client models and the model they started from: the algorithm's
-    # broadcast of checkpoint round t - 1 (x^{t-1}, or a look-ahead x^{t-1} + lam m); the server's step is
-    # measured from x^{t-1} to the training model x^t.
+    # Update cosines need this round's kept client models and the model they started from, recorded beside them
+    # (run format 2; a run written before: the algorithm's broadcast of checkpoint round t - 1). The server's
+    # step is measured from x^{t-1} to the training model x^t: without checkpoint round t - 1 it is not known,
+    # and neither it nor the start's offset from x^{t-1} is reported (NaN), never taken from the start.
     kept = ctx.source.clients_checkpoint(ctx.round).is_file()
     start = ctx.broadcast_start() if kept else None
     if start is not None:
-        result = update_alignment(start, ctx.kept_clients(), ctx.global_w, ctx.previous_global())
+        previous = ctx.previous_global()
+        result = update_alignment(start, ctx.kept_clients(), ctx.global_w if previous is not None else None,
+                                  previous)
+        if previous is None:
+            result = dataclasses.replace(result, start_offset_norm=float("nan"))
         out["updates"], more = split_result(result, "updates.")
         arrays.update(more)
+        if previous is None:
+            out["updates"]["server_step"] = f"not known: round {ctx.round - 1} has no checkpoint"
     else:
         out["updates"] = {"available": False, "reason": "needs --keep-clients and a checkpoint of round "
                           f"{ctx.round - 1} (train with --checkpoint-every 1 around this round)"}
