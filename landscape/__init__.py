@@ -5,7 +5,8 @@ run, which the figures read too; a folder of runs gives the list of its runs), `
 analysis result of the run, a pandas DataFrame) and ``landscape.results(paths)`` (the same for many runs);
 analysis of any model on any data, with no run directory: ``landscape.hessian_eigs(model, data, k=5)``,
 ``landscape.trace``, ``landscape.density``, ``landscape.sharpness``, ``landscape.surface``,
-``landscape.flatness_distance`` (see ``landscape.api``); a run recorded from a training loop of your own:
+``landscape.flatness_distance``, and over a model's clients ``landscape.incompatibility(model, clients_data)``
+and ``landscape.alignment`` (see ``landscape.api``); a run recorded from a training loop of your own:
 ``landscape.RunWriter`` (see ``landscape.store.run_writer``). ``dir(landscape)`` lists exactly these names
 (``__all__``).
 """
@@ -21,12 +22,15 @@ _LAZY = {
     "RunWriter": "landscape.store.run_writer",
     "open_run": "landscape.store.run",
     "results": "landscape.store.run",
+    "Alignment": "landscape.api",
     "DEFAULT_THREADS": "landscape.api",
     "Problem": "landscape.api",
     "Surface": "landscape.api",
+    "alignment": "landscape.api",
     "density": "landscape.api",
     "flatness_distance": "landscape.api",
     "hessian_eigs": "landscape.api",
+    "incompatibility": "landscape.api",
     "problem": "landscape.api",
     "sharpness": "landscape.api",
     "surface": "landscape.api",

@@ -7,6 +7,8 @@ landscape.trace(model, loader).estimate
 landscape.sharpness(model, loader, rho=[0.01, 0.05]).sharpness
 landscape.surface(model, loader, grid=21, span=(-1, 1)).loss
 landscape.flatness_distance(global_model, [client_a, client_b]).distance
+landscape.incompatibility(model, [data_0, data_1], rho=0.05).incompatibility      # Delta_FI over the clients
+landscape.alignment(model, [data_0, data_1], start=x_prev, client_models=[y_0, y_1]).updates
 ```
 
 Each function takes the model (an ``nn.Module``: it is never modified, its parameters and buffers are read
@@ -24,7 +26,9 @@ CPU result depend on the count); 0 is every core. The count is set for the call 
 
 ``landscape analyze`` runs the same computations (``landscape.analyze.functions``, which these functions
 call after checking their arguments): its passes build one ``Problem`` per checkpoint (the model at the
-checkpoint's weights, the analysis data, the BN mode) and call them on it.
+checkpoint's weights, the analysis data, the BN mode) and call them on it. ``incompatibility`` and
+``alignment`` (``landscape.api.federated``) take the clients' data besides the model, one entry per client, and
+call what the incompatibility and alignment passes call on a checkpoint's model and its clients.
 """
 
 from __future__ import annotations
@@ -49,11 +53,12 @@ from landscape.analyze.sharpness import SharpnessProfile
 from landscape.analyze.trace import DEFAULT_TRACE_METHOD, TraceResult
 from landscape.api import checks
 from landscape.api.checks import DEFAULT_THREADS
+from landscape.api.federated import Alignment, alignment, incompatibility
 from landscape.core.errors import LandscapeError, shown
 from landscape.core.flat import FlatModel
 
-__all__ = ["DEFAULT_THREADS", "Problem", "Surface", "as_data", "density", "flatness_distance", "hessian_eigs",
-           "problem", "sharpness", "surface", "trace"]
+__all__ = ["DEFAULT_THREADS", "Alignment", "Problem", "Surface", "alignment", "as_data", "density",
+           "flatness_distance", "hessian_eigs", "incompatibility", "problem", "sharpness", "surface", "trace"]
 
 
 # The settings every function passes on to ``problem`` (besides its own arguments).
@@ -91,7 +96,7 @@ def _problem(model: Any, data: Any, *, loss: Any = None, bn_mode: str = "eval", 
     device, dtype = checks.placement(model, device, dtype)
     data = as_data(data, batch_size)
     # A copy on the analysis device and dtype: the caller's module is never moved or changed.
-    module = _copy_module(model).to(device, dtype)
+    module = checks.copy_module(model).to(device, dtype)
     flat = FlatModel(module)
     objective = Objective(flat, flat.buffers(), data.place(device, dtype), bn_mode, loss=loss)
     return Problem(objective, flat.vector())
@@ -103,15 +108,6 @@ def _problem_of(function: str, model: Any, data: Any, settings: dict[str, Any]) 
         raise LandscapeError(f"{function} got an unknown argument {shown(repr(unknown[0]))}; its settings "
                              f"besides its own arguments are {', '.join(SETTINGS)}")
     return _problem(model, data, **settings)
-
-
-def _copy_module(model: nn.Module) -> nn.Module:
-    import copy
-
-    try:
-        return copy.deepcopy(model)
-    except (TypeError, RuntimeError, AttributeError, ValueError) as e:  # holds something uncopyable (a lock)
-        raise LandscapeError(f"the model cannot be copied for analysis ({type(e).__name__}: {e})") from None
 
 
 def hessian_eigs(model: nn.Module | Problem, data: Any = None, k: int = 5, *, tol: float = 1e-3, seed: int = 0,

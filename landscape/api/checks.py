@@ -39,6 +39,23 @@ def whole(name: str, value: Any, low: int = 1) -> int:
     return int(value)
 
 
+def flag(name: str, value: Any) -> bool:
+    """``value`` as a bool when it is True or False (numpy's too), not a number or a string."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise LandscapeError(f"{name} must be True or False (got {shown(repr(value))})")
+    return bool(value)
+
+
+def copy_module(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` to analyse: the caller's module is never moved or changed."""
+    import copy
+
+    try:
+        return copy.deepcopy(model)
+    except (TypeError, RuntimeError, AttributeError, ValueError) as e:  # holds something uncopyable (a lock)
+        raise LandscapeError(f"the model cannot be copied for analysis ({type(e).__name__}: {e})") from None
+
+
 def seed(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= SEED_MAX:
         raise LandscapeError(f"seed must be a whole number in 0..2**32-1 (got {shown(repr(value))})")

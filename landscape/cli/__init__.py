@@ -13,6 +13,7 @@ from landscape.cli.claims import claims_command
 from landscape.cli.compare import compare_command
 from landscape.cli.demo import demo_command
 from landscape.cli.figures import figures_command
+from landscape.cli.importing import import_command
 from landscape.cli.listing import list_command
 from landscape.cli.report import report_command
 from landscape.cli.train import train_command
@@ -45,6 +46,7 @@ def cli() -> None:
     landscape analyze runs/<name>                   Hessian, sharpness, flatness, alignment of checkpoints
     landscape figures figures/fedsam-hessian.toml   a paper figure (trains and analyses what it needs)
     landscape compare RUN_A RUN_B                   a table and the surfaces side by side
+    landscape import OUT --global ... --clients ...  a run from your own checkpoint files
     landscape claims claims/*.toml                  check published claims over seeds: HELD / NOT HELD
     landscape demo                                  all of it on digits, in minutes
     landscape list                                  everything that can be named in a recipe
@@ -52,7 +54,7 @@ def cli() -> None:
 
 
 for _command in (train_command, analyze_command, report_command, figures_command, claims_command,
-                 compare_command, demo_command, list_command):
+                 compare_command, import_command, demo_command, list_command):
     cli.add_command(_command)
 
 

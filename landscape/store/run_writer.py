@@ -43,7 +43,8 @@ from landscape.store.runs import RunDir, partition_record
 # tables, partition.json, metrics.jsonl and the two files of a recorded round.
 RUN_FORMAT = 2
 
-_TRAIN_KEYS = {f for f in TrainSettings.__dataclass_fields__ if f not in ("rounds", "dtype", "log")}
+# The training keys a recorded hyper-parameter may be (the others go to [algorithm]).
+TRAIN_KEYS = {f for f in TrainSettings.__dataclass_fields__ if f not in ("rounds", "dtype", "log")}
 
 
 def write_round_files(run_dir: RunDir, round: int, payload: dict, clients: dict | None) -> None:
@@ -133,9 +134,9 @@ class RunWriter:
         raw = {"name": self._name(), "seed": seed,
                "dataset": _entry(data, data_options, ("train",)),
                "model": _entry(model, model_options, ("factory",)),
-               "algorithm": {"name": algorithm, **{k: v for k, v in hyper.items() if k not in _TRAIN_KEYS}},
+               "algorithm": {"name": algorithm, **{k: v for k, v in hyper.items() if k not in TRAIN_KEYS}},
                "train": {"rounds": 1, "keep_clients": True, "checkpoint_every": 1,
-                         **{k: v for k, v in hyper.items() if k in _TRAIN_KEYS}}}
+                         **{k: v for k, v in hyper.items() if k in TRAIN_KEYS}}}
         if test_data is not None:
             if ":" not in data:
                 raise LandscapeError("RunWriter: test_data goes with a data factory; a registered data set has its "
@@ -371,4 +372,4 @@ class RunWriter:
         return f"RunWriter({str(self.dir.path)!r}, rounds={self.dir.rounds()})"
 
 
-__all__ = ["RUN_FORMAT", "RunWriter", "write_round_files"]
+__all__ = ["RUN_FORMAT", "TRAIN_KEYS", "RunWriter", "write_round_files"]

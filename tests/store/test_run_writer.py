@@ -4,16 +4,15 @@ and the clients' data; every refusal is one line."""
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import invoke, one_line_error, result_file, tiny_recipe
+from plain_fl import BATCH, LR, RHO, ROUNDS, forget_lab, partition_of, train, write_lab
 from torch.func import functional_call
 
 import landscape
@@ -23,106 +22,21 @@ from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import load_checkpoint
 from landscape.train import loop
 
-NETS = """
-import torch
-from torch import nn
-
-
-def make_net():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, 8), nn.Tanh(), nn.Linear(8, 10)).double()
-
-
-def make_wide_net():
-    return nn.Sequential(nn.Linear(64, 9), nn.Tanh(), nn.Linear(9, 10)).double()
-"""
-DATA = """
-import torch
-from sklearn.datasets import load_digits
-
-
-def make_train_set():
-    d = load_digits()
-    return torch.tensor(d.data[:240] / 16.0), torch.tensor(d.target[:240])
-
-
-def make_test_set():
-    d = load_digits()
-    return torch.tensor(d.data[240:300] / 16.0), torch.tensor(d.target[240:300])
-"""
-CLIENTS, ROUNDS, LR, RHO, BATCH = 4, 3, 0.2, 0.05, 20
-
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """The package ``rwlab`` (a model and a data factory) importable for the module's tests."""
     root = tmp_path_factory.mktemp("lab")
-    (root / "rwlab").mkdir()
-    (root / "rwlab" / "__init__.py").write_text("")
-    (root / "rwlab" / "nets.py").write_text(textwrap.dedent(NETS))
-    (root / "rwlab" / "data.py").write_text(textwrap.dedent(DATA))
-    sys.path.insert(0, str(root))
+    write_lab(root)
     yield root
-    sys.path.remove(str(root))
-    for name in [m for m in sys.modules if m == "rwlab" or m.startswith("rwlab.")]:
-        del sys.modules[name]
-
-
-def _partition(y: torch.Tensor) -> dict[int, list[int]]:
-    """Label-skewed equal shares: the samples sorted by label, cut into CLIENTS blocks."""
-    order = np.argsort(y.numpy(), kind="stable")
-    return {i: sorted(int(v) for v in block) for i, block in enumerate(np.array_split(order, CLIENTS))}
-
-
-def _local(net, x, y, sam: bool):
-    """One epoch of plain SGD (FedAvg's client) or SAM (FedSAM's: the gradient at w + rho g/||g||)."""
-    for b in torch.arange(len(y)).split(BATCH):
-        params = dict(net.named_parameters())
-        loss = F.cross_entropy(net(x[b]), y[b])
-        grads = torch.autograd.grad(loss, list(params.values()))
-        if sam:
-            norm = torch.sqrt(sum((g ** 2).sum() for g in grads))
-            shifted = {n: p + RHO * g / norm for (n, p), g in zip(params.items(), grads)}
-            loss = F.cross_entropy(functional_call(net, shifted, (x[b],)), y[b])
-            grads = torch.autograd.grad(loss, list(params.values()))
-        with torch.no_grad():
-            for p, g in zip(params.values(), grads):
-                p -= LR * g
-
-
-def _train(path, sam: bool, **writer):
-    """A plain federated loop of its own: every client every round, the global model the clients' average."""
-    from rwlab.data import make_train_set
-    from rwlab.nets import make_net
-
-    x, y = make_train_set()
-    x = x.double()
-    parts = _partition(y)
-    net = make_net()
-    with landscape.RunWriter(path, model="rwlab.nets:make_net", data="rwlab.data:make_train_set",
-                             test_data="rwlab.data:make_test_set", partition=parts,
-                             algorithm="fedsam" if sam else "fedavg",
-                             hyperparameters={"lr": LR, "batch_size": BATCH, "local_epochs": 1,
-                                              **({"rho": RHO} if sam else {})}, **writer) as w:
-        w.round(0, end=net)
-        for t in range(1, ROUNDS + 1):
-            start = copy.deepcopy(net.state_dict())
-            returned = {}
-            for i, idx in parts.items():
-                local = make_net()
-                local.load_state_dict(start)
-                _local(local, x[idx], y[idx], sam)
-                returned[i] = local.state_dict()
-            net.load_state_dict({k: torch.stack([returned[i][k] for i in parts]).mean(0) for k in start})
-            w.round(t, start=start, clients=returned, end=net, metrics={"local_epochs_done": t})
-    return parts
+    forget_lab(root)
 
 
 @pytest.fixture(scope="module")
 def runs(lab, tmp_path_factory):
     root = tmp_path_factory.mktemp("recorded")
     for name, sam in (("fedavg", False), ("fedsam", True)):
-        _train(root / name, sam)
+        train(root / name, sam)
         result = invoke("analyze", root / name, "--trust-imports", "--device", "cpu", "--quiet", "--checkpoints",
                         "2,3", "--passes", "flatness,alignment,incompatibility", "--set", "alignment.batches=3",
                         "--set", "incompatibility.batches=3")
@@ -147,7 +61,7 @@ def test_every_federated_pass_equals_an_independent_recomputation(runs, name):
     net = make_net()
     names = [n for n, _ in net.named_parameters()]
     x, y = make_train_set()
-    parts = _partition(y)
+    parts = partition_of(y)
     for t in (2, 3):
         kept = load_checkpoint(run / "checkpoints" / f"round-{t:04d}.clients.pt")
         clients = {int(c): _flat(s, names) for c, s in kept["clients"].items()}
@@ -200,15 +114,15 @@ def test_the_recorded_run_reads_as_a_run(runs):
 
 def test_a_loop_run_again_records_nothing_twice_and_a_changed_round_is_refused(lab, tmp_path):
     path = tmp_path / "again"
-    _train(path, sam=False)
+    train(path, sam=False)
     before = {p.name: p.read_bytes() for p in (path / "checkpoints").iterdir()}
-    _train(path, sam=False)  # the same loop from its start: every round is already recorded
+    train(path, sam=False)  # the same loop from its start: every round is already recorded
     assert {p.name: p.read_bytes() for p in (path / "checkpoints").iterdir()} == before
     assert len((path / "metrics.jsonl").read_text().splitlines()) == ROUNDS
     from rwlab.nets import make_net
 
     with landscape.RunWriter(path, model="rwlab.nets:make_net", data="rwlab.data:make_train_set",
-                             test_data="rwlab.data:make_test_set", partition=_partition(lab_labels()),
+                             test_data="rwlab.data:make_test_set", partition=partition_of(lab_labels()),
                              algorithm="fedavg", hyperparameters={"lr": LR, "batch_size": BATCH,
                                                                   "local_epochs": 1}) as w:
         with pytest.raises(LandscapeError, match="round 2 is already recorded .* with other models"):
@@ -224,7 +138,7 @@ def lab_labels() -> torch.Tensor:
 
 def _writer(path, **changes):
     args = {"model": "rwlab.nets:make_net", "data": "rwlab.data:make_train_set",
-            "partition": _partition(lab_labels())}
+            "partition": partition_of(lab_labels())}
     args.update(changes)
     return landscape.RunWriter(path, **args)
 
@@ -290,7 +204,7 @@ def test_reading_a_recorded_run_runs_none_of_its_code_unless_trusted(runs, monke
     assert "model factory 'rwlab.nets:make_net'" in line and "--trust-imports" in line
 
 
-def test_a_recipe_to_train_cannot_name_the_recorded_partition():
+def test_a_recipe_to_train_cannot_name_the_recordedpartition_of():
     from landscape.config.setup import prepare_data
 
     with pytest.raises(LandscapeError, match="partition 'recorded' is the clients' split recorded in a run"):
