@@ -69,9 +69,9 @@ def partition_of(y: torch.Tensor) -> dict[int, list[int]]:
     return {i: sorted(int(v) for v in block) for i, block in enumerate(np.array_split(order, CLIENTS))}
 
 
-def local_epoch(net, x, y, sam: bool):
+def local_epoch(net, x, y, sam: bool, order: torch.Tensor | None = None):
     """One epoch of plain SGD (FedAvg's client) or SAM (FedSAM's: the gradient at w + rho g/||g||)."""
-    for b in torch.arange(len(y)).split(BATCH):
+    for b in (torch.arange(len(y)) if order is None else order).split(BATCH):
         params = dict(net.named_parameters())
         loss = F.cross_entropy(net(x[b]), y[b])
         grads = torch.autograd.grad(loss, list(params.values()))
@@ -85,10 +85,12 @@ def local_epoch(net, x, y, sam: bool):
                 p -= LR * g
 
 
-def train(path, sam: bool, files: Path | None = None, **writer) -> dict[int, list[int]]:
+def train(path, sam: bool, files: Path | None = None, rounds: int = ROUNDS, shuffle: int | None = None,
+          **writer) -> dict[int, list[int]]:
     """A plain federated loop of its own: every client every round, the global model the clients' average;
     recorded at ``path`` (None: not recorded), its models saved under ``files`` too when given
-    (global/round-{round}.pt, clients/round-{round}/client-{client}.pt) with partition.json beside them."""
+    (global/round-{round}.pt, clients/round-{round}/client-{client}.pt) with partition.json beside them.
+    ``shuffle``: the seed of the clients' minibatch order (None: in index order)."""
     from rwlab.data import make_train_set
     from rwlab.nets import make_net
 
@@ -97,16 +99,18 @@ def train(path, sam: bool, files: Path | None = None, **writer) -> dict[int, lis
     parts = partition_of(y)
     net = make_net()
     saved = _Files(files, parts)
+    generator = torch.Generator().manual_seed(shuffle or 0)  # the clients' minibatch order, when shuffled
     with _writer(path, sam, parts, **writer) as w:
         w.round(0, end=net)
         saved.round(0, net.state_dict(), {})
-        for t in range(1, ROUNDS + 1):
+        for t in range(1, rounds + 1):
             start = copy.deepcopy(net.state_dict())
             returned = {}
             for i, idx in parts.items():
                 local = make_net()
                 local.load_state_dict(start)
-                local_epoch(local, x[idx], y[idx], sam)
+                order = None if shuffle is None else torch.randperm(len(idx), generator=generator)
+                local_epoch(local, x[idx], y[idx], sam, order)
                 returned[i] = local.state_dict()
             net.load_state_dict({k: torch.stack([returned[i][k] for i in parts]).mean(0) for k in start})
             w.round(t, start=start, clients=returned, end=net, metrics={"local_epochs_done": t})

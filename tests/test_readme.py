@@ -98,17 +98,43 @@ for name in ("a", "b"):
     torch.save(build_model("mlp", (1, 8, 8), 10, {}).state_dict(), f"states/{name}.pt")
 """
 
-# The files the README's placeholders need (the mylab module, a script writing mine.pt and states/), written
-# into the workspace before SETUP runs.
+# The checkpoint files of a federated loop of one's own that the README's `landscape import` reads (before the
+# guide's loop, docs/guides/own-fl-code.md, writes its own): the global model of rounds 0-2, four clients' of rounds
+# 1-2 and the partition, named as the guide's loop names them.
+FL_CHECKPOINTS = """
+import json, os, torch
+from mylab.nets import make_net
+torch.manual_seed(0)
+net = make_net()
+os.makedirs("ckpts/round-0", exist_ok=True)
+torch.save(net.state_dict(), "ckpts/round-0/global.pt")
+json.dump({i: list(range(i, 400, 4)) for i in range(4)}, open("ckpts/partition.json", "w"))
+for t in (1, 2):
+    os.makedirs(f"ckpts/round-{t}", exist_ok=True)
+    clients = {i: {k: v + 0.01 * torch.randn_like(v) for k, v in net.state_dict().items()} for i in range(4)}
+    for i, state in clients.items():
+        torch.save(state, f"ckpts/round-{t}/client-{i}.pt")
+    net.load_state_dict({k: torch.stack([s[k] for s in clients.values()]).mean(0) for k in clients[0]})
+    torch.save(net.state_dict(), f"ckpts/round-{t}/global.pt")
+"""
+
+# The files the README's placeholders need (the mylab module, a script writing mine.pt and states/, one writing
+# the checkpoint files of an FL loop of one's own), written into the workspace before SETUP runs.
 WORKSPACE_FILES = {
     "mylab/__init__.py": "",
     "mylab/nets.py": ("import torch\n\n\ndef make_net():\n"
                       "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.ReLU(),\n"
                       "                               torch.nn.Linear(16, 10))\n"),
     "make_state_dicts.py": STATE_DICTS,
+    "make_fl_checkpoints.py": FL_CHECKPOINTS,
     "mylab/data.py": ("import torch\n\n\ndef make_test_set():\n"
                       "    g = torch.Generator().manual_seed(0)\n"
-                      "    return torch.randn(120, 1, 8, 8, generator=g), torch.randint(0, 10, (120,), generator=g)\n"),
+                      "    return torch.randn(120, 1, 8, 8, generator=g), torch.randint(0, 10, (120,), generator=g)\n"
+                      "\n\ndef make_train_set():\n"
+                      "    from sklearn.datasets import load_digits\n"
+                      "    d = load_digits()\n"
+                      "    x = torch.tensor(d.data[:400] / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8)\n"
+                      "    return x, torch.tensor(d.target[:400])\n"),
 }
 SETUP = [
     DEMO_SMALL if SMALL_MODE else "landscape demo --out runs/demo --quiet",
@@ -117,6 +143,7 @@ SETUP = [
                                                                                   if SMALL_MODE else ""),
     "cp -r runs/x/checkpoints ckpt && cp -r runs/x runs/other && mkdir states",
     "python make_state_dicts.py",
+    "python make_fl_checkpoints.py",
 ]
 
 # Commands not run: exact text -> why.

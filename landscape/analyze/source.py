@@ -24,28 +24,34 @@ from landscape.config.recipe import Recipe
 from landscape.config.setup import DataSetup, build_module, prepare_data, torch_dtype
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import Checkpoint, load_checkpoint
+from landscape.store.run import Run
 from landscape.store.runs import RunDir
 
 _ROUND_FILE = re.compile(r"^round-(\d{4,})\.pt$")
 
 
 class Source:
-    """One run (a run directory, or a loose folder of checkpoints carrying their recipe)."""
+    """One run (a run directory, read through ``store.run.Run``, the one read model of a run; or a loose folder
+    of checkpoints carrying their recipe)."""
 
     def __init__(self, name: str, recipe: Recipe, checkpoints: dict[int, Path], analysis_dir: Path,
-                 run_dir: RunDir | None) -> None:
+                 run: Run | None) -> None:
         self.name = name
         self.recipe = recipe
         self.checkpoints = checkpoints
         self.analysis_dir = analysis_dir
-        self.run_dir = run_dir
+        self.run = run
         self._setup: DataSetup | None = None
+
+    @property
+    def run_dir(self) -> RunDir | None:
+        return self.run.dir if self.run is not None else None
 
     @property
     def setup(self) -> DataSetup:
         if self._setup is None:
             self.recipe.require_entries()  # a data set or partition only its untrusted imports provide: refused
-            self._setup = prepare_data(self.recipe, self.run_dir.partition if self.run_dir else None)
+            self._setup = self.run.data_setup() if self.run is not None else prepare_data(self.recipe)
         return self._setup
 
     def clients_checkpoint(self, round: int) -> Path:
@@ -102,7 +108,9 @@ class Source:
 
         if checkpoint.recipe_text is None:
             return
-        difference = recipes.difference(checkpoint.recipe_text, self.recipe, RESUME_FREE_KEYS)
+        # A recorded run (RunWriter) grows as its rounds are written: how many, and the largest share of clients.
+        grown = {"train.participation"} if checkpoint.payload.get("writer") == "RunWriter" else set()
+        difference = recipes.difference(checkpoint.recipe_text, self.recipe, RESUME_FREE_KEYS | grown)
         if difference:
             raise LandscapeError(f"{checkpoint.path} was written by another recipe ({difference}); it is not a "
                                  f"checkpoint of {self.name}: move it away, or analyse it where it came from")
@@ -122,11 +130,10 @@ class Source:
 
 
 def _source_from_run(path: Path) -> Source:
-    run_dir = RunDir(path)
+    run = Run(path)
     # its imports run only when trusted (--trust-imports); else what they provide is refused once it is built
-    recipe = recipes.read_recipe(run_dir.recipe, algorithms=False, defer=True)
-    ckpts = {r: run_dir.checkpoint(r) for r in run_dir.rounds()}
-    return Source(path.name, recipe, ckpts, path / "analysis", run_dir)
+    ckpts = {r: run.dir.checkpoint(r) for r in run.rounds()}
+    return Source(path.name, run.recipe, ckpts, path / "analysis", run)
 
 
 def _source_from_checkpoints(folder: Path, files: list[Path]) -> Source:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from landscape.cli.common import check_printable, progress_lines, set_option
+from landscape.cli.common import check_printable, progress_lines, set_option, trust_imports_option
+from landscape.core.errors import LandscapeError
 
 
 @click.command("claims")
@@ -26,11 +27,19 @@ from landscape.cli.common import check_printable, progress_lines, set_option
 @set_option("as landscape figures takes it, for every claim's figure: a training recipe key for every run, e.g. "
             "--set dataset.name=mnist1d (give another --figures-out), an analysis setting (--set "
             "analyze.analysis_samples=500) or a pass option (--set hessian.top_k=10)", "claims takes all three")
+@click.option("--runs", "given", multiple=True, metavar="RUN_ID=PATH",
+              help="use these runs for a run id the claims compare instead of training the figure's: a folder of "
+                   "runs (or one run), one per seed, each run's seed its recipe's (runs recorded with "
+                   "landscape.RunWriter or landscape import too); they are analysed where they lack the figure's "
+                   "results. Repeatable")
+@trust_imports_option("with --runs: import the modules their recipes name (`imports`, a model or data factory) to "
+                      "analyse what they lack (their code runs); without, a run whose model or data only that code "
+                      "provides is refused in one line")
 @click.option("--dry-run", is_flag=True, help="print the claims, their comparisons and runs, then exit")
 @click.option("--quiet", is_flag=True, help="no progress bars or progress lines (verdicts and errors stay)")
 def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, seeds: str | None,
-                   scale: str | None, device: str, assignments: tuple[str, ...], dry_run: bool,
-                   quiet: bool) -> None:
+                   scale: str | None, device: str, assignments: tuple[str, ...], given: tuple[str, ...],
+                   dry_run: bool, quiet: bool) -> None:
     """Check published claims (claims/*.toml) on runs of several seeds: train and analyse the runs of each
     claim's figure recipe where missing (as `landscape figures` does), then test each comparison over seeds
     (one-sided paired t-test, exact sign-flip test, Holm's step over every comparison of this call) and print
@@ -43,13 +52,21 @@ def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, 
     for text in assignments:
         check_printable("--set", text)
     # every file is checked before anything is trained
+    runs = {}
+    for text in given:
+        run_id, sep, path = text.partition("=")
+        if not sep or not run_id or not path:
+            raise LandscapeError(f"--runs takes RUN_ID=PATH, e.g. fedsam-alpha0.1=runs/mine/fedsam (got '{text}')")
+        runs[run_id.strip()] = Path(path.strip())
     work = plan_claims(claim_files, figures_out=figures_out, seeds=chosen, scale=scale,
-                       assignments=assignments, device=device)
+                       assignments=assignments, device=device, runs=runs)
     if dry_run:
-        for claim, fig, fig_out in work:
+        for claim, fig, fig_out, kept in work:
             click.echo(f"claim {claim.name}: {claim.text}")
             click.echo(f"  runs of {claim.figure.name} ({fig.scale} scale) in {fig_out}, seeds "
                        f"{','.join(map(str, claim.seeds))}: {', '.join(claim.run_ids())}")
+            for run_id, paths in kept.items():
+                click.echo(f"  {run_id}: the runs given, {', '.join(map(str, paths))}")
             for comparison in claim.comparisons:
                 click.echo(f"  test {comparison.text} over rounds {comparison.rounds}")
         return

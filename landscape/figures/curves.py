@@ -57,7 +57,8 @@ COSINE_CMAP = "RdBu_r"  # diverging: -1 blue, 0 white, +1 red
 
 def accuracy_figure(runs: RunsLike) -> Figure:
     runs = as_runs(runs)
-    require_metric(runs, "test_acc", "it is logged on evaluation rounds; train with --eval-every N")
+    require_metric(runs, "test_acc", "landscape train logs it on evaluation rounds, --eval-every N; a run of your "
+                                     "own loop records it with RunWriter.round(..., metrics={'test_acc': ...})")
     fig = new_figure(6.4, 4.2)
     ax = fig.add_subplot()
     seed_groups = groups(runs)

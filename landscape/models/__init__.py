@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from landscape.config.imports import check_factory_spec
 from landscape.core.errors import LandscapeError
 from landscape.core.registry import Registry
 from landscape.models.resnet import ResNet18, norm_factory
@@ -202,4 +203,25 @@ def _build_resnet18(input_shape: tuple[int, ...], num_classes: int, opts: ResNet
     return ResNet18(c, num_classes, norm_factory(opts.norm, opts.groups))
 
 
-from landscape.models import factory as _factory  # noqa: E402,F401 - registers the "factory" model
+# -- a factory of the user's own ([model] name = "factory"): runs recorded from a training loop of their own
+# (landscape.RunWriter, landscape import) name their model so; its module is imported as a recipe's imports are
+# (landscape.config.recipe.resolve: a recorded recipe's only when the user trusts it).
+
+
+@dataclass(frozen=True)
+class FactoryModelOptions:
+    factory: str = ""  # package.module:function, called with no arguments, returns the nn.Module
+
+    def __post_init__(self) -> None:
+        check_factory_spec(self.factory, "model.factory")
+
+
+@MODELS.register("factory", options=FactoryModelOptions,
+                 summary="the nn.Module a function of yours returns (model.factory = package.module:function)")
+def _build_from_factory(input_shape: tuple[int, ...], num_classes: int, opts: FactoryModelOptions) -> nn.Module:
+    from landscape.config.imports import call_factory
+
+    module = call_factory(opts.factory, "model factory")
+    if not isinstance(module, nn.Module):
+        raise LandscapeError(f"model factory '{opts.factory}' returned {type(module).__name__}, not an nn.Module")
+    return module

@@ -141,7 +141,9 @@ class Run:
         return self._loose
 
     # -- built on demand ------------------------------------------------------------------------------------
-    def _data_setup(self):
+    def data_setup(self):
+        """The data set and the partition as the recipe makes them (``config.setup.DataSetup``; a recorded
+        partition read from partition.json), built once; what ``data``, ``client_data`` and the analysis use."""
         if self._setup is None:
             from landscape.config.setup import prepare_data
 
@@ -151,7 +153,7 @@ class Run:
 
     def data(self):
         """(train, test) ArrayDatasets exactly as the run used them (never augmented)."""
-        bundle = self._data_setup().bundle
+        bundle = self.data_setup().bundle
         return bundle.train, bundle.test
 
     def partition(self) -> list[np.ndarray]:
@@ -160,7 +162,7 @@ class Run:
         if not self.dir.partition.is_file():
             raise LandscapeError(f"{self.dir.partition} not found (`landscape train --resume "
                                  f"{shlex.quote(str(self.path))}` writes it)")
-        setup = self._data_setup()
+        setup = self.data_setup()
         return read_partition(self.dir.partition, len(setup.bundle.train), len(setup.client_indices))
 
     def client_data(self, client: int):
@@ -190,7 +192,7 @@ class Run:
         from landscape.config.setup import build_module, torch_dtype
 
         self.recipe.require_entries()  # a model only its untrusted imports provide: refused in one line
-        module = build_module(self.recipe, self._data_setup().bundle)
+        module = build_module(self.recipe, self.data_setup().bundle)
         ckpt = self.checkpoint(round)
         module = module.to(ckpt.dtype)
         ckpt.check_model(module.state_dict(), self.recipe.model.name, torch_dtype(self.recipe.train.dtype))

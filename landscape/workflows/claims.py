@@ -4,14 +4,20 @@ tested over seeds and Holm's step taken over every comparison of the call."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
-from landscape.workflows.ensure import Notify, ignore
-from landscape.workflows.figure import figure_folder, figure_selection, figure_training, prepare_figure_runs
+from landscape.workflows.ensure import Notify, ensure_analysis, ignore
+from landscape.workflows.figure import (
+    figure_analysis,
+    figure_folder,
+    figure_selection,
+    figure_training,
+    prepare_figure_runs,
+)
 
 if TYPE_CHECKING:
     from landscape.claims.checks import ClaimResult
@@ -20,12 +26,40 @@ if TYPE_CHECKING:
 
 
 class ClaimWork(NamedTuple):
-    """One claim to check: the claim, its figure recipe cut to the runs and passes the claim reads, and the
-    figure's folder (where ``landscape figures`` puts the same runs)."""
+    """One claim to check: the claim, its figure recipe cut to the runs and passes the claim reads (and to the
+    runs it trains), the figure's folder (where ``landscape figures`` puts the same runs), and the runs given
+    for some of its run ids (run id -> one run directory per seed of the claim, in its seeds' order)."""
 
     claim: Claim
     fig: FigureRecipe
     out: Path
+    given: dict[str, list[Path]]
+
+
+def given_runs(claim: Claim, runs: Mapping[str, Path]) -> dict[str, list[tuple[int, Any, Path]]]:
+    """Run id -> (seed, training settings, run directory) for each seed of ``claim``, of the runs given for
+    the ids it compares (``runs``: run id -> a run directory or a folder of runs, each run's seed its recipe's:
+    runs trained elsewhere, recorded with ``landscape.RunWriter`` or ``landscape import``)."""
+    from landscape.store.run import Run, run_dirs
+
+    out = {}
+    for run_id, folder in runs.items():
+        if run_id not in claim.run_ids():
+            continue
+        by_seed: dict[int, Run] = {}
+        for path in run_dirs(folder, "claims --runs"):
+            run = Run(path)
+            if run.recipe.seed in by_seed:
+                raise LandscapeError(f"--runs {run_id}: {by_seed[run.recipe.seed].path} and {path} are both of seed "
+                                     f"{run.recipe.seed}")
+            by_seed[run.recipe.seed] = run
+        missing = [s for s in claim.seeds if s not in by_seed]
+        if missing:
+            raise LandscapeError(f"--runs {run_id}: {folder} has no run of seed(s) {', '.join(map(str, missing))} "
+                                 f"(its runs' seeds: {', '.join(map(str, sorted(by_seed))) or 'none'}); {claim.name} "
+                                 f"compares seeds {', '.join(map(str, claim.seeds))}")
+        out[run_id] = [(s, by_seed[s].recipe.train, by_seed[s].path) for s in claim.seeds]
+    return out
 
 
 class Verdicts(NamedTuple):
@@ -37,11 +71,13 @@ class Verdicts(NamedTuple):
 
 def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[int] | None = None,
                 scale: str | None = None, assignments: Sequence[str] = (),
-                device: str = "auto") -> list[ClaimWork]:
+                device: str = "auto", runs: Mapping[str, Path] | None = None) -> list[ClaimWork]:
     """Every claim file read and checked before anything is trained: its figure recipe (at ``scale``, with
     the ``KEY=VALUE`` ``assignments``, read as ``landscape figures --set`` reads them, and ``seeds``, default
     the file's), its run ids, that the figure runs the passes it reads, and that its rounds exist in the runs
-    it compares."""
+    it compares. ``runs``: run id -> the runs to use for it (``given_runs``) instead of training the figure's."""
+    runs = dict(runs or {})
+    unknown = set(runs)
     from landscape.analyze.catalog import load_passes
     from landscape.claims import checks as claims
     from landscape.claims.claim_files import check_rounds
@@ -69,10 +105,17 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
         fig.pass_rounds = {name: rounds for name, rounds in fig.pass_rounds.items() if name in needed}
         fig.pass_options = {name: opts for name, opts in fig.pass_options.items() if name in needed}
         fig_out = figure_folder(fig, figures_out)
-        trained = figure_training(fig, fig_out, device)  # its rounds exist in the runs it will train
+        given = given_runs(claim, runs)
+        unknown -= set(given)
+        fig.runs = [spec for spec in fig.runs if spec.id not in given]  # the others it trains
+        trained = figure_training(fig, fig_out, device)  # its rounds exist in the runs it will train or has
+        trained.update({run_id: [(seed, train) for seed, train, _ in entries] for run_id, entries in given.items()})
         figure_rounds.check_pass_rounds(fig, trained)
         check_rounds(claim, trained, fig.pass_rounds)
-        work.append(ClaimWork(claim, fig, fig_out))
+        work.append(ClaimWork(claim, fig, fig_out, {i: [path for *_, path in e] for i, e in given.items()}))
+    if unknown:
+        raise LandscapeError(f"--runs {', '.join(sorted(unknown))}: no claim given compares such a run (their run "
+                             f"ids: {', '.join(sorted({i for w in work for i in w.claim.run_ids()}))})")
     return work
 
 
@@ -84,9 +127,14 @@ def check_claims(work: Sequence[ClaimWork], out: Path, *, device: str = "auto", 
     from landscape.figures.rundata import load_runs
 
     results = []
-    for claim, fig, fig_out in work:
+    for claim, fig, fig_out, given in work:
         notify(f"claim {claim.name}: runs of {claim.figure.name} in {fig_out}")
-        by_id = prepare_figure_runs(fig, fig_out, device=device, progress=progress, notify=notify)
+        by_id = prepare_figure_runs(fig, fig_out, device=device, progress=progress, notify=notify) if fig.runs else {}
+        if given:  # the runs given for some of its ids: analysed where they lack the figure's results
+            settings, options = figure_analysis(fig, device)
+            ensure_analysis([path for paths in given.values() for path in paths], fig.pass_rounds, settings, options,
+                            progress=progress)
+            by_id.update(given)
         selection = figure_selection(fig, device)
         wanted = {run_id: by_id[run_id] for run_id in claim.run_ids()}
         loaded = iter(load_runs([p for paths in wanted.values() for p in paths], selection))

@@ -61,7 +61,7 @@ def test_int_accepted_for_float_and_stored_as_float():
         ([("train.lr_schedule", "step")], "train.lr_schedule must be one of constant, exponential, cosine"),
         ([("partition.clients", 0)], "partition.clients must be >= 1 (got 0)"),
         ([("dataset.name", "imagenet")], "unknown dataset 'imagenet'; choose from: cifar10, cifar100, digits"),
-        ([("model.name", "vit")], "unknown model 'vit'; choose from: cnn, lenet5, mlp, resnet18"),
+        ([("model.name", "vit")], "unknown model 'vit'; choose from: cnn, factory, lenet5, mlp, resnet18"),
         ([("algorithm.name", "fedfoo")], "unknown algorithm 'fedfoo'; choose from: "),
         ([("partition.name", "zipf")], "unknown partition 'zipf'; choose from: dirichlet, dirichlet-client, iid, natural, pathological"),
         ([("seed", -1)], "seed must be in 0..4294967295 (got -1)"),

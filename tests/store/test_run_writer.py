@@ -257,3 +257,17 @@ def test_the_run_format_page_names_every_key_the_trainer_and_the_writer_write(ru
             # a key written only sometimes says when in brackets: "both (RunWriter: when given)"
             always = {k for k, by in documented.items() if by.startswith(("both", who)) and "(" not in by}
             assert always <= keys, f"{marker}: the page says {who} writes {always - keys}"
+
+
+def test_compare_and_report_read_recorded_runs_without_their_code(runs, tmp_path, monkeypatch):
+    for name in [m for m in sys.modules if m == "rwlab" or m.startswith("rwlab.")]:
+        monkeypatch.delitem(sys.modules, name)  # reading results needs no code of the run
+    compared = invoke("compare", runs / "fedavg", runs / "fedsam", "--out", tmp_path / "cmp", "--quiet")
+    assert compared.exit_code == 0, compared.output
+    table = (tmp_path / "cmp" / "compare.csv").read_text()
+    assert "fedavg" in table and "fedsam" in table
+    delta_d = _record(runs / "fedsam", 3, "flatness")["distance"]
+    assert f"{delta_d:.4g}" in compared.output
+    reported = invoke("report", runs / "fedavg", runs / "fedsam", "-o", tmp_path / "report.html")
+    assert reported.exit_code == 0, reported.output
+    assert "FedSAM" in (tmp_path / "report.html").read_text()
