@@ -99,13 +99,13 @@ def _partition(partition: Any) -> list[np.ndarray]:
     return out
 
 
-def _entry(name: str, options: Mapping | None, factory_keys: tuple[str, ...]) -> dict:
+def _entry(name: str, options: Mapping | None, factory_key: str) -> dict:
     """A recipe table naming a registered entry (with its options) or, for ``package.module:function``, the
-    entry ``factory`` with the function under its key."""
+    entry ``factory`` with the function under ``factory_key``."""
     if not isinstance(name, str) or not name:
         raise LandscapeError(f"RunWriter: give a registered name or package.module:function (got {name!r:.80})")
     if ":" in name:
-        return {"name": "factory", factory_keys[0]: name}
+        return {"name": "factory", factory_key: name}
     return {"name": name, **dict(options or {})}
 
 
@@ -132,8 +132,8 @@ class RunWriter:
         self.dir = RunDir(path)
         hyper = dict(_plain(dict(hyperparameters or {}), "hyperparameters"))
         raw = {"name": self._name(), "seed": seed,
-               "dataset": _entry(data, data_options, ("train",)),
-               "model": _entry(model, model_options, ("factory",)),
+               "dataset": _entry(data, data_options, "train"),
+               "model": _entry(model, model_options, "factory"),
                "algorithm": {"name": algorithm, **{k: v for k, v in hyper.items() if k not in TRAIN_KEYS}},
                "train": {"rounds": 1, "keep_clients": True, "checkpoint_every": 1,
                          **{k: v for k, v in hyper.items() if k in TRAIN_KEYS}}}
@@ -150,7 +150,7 @@ class RunWriter:
             raw["partition"] = {"name": partition, **dict(partition_options or {})}
         self.recipe = recipes.resolve(raw, algorithms=False, origin="RunWriter")
         setup = prepare_data(self.recipe) if not recorded else None
-        self._bundle = setup.bundle if setup else self._factory_bundle()
+        self._bundle = setup.bundle if setup else self._data_bundle()
         self.parts = parts if recorded else setup.client_indices
         self._check_parts(len(self._bundle.train))
         module = build_module(self.recipe, self._bundle)
@@ -179,7 +179,8 @@ class RunWriter:
             return "run"
         return name
 
-    def _factory_bundle(self):
+    def _data_bundle(self):
+        """The data set of a recorded partition (a factory's, or a registered one's)."""
         from landscape.data.datasets import load_dataset
 
         d = self.recipe.dataset
@@ -219,6 +220,8 @@ class RunWriter:
         self.dir.checkpoints.mkdir(exist_ok=True)
         if not self.dir.is_run():
             write_text(self.dir.recipe, text)
+        else:  # continued: its rounds and participation as recorded so far (the same run: _check_same_run)
+            self.recipe = recipes.read_recipe(self.dir.recipe, algorithms=False, trust_imports=True)
         if not self.dir.partition.is_file():
             histogram = class_histogram(self._bundle.train.y.numpy(), self.parts, self._bundle.num_classes)
             settings = {"name": self.recipe.partition.name, **self.recipe.partition.options, "seed": self.recipe.seed}

@@ -119,6 +119,7 @@ def test_a_loop_run_again_records_nothing_twice_and_a_changed_round_is_refused(l
     train(path, sam=False)  # the same loop from its start: every round is already recorded
     assert {p.name: p.read_bytes() for p in (path / "checkpoints").iterdir()} == before
     assert len((path / "metrics.jsonl").read_text().splitlines()) == ROUNDS
+    assert landscape.open_run(path).recipe.train.rounds == ROUNDS  # a run continued keeps what it recorded
     from rwlab.nets import make_net
 
     with landscape.RunWriter(path, model="rwlab.nets:make_net", data="rwlab.data:make_train_set",
@@ -271,3 +272,29 @@ def test_compare_and_report_read_recorded_runs_without_their_code(runs, tmp_path
     reported = invoke("report", runs / "fedavg", runs / "fedsam", "-o", tmp_path / "report.html")
     assert reported.exit_code == 0, reported.output
     assert "FedSAM" in (tmp_path / "report.html").read_text()
+
+
+def test_a_registered_model_data_set_and_partition_are_recorded_by_name(tmp_path):
+    """model, data and partition named as a recipe names them: the partition drawn from the seed, as training
+    draws it, and the run analysed as a trained one (no code of the user's)."""
+    from landscape.config.setup import build_module, prepare_data
+
+    path = tmp_path / "named"
+    with landscape.RunWriter(path, model="mlp", model_options={"hidden": [8]}, data="digits", partition="iid",
+                             partition_options={"clients": 3}, seed=4) as w:
+        recipe = w.recipe
+        net = build_module(recipe, prepare_data(recipe).bundle)
+        w.round(0, end=net)
+        clients = {}
+        for i in range(3):
+            clients[i] = {k: v + 0.01 * (i + 1) for k, v in net.state_dict().items()}
+        w.round(1, start=net, clients=clients, end=net)
+    run = landscape.open_run(path)
+    drawn = prepare_data(recipe).client_indices
+    assert all(np.array_equal(a, b) for a, b in zip(run.partition(), drawn)) and len(drawn) == 3
+    result = invoke("analyze", path, "--device", "cpu", "--quiet", "--checkpoints", "1", "--passes", "flatness")
+    assert result.exit_code == 0, result.output
+    names = [n for n, _ in net.named_parameters()]
+    models = torch.stack([_flat(clients[i], names) for i in range(3)])
+    expected = float(((models - models.mean(0)) ** 2).sum(1).mean())
+    assert _record(path, 1, "flatness")["distance"] == pytest.approx(expected, rel=1e-6)
