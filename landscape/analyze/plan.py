@@ -17,7 +17,7 @@ from landscape.analyze.registry import Cost, needs_kept_clients
 from landscape.analyze.results import result_name, settings_record
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import Source, find_sources, select_rounds
-from landscape.analyze.state_dict_source import ForeignModel, state_dict_sources
+from landscape.analyze.state_dict_source import ForeignModel, StateDictSource, state_dict_sources
 from landscape.config.setup import using_threads
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import partition_problem
@@ -44,14 +44,41 @@ class Job:
 
     def result_name(self, settings: AnalysisSettings) -> str:
         """The name of this job's result files under these settings (``results.result_name``)."""
-        return result_name(self.name, settings_record(settings, self.options))
+        return result_name(self.name, self.settings_record(settings))
+
+    def settings_record(self, settings: AnalysisSettings) -> dict:
+        """What the job's result records of its settings (``results.settings_record``). Data from a state_dict's
+        data factory is whatever the split: no split is recorded (``data`` in ``inputs_record`` says what it is)."""
+        record = settings_record(settings, self.options)
+        if isinstance(self.source, StateDictSource) and self.source.from_factory:
+            del record["analysis"]["split"]
+        return record
+
+    def inputs_record(self, settings: AnalysisSettings) -> dict:
+        """What a state_dict's result records of its inputs: the model and data it is keyed by (``inputs``) and
+        the data measured in words (``data``); {} for a run (its checkpoints carry their recipe)."""
+        if not isinstance(self.source, StateDictSource):
+            return {}
+        return {"inputs": self.source.inputs, "data": self.source.data_text(settings.split)}
+
+    @property
+    def where(self) -> dict:
+        """What names the job's checkpoint in its result and the summary's row: ``round`` for a run; a
+        state_dict's ``file`` (its name) and ``round`` only where the files' names carry rounds."""
+        return self.source.where(self.round) if isinstance(self.source, StateDictSource) else {"round": self.round}
+
+    @property
+    def label(self) -> str:
+        """The checkpoint in a word: its round, or a state_dict's file label."""
+        return self.source.label(self.round) if isinstance(self.source, StateDictSource) else str(self.round)
 
 
 def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any],
          foreign: ForeignModel | None = None) -> list[Job]:
     """Every (run, round, pass) to do, with all input checked before any work starts. With ``foreign``,
-    ``path`` holds plain state_dicts (every file is analysed; their model and data are checked as the sources
-    are found, and a pass that needs clients is refused: ``Source.check_pass``)."""
+    ``path`` holds plain state_dicts: ``rounds`` picks files (``StateDictSource.select``: last, all, their names
+    or the rounds their names carry); their model and data are checked as the sources are found, and a pass
+    that needs clients is refused (``Source.check_pass``)."""
     registry = load_passes()
     for name in passes:
         registry.get(name)
@@ -63,9 +90,10 @@ def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any],
     for source in sources:
         for name in passes:
             source.check_pass(name, options[name])
-        if foreign is not None:
-            rounds = "all" if rounds == "last" else rounds
-        chosen = [single_round] if single_round is not None else select_rounds(source, rounds)
+        if isinstance(source, StateDictSource):
+            chosen = source.select(rounds)
+        else:
+            chosen = [single_round] if single_round is not None else select_rounds(source, rounds)
         for r in chosen:
             jobs += [Job(source, r, name, options[name]) for name in passes]
     return jobs
@@ -88,7 +116,7 @@ def skip_unavailable(jobs: list[Job]) -> tuple[list[Job], list[str]]:
     """The jobs less those that cannot run at their round (``_unavailable``), and one note per run, pass and
     reason naming the rounds skipped; the other jobs run. When no job is left at all, one line saying why
     each was skipped."""
-    skipped: dict[tuple[str, str, str], list[int]] = {}
+    skipped: dict[tuple[str, str, str], list[Job]] = {}
     kept = []
     for job in jobs:
         why = _unavailable(job)
@@ -96,9 +124,9 @@ def skip_unavailable(jobs: list[Job]) -> tuple[list[Job], list[str]]:
             kept.append(job)
         else:
             what = getattr(job.options, "described", job.name)
-            skipped.setdefault((job.source.name, what, why), []).append(job.round)
-    notes = [f"{run}: {what} skipped at {_rounds_text(sorted(set(rounds)))}: {why}"
-             for (run, what, why), rounds in skipped.items()]
+            skipped.setdefault((job.source.name, what, why), []).append(job)
+    notes = [f"{run}: {what} skipped at {_rounds_text(skipped_jobs)}: {why}"
+             for (run, what, why), skipped_jobs in skipped.items()]
     if jobs and not kept:
         raise LandscapeError("nothing to analyse: " + "; ".join(notes))
     return kept, notes
@@ -123,8 +151,12 @@ def partition_warnings(jobs: list[Job]) -> list[str]:
     return notes
 
 
-def _rounds_text(rounds: list[int]) -> str:
-    return f"round {rounds[0]}" if len(rounds) == 1 else "rounds " + ", ".join(map(str, rounds))
+def _rounds_text(jobs: list[Job]) -> str:
+    """The jobs' checkpoints in words: "round 3", "rounds 1, 2"; a state_dict's files by their labels."""
+    files = isinstance(jobs[0].source, StateDictSource)
+    labels = dict.fromkeys(job.label for job in (jobs if files else sorted(jobs, key=lambda j: j.round)))
+    noun = "file" if files else "round"
+    return f"{noun} {next(iter(labels))}" if len(labels) == 1 else f"{noun}s " + ", ".join(labels)
 
 
 def split_work(jobs: list[Job], todo: list[int], ranks: int) -> tuple[list[list[int]], list[int]]:
@@ -183,13 +215,13 @@ def format_plan(jobs: list[Job], settings: AnalysisSettings) -> str:
     head = (f"{len(jobs)} jobs; at the first checkpoint ({ctx.flat.dim:,} parameters, {len(ctx.global_data)} samples, "
             f"{ctx.device}, {ctx.dtype}) one gradient took {gradient:.3g} s, one Hessian-vector product "
             f"{product:.3g} s")
-    rows = [("run", "round", "pass", "HVPs", "est. seconds")]
+    rows = [("run", "file" if "file" in jobs[0].where else "round", "pass", "HVPs", "est. seconds")]
     total_hvps, total_seconds = 0, 0.0
     for job in jobs:
         cost = planned_work(job)
         hvps, seconds = cost.hvps, cost.hvps * product + cost.gradients * gradient
         total_hvps, total_seconds = total_hvps + hvps, total_seconds + seconds
-        rows.append((job.source.name, str(job.round), job.name, str(hvps), f"{seconds:.1f}"))
+        rows.append((job.source.name, job.label, job.name, str(hvps), f"{seconds:.1f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [head] + ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
     lines.append(f"total: about {total_hvps} Hessian-vector products and {total_seconds:.0f} s "

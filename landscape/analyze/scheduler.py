@@ -21,7 +21,6 @@ from landscape.analyze.results import (
     find_result,
     result_name,
     settings_diff,
-    settings_record,
     settings_text,
     store_result,
 )
@@ -50,11 +49,11 @@ def write_output(job: Job, settings: AnalysisSettings, output: PassOutput, compu
     record = {
         "pass": job.name,
         "run": job.source.name,
-        "round": job.round,
+        **job.where,  # the round; a state_dict's file (and round only where its name carries one)
         "checkpoint": str(job.source.checkpoints[job.round]),
         "checkpoint_sha256": computed.digest,
-        **({} if job.source.inputs is None else {"inputs": job.source.inputs}),  # a state_dict's model and data
-        "settings": settings_record(settings, job.options),
+        **job.inputs_record(settings),  # a state_dict's model and data, and the data measured in words
+        "settings": job.settings_record(settings),
         "seconds": computed.seconds,
         # the last bits depend on these: recorded, not settings
         "threads": thread_count(settings.threads),
@@ -92,7 +91,7 @@ def _recorded_summaries(jobs: list[Job], settings: AnalysisSettings,
     redone: dict[str, list[str]] = {}
     for job in jobs:
         summary = None
-        wanted = settings_record(settings, job.options)
+        wanted = job.settings_record(settings)
         found = None if force else find_result(job.out_dir, job.name, wanted)
         if found is not None:
             _, recorded = found
@@ -243,7 +242,7 @@ class _Runner:
         if self.main:
             write_output(self.jobs[i], self.settings, output, computed)
             job = self.jobs[i]  # the summary goes to the run's train.log trackers too
-            name = result_name(job.name, settings_record(self.settings, job.options))
+            name = job.result_name(self.settings)
             self.tracked.log(job.source, job.round, name, output.summary)
         self.summaries[i] = output.summary
         self.report.computed += 1
@@ -251,7 +250,7 @@ class _Runner:
 
     def _show(self, i: int) -> None:
         job = self.jobs[i]
-        self.bar.set_postfix_str(f"{job.source.name} r{job.round} {job.name}")
+        self.bar.set_postfix_str(f"{job.source.name} {'' if 'file' in job.where else 'r'}{job.label} {job.name}")
 
     def _alone(self, i: int) -> tuple:
         """Job i run by this rank alone: (i, output, ``Computed``, error or None, whether it is a state_dict
@@ -354,15 +353,16 @@ def _data_text(jobs: list[Job], settings: AnalysisSettings) -> str:
     """The analysis data in words (``summary.analysis_data``), with a subset of N of a split of at most N
     samples said to be all of it: "the test set, all 360 samples (fewer than 1000)"."""
     n = settings.analysis_samples
+    described = jobs[0].inputs_record(settings).get("data") if jobs else None  # a state_dict's data, in words
     if not n or not jobs:
-        return analysis_data(settings)
+        return analysis_data(settings, described)
     sources = list({id(job.source): job.source for job in jobs}.values())
     sizes = {len(source.analysis_set(settings.split)[1]) for source in sources}
     if max(sizes) > n:
         whole = " (all of it where the split has fewer)" if min(sizes) <= n else ""
-        return analysis_data(settings) + whole
+        return analysis_data(settings, described) + whole
     whole = f"all {sizes.pop()} samples" if len(sizes) == 1 else "all of its samples"
-    return f"{analysis_data(replace(settings, analysis_samples=0))}, {whole} (fewer than {n})"
+    return f"{analysis_data(replace(settings, analysis_samples=0), described)}, {whole} (fewer than {n})"
 
 
 def _fill_report(report: AnalysisReport, jobs: list[Job], settings: AnalysisSettings,
@@ -371,9 +371,9 @@ def _fill_report(report: AnalysisReport, jobs: list[Job], settings: AnalysisSett
     settings of every result name."""
     rows: dict[tuple[str, int], dict] = {}
     for i, job in enumerate(jobs):
-        row = rows.setdefault((job.source.name, job.round), {"run": job.source.name, "round": job.round})
+        row = rows.setdefault((job.source.name, job.round), {"run": job.source.name, **job.where})
         row.update(summaries.get(i, {}))
     report.rows = list(rows.values())
     for job in jobs:
-        record = settings_record(settings, job.options)
+        record = job.settings_record(settings)
         report.settings[result_name(job.name, record)] = settings_text(settings_diff(job.name, record))

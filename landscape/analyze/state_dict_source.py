@@ -6,13 +6,18 @@ comes from ``--model`` (a registered model name or ``package.module:factory``) a
 (a registered data set or ``package.module:factory``); it has no clients, so only the passes that need none
 run on it. Its results go to ``analysis/<file stem>/`` next to the files, keyed by the model and data that
 produced them (``StateDictSource.inputs``) besides the file's SHA-256 and the settings.
+
+A folder of state_dicts is not a trajectory: each file is labelled by its name (its stem), and has a round only
+where its name carries one (``file_round``, ``file_rounds``), never by its position among the files.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +63,42 @@ def data_sha256(x: Tensor, y: Tensor) -> str:
     return h.hexdigest()
 
 
+# The round a state_dict file's name carries: a trailing integer after a round word (round, rnd, r, epoch, ep, step,
+# iter) that starts the stem or follows - _ . or a space, with at most one - or _ between (round-3, mlp-r2,
+# epoch_10, epoch0, step1000), or a stem of digits only (0050). Other names carry none (resnet50, model-v2, final).
+_FILE_ROUND = re.compile(r"(?:^|[-_. ])(?:round|rnd|r|epoch|ep|step|iter)[-_]?(\d+)$|^(\d+)$", re.IGNORECASE)
+LISTED_FILES = 12  # the files an error names, at most
+
+
+def file_round(stem: str) -> int | None:
+    """The round a file's name (its stem) carries (``_FILE_ROUND``), or None."""
+    match = _FILE_ROUND.search(stem)
+    return None if match is None else int(match.group(1) or match.group(2))
+
+
+def file_rounds(files: list[Path]) -> dict[Path, int]:
+    """Each file's round by its name (``file_round``) when every file carries one and no two the same; else {}:
+    the files are then labelled and ordered by their names alone."""
+    rounds = {f: file_round(f.stem) for f in files}
+    values = list(rounds.values())
+    return {} if None in values or len(set(values)) < len(values) else rounds  # type: ignore[return-value]
+
+
+def _client_option(name: str, options: object) -> str | None:
+    """``<pass>.<option>=<value>`` of the first option of ``options`` that asks for clients: a client count
+    (``clients``) above 0 (0 is all clients, -1 none: on a state_dict, none), client ids (``clients = "3,7"``) or
+    a ``client:<i>``; None where none does."""
+    if not dataclasses.is_dataclass(options):
+        return None
+    for field in dataclasses.fields(options):
+        value = getattr(options, field.name)
+        count = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        ids = isinstance(value, str) and bool(value)
+        if (field.name == "clients" and (count or ids)) or (isinstance(value, str) and value.startswith("client:")):
+            return f"{name}.{field.name}={value}"
+    return None
+
+
 @dataclass(frozen=True)
 class ForeignModel:
     """How to analyse plain state_dicts: the model and the data, each a registered name or a factory
@@ -76,7 +117,11 @@ class StateDictSource(Source):
     data on the same file is computed again, never taken for done."""
 
     def __init__(self, name: str, files: list[Path], spec: ForeignModel, analysis_dir: Path) -> None:
-        super().__init__(name, None, dict(enumerate(files)), analysis_dir, None)
+        rounds = file_rounds(files)
+        ordered = sorted(files, key=lambda f: (rounds.get(f, 0), f.name))  # by round where named, else by name
+        # the keys are the files' places in that order, used only inside the analysis (``where``, ``select``)
+        super().__init__(name, None, dict(enumerate(ordered)), analysis_dir, None)
+        self.rounds = {key: rounds[f] for key, f in enumerate(ordered) if f in rounds}  # key -> its name's round
         self.spec = spec
         self._data: dict[str, tuple[Tensor, Tensor]] = {}
         self._bundle = None
@@ -90,8 +135,57 @@ class StateDictSource(Source):
         return self.analysis_dir / "no-clients"  # never a file: a state_dict has no clients
 
     def load(self, round: int) -> Checkpoint:
-        return Checkpoint(self.checkpoints[round], {"model": load_state_dict_file(self.checkpoints[round]),
-                                                    "round": round})
+        named = {"round": self.rounds[round]} if round in self.rounds else {}  # never the file's place
+        return Checkpoint(self.checkpoints[round], {"model": load_state_dict_file(self.checkpoints[round]), **named})
+
+    def label(self, key: int) -> str:
+        """A file's label in tables, records and messages: its name without the suffix (its results' folder)."""
+        return self.checkpoints[key].stem
+
+    def where(self, key: int) -> dict:
+        """What names a file's results (their JSON, the summary's rows): ``file``, its label, and ``round`` only
+        where the files' names carry rounds (``file_rounds``)."""
+        return {"file": self.label(key), **({"round": self.rounds[key]} if key in self.rounds else {})}
+
+    def select(self, spec: str) -> list[int]:
+        """``--checkpoints`` of these files: ``last`` (the last by round where their names carry rounds, else by
+        name), ``all``, or a comma list of their labels (or names) or of the rounds their names carry."""
+        keys = list(self.checkpoints)
+        if spec in ("last", "all"):
+            return keys[-1:] if spec == "last" else keys
+        wanted = [part.strip() for part in spec.split(",") if part.strip()]
+        if not wanted:
+            raise LandscapeError(f"--checkpoints {spec!r} names no file; {self._files_text()}")
+        return list(dict.fromkeys(self._key(part) for part in wanted))
+
+    def _key(self, text: str) -> int:
+        names = {name: key for key, path in self.checkpoints.items() for name in (path.stem, path.name)}
+        by_round = {r: key for key, r in self.rounds.items()}
+        if text in names:
+            return names[text]
+        if text.isdigit() and int(text) in by_round:
+            return by_round[int(text)]
+        what = "file or round" if self.rounds else "file"
+        raise LandscapeError(f"--checkpoints {text}: {self.name} has no {what} '{text}'; {self._files_text()}")
+
+    def _files_text(self) -> str:
+        shown = [self.label(k) + (f" (round {self.rounds[k]})" if k in self.rounds else "")
+                 for k in list(self.checkpoints)[:LISTED_FILES]]
+        more = f", ... ({len(self.checkpoints)} files)" if len(self.checkpoints) > LISTED_FILES else ""
+        names = "names or rounds" if self.rounds else "names"
+        return f"its files: {', '.join(shown)}{more} (give last, all, or a comma list of their {names})"
+
+    @property
+    def from_factory(self) -> bool:
+        """Whether the data comes from a data factory (whatever the split) rather than a registered data set."""
+        return ":" in self.spec.dataset
+
+    def data_text(self, split: str) -> str:
+        """The analysis data in words: a data factory's data, or the split of the registered data set (all of it:
+        a state_dict has no clients)."""
+        if self.from_factory:
+            return f"data from {self.spec.dataset}"
+        return f"the {'test' if split == 'test' else 'training'} set of {self.spec.dataset}"
 
     def _registered_bundle(self):
         from landscape.data.datasets import DATASETS, load_dataset
@@ -144,18 +238,49 @@ class StateDictSource(Source):
                             "data_sha256": data_sha256(x, y) if ":" in self.spec.dataset else None}
         return self._inputs
 
+    @property
+    def _given(self) -> Path:
+        """The path the files were given by: the file, or their folder."""
+        return self.checkpoints[0] if len(self.checkpoints) == 1 else self.analysis_dir.parent
+
+    @property
+    def _kind(self) -> str:
+        return "a plain state_dict" if len(self.checkpoints) == 1 else "a folder of plain state_dicts"
+
     def check_pass(self, name: str, options: object) -> None:
-        """A pass that reads clients (``registry.needs_clients``) is refused in one line naming the passes
-        that run on a state_dict."""
-        if not needs_clients(name, options):
-            return
-        what = getattr(options, "described", name)  # options that ask for clients: surface --directions
-        usable = [f"{p} ({PASSES.info(p).without_clients})" if PASSES.info(p).without_clients else p
-                  for p in PASSES.names() if not needs_clients(p, None)]
-        given = self.checkpoints[0] if len(self.checkpoints) == 1 else self.analysis_dir.parent
-        raise LandscapeError(f"{what} needs the clients of a training run, and {given} is a plain state_dict, "
-                             f"which has no clients (no client data, no kept client models); the passes that "
-                             f"run on a state_dict: {', '.join(usable)}")
+        """Refused in one line, before anything is computed: a pass that reads clients (``registry.needs_clients``:
+        naming the passes that run on a state_dict), an option that asks for clients (``_client_option``: its
+        result would be named by clients it never had), and what needs the rounds of a run (a PCA plane of the
+        trajectory, a filter-reference of ``round:<r>``): files are not rounds of a run."""
+        if needs_clients(name, options):
+            what = getattr(options, "described", name)  # options that ask for clients: surface --directions
+            usable = [f"{p} ({PASSES.info(p).without_clients})" if PASSES.info(p).without_clients else p
+                      for p in PASSES.names() if not needs_clients(p, None)]
+            raise LandscapeError(f"{what} needs the clients of a training run, and {self._given} is a plain "
+                                 f"state_dict, which has no clients (no client data, no kept client models); the "
+                                 f"passes that run on a state_dict: {', '.join(usable)}")
+        option = _client_option(name, options)
+        if option is not None:
+            value = option.partition("=")[2]
+            missing = f" (client {value[7:]} does not exist)" if value.startswith("client:") else ""
+            raise LandscapeError(f"{option} asks for clients{missing}, and {self._given} is {self._kind}: no "
+                                 f"clients (no client data, no kept client models); leave {option.partition('=')[0]} "
+                                 "out")
+        self._check_rounds_option(options)
+
+    def _check_rounds_option(self, options: object) -> None:
+        """A PCA plane of the trajectory or a filter-reference ``round:<r>`` on state_dict files: refused."""
+        kind = self._kind
+        if getattr(options, "directions", None) == "pca":
+            raise LandscapeError(f"surface --directions pca needs the trajectory of a training run (its global model "
+                                 f"at successive rounds), and {self._given} is {kind}, not the rounds of a run: "
+                                 "record the run with landscape.RunWriter in your training loop, or make a run "
+                                 "directory of the files with `landscape import`, and analyse that; or use "
+                                 "--directions random")
+        reference = str(getattr(options, "reference", ""))
+        if reference.startswith("round:"):
+            raise LandscapeError(f"surface.reference={reference} names a round of a training run, and {self._given} "
+                                 f"is {kind}, which has no rounds: use normalization filter or euclidean")
 
     @property
     def model_name(self) -> str:

@@ -15,7 +15,8 @@ class AnalysisReport:
     """What ``run_analysis`` did: a row of summaries per (run, round), the jobs computed and skipped, the
     settings of each result name, and its notes and warnings."""
 
-    rows: list[dict] = field(default_factory=list)  # one per (run, round): summaries of every pass
+    # one per (run, round) (a state_dict's: per file, "file" its label): summaries of every pass
+    rows: list[dict] = field(default_factory=list)
     computed: int = 0
     skipped: int = 0
     settings: dict[str, str] = field(default_factory=dict)  # result name -> its settings other than the defaults
@@ -24,15 +25,18 @@ class AnalysisReport:
     data: str = ""  # the analysis data the values are on (``analysis_data``); "" when not known
 
 
-def analysis_data(settings: AnalysisSettings) -> str:
-    """The data the analysis values are computed on, in words (what the summary's accuracy is measured on)."""
-    text = ("the test set" if settings.split == "test"
-            else "the training split (the union of the clients' training data)")
+def analysis_data(settings: AnalysisSettings, data: str | None = None) -> str:
+    """The data the analysis values are computed on, in words (what the summary's accuracy is measured on): a
+    run's split, or ``data`` where the source says what it is (a state_dict's: "data from mylab.data:make_set",
+    "the test set of digits")."""
+    text = data or ("the test set" if settings.split == "test"
+                    else "the training split (the union of the clients' training data)")
     if settings.analysis_samples:
         text += f", a seeded subset of {settings.analysis_samples} samples"
     return text
 
 
+KEYS = ("run", "file", "round")  # the columns that say which checkpoint a row is (those the rows have)
 SUMMARY_WIDTH = 120  # the summary table is cut into blocks of columns that fit this many characters
 RUN_WIDTH = 40  # longer run names are written as [1], [2], ... in the table and in full under it
 
@@ -46,18 +50,21 @@ def _wrapped(text: str, indent: str = "    ") -> list[str]:
 
 def format_summary(report: AnalysisReport) -> str:
     """A plain-text table, one line per (run, round), one column per summary value (named by its key in the
-    results' ``summary``), in the order the passes ran. No line is wider than ``SUMMARY_WIDTH``: columns that
-    do not fit go to further blocks (each repeating run and round), run names longer than ``RUN_WIDTH`` are
-    numbered and written out under the table, and the accuracy is said to be the analysis accuracy it is."""
+    results' ``summary``), in the order the passes ran; a state_dict's rows say their file (and round only where
+    the files' names carry rounds). No line is wider than ``SUMMARY_WIDTH``: columns that do not fit go to
+    further blocks (each repeating the key columns), run names longer than ``RUN_WIDTH`` are numbered and
+    written out under the table, and the accuracy is said to be the analysis accuracy it is."""
     if not report.rows:
         return "nothing analysed"
     columns: list[str] = []
     for row in report.rows:
-        columns += [k for k in row if k not in ("run", "round") and k not in columns]
+        columns += [k for k in row if k not in KEYS and k not in columns]
     names = list(dict.fromkeys(str(row.get("run")) for row in report.rows))
     numbered = any(len(name) > RUN_WIDTH for name in names)
     run_cell = {name: f"[{k + 1}]" if numbered else name for k, name in enumerate(names)}
-    keys = [["run", "round"]] + [[run_cell[str(row.get("run"))], _cell(row.get("round"))] for row in report.rows]
+    shown = [k for k in KEYS if k == "run" or any(k in row for row in report.rows)]
+    keys = [shown] + [[run_cell[str(row.get("run"))]] + [_cell(row.get(k)) for k in shown[1:]]
+                      for row in report.rows]
     table = [columns] + [[_cell(row.get(c)) for c in columns] for row in report.rows]
     lines = _blocks(keys, table)
     if numbered or "acc" in columns or any(report.settings.values()):
@@ -90,7 +97,7 @@ def _pack(key_widths: list[int], widths: list[int], limit: int) -> list[list[int
 def _blocks(keys: list[list[str]], table: list[list[str]]) -> list[str]:
     """The lines of the table's blocks (each: the keys, then its columns; a rule under the header), a blank
     line between blocks."""
-    key_widths = [max(len(r[i]) for r in keys) for i in range(2)]
+    key_widths = [max(len(r[i]) for r in keys) for i in range(len(keys[0]))]
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     blocks = _pack(key_widths, widths, SUMMARY_WIDTH)
     limit = SUMMARY_WIDTH  # the narrowest blocks that are no more: the columns spread evenly over them

@@ -48,6 +48,9 @@ def _objective(ctx: CheckpointContext, data: str) -> tuple[Objective, str]:
     """The objective of the surface and the quantity's name for figures."""
     which = parse_data(data)
     if which == "global":
+        spec = getattr(ctx.source, "spec", None)  # a plain state_dict's data factory: its data, whatever the split
+        if spec is not None and ":" in spec.dataset:
+            return ctx.objective, f"loss on data from {spec.dataset}"
         split = "training" if ctx.settings.split == "train" else "test"
         return ctx.objective, f"{split} loss (global F)"
     if which == "test":

@@ -26,14 +26,16 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
 @click.argument("path", type=click.Path(path_type=Path))
 @click.argument("analysis_recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--checkpoints", default="last", show_default=True,
-              help="the checkpoints to analyse: last, all, or a comma list of their rounds (10,20)")
+              help="the checkpoints to analyse: last, all, or a comma list of their rounds (10,20); of plain "
+                   "state_dicts (every file unless given), also of their file names")
 @click.option("--rounds", hidden=True, expose_value=False, callback=_no_rounds_on_analyze)
 @click.option("--passes", default=None,
               help="comma list of passes [default: all but surface; see `landscape list`]")
 @click.option("--analysis-samples", type=int, default=0, show_default=True,
               help="a fixed seeded subset of N samples of the split (0: all)")
 @click.option("--split", type=click.Choice(SETTING_CHOICES["split"]), default="train", show_default=True,
-              help="train: the union of all clients' training data; test: the test set")
+              help="train: the union of all clients' training data (of a registered data set with --model: "
+                   "its training set); test: the test set")
 @click.option("--bn-mode", type=click.Choice(SETTING_CHOICES["bn_mode"]), default="eval",
               show_default=True, help="BatchNorm statistics used by the analysis")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N")
@@ -111,11 +113,10 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
     set_settings, set_options = _set_kinds(assignments)
     if recipe is not None:
         chosen.update({k: v for k, v in recipe.settings.items() if not given(k)})
-        if recipe.rounds is not None and not given("checkpoints"):
-            checkpoints = recipe.rounds
         if recipe.passes is not None and passes is None:
             passes = ",".join(recipe.passes)
     chosen.update(set_settings)
+    checkpoints = _checkpoints(checkpoints, given("checkpoints"), recipe, foreign is not None)
     if chosen["analysis_samples"] < 0:
         raise LandscapeError(f"--analysis-samples must be >= 0 (got {chosen['analysis_samples']})")
     surface_flags = {"directions": directions, "grid": grid, "span": span, "data": surface_data}
@@ -140,6 +141,16 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
     for warning in report.warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"{report.computed} computed, {report.skipped} already done (same settings)")
+
+
+def _checkpoints(flag: str, given: bool, recipe: Any, state_dict: bool) -> str:
+    """The checkpoints to analyse: --checkpoints where given, else the analysis recipe's rounds, else last (every
+    file of plain state_dicts: a folder of them is analysed whole unless --checkpoints picks some)."""
+    if given:
+        return flag
+    if recipe is not None and recipe.rounds is not None:
+        return recipe.rounds
+    return "all" if state_dict else flag
 
 
 def _state_dict_model(model_spec: str | None, dataset_spec: str | None) -> Any:

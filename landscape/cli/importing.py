@@ -9,7 +9,8 @@ import click
 
 
 @click.command("import")
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="the run directory to make")
 @click.option("--global", "global_files", required=True, metavar="PATTERN",
               help="the global model's file of each round, with {round}: e.g. ckpts/global/round-{round}.pt "
                    "(round 0 the initial model, round t the model after round t)")
@@ -38,9 +39,9 @@ import click
 def import_command(out: Path, global_files: str, client_files: str | None, start: str | None, model: str,
                    data: str, test_data: str | None, partition: Path, algorithm: str,
                    assignments: tuple[str, ...], overwrite: bool, quiet: bool) -> None:
-    """Make the run directory OUT from existing state_dict files, without training again: rounds and clients
+    """Make a run directory (--out) from existing state_dict files, without training again: rounds and clients
     come from the file names (never from sorted position), the models are checked against --model, and the
-    run reads as any other (`landscape analyze OUT --trust-imports` with the factories' modules on PYTHONPATH).
+    run reads as any other (`landscape analyze RUN --trust-imports` with the factories' modules on PYTHONPATH).
     An interrupted import continues where it stopped; a round imported again must hold the same models."""
     from tqdm.auto import tqdm
 

@@ -30,7 +30,7 @@ def saved(tmp_path_factory):
 
 def _import(root, out, *more):
     files = root / "files"
-    args = ["import", out, "--global", f"{files}/global/round-{{round}}.pt", "--clients",
+    args = ["import", "-o", out, "--global", f"{files}/global/round-{{round}}.pt", "--clients",
             f"{files}/clients/round-{{round}}/client-{{client}}.pt", "--model", "rwlab.nets:make_net", "--data",
             "rwlab.data:make_train_set", "--test-data", "rwlab.data:make_test_set", "--partition",
             files / "partition.json", "--algorithm", "fedavg", "--set", f"train.lr={LR}", "--set",
@@ -70,7 +70,7 @@ def test_rounds_come_from_the_file_names_and_an_import_again_changes_nothing(sav
     files = tmp_path / "files"
     shutil.copytree(saved / "files", files)
     (files / "global" / "round-3.pt").rename(files / "global" / "round-003.pt")  # padded or not: round 3
-    args = ["import", tmp_path / "run", "--global", f"{files}/global/round-{{round}}.pt", "--clients",
+    args = ["import", "-o", tmp_path / "run", "--global", f"{files}/global/round-{{round}}.pt", "--clients",
             f"{files}/clients/round-{{round}}/client-{{client}}.pt", "--start", "previous", "--model",
             "rwlab.nets:make_net", "--data", "rwlab.data:make_train_set", "--partition", files / "partition.json",
             "--quiet"]
@@ -94,7 +94,7 @@ def test_what_does_not_fit_is_refused_in_one_line(saved, tmp_path, change, messa
     shutil.copytree(saved / "files", files)
     change(files)
     start = [] if "say what" in message else ["--start", "previous"]
-    result = invoke("import", tmp_path / "run", "--global", f"{files}/global/round-{{round}}.pt", "--clients",
+    result = invoke("import", "-o", tmp_path / "run", "--global", f"{files}/global/round-{{round}}.pt", "--clients",
                     f"{files}/clients/round-{{round}}/client-{{client}}.pt", *start, "--model",
                     "rwlab.nets:make_net", "--data", "rwlab.data:make_train_set", "--partition",
                     files / "partition.json", "--quiet")
@@ -108,6 +108,6 @@ def test_what_does_not_fit_is_refused_in_one_line(saved, tmp_path, change, messa
     (["--global", "g/{round}.pt", "--clients", "c/{round}.pt", "--start", "previous"], "must name {round} and {client}"),
 ])
 def test_patterns_that_name_no_round_or_no_file_are_refused(saved, tmp_path, args, message):
-    result = invoke("import", tmp_path / "run", *args, "--model", "rwlab.nets:make_net", "--data",
+    result = invoke("import", "-o", tmp_path / "run", *args, "--model", "rwlab.nets:make_net", "--data",
                     "rwlab.data:make_train_set", "--partition", saved / "files" / "partition.json")
     assert message in one_line_error(result)
