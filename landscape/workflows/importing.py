@@ -35,8 +35,8 @@ class Pattern:
         unknown = [f for f in found if f not in fields]
         if unknown or sorted(found) != sorted(fields) or len(set(found)) != len(found):
             need = " and ".join("{" + f + "}" for f in fields)
-            raise LandscapeError(f"{what} '{text}' must name {need} once each (e.g. "
-                                 f"{'clients/round-{round}/client-{client}.pt' if 'client' in fields else 'global/round-{round}.pt'})")
+            example = "clients/round-{round}/client-{client}.pt" if "client" in fields else "global/round-{round}.pt"
+            raise LandscapeError(f"{what} '{text}' must name {need} once each (e.g. {example})")
         return cls(text, fields)
 
     def regex(self, **known: int) -> re.Pattern:

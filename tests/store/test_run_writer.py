@@ -298,3 +298,21 @@ def test_a_registered_model_data_set_and_partition_are_recorded_by_name(tmp_path
     models = torch.stack([_flat(clients[i], names) for i in range(3)])
     expected = float(((models - models.mean(0)) ** 2).sum(1).mean())
     assert _record(path, 1, "flatness")["distance"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_every_pass_and_every_surface_runs_on_a_recorded_run(runs):
+    small = ["--set", "hessian.top_k=2", "--set", "hessian.trace_hvps=6", "--set", "hessian.density_runs=1", "--set",
+             "hessian.density_steps=4", "--set", "hessian.clients=2", "--set", "sharpness.rhos=[0.05]", "--set",
+             "sharpness.steps=2", "--set", "sharpness.starts=1", "--set", "sharpness.clients=2", "--set",
+             "loss.clients=2", "--set", "alignment.batches=3", "--set", "incompatibility.batches=3"]
+    done = invoke("analyze", runs / "fedsam", "--trust-imports", "--device", "cpu", "--quiet", "--checkpoints", "3",
+                  *small)
+    assert done.exit_code == 0, done.output
+    for args in (["--directions", "random"], ["--directions", "pca", "--checkpoints", "all"],
+                 ["--directions", "clients"], ["--directions", "interpolate"], ["--data", "client:1"]):
+        surface = invoke("analyze", runs / "fedsam", "--trust-imports", "--device", "cpu", "--quiet", "--grid", "5",
+                         "--checkpoints", "3", *args)
+        assert surface.exit_code == 0, (args, surface.output)
+    folder = runs / "fedsam" / "analysis" / "round-0003"
+    assert {json.loads(p.read_text())["pass"] for p in folder.glob("*.json")} == {
+        "loss", "hessian", "sharpness", "flatness", "incompatibility", "alignment", "surface"}
