@@ -11,7 +11,14 @@ from landscape.config import recipe as recipes
 from landscape.core.errors import LandscapeError
 from landscape.models import MODELS, build_model
 
-SHAPES = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28), "resnet18": (3, 32, 32)}
+SHAPES = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28), "resnet18": (3, 32, 32), "factory": (1, 8, 8)}
+# the options a model needs besides its defaults: the factory model names a function of the user's
+OPTIONS = {"factory": {"factory": "test_model_contract:seven_logits"}}
+
+
+def seven_logits() -> torch.nn.Module:
+    """A user's model factory (importable as test_model_contract:seven_logits, as pytest imports this file)."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 7))
 
 
 def test_every_model_has_a_shape_here():
@@ -24,7 +31,7 @@ def test_logits_are_finite_and_the_seed_fixes_the_function(name):
     outputs = []
     for _ in range(2):
         torch.manual_seed(5)
-        model = build_model(name, SHAPES[name], 7).eval()
+        model = build_model(name, SHAPES[name], 7, OPTIONS.get(name)).eval()
         with torch.no_grad():
             outputs.append(model(x))
     assert outputs[0].shape == (3, 7) and torch.isfinite(outputs[0]).all()

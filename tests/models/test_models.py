@@ -25,7 +25,7 @@ def logits(model: nn.Module, input_shape: tuple[int, ...], batch: int = 2) -> to
 
 
 def test_registry_names() -> None:
-    assert MODELS.names() == ["cnn", "lenet5", "mlp", "resnet18"]
+    assert MODELS.names() == ["cnn", "factory", "lenet5", "mlp", "resnet18"]
 
 
 @pytest.mark.parametrize(
@@ -197,7 +197,7 @@ def test_resnet18_cifar_stem() -> None:
 
 
 def test_error_unknown_model() -> None:
-    with pytest.raises(LandscapeError, match=r"unknown model 'vgg'; choose from: cnn, lenet5, mlp, resnet18"):
+    with pytest.raises(LandscapeError, match=r"unknown model 'vgg'; choose from: cnn, factory, lenet5, mlp, resnet18"):
         build_model("vgg", CIFAR, 10)
 
 
