@@ -153,3 +153,13 @@ def assert_same_values(a, b, where: str = "") -> None:
             assert_same_values(a[k], b[k], f"{where}.{k}")
     else:
         assert a == b, where
+
+
+def write_user_module(tmp_path: Path, monkeypatch, prefix: str, text: str) -> str:
+    """A module of the user's own, ``<prefix>_<test folder>.py`` holding ``text``, in the test's folder, which
+    becomes the current folder and the first on the path; its name (unique per test, so no copy is cached)."""
+    name = f"{prefix}_{tmp_path.name.replace('-', '_')}"[:60]
+    (tmp_path / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return name

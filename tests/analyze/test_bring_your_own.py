@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke, one_line_error, result_file, tiny_recipe
+from conftest import invoke, one_line_error, result_file, tiny_recipe, write_user_module
 
 import landscape
 from landscape.analyze.recipes import load_analysis_recipe
@@ -76,10 +76,7 @@ USER_MODULE = textwrap.dedent('''
 
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
-    name = f"userlab_{tmp_path.name.replace('-', '_')}"[:60]
-    (tmp_path / f"{name}.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
+    name = write_user_module(tmp_path, monkeypatch, "userlab", USER_MODULE)
     yield name
     from landscape.models import MODELS
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import invoke, one_line_error, result_file
+from conftest import invoke, one_line_error, result_file, write_user_module
 
 from landscape.analyze.state_dict_source import file_round
 
@@ -33,10 +33,7 @@ MODULE = textwrap.dedent('''
 @pytest.fixture
 def lab(tmp_path, monkeypatch):
     """A user's module (make_net, make_data) in the current folder: the spec of its factories."""
-    name = f"sdlab_{tmp_path.name.replace('-', '_')}"[:60]
-    (tmp_path / f"{name}.py").write_text(MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
+    name = write_user_module(tmp_path, monkeypatch, "sdlab", MODULE)
     yield name
     sys.modules.pop(name, None)
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-from conftest import one_line_error, tiny_recipe
+from conftest import one_line_error, tiny_recipe, write_user_module
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -150,10 +150,7 @@ FACTORIES = textwrap.dedent('''
 
 @pytest.fixture
 def factories(tmp_path, monkeypatch):
-    name = f"factories_{tmp_path.name.replace('-', '_')}"[:60]
-    (tmp_path / f"{name}.py").write_text(FACTORIES)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
+    name = write_user_module(tmp_path, monkeypatch, "factories", FACTORIES)
     module = __import__(name)
     torch.save(module.make_net().state_dict(), tmp_path / "mine.pt")
     yield name

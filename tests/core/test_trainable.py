@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-from conftest import tiny_recipe
+from conftest import tiny_recipe, write_user_module
 from torch import nn
 
 import landscape
@@ -161,10 +161,7 @@ USER_MODULE = textwrap.dedent(f'''
 
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
-    name = f"frozenlab_{tmp_path.name.replace('-', '_')}"[:60]
-    (tmp_path / f"{name}.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
+    name = write_user_module(tmp_path, monkeypatch, "frozenlab", USER_MODULE)
     yield name
     from landscape.models import MODELS
 
