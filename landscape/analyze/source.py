@@ -108,9 +108,7 @@ class Source:
 
         if checkpoint.recipe_text is None:
             return
-        # A recorded run (RunWriter) grows as its rounds are written: how many, and the largest share of clients.
-        grown = {"train.participation"} if checkpoint.payload.get("writer") == "RunWriter" else set()
-        difference = recipes.difference(checkpoint.recipe_text, self.recipe, RESUME_FREE_KEYS | grown)
+        difference = recipes.difference(checkpoint.recipe_text, self.recipe, RESUME_FREE_KEYS)
         if difference:
             raise LandscapeError(f"{checkpoint.path} was written by another recipe ({difference}); it is not a "
                                  f"checkpoint of {self.name}: move it away, or analyse it where it came from")

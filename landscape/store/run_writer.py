@@ -168,8 +168,7 @@ class RunWriter:
             recipes.set_key(raw, key, value)
         self.recipe = recipes.resolve(raw, algorithms=False, origin="RunWriter")
         if write:
-            self._recipe_text = recipes.to_toml(self.recipe)
-            write_text(self.dir.recipe, self._recipe_text)
+            write_text(self.dir.recipe, recipes.to_toml(self.recipe))
 
     def _name(self) -> str:
         name = self.dir.path.name
@@ -227,7 +226,6 @@ class RunWriter:
             settings = {"name": self.recipe.partition.name, **self.recipe.partition.options, "seed": self.recipe.seed}
             record = partition_record(self.parts, histogram, settings, heterogeneity(histogram).record())
             write_text(self.dir.partition, json.dumps(record) + "\n")
-        self._recipe_text = self.dir.recipe.read_text()
         self._rows = {row["round"] for row in self.dir.read_metrics()}
         self._last = None
 
@@ -263,7 +261,7 @@ class RunWriter:
             self._check_written(t, payload, kept)
         else:
             self._extend_recipe(t, len(kept["clients"]) if kept else 0)
-            write_round_files(self.dir, t, {**payload, "recipe": self._recipe_text}, kept)
+            write_round_files(self.dir, t, payload, kept)
         if t >= 1 and t not in self._rows:
             row = {"round": t, **self._row(t, payload["model"], kept), **_plain(dict(metrics or {}), "metrics")}
             self.dir.append_metrics(row)
