@@ -51,8 +51,8 @@ from landscape.analyze.directions import random_plane
 from landscape.analyze.lanczos import lanczos_topk
 from landscape.analyze.objective import Objective
 from landscape.analyze.operator import HessianOperator
-from landscape.analyze.surface_evaluation import default_cells_per_pass, evaluate_surface
-from landscape.analyze.surface_grid import make_axis
+from landscape.analyze.surface.evaluation import default_cells_per_pass, evaluate_surface
+from landscape.analyze.surface.grid import make_axis
 from landscape.config import recipe_overrides
 from landscape.config.setup import DataSetup, build_module
 from landscape.core import parallel

@@ -30,8 +30,8 @@ from landscape.analyze.context import CheckpointContext
 from landscape.analyze.directions import random_plane
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
-from landscape.analyze.surface_evaluation import evaluate_surface
-from landscape.analyze.surface_grid import make_axis
+from landscape.analyze.surface.evaluation import evaluate_surface
+from landscape.analyze.surface.grid import make_axis
 from landscape.core import parallel
 
 

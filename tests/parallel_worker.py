@@ -92,7 +92,7 @@ def main() -> None:
     from landscape.analyze.operator import HessianOperator
     from landscape.analyze.scheduler import run_analysis
     from landscape.analyze.settings import AnalysisSettings
-    from landscape.analyze.surface_evaluation import evaluate_surface
+    from landscape.analyze.surface.evaluation import evaluate_surface
 
     out, run = Path(sys.argv[1]), Path(sys.argv[2])
     with parallel.session():

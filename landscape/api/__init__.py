@@ -196,8 +196,8 @@ def surface(model: nn.Module | Problem, data: Any = None, *, grid: int | tuple[i
 
 def _surface(p: Problem, sizes: tuple[int, int], lo: float, hi: float, dims: int, directions: Any,
              seed: int) -> Surface:
-    from landscape.analyze.surface_evaluation import evaluate_surface
-    from landscape.analyze.surface_grid import make_axis
+    from landscape.analyze.surface.evaluation import evaluate_surface
+    from landscape.analyze.surface.grid import make_axis
 
     if directions is None:
         plane = random_plane(p.flat, p.w, seed)

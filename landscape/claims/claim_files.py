@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from landscape.claims.claim_statistics import MAX_SEEDS
 from landscape.config.schema import load, read_toml, rule
 from landscape.core.errors import LandscapeError
-from landscape.figures.report_data import quantities
+from landscape.figures.report.data import quantities
 
 DEFAULT_TAU = 0.5  # nats above the centre's loss: the level set whose area ``surface width`` measures
 LAST_N = re.compile(r"^last\s+(\d+)$")
@@ -204,7 +204,7 @@ def check_rounds(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, 
     run's rounds otherwise."""
     from landscape.analyze.passes import PASSES
     from landscape.analyze.registry import KEPT_CLIENTS
-    from landscape.figures.figure_rounds import analysed_rounds, logged_rounds, round_list
+    from landscape.figures.recipe.rounds import analysed_rounds, logged_rounds, round_list
 
     for i, comparison in enumerate(claim.comparisons, 1):
         quantity = comparison.quantity

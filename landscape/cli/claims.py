@@ -45,7 +45,7 @@ def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, 
     (one-sided paired t-test, exact sign-flip test, Holm's step over every comparison of this call) and print
     HELD / NOT HELD / INCONCLUSIVE with the numbers."""
     from landscape.claims import checks as claims
-    from landscape.figures import figure_recipe
+    from landscape.figures.recipe import figure as figure_recipe
     from landscape.workflows.claims import check_claims, plan_claims
 
     chosen = figure_recipe.parse_seeds(seeds, "--seeds") if seeds is not None else None

@@ -11,7 +11,7 @@ from landscape.cli.common import check_printable, progress_lines, set_option, tr
 from landscape.core.errors import LandscapeError
 
 if TYPE_CHECKING:
-    from landscape.figures.figure_recipe import FigureRecipe
+    from landscape.figures.recipe.figure import FigureRecipe
     from landscape.figures.rundata import RunData
 
 
@@ -47,7 +47,7 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     then write <file>.png and <file>.pdf (+ <file>.html, interactive 3D, for surfaces) under --out."""
     from landscape.analyze.catalog import load_passes
     from landscape.config import recipe_overrides
-    from landscape.figures import figure_recipe
+    from landscape.figures.recipe import figure as figure_recipe
     from landscape.workflows import figure
 
     fig = figure_recipe.load_figure_recipe(recipe_file, scale)

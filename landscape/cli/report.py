@@ -22,7 +22,7 @@ from landscape.core.errors import LandscapeError
 def report_command(runs: tuple[Path, ...], out: Path, title: str, settings: tuple[str, ...]) -> None:
     """One self-contained HTML page (opens with no network) over RUNS (run directories or folders of runs):
     each run's recipe, curves, spectra, surfaces and tables of the analysis, and a comparison table."""
-    from landscape.figures.report import write_report
+    from landscape.figures.report.build import write_report
     from landscape.figures.selection import Selection
 
     selection = Selection.parse(settings)

@@ -1,6 +1,6 @@
 """Figure recipes rendered: ``render`` draws one plot of a recipe (a ``PlotSpec``) by its plot kind
 (``landscape.figures.plot_kinds``: the registry of kinds, their options and the passes each reads;
-``landscape.figures.figure_recipe`` reads and checks the recipes).
+``landscape.figures.recipe.figure`` reads and checks the recipes).
 
 ``landscape figures`` (the workflow ``landscape.workflows.figure``) trains and analyses what is missing and
 calls ``render``. This module reads only TOML and run directories, as every figure module does.

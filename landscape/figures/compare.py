@@ -52,7 +52,7 @@ from landscape.analyze.registry import Quantity
 from landscape.core.errors import LandscapeError
 from landscape.figures import surface_data, surfaces
 from landscape.figures.labels import settings_caption, settings_lines, with_settings
-from landscape.figures.report_data import (
+from landscape.figures.report.data import (
     ComparisonGroup,
     ComparisonRow,
     SeedStat,
@@ -66,7 +66,7 @@ from landscape.figures.selection import Selection
 from landscape.store.fileio import write_text
 from landscape.store.runs import surface_result_name
 
-# The columns the papers compare, by the plain name of report_data.quantities (S_rho is added by radius).
+# The columns the papers compare, by the plain name of report.data.quantities (S_rho is added by radius).
 COLUMNS = ["lambda_max", "trace", "Delta_FI", "mean grad cos"]
 # Surface normalisations whose planes do not depend on the model, in the order compare tries them.
 COMPARABLE = ("euclidean", "filter-reference")

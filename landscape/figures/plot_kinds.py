@@ -5,7 +5,7 @@ the rounds it needs of them by default) and its draw function.
 A plot kind is one block of this module: its options dataclass (a ``PlotTable`` with the kind's own keys), its
 draw function ``(runs, options, surface) -> matplotlib Figure`` (``surface``: the result name of the figure's
 surfaces) and ``@plot_kind(...)`` over it, which registers it in ``PLOT_KINDS``; an interactive (plotly) renderer
-is optional. ``landscape.figures.figure_recipe`` checks each ``[[plots]]`` table by its kind's options, and
+is optional. ``landscape.figures.recipe.figure`` checks each ``[[plots]]`` table by its kind's options, and
 ``landscape.figures.book.render`` draws it. Like every figure module, this one reads only run directories.
 """
 

@@ -22,7 +22,7 @@ from landscape.workflows.figure import (
 if TYPE_CHECKING:
     from landscape.claims.checks import ClaimResult
     from landscape.claims.claim_files import Claim
-    from landscape.figures.figure_recipe import FigureRecipe
+    from landscape.figures.recipe.figure import FigureRecipe
 
 
 class ClaimWork(NamedTuple):
@@ -82,7 +82,8 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
     from landscape.claims import checks as claims
     from landscape.claims.claim_files import check_rounds
     from landscape.config import recipe_overrides
-    from landscape.figures import figure_recipe, figure_rounds
+    from landscape.figures.recipe import figure as figure_recipe
+    from landscape.figures.recipe import rounds as figure_rounds
 
     work = []
     for path in claim_files:

@@ -76,7 +76,7 @@ def _draw(paths: list[Path], figures: Path, report: Path) -> tuple[Comparison, P
     """The comparison (the three surfaces on one scale, the table), four more figures and the report."""
     from landscape.figures import curves
     from landscape.figures.compare import compare
-    from landscape.figures.report import write_report
+    from landscape.figures.report.build import write_report
 
     comparison = compare(paths, figures)
     curves.plot_accuracy(paths, figures / "accuracy.png")

@@ -11,7 +11,7 @@ from landscape.core.errors import LandscapeError
 from landscape.workflows.ensure import Notify, ensure_analysis, ensure_run, ignore
 
 if TYPE_CHECKING:
-    from landscape.figures.figure_recipe import FigureRecipe
+    from landscape.figures.recipe.figure import FigureRecipe
     from landscape.figures.rundata import RunData
     from landscape.figures.selection import Selection
 
@@ -92,7 +92,7 @@ def check_figure(fig: FigureRecipe, out: Path, *, device: str,
     """Everything checked before anything is trained: the analysis settings and pass options, and either the
     given runs (``run_paths``: returned, read) or that each round the figure analyses is a checkpoint its own
     runs will have (returns [])."""
-    from landscape.figures import figure_rounds
+    from landscape.figures.recipe import rounds as figure_rounds
     from landscape.figures.rundata import load_runs
 
     figure_analysis(fig, device)
@@ -123,7 +123,8 @@ def make_figure(fig: FigureRecipe, out: Path, *, device: str = "auto", run_paths
 def _draw(fig: FigureRecipe, out: Path, paths: list[Path], by_id: dict[str, list[Path]] | None,
           selection: Selection, notify: Notify) -> list[Path]:
     """Every plot of the figure: over all runs of ``paths`` (``by_id`` None), else over its own run ids."""
-    from landscape.figures import book, figure_recipe
+    from landscape.figures import book
+    from landscape.figures.recipe import figure as figure_recipe
     from landscape.figures.rundata import load_runs
 
     drawn = load_runs(paths, selection)

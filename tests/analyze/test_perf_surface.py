@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-import landscape.analyze.surface_evaluation as surface_module
+import landscape.analyze.surface.evaluation as surface_module
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.directions import random_plane
 from landscape.analyze.objective import Objective
-from landscape.analyze.surface_evaluation import default_cells_per_pass, evaluate_surface
-from landscape.analyze.surface_grid import make_axis
+from landscape.analyze.surface.evaluation import default_cells_per_pass, evaluate_surface
+from landscape.analyze.surface.grid import make_axis
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.models import build_model

@@ -29,7 +29,7 @@ from landscape.cli import cli
 from landscape.core.errors import LandscapeError
 from landscape.figures import extract, labels, rundata
 from landscape.figures.compare import compare
-from landscape.figures.report import build_report
+from landscape.figures.report.build import build_report
 from landscape.figures.selection import Selection
 from landscape.train import loop
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import tiny_recipe
 from torch import nn
 
-import landscape.analyze.surface as surface_module
+import landscape.analyze.surface.compute as surface_module
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import CheckpointContext
@@ -21,8 +21,8 @@ from landscape.analyze.results import result_name, same_settings, settings_recor
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
-from landscape.analyze.surface_evaluation import evaluate_surface
-from landscape.analyze.surface_grid import SurfaceGrid, make_axis
+from landscape.analyze.surface.evaluation import evaluate_surface
+from landscape.analyze.surface.grid import SurfaceGrid, make_axis
 from landscape.config import setup
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel

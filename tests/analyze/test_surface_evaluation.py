@@ -11,9 +11,9 @@ from torch import nn
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.directions import filter_normalized_direction, random_plane
 from landscape.analyze.objective import Objective
-from landscape.analyze.surface_evaluation import evaluate_surface
-from landscape.analyze.surface_grid import make_axis, make_line
-from landscape.analyze.surface_partial import load_partial, save_partial
+from landscape.analyze.surface.evaluation import evaluate_surface
+from landscape.analyze.surface.grid import make_axis, make_line
+from landscape.analyze.surface.partial import load_partial, save_partial
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.models import build_model

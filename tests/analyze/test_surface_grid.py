@@ -4,7 +4,7 @@ centre, lines through alpha = 0 and 1, and the grid and span specs."""
 import numpy as np
 import pytest
 
-from landscape.analyze.surface_grid import make_axis, make_line, parse_grid, parse_span
+from landscape.analyze.surface.grid import make_axis, make_line, parse_grid, parse_span
 from landscape.core.errors import LandscapeError
 
 

@@ -307,7 +307,7 @@ def test_a_missing_figure_is_named(tmp_path):
 
 
 def test_shipped_claims_name_runs_and_quantities_their_figures_have():
-    from landscape.figures import figure_recipe
+    from landscape.figures.recipe import figure as figure_recipe
 
     files = sorted((ROOT / "claims").glob("*.toml"))
     assert len(files) >= 7

@@ -154,7 +154,7 @@ def test_printed_commands_are_shell_quoted(case, spaced_run, tmp_path):
         shutil.copytree(spaced_run, run.parent / "other run")
         text = "\n".join(compare([run, run.parent / "other run"], tmp_path / "cmp").missing)
     elif case == "report note":
-        from landscape.figures.report import write_report
+        from landscape.figures.report.build import write_report
 
         html = write_report([run], tmp_path / "r.html").read_text()
         text = re.search(r"no analysis yet; run (`[^`]+`)", html_text.unescape(html)).group(1)
@@ -210,7 +210,9 @@ def test_the_rounds_checked_are_the_rounds_a_run_writes(swa, tmp_path):
     """METRIC_KEYS, logged_rounds and checkpoint_rounds against the files a trained run holds."""
     import json
 
-    from landscape.figures import figure_recipe, figure_rounds
+    from landscape.figures.recipe import figure as figure_recipe
+
+    from landscape.figures.recipe import rounds as figure_rounds
     from landscape.train import loop
 
     recipe = tiny_recipe(train__rounds=5, train__eval_every=2, train__checkpoint_every=2, train__swa=swa,

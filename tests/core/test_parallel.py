@@ -28,7 +28,7 @@ from landscape.analyze.operator import HessianOperator
 from landscape.analyze.plan import Job, split_work
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.analyze.surface_evaluation import evaluate_surface
+from landscape.analyze.surface.evaluation import evaluate_surface
 from landscape.config import recipe as recipes
 from landscape.config import recipe_overrides
 from landscape.core import parallel

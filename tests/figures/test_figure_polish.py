@@ -15,7 +15,9 @@ from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.summary import SUMMARY_WIDTH, AnalysisReport, analysis_data, format_summary
 from landscape.config.recipe import to_toml
 from landscape.core.errors import LandscapeError
-from landscape.figures import report, report_surfaces, surface_data, surface_scale, surfaces
+from landscape.figures import surface_data, surface_scale, surfaces
+from landscape.figures.report import build as report
+from landscape.figures.report import surfaces as report_surfaces
 
 # -- ticks ------------------------------------------------------------------------------------------------
 

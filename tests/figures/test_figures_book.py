@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from landscape.cli import cli
 from landscape.config import recipe_overrides
 from landscape.core.errors import LandscapeError
-from landscape.figures import figure_recipe, plot_kinds
+from landscape.figures import plot_kinds
+from landscape.figures.recipe import figure as figure_recipe
 
 if sys.version_info >= (3, 11):
     import tomllib

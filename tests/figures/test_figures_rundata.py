@@ -96,7 +96,8 @@ def test_figures_compare_report_claims_and_open_run_read_one_model(root, tmp_pat
     shows the numbers of the same rows and records."""
     import landscape
     from landscape.claims import checks
-    from landscape.figures import compare, curves, report
+    from landscape.figures import compare, curves
+    from landscape.figures.report import build as report
     from landscape.store import run as store_run
     from landscape.store.runs import RunDir
 

@@ -18,7 +18,10 @@ from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.core.errors import LandscapeError
-from landscape.figures import compare, curves, figure_recipe, report, report_html, rundata, seeds
+from landscape.figures import compare, curves, rundata, seeds
+from landscape.figures.recipe import figure as figure_recipe
+from landscape.figures.report import build as report
+from landscape.figures.report import parts as report_html
 from landscape.train import loop
 from landscape.workflows.figure import prepare_figure_runs
 

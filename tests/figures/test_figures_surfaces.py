@@ -263,8 +263,8 @@ def test_compare_draws_one_plane_for_every_run_where_every_run_has_it(tmp_path, 
 def test_the_report_says_what_the_runs_planes_compare_and_prints_each_weight_norm(tmp_path):
     import html
 
-    from landscape.figures.report_html import Page
-    from landscape.figures.report_surfaces import surfaces_section
+    from landscape.figures.report.parts import Page
+    from landscape.figures.report.surfaces import surfaces_section
     from landscape.figures.rundata import load_runs
 
     d = np.arange(6.0)

@@ -1,4 +1,4 @@
-"""The self-contained HTML report (landscape.figures.report): one plotly.js copy, every plot, no addresses."""
+"""The self-contained HTML report (landscape.figures.report.build): one plotly.js copy, every plot, no addresses."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from markupsafe import escape
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.figures import report, report_surfaces
+from landscape.figures.report import build as report
+from landscape.figures.report import surfaces as report_surfaces
 from landscape.train import loop
 
 FAST = {"hessian": {"top_k": 2, "tol": 0.01, "clients": 2, "trace_hvps": 6, "density_steps": 4, "density_runs": 1},

@@ -23,7 +23,7 @@ from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.cli import cli
-from landscape.figures import report_surfaces
+from landscape.figures.report import surfaces as report_surfaces
 from landscape.train import loop
 
 REQUIRED = os.environ.get("LANDSCAPE_REQUIRE_BROWSER") == "1"

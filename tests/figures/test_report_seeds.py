@@ -1,4 +1,4 @@
-"""The report's plotly figures over seeds (landscape.figures.report): a group of n >= 2 seeds is one mean trace
+"""The report's plotly figures over seeds (landscape.figures.report.build): a group of n >= 2 seeds is one mean trace
 with a +-SE band and "(n=3)" in the legend, densities a thin line per seed, gradient cosines the mean matrix; a
 single-seed report's figures are as before. The numbers are checked against the run files with numpy."""
 
@@ -15,7 +15,11 @@ from conftest import result_file
 from test_figures_seeds import seeded_runs
 from test_report import decode, plot_divs, plot_spec
 
-from landscape.figures import extract, report, report_plotly, rundata
+from landscape.figures import extract, rundata
+
+from landscape.figures.report import build as report
+
+from landscape.figures.report import plots as report_plotly
 
 GROUP = "FedAvg alpha=0.5"
 SINGLE = "FedSAM alpha=0.5"

@@ -10,7 +10,7 @@ from conftest import assert_same_values, invoke, metrics_without_time, snapshot,
 
 from landscape.config import recipe as recipes
 from landscape.config import recipe_overrides
-from landscape.figures import figure_recipe
+from landscape.figures.recipe import figure as figure_recipe
 from landscape.workflows import claims, demo, figure, sweep
 from landscape.workflows.ensure import ensure_run
 

@@ -1,6 +1,6 @@
 """The ``surface`` analysis pass: loss surfaces, F (and accuracy) on a 1D line or a 2D plane around a checkpoint
 (docs/metrics.md "Surfaces"): its options (``SurfaceOptions``, ``--set surface.KEY=VALUE``), its cost model, the
-check that its grid fits in memory, and its function, whose computation (``analyze.surface``) is imported when it
+check that its grid fits in memory, and its function, whose computation (``analyze.surface.compute``) is imported when it
 runs.
 
 Each option's kind, choices and format are its annotation (the one schema loader,
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 
 from landscape.analyze.registry import PASSES, Cost, PassOutput
-from landscape.analyze.surface_grid import (
+from landscape.analyze.surface.grid import (
     DEFAULT_SPANS,
     make_axis,
     make_line,
@@ -227,6 +227,6 @@ PASSES.declare("surface", options=SurfaceOptions,
 def surface_pass(ctx: CheckpointContext, opts: SurfaceOptions) -> PassOutput:
     """The surface ``opts`` asks for around the checkpoint of ``ctx`` (resuming its partial grid where one of
     exactly this computation is on disk): the grid, its directions and what figures read of it."""
-    from landscape.analyze.surface import compute_surface
+    from landscape.analyze.surface.compute import compute_surface
 
     return compute_surface(ctx, opts)

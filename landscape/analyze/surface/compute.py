@@ -2,8 +2,8 @@
 "Surfaces"): the planes (random, PCA, client plane, interpolation) and ``compute_surface``, which the ``surface``
 pass (``passes.surface``, its options and declaration) calls. ``opts`` is that pass's ``SurfaceOptions``.
 
-The computation's parts: ``surface_grid`` (the axes, the [ix, iy] layout and ``SurfaceGrid``),
-``surface_evaluation`` (``evaluate_surface``: the cells, batched where the BN mode allows) and ``surface_partial``
+The computation's parts: ``grid`` (the axes, the [ix, iy] layout and ``SurfaceGrid``),
+``evaluation`` (``evaluate_surface``: the cells, batched where the BN mode allows) and ``partial``
 (partial grids on disk, so that an interrupted surface resumes).
 """
 
@@ -22,8 +22,8 @@ from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.objective import Objective
 from landscape.analyze.registry import PassOutput
 from landscape.analyze.results import result_name, settings_record
-from landscape.analyze.surface_evaluation import evaluate_surface, vectorizable
-from landscape.analyze.surface_grid import (
+from landscape.analyze.surface.evaluation import evaluate_surface, vectorizable
+from landscape.analyze.surface.grid import (
     DEFAULT_SPANS,
     auto_half_width,
     make_axis,
@@ -34,7 +34,7 @@ from landscape.analyze.surface_grid import (
     parse_reference_round,
     parse_span,
 )
-from landscape.analyze.surface_partial import PARTIAL_SCHEMA, load_partial, save_partial, tensor_digest
+from landscape.analyze.surface.partial import PARTIAL_SCHEMA, load_partial, save_partial, tensor_digest
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 

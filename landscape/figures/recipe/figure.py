@@ -40,11 +40,11 @@ overrides it) every run id is trained once per seed, in ``<out>/runs/<id>-seed<s
 ``seed = s`` (over the run's own); all seeds of an id keep its label and colour, and the plots draw their mean
 with the standard error (``landscape.figures.seeds``). ``FigureRecipe.seed_runs`` lists the run folders.
 
-``load_figure_recipe`` reads one: every table is checked by its schema (``landscape.figures.figure_tables``:
+``load_figure_recipe`` reads one: every table is checked by its schema (``landscape.figures.recipe.tables``:
 ``FigureFile`` at the top level, then ``FigureTables`` with the chosen scale's table merged over the rest; each
 ``[[plots]]`` table by its kind's options, ``landscape.figures.plot_kinds``) through
 ``landscape.config.schema.load``, a bad key or value
-refused in one line naming the file and the key. ``landscape.figures.figure_rounds`` checks the rounds it asks
+refused in one line naming the file and the key. ``landscape.figures.recipe.rounds`` checks the rounds it asks
 for, and ``figure_runs`` gives a plot its loaded runs. This module reads only TOML, as every figure module does.
 """
 
@@ -61,7 +61,7 @@ from landscape.config.recipe_overrides import ANALYSIS_SETTING, PASS_OPTION
 from landscape.config.schema import load, read_toml
 from landscape.core.errors import LandscapeError
 from landscape.figures.book import PlotSpec
-from landscape.figures.figure_tables import (
+from landscape.figures.recipe.tables import (
     SCALES,
     SEED_MAX,
     AnalysisKeys,

@@ -10,7 +10,7 @@ the cells are text or small records (``Value``, ``Stat``, ``RunCell``) the ``cel
 ``Page.plot`` writes a plot as a ``<div class="plot" id="plot-NAME" data-name="NAME">`` followed by a plain
 ``Plotly.newPlot`` call on its JSON (names unique on the page). The tables: the comparison across runs (one
 row per run, or per configuration over its seeds: mean +- standard error and n), each run's analysis
-summaries at every analysed round, and its recipe; their numbers come from ``landscape.figures.report_data``.
+summaries at every analysed round, and its recipe; their numbers come from ``landscape.figures.report.data``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from markupsafe import Markup
 from matplotlib.colors import to_hex
 
 from landscape.figures.over_seeds import rounds_text
-from landscape.figures.report_data import ComparisonGroup, SeedStat, comparison_groups, metric_at, quantities
+from landscape.figures.report.data import ComparisonGroup, SeedStat, comparison_groups, metric_at, quantities
 from landscape.figures.rundata import RunData
 
 PLOTLY_CONFIG = {"responsive": True, "displaylogo": False}

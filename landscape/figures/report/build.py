@@ -12,14 +12,14 @@ gradient-cosine heatmaps; loss surfaces where ``analysis/round-NNNN/surface*.npz
 recipe (the keys every run's recipe shares once, and per run only its own values) and a table of the
 analysis summaries at every analysed round. Inputs are files only, read through
 ``rundata.load_runs``. This module gathers what the page shows and fills in its jinja2 template
-(``templates/page.html``, autoescaped): the tables' numbers (``report_data``), the tables, plots and notes
-rendered by ``report_html`` from ``templates/parts.html``, the plotly figures (``report_plotly``) and the
-surfaces section (``report_surfaces``).
+(``templates/page.html``, autoescaped): the tables' numbers (``data``), the tables, plots and notes
+rendered by ``parts`` from ``templates/parts.html``, the plotly figures (``plots``) and the
+surfaces section (``surfaces``).
 
 Runs that differ only in their recipe's seed (``landscape.figures.seeds``) are one row of the comparison
 table: each cell the mean over the seeds +- its standard error, with a column n; a single-seed run's row is as
 it was.
-The plotly figures draw such a group as its mean with a +-SE band (``report_plotly``).
+The plotly figures draw such a group as its mean with a +-SE band (``plots``).
 
 Tables and curves read one set of settings per quantity (``landscape.figures.selection``: the defaults
 unless a ``Selection`` says otherwise), named on the page where they are not the ones asked for; every
@@ -39,8 +39,8 @@ from matplotlib.colors import to_hex
 from landscape.core.errors import LandscapeError
 from landscape.figures.extract import choose_rho
 from landscape.figures.labels import settings_lines
-from landscape.figures.report_data import all_rhos
-from landscape.figures.report_html import (
+from landscape.figures.report.data import all_rhos
+from landscape.figures.report.parts import (
     Page,
     analysis_table,
     comparison_table,
@@ -49,14 +49,14 @@ from landscape.figures.report_html import (
     render_page,
     slug_of,
 )
-from landscape.figures.report_plotly import (
+from landscape.figures.report.plots import (
     cosine_figure,
     curve_figure,
     density_figure,
     incompatibility_figure,
     sharpness_figure,
 )
-from landscape.figures.report_surfaces import surfaces_section
+from landscape.figures.report.surfaces import surfaces_section
 from landscape.figures.rundata import RunData, RunsLike, as_runs
 from landscape.figures.seeds import groups
 from landscape.figures.selection import Selection

@@ -20,9 +20,9 @@ from markupsafe import Markup
 from matplotlib.colors import to_hex
 
 from landscape.core.errors import LandscapeError
-from landscape.figures.report_data import surface_files
-from landscape.figures.report_html import Page, note, parts
-from landscape.figures.report_plotly import line_surface_figure
+from landscape.figures.report.data import surface_files
+from landscape.figures.report.parts import Page, note, parts
+from landscape.figures.report.plots import line_surface_figure
 from landscape.figures.rundata import RunData
 from landscape.figures.selection import settings_label
 

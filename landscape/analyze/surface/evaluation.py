@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.func import vmap
 
 from landscape.analyze.objective import Objective
-from landscape.analyze.surface_grid import SurfaceGrid
+from landscape.analyze.surface.grid import SurfaceGrid
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.memory_format import channels_last_copy

@@ -1,7 +1,7 @@
 """The rounds a figure's runs will have, from their training recipes, checked before anything is trained.
 
 ``logged_rounds`` (a metrics.jsonl key), ``checkpoint_rounds`` and ``analysed_rounds`` (a pass of a figure
-recipe, ``landscape.figures.figure_recipe``) say which rounds a run will have; ``check_pass_rounds`` checks
+recipe, ``landscape.figures.recipe.figure``) say which rounds a run will have; ``check_pass_rounds`` checks
 a figure's rounds against them and ``round_list`` shows rounds in a message.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from landscape.core.errors import LandscapeError
-from landscape.figures.figure_recipe import FigureRecipe
+from landscape.figures.recipe.figure import FigureRecipe
 
 EVAL_KEYS = ("test_loss", "test_acc")  # logged every train.eval_every rounds and at the last one
 
