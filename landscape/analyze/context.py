@@ -27,14 +27,10 @@ from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.core.memory_format import CONTIGUOUS, MemoryFormatChoice, choose_memory_format
-from landscape.store.checkpoints import (
-    Checkpoint,
-    check_model_state,
-    load_checkpoint,
-    load_client_models,
-    non_finite_weights,
-)
+from landscape.store.checkpoints import Checkpoint, load_client_models, non_finite_weights
 
+
+_UNREAD = object()  # the clients file not read yet (``CheckpointContext._recorded_start``)
 
 # The samples of the analysis data on which "auto" times the two layouts: enough that the timing measures the
 # kernels more than the calls around them (at 32 the digits CNN is near the tie), few enough that it stays short.
@@ -69,6 +65,8 @@ class CheckpointContext:
     _client_objectives: dict[int, Objective] = field(init=False, default_factory=dict, repr=False)
     # the layout of the evaluations, settled by the first use of ``objective`` (None before: nothing evaluated)
     memory_format: MemoryFormatChoice | None = field(init=False, default=None)
+    # s^t as recorded beside the kept clients' models (``kept_clients``): None when the file holds none
+    _recorded_start: Tensor | None | object = field(init=False, default=_UNREAD, repr=False)
 
     def __post_init__(self) -> None:
         path = self.source.checkpoints[self.round]
@@ -187,8 +185,10 @@ class CheckpointContext:
                 f"{self.source.name} has no client models for round {self.round}; "
                 "train with --keep-clients to save them at checkpoints"
             )
-        kept = load_client_models(path, self.reference_state, self.source.model_name, self.source.run_dtype,
-                                  self.num_clients)
+        kept, start = load_client_models(path, self.reference_state, self.source.model_name, self.source.run_dtype,
+                                         self.num_clients)
+        # s^t, recorded beside them (run format 2): kept, so that broadcast_start reads the file no second time
+        self._recorded_start = None if start is None else self.flat.from_state_dict(start)[0]
         return {i: self.flat.from_state_dict(state)[0] for i, state in kept.items()}
 
     def previous_global(self) -> Tensor | None:
@@ -205,13 +205,10 @@ class CheckpointContext:
         (``start`` in ``round-NNNN.clients.pt``, run format 2: written by the trainer and ``RunWriter``), so no
         algorithm is needed to find it. A run written before the format recorded it has it rebuilt when round
         t-1 was checkpointed (``rebuilt_start``); else None."""
-        path = self.source.clients_checkpoint(self.round)
-        if path.is_file():
-            start = load_checkpoint(path).get("start")
-            if start is not None:
-                check_model_state(start, self.reference_state, self.source.model_name, f"{path} (start)",
-                                  self.source.run_dtype)
-                return self.flat.from_state_dict(start)[0].to(self.device, self.dtype)
+        if self._recorded_start is _UNREAD and self.source.clients_checkpoint(self.round).is_file():
+            self.kept_clients()  # reads the start beside the clients' models
+        if isinstance(self._recorded_start, Tensor):
+            return self._recorded_start.to(self.device, self.dtype)
         return self.rebuilt_start()
 
     def rebuilt_start(self) -> Tensor | None:

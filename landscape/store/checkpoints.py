@@ -309,11 +309,16 @@ class Checkpoint:
 
 
 def load_client_models(path: Path, reference: dict[str, torch.Tensor], model_name: str,
-                       dtype: torch.dtype | None = None, num_clients: int | None = None) -> dict[int, dict]:
-    """The clients' final local models of a ``round-NNNN.clients.pt`` file: {client: state_dict}, each checked
-    against ``reference`` (and ``dtype``, the run's, when given), each client one of the run's ``num_clients``.
-    A damaged, unsafe or foreign file is a one-line error naming it."""
+                       dtype: torch.dtype | None = None,
+                       num_clients: int | None = None) -> tuple[dict[int, dict], dict | None]:
+    """The clients' final local models of a ``round-NNNN.clients.pt`` file, {client: state_dict}, and the model
+    they started from (``start``, run format 2; None in a file written before), each checked against
+    ``reference`` (and ``dtype``, the run's, when given), each client one of the run's ``num_clients``. A damaged,
+    unsafe or foreign file is a one-line error naming it."""
     payload = load_checkpoint(path)
+    start = payload.get("start")
+    if start is not None:
+        check_model_state(start, reference, model_name, f"{path} (start)", dtype)
     clients = payload.get("clients")
     if not isinstance(clients, dict) or not clients:
         raise CheckpointError(f"{path} holds no client models", path, "foreign", "holds no client models")
@@ -327,7 +332,7 @@ def load_client_models(path: Path, reference: dict[str, torch.Tensor], model_nam
                                   f"{num_clients} clients)", path, "foreign", "a client that does not exist")
         check_model_state(state, reference, model_name, f"{path} (client {key})", dtype)
         out[int(key)] = state
-    return out
+    return out, start
 
 
 def _partition_from_record(text: str, num_samples: int, num_clients: int | None) -> tuple[list[np.ndarray], str]:

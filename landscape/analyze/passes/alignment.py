@@ -48,12 +48,11 @@ def alignment_pass(ctx: CheckpointContext, opts: AlignmentOptions) -> PassOutput
     # (run format 2; a run written before: the algorithm's broadcast of checkpoint round t - 1). The server's
     # step is measured from x^{t-1} to the training model x^t: without checkpoint round t - 1 it is not known,
     # and neither it nor the start's offset from x^{t-1} is reported (NaN), never taken from the start.
-    kept = ctx.source.clients_checkpoint(ctx.round).is_file()
-    start = ctx.broadcast_start() if kept else None
+    kept = ctx.kept_clients() if ctx.source.clients_checkpoint(ctx.round).is_file() else None
+    start = ctx.broadcast_start() if kept is not None else None  # read with them (no second load of the file)
     if start is not None:
         previous = ctx.previous_global()
-        result = update_alignment(start, ctx.kept_clients(), ctx.global_w if previous is not None else None,
-                                  previous)
+        result = update_alignment(start, kept, ctx.global_w if previous is not None else None, previous)
         if previous is None:
             result = dataclasses.replace(result, start_offset_norm=float("nan"))
         out["updates"], more = split_result(result, "updates.")
