@@ -311,10 +311,9 @@ class Checkpoint:
 def load_client_models(path: Path, reference: dict[str, torch.Tensor], model_name: str,
                        dtype: torch.dtype | None = None,
                        num_clients: int | None = None) -> tuple[dict[int, dict], dict | None]:
-    """The clients' final local models of a ``round-NNNN.clients.pt`` file, {client: state_dict}, and the model
-    they started from (``start``, run format 2; None in a file written before), each checked against
-    ``reference`` (and ``dtype``, the run's, when given), each client one of the run's ``num_clients``. A damaged,
-    unsafe or foreign file is a one-line error naming it."""
+    """A ``round-NNNN.clients.pt``'s client models {client: state_dict} and their ``start`` (run format 2; None
+    before), checked against ``reference`` (and ``dtype``, the run's, when given), each client one of the run's
+    ``num_clients``. A damaged, unsafe or foreign file is a one-line error naming it."""
     payload = load_checkpoint(path)
     start = payload.get("start")
     if start is not None:
