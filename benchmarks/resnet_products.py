@@ -8,8 +8,8 @@ one warm-up each: the gradient of F (``Objective.loss_and_grad``), a product thr
 kernels, ReLUs without PyTorch's zero terms), the same through graphs that PyTorch's own double-backward
 builds (its derivatives, written out here as the reference), a product with the graph rebuilt every time
 (double-backward, ``keep_graph=False``), a forward-over-reverse product (``torch.func.jvp`` of
-``torch.func.grad``) and the ``auto`` backend where the graphs do not fit (``memory_budget=0``: its one-off
-timing picks one of the last two; where they fit, auto is the kept-graph row). Beside each the memory it
+``torch.func.grad``) and the ``auto`` backend where the graphs do not fit (``memory_budget=0``: the
+double-backward product, rebuilt every call; where they fit, auto is the kept-graph row). Beside each the memory it
 holds: the peak of the bytes allocated during one call above what was allocated before it (the profiler's
 record of CPU allocations), plus, for kept graphs, the bytes they hold (as the operator measures them for its
 memory rule); the floating-point operations of one call, those of its matrix products and convolutions
@@ -97,12 +97,12 @@ def main() -> None:
     objective = Objective(flat, flat.buffers(), AnalysisData(x, y, args.batch_size), "eval")
     v = torch.randn(flat.dim, generator=g)
     kept = HessianOperator(objective, w, "double-backward", keep_graph=True)
-    rebuilt = HessianOperator(objective, w, "double-backward", keep_graph=False)  # by name: auto picks by a timing
+    rebuilt = HessianOperator(objective, w, "double-backward", keep_graph=False)  # by name
     forward = HessianOperator(objective, w, "forward-over-reverse")
     auto = HessianOperator(objective, w, "auto", memory_budget=0)
     reference = rebuilt @ v
     pytorch, pytorch_bytes = pytorch_kept_products(objective, w, v)
-    auto @ v  # the first product times the two backends and picks one
+    auto @ v  # the first product decides the backend (double-backward) and that no graph is kept
     names = {"gradient of F": "gradient", "HVP, double-backward through the kept graphs": "kept",
              "HVP, PyTorch's own double-backward through kept graphs (its derivatives)": "pytorch",
              "HVP, double-backward, graph rebuilt every product": "rebuilt",
@@ -131,8 +131,8 @@ def main() -> None:
         difference = f"{agreement[key]:.1e}" if key in agreement else "-"
         print(f"| {label} | {best[key]:.2f} | {best[key] / best['gradient']:.2f}x | {flops[key]:.1f} | "
               f"{flops[key] / flops['gradient']:.2f}x | {held[key] / 2**20:,.0f} | {difference} |")
-    seconds = ", ".join(f"{k} {s:.2f} s" for k, s in (auto.backend_seconds or {}).items())
-    print(f"\nauto's one-off timing (one product on the first batch each): {seconds}.")
+    print(f"\nauto where the graphs do not fit: {auto.backend_used}, the graph rebuilt every product (never "
+          "chosen by a timing).")
     print(f"\nThe kept gradient graphs hold {kept.graph_bytes / 2**20:,.0f} MiB for {args.samples} samples "
           f"({kept.graph_bytes / args.samples / 2**20:.1f} MiB per sample).")
 

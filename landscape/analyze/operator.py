@@ -16,9 +16,9 @@ Two ways to compute H_b v, equal up to rounding:
   back-propagates it k times). Both run the same operations in the same order: the same numbers.
 - ``forward-over-reverse``: the directional derivative of the gradient function, ``torch.func.jvp`` of
   ``torch.func.grad`` (usually the cheaper of the two on GPUs); it recomputes the gradient every product.
-- ``auto`` (the default): double-backward through kept graphs where they fit; otherwise, at the first
-  product, one rebuilt double-backward product and one forward-over-reverse product on the first batch are
-  timed and the faster is used (``backend_used``; ``backend_seconds`` the times).
+- ``auto`` (the default): double-backward, through kept graphs where they fit, rebuilt every product
+  otherwise: the same numbers either way, so no Hessian number depends on the memory free or on a timing
+  (an earlier release timed the two backends where the graphs did not fit; issue 43).
 
 Both differentiate with respect to the parameters by name, products written in place (``products``).
 
@@ -58,7 +58,6 @@ from landscape.core.errors import LandscapeError
 from landscape.core.flat import ParameterLeaves
 
 BACKENDS = ("auto", "double-backward", "forward-over-reverse")
-TIMED_BACKENDS = BACKENDS[1:]  # what auto chooses between where the graphs are not kept
 
 # Relative agreement two evaluations of Hv must reach (check_determinism). Reductions are the only rounding
 # differences a deterministic computation has, so far below what a dropout mask or a shuffled batch causes.
@@ -181,10 +180,8 @@ class HessianOperator(LinearOperator):
         self.progress = progress
         self.keeps_graph: bool | None = False if backend == "forward-over-reverse" or keep_graph is False else None
         self.graph_bytes: int | None = None
-        # the backend the products use (auto: decided at the first product) and, where auto timed them, the
-        # seconds of one first-batch product by each
+        # the backend the products use (auto: decided at the first product, with whether the graphs are kept)
         self.backend_used: str | None = None if backend == "auto" else backend
-        self.backend_seconds: dict[str, float] | None = None
         self._graphs: list[tuple[float, Gradient]] = []
         self._leaves: ParameterLeaves | None = None
         self._rows: Tensor | None = None  # the kept-graph products' rows (matmat)
@@ -234,7 +231,7 @@ class HessianOperator(LinearOperator):
         if self.keeps_graph is None:
             self._decide_graphs()
         if self.backend_used is None:
-            self._choose_backend(vectors[:, :1])
+            self.backend_used = "double-backward"
         if self.keeps_graph:
             out = torch.zeros_like(vectors)
             if self._rows is None or self._rows.shape != vectors.T.shape:  # one [k, dim] tensor, reused: a new one
@@ -274,25 +271,9 @@ class HessianOperator(LinearOperator):
         """grad f_b at the leaves with its graph, per parameter (``products.batch_gradient``)."""
         return products.batch_gradient(lambda params: self._batch_loss(params, batch), leaves)
 
-    def _choose_backend(self, v: Tensor) -> None:
-        """``auto`` where the graphs are not kept: one rebuilt double-backward product and one forward-over-
-        reverse product on the first batch (each twice, interleaved, the minimum: first-call costs do not
-        decide), the device synchronised; the faster is used from then on. Under torchrun the ranks time the
-        same batch and their seconds are summed, so every rank picks the same backend."""
-        data = self.objective.data
-        batch = data.batch(*data.batch_ranges()[0])
-        seconds = torch.full((len(TIMED_BACKENDS),), float("inf"), dtype=torch.float64)
-        for _ in range(2):
-            for i, backend in enumerate(TIMED_BACKENDS):
-                took = products.synchronized_seconds(lambda b=backend: self._batch_hvps(batch, v, b), self.device)
-                seconds[i] = min(float(seconds[i]), took)
-        seconds = parallel.all_reduce_sum(seconds.to(self.device)).cpu()
-        self.backend_seconds = dict(zip(TIMED_BACKENDS, seconds.tolist()))
-        self.backend_used = TIMED_BACKENDS[int(seconds.argmin())]
-
     def decide_backend(self) -> str:
         """The backend the products use (``backend_used``), decided now where it is not yet, as the first product
-        would (auto: the memory rule on the first batch's measured graph, else the timing, with v = ones),
+        would (auto: double-backward; the memory rule on the first batch's measured graph decides the keeping),
         keeping no graph: what a result records, and what later operators on the problem can be given."""
         if self.backend_used is None:
             data = self.objective.data
@@ -300,10 +281,7 @@ class HessianOperator(LinearOperator):
             leaves = self.objective.flat.leaves(self.w)
             size = self._measured_gradient(leaves, data.batch(*ranges[0]))[1] if ranges else 0
             self.graph_bytes = size * len(ranges)
-            if self.keep_graph or (self.keep_graph is None and self._fits(self.graph_bytes)):
-                self.backend_used = "double-backward"
-            else:
-                self._choose_backend(torch.ones(self.dim, 1, dtype=self.dtype, device=self.device))
+            self.backend_used = "double-backward"
         return self.backend_used
 
     # -- kept graphs ------------------------------------------------------------------------------------------
@@ -333,7 +311,7 @@ class HessianOperator(LinearOperator):
 
     def _fits(self, size: int) -> bool:
         """The memory rule: ``size`` bytes within the budget. For ``auto`` under torchrun: on every rank, so
-        that all ranks take the same path (and time the backends together, ``_choose_backend``)."""
+        that all ranks take the same path."""
         budget = self.memory_budget
         if budget is None:
             free = free_memory(self.device)

@@ -24,13 +24,13 @@ HOW_COMPUTED = frozenset({"threads", "memory_format"})
 class AnalysisSettings:
     """Settings shared by every pass (recorded with each result)."""
 
-    split: Literal["train", "test"] = "train"  # train: union of all clients' training data; test: the test set
+    split: Literal["train", "test"] = "train"  # train: all clients' training data pooled; test: the test set
     # 0: all of the split; N: a fixed seeded subset of N samples
     analysis_samples: Annotated[int, rule("0: all of the split", ge=0)] = 0
     bn_mode: Literal["eval", "train-batch-stats", "recompute"] = "eval"
     device: Annotated[str, rule(min_length=1, text="must be auto, cpu, cuda or cuda:N")] = "auto"
     backend: Literal["native", "pyhessian"] = "native"  # pyhessian: the lambda_max and trace cross-check
-    # auto: kept double-backward graphs where they fit, else the faster of the two by a one-off timing
+    # auto: double-backward, through kept graphs where they fit, rebuilt otherwise (the same numbers)
     hvp: Literal["auto", "double-backward", "forward-over-reverse"] = "auto"
     batch_size: Annotated[int, rule(ge=1)] = 512  # analysis batches (fixed order and boundaries)
     seed: Annotated[int, rule(ge=0, le=2**32 - 1, text="must be in 0..4294967295")] = 0
@@ -40,7 +40,7 @@ class AnalysisSettings:
     # result records it beside them, with its seconds): another count changes the last bits only.
     threads: Annotated[int, rule(ge=0, le=4096, text="must be in 0..4096 (0: every core)")] = 1
     # the layout of the losses' and gradients' 4-D tensors (landscape.core.memory_format; auto: channels-last on
-    # the CPU unless a start-up timing finds it clearly slower); Hessian-vector products are contiguous always.
+    # the CPU for a model with 2-D convolutions); Hessian-vector products are contiguous always.
     # Like threads, recorded beside a result's settings, not among them: it changes the last bits only.
     memory_format: Literal["auto", "channels-last", "contiguous"] = "auto"
 

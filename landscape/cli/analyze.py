@@ -34,7 +34,7 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
 @click.option("--analysis-samples", type=int, default=0, show_default=True,
               help="a fixed seeded subset of N samples of the split (0: all)")
 @click.option("--split", type=click.Choice(SETTING_CHOICES["split"]), default="train", show_default=True,
-              help="train: the union of all clients' training data (of a registered data set with --model: "
+              help="train: all clients' training data pooled (of a registered data set with --model: "
                    "its training set); test: the test set")
 @click.option("--bn-mode", type=click.Choice(SETTING_CHOICES["bn_mode"]), default="eval",
               show_default=True, help="BatchNorm statistics used by the analysis")
@@ -43,8 +43,8 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
               help="pyhessian: also compute lambda_max and trace with the PyHessian package (cross-check)")
 @click.option("--hvp", type=click.Choice(SETTING_CHOICES["hvp"]),
               default="auto",
-              show_default=True, help="how Hessian-vector products are computed (auto: kept double-backward graphs "
-                                      "where they fit, else the faster of the two by a one-off timing)")
+              show_default=True, help="how Hessian-vector products are computed (auto: double-backward, through "
+                                      "kept graphs where they fit)")
 @click.option("--dtype", type=click.Choice(SETTING_CHOICES["dtype"]), default="auto", show_default=True,
               help="auto: the run's train.dtype (a state_dict's own dtype)")
 @click.option("--model", "model_spec", default=None, metavar="NAME|MODULE:FACTORY",
@@ -60,8 +60,8 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
                    "sets it")
 @click.option("--memory-format", type=click.Choice(SETTING_CHOICES["memory_format"]), default="auto",
               show_default=True, help="layout of the losses' and gradients' 4-D tensors (auto: channels-last "
-                                      "on the CPU unless a start-up timing finds it clearly slower); the last "
-                                      "bits depend on it")
+                                      "on the CPU for a model with 2-D convolutions); the last bits depend on "
+                                      "it")
 @set_option("a pass option, e.g. --set hessian.top_k=10 or --set sharpness.rhos=[0.05,0.1], or an analysis "
             "setting, e.g. --set analyze.batch_size=256 (over the flags)", "analyze takes the last two")
 @click.option("--directions", type=click.Choice(["random", "pca", "clients", "interpolate"]), default=None,

@@ -1,5 +1,5 @@
 """The memory layout of a model's 4-D tensors in training and evaluation (``train.memory_format``,
-``analyze.memory_format``), and the one-off timing that chooses it.
+``analyze.memory_format``), and the rule that resolves "auto".
 
 Why: on the CPU a convolution given channels-last (NHWC) weights or input produces channels-last activations,
 and the convolution and max-pooling kernels of that layout can be much faster than the NCHW ones on small
@@ -10,29 +10,21 @@ differentiable, so gradients reach w as before, in w's own layout. What changes 
 operations inside the kernels: losses, gradients and so every trained number equal the NCHW ones to float
 rounding, not bit for bit.
 
-Whether it pays depends on the model, the work and the machine (benchmarks/memory_format.py measures it; the
-table is in docs/results). So ``"auto"`` measures: a few steps (a training step, ``FlatModel.loss_and_grad``
-on one training batch; in the analysis a loss and gradient of one analysis batch) each way, interleaved
-(``time_formats``); channels-last is taken unless it is clearly slower, in its fastest step and in its
-median one (``DECISIVE``). The default side is channels-last because on the CPU it was faster for every kind
-of work measured but the products (the table): a model near the old "clearly faster" line, such as the
-digits CNN's training step, flipped between processes, and two runs of one recipe then differed in their
-last bits; the line now lies where no measured model is. Off the CPU, and for a model without 4-D
-parameters, it is contiguous without a timing. A process keeps its choice per model, batch shape, dtype and
-threads (``choose_memory_format``: a sweep's runs of one model share one timing and one layout). The trainer
-decides when a run's state begins and records the choice in every checkpoint; a resume takes it from there
-(``landscape.train.state.TrainerCheckpoints.settle_memory_format``). The analysis decides per checkpoint and
-records the choice in every result beside its threads (``landscape.analyze.context``); its Hessian-vector
+So the layout is part of what a run computes, and no number may depend on a clock (issue 43): "auto" is
+resolved from the model and the device alone (``choose_memory_format``): channels-last on the CPU for a model
+with 4-D convolution weights (on the CPU it was faster for every kind of work measured but the products:
+benchmarks/memory_format.py, the table in docs/results), contiguous off the CPU and for a model without them.
+An earlier release timed both layouts at start-up; two runs of one recipe and seed on one machine then
+differed under other load (a claims verdict with them). The trainer resolves the setting when a run's state
+begins and records the choice in every checkpoint; a resume and a rerun take it from there
+(``landscape.train.state.TrainerCheckpoints.settle_memory_format``). The analysis resolves it per checkpoint
+and records it in every result beside its threads (``landscape.analyze.context``); its Hessian-vector
 products are contiguous in every case: channels-last ones measured close to them, a little faster for some
-models and slower for others (the table), and so no Hessian number depends on a timing.
+models and slower for others (the table).
 """
 
 from __future__ import annotations
 
-import contextlib
-import statistics
-import time
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,12 +37,8 @@ from landscape.core.errors import LandscapeError
 FlatModel = Any
 
 CHANNELS_LAST, CONTIGUOUS = "channels-last", "contiguous"
-LAYOUTS = (CHANNELS_LAST, CONTIGUOUS)  # what a choice resolves to ("auto" is the setting that times)
-DECISIVE = 0.9  # contiguous is chosen when its steps take at most this fraction of the channels-last ones'
-REPEATS = 5  # timed steps per layout, after one warm-up step each
-
-# A process's choices, by (model layout, batch shape, dtype, device, threads, autocast): measured once each
-_CHOSEN: dict[Hashable, MemoryFormatChoice] = {}
+LAYOUTS = (CHANNELS_LAST, CONTIGUOUS)  # what a choice resolves to ("auto" is resolved by the rule above)
+AUTO_RULE = "channels-last on the CPU for a model with 2-D convolutions, contiguous otherwise"  # what "auto" means
 
 
 def channels_last_copy(tensor: Tensor) -> Tensor:
@@ -78,21 +66,18 @@ def has_convolutions(flat: FlatModel) -> bool:
 
 @dataclass(frozen=True)
 class MemoryFormatChoice:
-    """The layout a run trains and evaluates in (``name``: "channels-last" or "contiguous"), why, and auto's
-    timing: (contiguous, channels-last) seconds of one training step, the fastest of ``REPEATS`` each (kept
-    in memory only: a checkpoint records ``name`` and ``reason``, so that two runs that chose alike write the
-    same bytes, and a resumed run the same record as the run it continues)."""
+    """The layout a run trains and evaluates in (``name``: "channels-last" or "contiguous") and why (both
+    recorded in every checkpoint and result)."""
 
     name: str
     reason: str
-    seconds: tuple[float, float] | None = None
 
     @property
     def channels_last(self) -> bool:
         return self.name == CHANNELS_LAST
 
     def record(self) -> dict[str, str]:
-        """The checkpoint's ``memory_format`` entry (a resume takes it as it is, never timing again)."""
+        """The checkpoint's ``memory_format`` entry (a resume takes it as it is)."""
         return {"name": self.name, "reason": self.reason}
 
 
@@ -108,67 +93,18 @@ def recorded_choice(record: Any, where: str) -> MemoryFormatChoice:
     return MemoryFormatChoice(name, str(record.get("reason", name)))
 
 
-def time_formats(time_step: Callable[[bool], float], repeats: int = REPEATS) -> tuple[list[float], list[float]]:
-    """The seconds of ``repeats`` steps (contiguous, channels-last), after one warm-up step each (allocations,
-    kernel choice), interleaved so that a change in the machine's load reaches both.
-    ``time_step(channels_last)`` runs one step and returns its seconds."""
-    seconds: dict[bool, list[float]] = {False: [], True: []}
-    for layout in (False, True):
-        time_step(layout)
-    for _ in range(repeats):
-        for layout in (False, True):
-            seconds[layout].append(time_step(layout))
-    return seconds[False], seconds[True]
-
-
-def training_step_timer(flat: FlatModel, x: Tensor, y: Tensor, buffers: dict[str, Tensor],
-                        context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                        clock: Callable[[], float] = time.perf_counter) -> Callable[[bool], float]:
-    """``time_step`` of ``time_formats`` for one training step of ``flat`` at its module's parameters: forward
-    and backward of the batch (x, y) through ``FlatModel.loss_and_grad`` in train mode, inside ``context()``
-    (the trainer's autocast). Nothing the run computes is touched: BatchNorm statistics move in copies, the
-    global RNG (dropout's masks) is restored, and the model's layout and mode are set back."""
-    w = flat.vector()
-
-    def time_step(channels_last: bool) -> float:
-        with flat.mode(True), flat.layout(channels_last), torch.random.fork_rng(devices=[]), context():
-            stats = {k: v.clone() for k, v in buffers.items()}
-            start = clock()
-            flat.loss_and_grad(w, x, y, stats)
-            return clock() - start
-
-    return time_step
-
-
-def choose_memory_format(setting: str, flat: FlatModel, device: torch.device,
-                         time_step: Callable[[bool], float] | None = None, key: Hashable | None = None,
-                         repeats: int = REPEATS, *, name: str = "train.memory_format",
-                         steps: str = "training steps") -> MemoryFormatChoice:
+def choose_memory_format(setting: str, flat: FlatModel, device: torch.device, *,
+                         name: str = "train.memory_format") -> MemoryFormatChoice:
     """The layout ``setting`` ("auto", "channels-last" or "contiguous") of the setting ``name`` means for
-    ``flat`` on ``device``.
-
-    "auto" times ``time_step`` (``time_formats``; ``steps`` says what it runs) on the CPU for a model with 4-D
-    parameters, and keeps the answer for ``key`` (the model's layout and batch shape) for the rest of the
-    process, so runs of one model in one process compute alike; a test injects ``time_step`` to force either
-    choice."""
+    ``flat`` on ``device``: "auto" is channels-last on the CPU for a model with 4-D convolution weights and
+    contiguous otherwise, from the model and the device alone (module docstring)."""
     if setting in LAYOUTS:
         return MemoryFormatChoice(setting, f'{name} = "{setting}"')
     if setting != "auto":
         raise LandscapeError(f"{name} must be one of auto, {', '.join(LAYOUTS)} (got {setting!r})")
     if device.type != "cpu":
-        return MemoryFormatChoice(CONTIGUOUS, f"auto on {device.type}: contiguous (timed on the CPU only)")
+        return MemoryFormatChoice(CONTIGUOUS, f"auto on {device.type}: contiguous")
     if not has_convolutions(flat):
         return MemoryFormatChoice(CONTIGUOUS, "auto: the model has no 4-D convolution weights")
-    if key is not None and key in _CHOSEN:
-        return _CHOSEN[key]
-    if time_step is None:
-        raise LandscapeError(f"{name} = \"auto\" needs a step to time")
-    contiguous, channels_last = time_formats(time_step, repeats)
-    slower = all(pick(contiguous) <= DECISIVE * pick(channels_last) for pick in (min, statistics.median))
-    verdict = "at least" if slower else "not"
-    choice = MemoryFormatChoice(CONTIGUOUS if slower else CHANNELS_LAST,
-                                f"auto: contiguous {verdict} {1 - DECISIVE:.0%} faster than channels-last in a "
-                                f"start-up timing of {steps}", (min(contiguous), min(channels_last)))
-    if key is not None:
-        _CHOSEN[key] = choice
-    return choice
+    return MemoryFormatChoice(CHANNELS_LAST, "auto on the CPU: channels-last for a model with 4-D convolution "
+                                             "weights")  # AUTO_RULE

@@ -20,16 +20,10 @@ from torch import Tensor
 from landscape.config import recipe as recipes
 from landscape.config.recipe import Recipe
 from landscape.config.recipe_sections import TrainSettings
-from landscape.config.setup import thread_count, using_threads
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
-from landscape.core.memory_format import (
-    MemoryFormatChoice,
-    choose_memory_format,
-    recorded_choice,
-    training_step_timer,
-)
+from landscape.core.memory_format import MemoryFormatChoice, choose_memory_format, recorded_choice
 from landscape.store import lifecycle
 from landscape.store.checkpoints import CHECKPOINT_FORMAT, Checkpoint
 from landscape.store.run_writer import write_round_files
@@ -134,23 +128,15 @@ class TrainerCheckpoints:
     def settle_memory_format(self, checkpoint: dict | None = None, path: Path | None = None) -> MemoryFormatChoice:
         """``train.memory_format``'s layout for this run, decided once, when its state begins, and set on the
         training model: the layout the recipe names; for "auto", the choice a checkpoint recorded when the
-        state comes from one (a resume never times again; a checkpoint from before the setting: contiguous),
-        else ``choose_memory_format``'s (a start-up timing of training steps on the CPU, under the recipe's
-        threads and autocast; rank 0's under torchrun, so every rank trains alike)."""
+        state comes from one (a resume keeps the run's layout; a checkpoint from before the setting:
+        contiguous), else ``choose_memory_format``'s rule, from the model and the device alone."""
         if self.memory_format is not None:
             return self.memory_format
-        cfg = self.train_cfg
-        if cfg.memory_format == "auto" and checkpoint is not None:
+        setting = self.train_cfg.memory_format
+        if setting == "auto" and checkpoint is not None:
             choice = recorded_choice(checkpoint.get("memory_format"), str(path))
         else:
-            x, y = self.train_x[: cfg.batch_size], self.train_y[: cfg.batch_size]
-            key = (repr(self.flat.module), tuple(x.shape), self.dtype, str(self.device), thread_count(cfg.threads),
-                   cfg.precision, cfg.compile)
-            with using_threads(cfg.threads):
-                timer = training_step_timer(self.flat, x, y, self.flat.buffers(), self.mixed_precision)
-                choice = choose_memory_format(cfg.memory_format, self.flat, self.device, timer, key)
-            if cfg.memory_format == "auto":
-                choice = parallel.broadcast_object(choice)
+            choice = choose_memory_format(setting, self.flat, self.device)
         self.memory_format = choice
         self.flat.channels_last = choice.channels_last
         return choice

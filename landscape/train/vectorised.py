@@ -21,16 +21,16 @@ statistics (each client updates its own copy in place, which one vmapped pass ca
 (its masks come from the global RNG). The vmapped pass runs the model's plain forward, never a
 ``train.compile`` one.
 
-``"auto"`` vectorises only on a CUDA device, where a one-off timing at start-up (a few oracle calls both ways
-for the round's clients per rank) says it is faster. On the CPU it stays sequential: one core computes the
-stacked batches at best as fast as one after another (a batched product does the same arithmetic), and the
-lockstep's thread switches only add to it.
+``"auto"`` vectorises on a CUDA device (where one vmapped pass keeps the device busy that one small client
+cannot) and stays sequential on the CPU: one core computes the stacked batches at best as fast as one after
+another (a batched product does the same arithmetic), and the lockstep's thread switches only add to it. The
+rule reads the device alone, never a timing (an earlier release timed both ways at start-up, so that a run's
+numbers depended on the machine's load; issue 43); benchmarks/gpu_check.py measures both ways.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -60,13 +60,9 @@ class Vectorisation:
 
     used: bool
     reason: str
-    seconds: tuple[float, float] | None = None  # auto's timing: (one after another, vmapped) per step
 
     def record(self) -> dict[str, Any]:
-        record: dict[str, Any] = {"used": self.used, "reason": self.reason}
-        if self.seconds is not None:
-            record["sequential_seconds"], record["vectorized_seconds"] = self.seconds
-        return record
+        return {"used": self.used, "reason": self.reason}
 
 
 def stateful_layers(module: nn.Module) -> str | None:
@@ -113,11 +109,7 @@ def _choose(trainer: Trainer) -> Vectorisation:
         return Vectorisation(True, "train.vectorize = \"on\"")
     if trainer.device.type != "cuda":
         return Vectorisation(False, f"train.vectorize = \"auto\" on {trainer.device.type}: one after another")
-    sequential, vectorised = time_oracles(trainer, clients)
-    faster = vectorised < sequential
-    verdict = "faster" if faster else "not faster"
-    return Vectorisation(faster, f"auto: {clients} clients in one vmapped pass {verdict} than one after another "
-                                 f"({vectorised:.4f} s vs {sequential:.4f} s a step)", (sequential, vectorised))
+    return Vectorisation(True, f"train.vectorize = \"auto\" on cuda: {clients} clients in one vmapped pass")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -325,33 +317,6 @@ def _answerer(trainer: Trainer) -> Callable[[dict[int, Request]], dict[int, Answ
 
 # ----------------------------------------------------------------------------------------------------------
 # auto's timing
-
-
-def time_oracles(trainer: Trainer, clients: int, repeats: int = 3) -> tuple[float, float]:
-    """Seconds of one local step's gradients for ``clients`` clients, (one after another, one vmapped pass):
-    minima over ``repeats`` interleaved repeats after a warm-up, at the initial model on the first training
-    samples (a full batch), under the run's autocast, the device synchronised."""
-    flat = trainer.flat
-    n = min(trainer.train_cfg.batch_size, len(trainer.train_y))
-    x, y = trainer.train_x[:n], trainer.train_y[:n]
-    w, constants = flat.vector(), flat.buffers()
-    stacked = StackedOracle(flat)
-    ws, xs, ys = (t.unsqueeze(0).expand(clients, *t.shape).contiguous() for t in (w, x, y))
-
-    def sequential() -> None:
-        for _ in range(clients):
-            flat.loss_and_grad(w, x, y, constants)
-
-    best = [float("inf"), float("inf")]
-    for _ in range(repeats + 1):  # the first pass warms up (kernels, caches); minima ignore it
-        for k, run in enumerate((sequential, lambda: stacked(ws, xs, ys, constants))):
-            _synchronize(trainer.device)
-            started = time.perf_counter()
-            with trainer.mixed_precision():
-                run()
-            _synchronize(trainer.device)
-            best[k] = min(best[k], time.perf_counter() - started)
-    return best[0], best[1]
 
 
 def _synchronize(device: torch.device) -> None:

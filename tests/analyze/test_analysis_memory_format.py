@@ -1,30 +1,23 @@
 """analyze.memory_format: the analysis's losses and gradients in channels-last layout equal the contiguous ones to
-float tolerance, its Hessian-vector products stay contiguous (the same bits whatever the setting), "auto" chooses
-by a timing (an injected one here), a layout is recorded beside a result's settings and never renames or
-recomputes a result, and a model without convolutions or a torchrun analysis stays contiguous."""
+float tolerance, its Hessian-vector products stay contiguous (the same bits whatever the setting), "auto" is resolved
+from the model and the device alone (never a clock), a layout is recorded beside a result's settings and never renames or
+recomputes a result, and a model without convolutions stays contiguous."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 import torch
 from conftest import analyze_args, invoke, result_file, tiny_recipe
 
-from landscape.analyze import context as analysis_context
 from landscape.analyze.context import CheckpointContext
 from landscape.analyze.operator import HessianOperator
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
-from landscape.core import memory_format, parallel
 from landscape.train import loop
-
-
-@pytest.fixture(autouse=True)
-def fresh_choices(monkeypatch):
-    """Each test starts with no choice kept by the process (``memory_format._CHOSEN``)."""
-    monkeypatch.setattr(memory_format, "_CHOSEN", {})
 
 
 @pytest.fixture(scope="module")
@@ -84,50 +77,21 @@ def test_hessian_products_are_contiguous_whatever_the_layout(cnn_run):
         assert torch.equal(products["contiguous", backend], products["channels-last", backend])
 
 
-@pytest.mark.parametrize("channels_last_seconds, chosen", [(0.5, "channels-last"), (2.0, "contiguous")])
-def test_auto_times_losses_and_gradients_and_keeps_its_choice(cnn_run, monkeypatch, channels_last_seconds, chosen):
-    timed: list[bool] = []
-
-    def timer(objective, w, batch):
-        assert batch[0].shape[0] == analysis_context.LAYOUT_TIMING_SAMPLES
-
-        def time_step(channels_last: bool) -> float:
-            timed.append(channels_last)
-            return channels_last_seconds if channels_last else 1.0
-
-        return time_step
-
-    monkeypatch.setattr(analysis_context, "_evaluation_timer", timer)
+def test_auto_is_channels_last_for_a_cnn_on_the_cpu_whatever_the_clock(cnn_run, monkeypatch):
     ctx = context(cnn_run, "auto")
-    assert ctx.memory_format is None  # nothing evaluated yet: nothing timed
+    assert ctx.memory_format is None  # nothing evaluated yet: nothing resolved
+    monkeypatch.setattr(time, "perf_counter", lambda: pytest.fail("read a clock"))
     _ = ctx.client_objective(0)  # a client's objective settles it too (through the global one)
-    assert ctx.memory_format.name == chosen and ctx.flat.channels_last == (chosen == "channels-last")
-    assert ctx.memory_format.reason.endswith("in a start-up timing of losses and gradients")
-    assert timed == [False, True] * (1 + memory_format.REPEATS)
-    # another checkpoint context of the same model, under another thread count (a test's or a notebook's
-    # context beside run_analysis's): the same choice, not timed again, so both compute the same bits
-    threads = torch.get_num_threads()
-    torch.set_num_threads(3 - min(threads, 2))
-    try:
-        again = context(cnn_run, "auto")
-        _ = again.objective
-    finally:
-        torch.set_num_threads(threads)
-    assert again.memory_format is ctx.memory_format and len(timed) == 2 * (1 + memory_format.REPEATS)
+    assert ctx.memory_format.name == "channels-last" and ctx.flat.channels_last
+    assert ctx.memory_format.reason == "auto on the CPU: channels-last for a model with 4-D convolution weights"
 
 
-def test_no_convolutions_or_torchrun_stay_contiguous_without_a_timing(tmp_path, cnn_run, monkeypatch):
-    monkeypatch.setattr(analysis_context, "_evaluation_timer",
-                        lambda *a: lambda channels_last: pytest.fail("timed"))
+def test_no_convolutions_stay_contiguous(tmp_path):
     loop.start_run(tiny_recipe(model__name="mlp", model__hidden=[8], train__rounds=2), tmp_path / "mlp",
                    progress=False)
     mlp = context(tmp_path / "mlp", "auto")
     _ = mlp.objective
     assert mlp.memory_format.name == "contiguous" and "no 4-D convolution weights" in mlp.memory_format.reason
-    monkeypatch.setattr(parallel, "world_size", lambda: 2)
-    ctx = context(cnn_run, "auto")
-    _ = ctx.objective
-    assert ctx.memory_format.name == "contiguous" and "torchrun" in ctx.memory_format.reason
 
 
 def test_the_layout_is_recorded_beside_the_settings_and_renames_nothing(cnn_run, tmp_path):

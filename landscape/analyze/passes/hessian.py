@@ -100,8 +100,8 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
         "density": {k: v for k, v in density.summary().items() if k not in ("nodes", "weights", "grid", "density")},
         "hvp_count": (functions.PROBE_HVPS + top.hvp_count + trace.hvp_count + hutchinson.hvp_count
                       + density.hvp_count),
-        "hvp": {"setting": ctx.settings.hvp, "backend": backend, "graph_bytes": chooser.graph_bytes,
-                "seconds": chooser.backend_seconds},  # the products' backend (auto: the choice and its grounds)
+        "hvp": {"setting": ctx.settings.hvp, "backend": backend,
+                "graph_bytes": chooser.graph_bytes},  # the products' backend and the measured graph size
     }
     arrays = {"density_grid": density.grid, "density": density.density, "slq_nodes": density.nodes,
               "slq_weights": density.weights}
