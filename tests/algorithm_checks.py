@@ -18,9 +18,11 @@ DIM = CLASSES * FEATURES + CLASSES
 
 def linear_trainer(tmp_path, algorithm: str, options: dict | None = None, *, clients: int = 2, steps: int = 2,
                    batch: int = 4, lr: float = 0.3, weight_decay: float = 0.01, server_lr: float = 1.0,
-                   participation: float = 1.0, **train) -> loop.Trainer:
-    """A Trainer of a float64 linear softmax model (mlp without hidden layers) on `clients` digits clients."""
+                   participation: float = 1.0, partition: str = "dirichlet-client-reuse", **train) -> loop.Trainer:
+    """A Trainer of a float64 linear softmax model (mlp without hidden layers) on `clients` digits clients
+    (``partition``: "dirichlet" gives clients of unequal sizes)."""
     changes = {
+        "partition__name": partition,
         "algorithm__name": algorithm, "partition__clients": clients, "train__participation": participation,
         "train__local_steps": steps, "train__batch_size": batch, "train__lr": lr,
         "train__weight_decay": weight_decay, "train__server_lr": server_lr, "train__dtype": "float64",

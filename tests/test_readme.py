@@ -84,7 +84,7 @@ def analyze_small(passes: str = ",".join(PASS_SMALL), clients: bool = True) -> s
 # the passes it runs are added per figure below)
 FIGURE_SMALL = "--set train.rounds=1 --set train.local_steps=1 --set analyze.analysis_samples=100 --quiet"
 # the demo's runs (names, partition, rounds and checkpoints of `landscape demo`) with one local step per round
-DEMO_SMALL = ("landscape train --algorithm fedavg,fedsam,fednsam --partition dirichlet-client --alpha 0.1"
+DEMO_SMALL = ("landscape train --algorithm fedavg,fedsam,fednsam --partition dirichlet-client-reuse --alpha 0.1"
               " --local-steps 1 --keep-clients --out runs/demo --quiet && landscape analyze runs/demo"
               " --passes loss,hessian,flatness " + analyze_small("loss,hessian,flatness"))
 
@@ -177,9 +177,11 @@ XFAIL: dict[str, str] = {}
 # Small settings (LANDSCAPE_README_SMALL=1): exact text -> the command run instead.
 SMALL = {
     # 2 rounds instead of 30
-    "landscape train --algorithm fedavg --dataset digits --partition dirichlet --alpha 0.1 --clients 20"
+    "landscape train --algorithm fedavg --dataset digits --partition dirichlet-client-reuse --alpha 0.1"
+    " --clients 20"
     " --participation 0.25 --rounds 30":
-        "landscape train --algorithm fedavg --dataset digits --partition dirichlet --alpha 0.1 --clients 20"
+        "landscape train --algorithm fedavg --dataset digits --partition dirichlet-client-reuse --alpha 0.1"
+        " --clients 20"
         " --participation 0.25 --rounds 2",
     # 2 rounds of one local step instead of the recipe's 30 rounds of 5 epochs
     "landscape train train/digits-fedavg.toml --set train.weight_decay=1e-3 --out runs/wd":
@@ -203,8 +205,8 @@ SMALL = {
     "landscape train --log tensorboard --set train.rounds=50 -o runs/tb":
         "landscape train --log tensorboard --set train.rounds=2 --set train.local_steps=1 -o runs/tb --quiet",
     # the analyze examples: the quick analysis (analyze_small) instead of every pass at its defaults
-    "landscape analyze runs/digits-quick/digits-fedsam-dir0.1-cnn-c20-s0":
-        "landscape analyze runs/digits-quick/digits-fedsam-dir0.1-cnn-c20-s0 " + analyze_small(),
+    "landscape analyze runs/digits-quick/digits-fedsam-dirr0.1-cnn-c20-s0":
+        "landscape analyze runs/digits-quick/digits-fedsam-dirr0.1-cnn-c20-s0 " + analyze_small(),
     "landscape analyze runs/digits-quick --checkpoints all --passes hessian,flatness":
         "landscape analyze runs/digits-quick --checkpoints all --passes hessian,flatness "
         + analyze_small("hessian,flatness"),
@@ -252,7 +254,7 @@ PRELUDE = {
 import torch
 import landscape
 from torch.utils.data import DataLoader, TensorDataset
-runs = "runs/demo/digits-{}-dirc0.1-cnn-c20-s0"
+runs = "runs/demo/digits-{}-dirr0.1-cnn-c20-s0"
 model = global_model = landscape.open_run(runs.format("fedavg")).model()
 client_a, client_b = (landscape.open_run(runs.format(name)).model() for name in ("fedsam", "fednsam"))
 train, _ = landscape.open_run(runs.format("fedavg")).data()

@@ -34,9 +34,10 @@ OPTIONS = {"fedacg": {"beta": 0.01}, "fedgamma": {"rho": 0.05}, "mofedsam": {"al
 
 
 def trainer(tmp_path, algorithm: str, vectorize: str, **changes) -> loop.Trainer:
-    """Four digits clients of a Dirichlet(0.5) partition, all in every round, one local epoch of batch 48
-    (so clients take different numbers of steps and each epoch ends on a short batch), float64 MLP."""
-    values = {"algorithm__name": algorithm, "partition__clients": 4, "train__participation": 1.0,
+    """Four digits clients of a per-class Dirichlet(0.5) partition (clients of unequal sizes), all in every round,
+    one local epoch of batch 48 (so clients take different numbers of steps and each epoch ends on a short
+    batch), float64 MLP."""
+    values = {"algorithm__name": algorithm, "partition__name": "dirichlet", "partition__clients": 4, "train__participation": 1.0,
               "train__local_steps": 0, "train__local_epochs": 1, "train__batch_size": 48,
               "train__lr": 0.1, "train__weight_decay": 1e-3, "train__dtype": "float64", "model__name": "mlp",
               "model__hidden": [8], "train__vectorize": vectorize}

@@ -119,7 +119,9 @@ class Source:
         return self.recipe.train.batch_size
 
     def analysis_set(self, split: str) -> tuple[Tensor, Tensor]:
-        """(inputs, targets) of the split: train = the union of all clients' training data; test = the test set."""
+        """(inputs, targets) of the split: train = all clients' training data with multiplicity (a sample that
+        clients hold k times in all counts k times, as dirichlet-client-reuse repeats samples: the mean loss over it
+        is the reference codes' global objective sum_i n_i f_i / sum_i n_i); test = the test set."""
         bundle = self.setup.bundle
         if split == "test":
             return bundle.test.x, bundle.test.y

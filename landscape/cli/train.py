@@ -20,7 +20,8 @@ _RECIPE_FLAGS: list[tuple[str, str, str]] = [
     ("--dataset", "dataset.name", "data set: digits (offline), mnist1d (generated), synthetic, mnist, ..."),
     ("--model", "model.name", "model: mlp, cnn, lenet5, resnet18"),
     ("--partition", "partition.name",
-     "how the training set is split: iid, dirichlet, dirichlet-client, pathological, natural"),
+     "how the training set is split: dirichlet-client-reuse (as the papers' reference codes draw), "
+     "dirichlet-client (no reuse), dirichlet, iid, pathological, natural"),
     ("--alpha", "partition.alpha", "Dirichlet concentration (smaller = more heterogeneous)"),
     ("--clients", "partition.clients", "number of clients N"),
     ("--participation", "train.participation", "fraction of clients sampled per round, in (0, 1]"),
@@ -235,7 +236,7 @@ def _one_run(recipe: Any, out: Path | None, overwrite: bool, dry_run: bool, quie
         click.echo(recipes.to_toml(recipe))
         click.echo(f"# run directory: {out}")
         click.echo(format_partition_table(setup.histogram))
-        click.echo(heterogeneity(setup.histogram).text())
+        click.echo(heterogeneity(setup.histogram, setup.client_indices, len(setup.bundle.train)).text())
         return
     state = loop.start_run(recipe, out, overwrite=overwrite, progress=not quiet)
     _report(out, state.round)

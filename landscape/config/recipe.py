@@ -390,7 +390,8 @@ def check_name(name: str) -> None:
 def run_name(recipe: Recipe) -> str:
     """A systematic run name: dataset-algorithm-partition-model-clients-seed."""
     part = recipe.partition
-    pname = {"dirichlet": "dir", "dirichlet-client": "dirc", "pathological": "path"}.get(part.name, part.name)
+    pname = {"dirichlet": "dir", "dirichlet-client": "dirc", "dirichlet-client-reuse": "dirr",
+             "pathological": "path"}.get(part.name, part.name)
     if "alpha" in part.options:
         pname += f"{part.options['alpha']:g}"
     if "classes_per_client" in part.options:

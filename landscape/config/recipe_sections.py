@@ -48,7 +48,7 @@ class DatasetSettings(_Picklable):
 
 @dataclass(frozen=True)
 class PartitionSettings(_Picklable):
-    name: str = "dirichlet"
+    name: str = "dirichlet-client-reuse"  # as the papers' reference codes draw (landscape.data.partitions)
     clients: Annotated[int, rule(ge=1)] = 20
     options: Mapping[str, Any] = field(default_factory=_no_options)
 
@@ -95,13 +95,13 @@ class TrainSettings:
     # in the last bits with the count; 1 is fastest for small federated clients and the same on every machine.
     threads: Annotated[int, rule(ge=0, le=4096, text="must be in 0..4096 (0: every core)")] = 1
     # A round's clients trained together, one vmapped gradient per local step ("on"), one after another ("off"),
-    # or "auto": together on a CUDA device where a start-up timing says it is faster, never on the CPU. The
+    # or "auto": together on a CUDA device, never on the CPU (the device decides, never a timing). The
     # numbers equal the sequential ones to float tolerance; BatchNorm or dropout models train one after another.
     vectorize: Literal["auto", "on", "off"] = "auto"
     # The layout of 4-D inputs and convolution weights in the training steps and evaluations: "channels-last",
-    # "contiguous" (NCHW), or "auto": on the CPU, for a model with 2-D convolutions, channels-last unless a
-    # start-up timing finds it clearly slower (landscape.core.memory_format), recorded in every checkpoint and
-    # kept by a resume. The numbers of the two differ in the last bits (float rounding), like train.threads.
+    # "contiguous" (NCHW), or "auto": channels-last on the CPU for a model with 2-D convolutions, contiguous
+    # otherwise (the model and device decide, never a timing: landscape.core.memory_format), recorded in every
+    # checkpoint and kept by a resume. The numbers of the two differ in the last bits (float rounding), like train.threads.
     memory_format: Literal["auto", "channels-last", "contiguous"] = "auto"
     # Experiment trackers that also get every metrics row and analysis result (docs/tracking.md; the optional
     # extras of the same names). They change no number.

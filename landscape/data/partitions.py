@@ -1,17 +1,23 @@
 """Splitting a training set over clients (label skew), registered by name.
 
-Every partition is a list of sorted int64 index arrays, one per client; every training sample lies in exactly
-one client, and the same seed gives the same split.
+Every partition is a list of sorted int64 index arrays, one per client, and the same seed gives the same split.
+Every partition but ``dirichlet-client-reuse`` puts every training sample in exactly one client.
 
-Two Dirichlet conventions are in use in the literature, and they give different heterogeneity at one alpha:
+Three Dirichlet conventions are in use, and they give different heterogeneity at one alpha:
 
-- ``dirichlet-client`` (the reference code of FedNSAM ``data_from_dirichlet``, FL-Simulator ``DatasetObject``,
-  which FedSMOO, FedGAMMA, FedLESAM and FedVSSAM build on, and the fedsam code's alpha splits of Hsu et al. 2020):
-  every client draws its own class proportions p_i ~ Dir(alpha * 1_C) and all clients have (near) equal sizes.
+- ``dirichlet-client-reuse``: how the papers' reference codes draw (FL-Simulator ``DatasetObject.set_data``, rule
+  'Dirichlet', which FedSMOO, FedGAMMA, FedLESAM and FedVSSAM build on; FedNSAM ``data_from_dirichlet``): every
+  client draws its class proportions p_i ~ Dir(alpha * 1_C), all clients have (near) equal sizes, each sample's
+  class is drawn from p_i, and a class whose samples ran out is refilled with all of them: samples repeat
+  (within a client and across clients) and others are left unused. The convention of the papers' numbers.
+- ``dirichlet-client``: the same proportions and sizes, but a used-up class is never refilled (the class is
+  drawn again among those with samples left): every sample used once. Its label skew is milder than the
+  references' at one alpha (tests/data/test_reference_partitions.py tells the two apart).
 - ``dirichlet`` (Hsu et al. 2019 / Yurochkin et al. 2019, NIID-Bench's "hetero-dir"): each class c is split over
   the clients by q_c ~ Dir(alpha * 1_N); client sizes vary widely.
 
-``heterogeneity`` measures a partition so that runs under the two can be told apart.
+``heterogeneity`` measures a partition (label TV, sizes, duplicated and unused shares) so that runs under the
+conventions can be told apart.
 """
 
 from __future__ import annotations
@@ -105,24 +111,22 @@ class DirichletClientOptions:
 
 
 @PARTITIONS.register("dirichlet-client", options=DirichletClientOptions,
-                     summary="per-client proportions p_i ~ Dir(alpha), equal sizes (FedNSAM, FL-Simulator code)")
+                     summary="per-client proportions p_i ~ Dir(alpha), equal sizes, no sample reused (milder than "
+                             "the reference codes' dirichlet-client-reuse)")
 def dirichlet_client(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator,
                      opts: DirichletClientOptions, natural: list[np.ndarray] | None) -> list[np.ndarray]:
-    """The reference codes' sampler: p_i ~ Dir(alpha * 1_C) per client, sizes n // N (the first n % N clients one
-    more, so that every sample is used; the reference code drops those). Then, one sample at a time, a client is
-    picked uniformly among those still short of their size, and it takes a sample of class c drawn from p_i
-    restricted to the classes with samples left (the reference code's "redraw if the class is used up"), the
-    samples of each class taken in a seeded random order."""
-    if not opts.alpha > 0:
-        raise LandscapeError(f"partition.alpha must be > 0 (got {opts.alpha})")
+    """The reference codes' proportions and sizes without their reuse: p_i ~ Dir(alpha * 1_C) per client, sizes
+    ``_equal_sizes``. One sample at a time, a client is picked uniformly among those still short of their size,
+    and it takes a sample of class c drawn from p_i restricted to the classes with samples left (where the
+    reference codes refill a used-up class: ``dirichlet_client_reuse``), the samples of each class taken in a
+    seeded random order. Every sample is used once."""
+    _check_alpha(opts.alpha)
     proportions = rng.dirichlet(np.full(num_classes, opts.alpha), size=num_clients)
     proportions = np.nan_to_num(proportions)  # a tiny alpha can underflow a whole row to 0/0
     pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
     left = np.array([len(p) for p in pools], dtype=np.int64)
-    need = np.full(num_clients, len(labels) // num_clients, dtype=np.int64)
-    need[: len(labels) % num_clients] += 1
     taken: list[list[int]] = [[] for _ in range(num_clients)]
-    for client in _client_order(need, rng):
+    for client in _client_order(_equal_sizes(len(labels), num_clients), rng):
         weights = np.where(left > 0, proportions[client], 0.0)
         if not weights.sum() > 0:  # p_i's mass sits on used-up classes only: draw among what is left
             weights = left.astype(np.float64)
@@ -133,6 +137,52 @@ def dirichlet_client(labels: np.ndarray, num_clients: int, num_classes: int, rng
         left[c] -= 1
         taken[client].append(int(pools[c][left[c]]))
     return [np.asarray(t, dtype=np.int64) for t in taken]
+
+
+@PARTITIONS.register("dirichlet-client-reuse", options=DirichletClientOptions,
+                     summary="per-client proportions p_i ~ Dir(alpha), equal sizes, a used-up class refilled "
+                             "(samples reused): as the reference codes draw (FL-Simulator, FedNSAM)")
+def dirichlet_client_reuse(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator,
+                           opts: DirichletClientOptions, natural: list[np.ndarray] | None) -> list[np.ndarray]:
+    """FL-Simulator's loop (dataset.py, ``DatasetObject.set_data``, rule 'Dirichlet'; FedNSAM's
+    ``data_from_dirichlet`` is the same law client by client): p_i ~ Dir(alpha * 1_C) per client; each class's
+    samples in a seeded random order (FL-Simulator shuffles the training set). One sample at a time a client is
+    picked uniformly among those still short of their size (the reference draws any client and redraws a full
+    one: the same law), a class c = argmax(u <= cumsum(p_i)) with u ~ U[0, 1); a class with no samples left is
+    refilled with all its samples and the class drawn again; the sample is taken from the end of c's list. So
+    samples repeat (within and across clients) and others go unused (``Heterogeneity.duplicated_share``,
+    ``unused_share``). Sizes ``_equal_sizes`` (FL-Simulator gives the remainder n % N to client 0, FedNSAM
+    drops it). Classes without samples get no mass (the reference loops forever on them)."""
+    _check_alpha(opts.alpha)
+    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
+    present = np.array([len(p) > 0 for p in pools])
+    proportions = np.nan_to_num(rng.dirichlet(np.full(num_classes, opts.alpha), size=num_clients)) * present
+    proportions[proportions.sum(axis=1) == 0] = present  # a row underflowed, or all on absent classes: uniform
+    cumulative = np.cumsum(proportions / proportions.sum(axis=1, keepdims=True), axis=1)
+    last = np.flatnonzero(present)[-1]  # u above a rounded-down top of cumsum(p_i): the last class held
+    left = np.array([len(p) for p in pools], dtype=np.int64)
+    taken: list[list[int]] = [[] for _ in range(num_clients)]
+    for client in _client_order(_equal_sizes(len(labels), num_clients), rng):
+        while True:
+            c = min(int(np.searchsorted(cumulative[client], rng.random(), side="left")), last)
+            if left[c] > 0:
+                break
+            left[c] = len(pools[c])  # refilled with all its samples (reused from now on); the class drawn again
+        left[c] -= 1
+        taken[client].append(int(pools[c][left[c]]))
+    return [np.asarray(t, dtype=np.int64) for t in taken]
+
+
+def _check_alpha(alpha: float) -> None:
+    if not alpha > 0:
+        raise LandscapeError(f"partition.alpha must be > 0 (got {alpha})")
+
+
+def _equal_sizes(n: int, num_clients: int) -> np.ndarray:
+    """Client sizes n // N, the first n % N clients one more: every client near n / N and the sizes add up to n."""
+    need = np.full(num_clients, n // num_clients, dtype=np.int64)
+    need[: n % num_clients] += 1
+    return need
 
 
 def _client_order(need: np.ndarray, rng: np.random.Generator) -> list[int]:
@@ -216,8 +266,11 @@ class Heterogeneity:
     """How heterogeneous a partition is, comparable across partition conventions.
 
     ``label_tv``: mean over clients of the total-variation distance TV(p_i, p) = 1/2 sum_c |p_ic - p_c| of client
-    i's label distribution p_i from the global one p (the union of the clients), in [0, 1 - min_c p_c];
-    ``label_tv_max`` the largest; ``size_*``: client sizes, ``size_cv`` = std / mean (ddof 0)."""
+    i's label distribution p_i from the global one p (the union of the clients, repeats counted), in
+    [0, 1 - min_c p_c]; ``label_tv_max`` the largest; ``size_*``: client sizes, ``size_cv`` = std / mean (ddof 0).
+    ``duplicated_share``: the fraction of the clients' samples (counted with repeats) that repeat another one,
+    1 - distinct / listed; ``unused_share``: the fraction of the training set no client holds, 1 - distinct / n
+    (both 0 for a partition that uses every sample once; None where the indices were not given)."""
 
     label_tv: float
     label_tv_max: float
@@ -225,25 +278,39 @@ class Heterogeneity:
     size_max: int
     size_mean: float
     size_cv: float
+    duplicated_share: float | None = None
+    unused_share: float | None = None
 
     def record(self) -> dict:
+        shares = {} if self.duplicated_share is None else {"duplicated_share": self.duplicated_share,
+                                                            "unused_share": self.unused_share}
         return {"label_tv": self.label_tv, "label_tv_max": self.label_tv_max, "size_min": self.size_min,
-                "size_max": self.size_max, "size_mean": self.size_mean, "size_cv": self.size_cv}
+                "size_max": self.size_max, "size_mean": self.size_mean, "size_cv": self.size_cv, **shares}
 
     def text(self) -> str:
+        shares = "" if self.duplicated_share is None else (
+            f"; {self.duplicated_share:.1%} of the client samples repeat another, "
+            f"{self.unused_share:.1%} of the training set unused")
         return (f"heterogeneity: mean label TV distance from the global distribution {self.label_tv:.3f} "
                 f"(max {self.label_tv_max:.3f}); client sizes {self.size_min}-{self.size_max}, "
-                f"mean {self.size_mean:.1f}, CV {self.size_cv:.2f}")
+                f"mean {self.size_mean:.1f}, CV {self.size_cv:.2f}{shares}")
 
 
-def heterogeneity(hist: np.ndarray) -> Heterogeneity:
-    """The ``Heterogeneity`` of a [clients, classes] histogram."""
+def heterogeneity(hist: np.ndarray, client_indices: list[np.ndarray] | None = None,
+                  num_samples: int | None = None) -> Heterogeneity:
+    """The ``Heterogeneity`` of a [clients, classes] histogram; with the clients' indices into the
+    ``num_samples`` training samples, its duplicated and unused shares too."""
     hist = np.asarray(hist, dtype=np.float64)
     sizes = hist.sum(axis=1)
     p = hist.sum(axis=0) / hist.sum()
     tv = 0.5 * np.abs(hist / sizes[:, None] - p).sum(axis=1)
+    shares: tuple[float | None, float | None] = (None, None)
+    if client_indices is not None and num_samples is not None:
+        listed = np.concatenate([np.asarray(c, dtype=np.int64) for c in client_indices])
+        distinct = np.unique(listed).size
+        shares = (1.0 - distinct / listed.size, 1.0 - distinct / num_samples)
     return Heterogeneity(float(tv.mean()), float(tv.max()), int(sizes.min()), int(sizes.max()), float(sizes.mean()),
-                         float(sizes.std() / sizes.mean()))
+                         float(sizes.std() / sizes.mean()), *shares)
 
 
 def format_partition_table(hist: np.ndarray) -> str:

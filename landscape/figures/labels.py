@@ -30,6 +30,8 @@ METRIC_LABELS = {
     "flatness_distance_to_global":
         r"distance to the new global model ($\|y_i - x^{t+1}\|^2$, mean over clients)",
     "flatness_distance_to_global_normalized": r"$\|y_i - x^{t+1}\|^2$ / $\|x^{t+1}\|^2$",
+    "client_update_sq": r"mean squared client update $\|y_i - s^t\|^2$",
+    "flatness_distance_relative": r"relative flatness distance $\Delta_D / \overline{\|y_i - s^t\|^2}$",
     "update_norm": r"server update norm $\|x^{t+1} - x^t\|$",
     "uplink_floats": "uplink floats per round",
     "seconds": "seconds per round (s)",
@@ -44,13 +46,17 @@ def _fmt(value: Any) -> str:
 
 
 def run_label(recipe: dict) -> str:
-    """'FedSAM alpha=0.1': the algorithm's name and the partition's heterogeneity."""
+    """'FedSAM alpha=0.1': the algorithm's name and the partition's heterogeneity (a Dirichlet split other than
+    the reference codes' and the per-class one is named: 'FedSAM dirichlet-client alpha=0.1'; ``run_labels``
+    tells apart runs that share a label)."""
     algorithm = str(recipe.get("algorithm", {}).get("name", "?"))
     label = algorithm_label(algorithm)
     partition = recipe.get("partition", {})
     kind = partition.get("name")
-    if kind == "dirichlet" and "alpha" in partition:
+    if kind in ("dirichlet", "dirichlet-client-reuse") and "alpha" in partition:
         label += f" alpha={_fmt(partition['alpha'])}"
+    elif kind == "dirichlet-client" and "alpha" in partition:
+        label += f" {kind} alpha={_fmt(partition['alpha'])}"
     elif kind == "pathological" and "classes_per_client" in partition:
         label += f" {partition['classes_per_client']} classes/client"
     elif kind:

@@ -346,8 +346,7 @@ def _partition_from_record(text: str, num_samples: int, num_clients: int | None)
         return [], "holds no list of clients"
     if num_clients is not None and len(clients) != num_clients:
         return [], f"lists {len(clients)} clients, the run has {num_clients}"
-    seen = np.zeros(num_samples, dtype=bool)
-    out = []
+    out = []  # a sample may be listed twice (dirichlet-client-reuse, as the reference codes draw, repeats samples)
     for i, client in enumerate(clients):
         indices = client.get("indices") if isinstance(client, dict) else None
         if not isinstance(indices, list) or not all(type(v) is int for v in indices):
@@ -355,20 +354,14 @@ def _partition_from_record(text: str, num_samples: int, num_clients: int | None)
         if any(not 0 <= v < num_samples for v in indices):
             bad = next(v for v in indices if not 0 <= v < num_samples)
             return [], f"client {i} has sample {bad}, outside the {num_samples} training samples"
-        array = np.asarray(indices, dtype=np.int64)
-        again = array[seen[array]] if array.size else array
-        if again.size or np.unique(array).size != array.size:
-            twice = int(again[0]) if again.size else int(next(v for v in array if (array == v).sum() > 1))
-            return [], f"sample {twice} is listed twice (client {i})"
-        seen[array] = True
-        out.append(array)
+        out.append(np.asarray(indices, dtype=np.int64))
     return out, ""
 
 
 def read_partition(path: Path, num_samples: int, num_clients: int | None = None, *,
                    recorded: bool = False) -> list[np.ndarray]:
     """The per-client index arrays of a partition.json, checked (JSON, one list of whole numbers per client,
-    every index one of the ``num_samples`` training samples, no sample twice); else a one-line error.
+    every index one of the ``num_samples`` training samples; a sample may repeat); else a one-line error.
     ``recorded``: the partition is the run's record (partition ``recorded``), not drawn from its seed."""
     try:
         text = Path(path).read_text(errors="replace")

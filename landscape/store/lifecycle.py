@@ -71,7 +71,7 @@ def write_run_files(run_dir: RunDir, recipe: Recipe, setup: DataSetup, recipe_to
         write_text(run_dir.recipe, recipes.to_toml(recipe))
     settings = {"name": recipe.partition.name, **recipe.partition.options, "seed": recipe.seed}
     record = partition_record(setup.client_indices, setup.histogram, settings,
-                              heterogeneity(setup.histogram).record())
+                              heterogeneity(setup.histogram, setup.client_indices, len(setup.bundle.train)).record())
     write_text(run_dir.partition, json.dumps(record) + "\n")
 
 

@@ -47,13 +47,17 @@ def test_loss_pass_writes_json_with_schema_and_settings(run_copy):
     assert record["schema_version"] == SCHEMA_VERSION and record["pass"] == "loss" and record["round"] == 4
     assert record["settings"]["analysis"]["bn_mode"] == "eval" and record["settings"]["pass"] == {"clients": 0}
     assert len(record["checkpoint_sha256"]) == 64
-    # F and accuracy over the union of the clients' training data, computed independently here
+    # F and accuracy over the clients' training data, a sample repeated as often as clients hold it (the reference
+    # partition reuses samples: the references' global objective), computed independently here
     run = landscape.open_run(run_copy)
     train, _ = run.data()
+    held = np.concatenate(run.partition())
+    assert len(held) == len(train) and len(np.unique(held)) < len(held)  # repeats, some samples unused
+    x, y = train.x[torch.as_tensor(held)], train.y[torch.as_tensor(held)]
     with torch.no_grad():
-        logits = run.model(4)(train.x)
-    assert record["result"]["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, train.y).item(), rel=1e-5)
-    assert record["result"]["accuracy"] == pytest.approx((logits.argmax(1) == train.y).float().mean().item(), abs=1e-6)
+        logits = run.model(4)(x)
+    assert record["result"]["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
+    assert record["result"]["accuracy"] == pytest.approx((logits.argmax(1) == y).float().mean().item(), abs=1e-6)
     assert "run" in result.output and "1 computed, 0 already done" in result.output
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import invoke
 
+import landscape
 from landscape import __version__
 from landscape.cli import cli
 from landscape.cli.train import _RECIPE_FLAGS
@@ -95,11 +96,12 @@ def test_train_writes_a_run_directory(tmp_path):
     for key in ("lr", "train_loss", "test_loss", "test_acc", "flatness_distance", "update_norm", "seconds"):
         assert key in rows[-1]
     part = json.loads((out / "partition.json").read_text())
-    assert part["num_clients"] == 4 and part["settings"]["name"] == "dirichlet"
+    assert part["num_clients"] == 4 and part["settings"]["name"] == "dirichlet-client-reuse"
     from landscape.data.partitions import heterogeneity
 
     hist = np.array([c["histogram"] for c in part["clients"]])
-    assert part["heterogeneity"] == heterogeneity(hist).record()
+    indices, n = [np.array(c["indices"]) for c in part["clients"]], len(landscape.open_run(out).data()[0])
+    assert part["heterogeneity"] == heterogeneity(hist, indices, n).record()
     assert part["heterogeneity"]["size_min"] == min(c["size"] for c in part["clients"])
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["round-0000.pt", "round-0002.pt"]
 
@@ -110,7 +112,7 @@ def test_recipe_file_and_flags(tmp_path):
     result = invoke("train", recipe, "--clients", "5", "--dry-run")
     assert result.exit_code == 0, result.output
     assert "seed = 4" in result.output and "clients = 5" in result.output
-    assert "run directory: runs/digits-fedavg-dir0.1-cnn-c5-s4" in result.output
+    assert "run directory: runs/digits-fedavg-dirr0.1-cnn-c5-s4" in result.output
     table, heterogeneity = result.output.split("heterogeneity: ")
     table = table.split("client")[-1].splitlines()[1:]
     assert [line.split()[0] for line in table if line.strip()] == ["0", "1", "2", "3", "4", "total"]
@@ -131,7 +133,7 @@ BAD_INPUT = [
                                 "fashion-mnist"),
     (["--model", "vit"], "unknown model 'vit'; choose from: cnn, factory, lenet5, mlp, resnet18"),
     (["--partition", "zipf"],
-     "unknown partition 'zipf'; choose from: dirichlet, dirichlet-client, iid, natural, pathological"),
+     "unknown partition 'zipf'; choose from: dirichlet, dirichlet-client, dirichlet-client-reuse, iid, natural, pathological"),
     (["--algorithm", "fedfoo"], "unknown algorithm 'fedfoo'; choose from: "),
     (["--alpha", "0"], "partition.alpha must be > 0 (got 0.0)"),
     (["--alpha", "-0.5"], "partition.alpha must be > 0 (got -0.5)"),
@@ -181,7 +183,7 @@ def test_sweep_from_comma_lists_skips_finished_and_resumes_unfinished(tmp_path):
     listed = invoke("train", *sweep, "--dry-run")
     assert listed.exit_code == 0, listed.output
     names = [line.split()[1] for line in listed.output.strip().splitlines()]
-    assert names == [str(tmp_path / f"digits-fedavg-dir{a}-cnn-c4-s{s}") for a in ("0.6", "0.1") for s in (0, 1)]
+    assert names == [str(tmp_path / f"digits-fedavg-dirr{a}-cnn-c4-s{s}") for a in ("0.6", "0.1") for s in (0, 1)]
     assert all(line.startswith("new") for line in listed.output.strip().splitlines())
     result = invoke("train", *sweep)
     assert result.exit_code == 0, result.output
@@ -275,7 +277,7 @@ def test_demo_and_report(tmp_path, monkeypatch):
     assert f"report:  {tmp_path / 'demo' / 'report.html'}" in result.output
     again = invoke("demo", "--out", tmp_path / "demo")  # finished steps are reused (the lines say so)
     assert again.exit_code == 0 and again.output.count(": done") == 3
-    report = invoke("report", tmp_path / "demo" / "digits-fedsam-dirc0.1-cnn-c4-s0", "-o", tmp_path / "r.html")
+    report = invoke("report", tmp_path / "demo" / "digits-fedsam-dirr0.1-cnn-c4-s0", "-o", tmp_path / "r.html")
     assert report.exit_code == 0 and (tmp_path / "r.html").stat().st_size > 100_000
     missing = invoke("report", tmp_path / "nope", "-o", tmp_path / "x.html")
     assert missing.exit_code != 0 and missing.output.strip() == f"error: {tmp_path / 'nope'} is not a directory " \
@@ -336,7 +338,8 @@ def two_runs(tmp_path_factory):
     result = invoke("train", *FAST, "--seed", "0,1", "--keep-clients", "-o", parent, "--quiet")
     assert result.exit_code == 0, result.output
     runs = sorted(p for p in parent.iterdir() if p.is_dir())
-    assert [p.name for p in runs] == ["digits-fedavg-dir0.1-cnn-c4-s0", "digits-fedavg-dir0.1-cnn-c4-s1"]
+    assert [p.name for p in runs] == ["digits-fedavg-dirr0.1-cnn-c4-s0",
+                                        "digits-fedavg-dirr0.1-cnn-c4-s1"]
     # --quiet: the result lines only, no "[1/2] new: ..." progress lines and no progress bar
     lines = result.output.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith(f"run {p}: 2 rounds; test accuracy") for p, line in zip(runs, lines))
@@ -429,7 +432,7 @@ def test_quiet_silences_compare_notes(two_runs, tmp_path):
     loud = invoke("compare", *two_runs, "-o", tmp_path / "a")
     quiet = invoke("compare", *two_runs, "-o", tmp_path / "b", "--quiet")
     assert loud.exit_code == quiet.exit_code == 0
-    assert "note: run digits-fedavg-dir0.1-cnn-c4-s0 has no" in loud.output
+    assert "note: run digits-fedavg-dirr0.1-cnn-c4-s0 has no" in loud.output
     assert "note:" not in quiet.output
     kept = [line for line in loud.output.replace(str(tmp_path / "a"), str(tmp_path / "b")).splitlines()
             if not line.startswith("note:")]

@@ -47,7 +47,7 @@ def test_rho_sets_the_algorithms_option(tmp_path):
     sweep = invoke("train", "--algorithm", "fedsam,fednsam", "--rho", "0.01,0.05", "--dry-run", "-o", tmp_path)
     assert sweep.exit_code == 0, sweep.output
     names = sorted(line.split("/")[-1] for line in sweep.output.strip().splitlines())
-    assert names == sorted(f"digits-{a}-dir0.1-cnn-c20-s0-rho{r}" for a in ("fedsam", "fednsam")
+    assert names == sorted(f"digits-{a}-dirr0.1-cnn-c20-s0-rho{r}" for a in ("fedsam", "fednsam")
                            for r in ("0.01", "0.05"))
 
 

@@ -13,7 +13,7 @@ from landscape.core.errors import LandscapeError
 def test_defaults_are_all_written_out():
     r = recipe_overrides.build()
     assert r.dataset.name == "digits"
-    assert r.to_dict()["partition"] == {"name": "dirichlet", "clients": 20, "alpha": 0.1, "balanced": False, "min_samples": 2}
+    assert r.to_dict()["partition"] == {"name": "dirichlet-client-reuse", "clients": 20, "alpha": 0.1}
     assert r.to_dict()["model"] == {"name": "cnn", "width": 32, "hidden": 128}
     assert r.to_dict()["algorithm"] == {"name": "fedavg"}
     assert r.train.rounds == 30 and r.train.lr_schedule == "constant"
@@ -63,7 +63,7 @@ def test_int_accepted_for_float_and_stored_as_float():
         ([("dataset.name", "imagenet")], "unknown dataset 'imagenet'; choose from: cifar10, cifar100, digits"),
         ([("model.name", "vit")], "unknown model 'vit'; choose from: cnn, factory, lenet5, mlp, resnet18"),
         ([("algorithm.name", "fedfoo")], "unknown algorithm 'fedfoo'; choose from: "),
-        ([("partition.name", "zipf")], "unknown partition 'zipf'; choose from: dirichlet, dirichlet-client, iid, natural, pathological"),
+        ([("partition.name", "zipf")], "unknown partition 'zipf'; choose from: dirichlet, dirichlet-client, dirichlet-client-reuse, iid, natural, pathological"),
         ([("seed", -1)], "seed must be in 0..4294967295 (got -1)"),
         ([("seed", 2**32)], "seed must be in 0..4294967295 (got 4294967296)"),
         ([("train", 3)], "recipe key 'train' is a table"),
@@ -96,7 +96,7 @@ def test_set_without_equals():
 
 def test_run_name_is_systematic():
     r = recipe_overrides.build(None, [("partition.alpha", 0.6), ("seed", 2)])
-    assert recipes.run_name(r) == "digits-fedavg-dir0.6-cnn-c20-s2"
+    assert recipes.run_name(r) == "digits-fedavg-dirr0.6-cnn-c20-s2"
 
 
 def test_per_algorithm_tables_apply_to_their_algorithm_only(tmp_path):
@@ -128,7 +128,8 @@ def test_sweep_is_the_product_of_its_axes_in_order(tmp_path):
 def test_sweep_run_names_are_systematic_and_show_extra_axes():
     runs = recipe_overrides.build_sweep(None, [], {"train.lr": [0.1, 0.05], "algorithm.name": ["fedavg"]})
     names = [recipe_overrides.sweep_run_name(r, swept) for r, swept in runs]
-    assert names == ["digits-fedavg-dir0.1-cnn-c20-s0-lr0.1", "digits-fedavg-dir0.1-cnn-c20-s0-lr0.05"]
+    assert names == ["digits-fedavg-dirr0.1-cnn-c20-s0-lr0.1",
+                     "digits-fedavg-dirr0.1-cnn-c20-s0-lr0.05"]
 
 
 def test_bad_sweep_axis():

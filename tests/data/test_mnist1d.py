@@ -62,6 +62,13 @@ def test_is_the_packages_generator_output(bundle):
     np.testing.assert_allclose(bundle.train.x[:, 0].numpy(), expected, atol=1e-5)
     np.testing.assert_allclose(bundle.test.x[:, 0].numpy(), (x_test - x.mean()) / x.std(), atol=1e-5)
 
+    # in float64 (a float64 run's): exactly the generator's float64 signals standardised in float64
+    float64 = load_dataset("mnist1d", root="unused", download=False, augment=False, num_clients=20, seed=0,
+                           options={}, dtype=torch.float64)
+    assert np.array_equal(float64.train.x[:, 0].numpy(), expected)
+    assert np.array_equal(float64.test.x[:, 0].numpy(), (x_test - x.mean()) / x.std())
+    assert torch.equal(float64.train.x.float(), bundle.train.x)
+
 
 def test_the_data_are_pinned(bundle):
     # numbers of mnist1d 0.0.2.post1 with its default seed 42: a release that generates other signals fails here
@@ -161,5 +168,5 @@ def test_train_two_rounds_from_the_cli(tmp_path):
 def test_recipe_plans_offline(tmp_path):
     result = CliRunner().invoke(cli, ["train", str(RECIPE), "--dry-run", "--out", str(tmp_path / "x")])
     assert result.exit_code == 0, result.output
-    assert "mnist1d-fedavg-dir0.1-cnn-c20-s0" in result.output
+    assert "mnist1d-fedavg-dirr0.1-cnn-c20-s0" in result.output
     assert not (tmp_path / "x").exists()

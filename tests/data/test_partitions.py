@@ -175,7 +175,7 @@ def test_natural_errors(digits_labels):
 
 
 def test_unknown_partition_and_option(digits_labels):
-    with pytest.raises(LandscapeError, match="unknown partition 'shards'; choose from: dirichlet, dirichlet-client, iid, natural"):
+    with pytest.raises(LandscapeError, match="unknown partition 'shards'; choose from: dirichlet, dirichlet-client, dirichlet-client-reuse, iid, natural"):
         split(digits_labels, "shards")
     with pytest.raises(LandscapeError, match="unknown option 'beta' for dirichlet"):
         split(digits_labels, "dirichlet", beta=1.0)
@@ -213,11 +213,11 @@ def test_table_for_many_clients_and_classes():
     assert lines[-1].split()[-1] == str(hist.sum())
 
 
-def _reference_sampler(labels: np.ndarray, clients: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
-    """The FL-Simulator / FedNSAM loop, written out independently: pick any client, redraw a full one; draw a class
-    by inverse CDF of its prior, redraw a used-up one (drawn here directly from the prior restricted to the
-    classes left, the same law: the literal redraw loop can spin for ages on a prior whose mass sits on used-up
-    classes). Returns the [clients, classes] histogram."""
+def _no_reuse_sampler(labels: np.ndarray, clients: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
+    """FL-Simulator's loop without its refill, written out independently: pick any client, redraw a full one;
+    draw a class by inverse CDF of its prior restricted to the classes with samples left (where the reference
+    refills a used-up class and reuses its samples: tests/data/test_reference_partitions.py). Returns the
+    [clients, classes] histogram."""
     priors = rng.dirichlet([alpha] * 10, size=clients)
     amount = np.bincount(labels, minlength=10)
     need = np.full(clients, len(labels) // clients)
@@ -234,9 +234,9 @@ def _reference_sampler(labels: np.ndarray, clients: int, alpha: float, rng: np.r
     return hist
 
 
-def test_dirichlet_client_is_the_reference_codes_sampler_in_distribution():
-    """The same law as the reference loop: per-client label histograms of 300 seeded draws of each agree in the
-    mean class share of the client's most and least common class, and in the TV heterogeneity (2-sample KS)."""
+def test_dirichlet_client_is_the_no_reuse_loop_in_distribution():
+    """The same law as the reference loop without its reuse: the TV heterogeneity of 300 seeded draws of each
+    agrees (2-sample KS)."""
     from scipy import stats
 
     labels = np.repeat(np.arange(10), 30)  # 300 samples, 10 clients of 30
@@ -244,7 +244,7 @@ def test_dirichlet_client_is_the_reference_codes_sampler_in_distribution():
     for seed in range(300):
         ours.append(heterogeneity(class_histogram(labels, split(labels, "dirichlet-client", seed=seed, alpha=0.3),
                                                   10)).label_tv)
-        theirs.append(heterogeneity(_reference_sampler(labels, 10, 0.3, np.random.default_rng(10_000 + seed)))
+        theirs.append(heterogeneity(_no_reuse_sampler(labels, 10, 0.3, np.random.default_rng(10_000 + seed)))
                       .label_tv)
     assert stats.ks_2samp(ours, theirs).pvalue > 0.01
     # and it is not the per-class convention, whose heterogeneity at one alpha differs
@@ -276,8 +276,6 @@ PARTITION_DAMAGE = {
     "not JSON": lambda rec: "{not json",
     "index out of range": lambda rec: _with(rec, 0, [10**6]),
     "negative index": lambda rec: _with(rec, 0, [-1]),
-    "duplicate sample": lambda rec: _with(rec, 1,
-                                          rec["clients"][1]["indices"] + rec["clients"][0]["indices"][:1]),
     "not an integer": lambda rec: _with(rec, 0, ["x"]),
     "a client missing": lambda rec: json.dumps({**rec, "clients": rec["clients"][:-1]}),
     "no clients list": lambda rec: json.dumps({"clients": 5}),
@@ -301,6 +299,21 @@ def test_a_tampered_partition_json_is_named_in_one_line(six_round_copy, damage):
     assert "partition.json" in str(caught.value) and "\n" not in str(caught.value)
     with pytest.raises(LandscapeError):
         run.partition()
+
+
+def test_a_repeat_added_to_partition_json_reads_but_is_not_the_recipe_s_partition(six_round_copy):
+    """A sample listed twice is a partition's (dirichlet-client-reuse repeats samples), so it reads; one added by
+    hand is named where the file is compared with the recipe's seeded partition (resume, analyze)."""
+    from landscape.store.checkpoints import partition_problem
+
+    path = six_round_copy / "partition.json"
+    record = json.loads(path.read_text())
+    path.write_text(_with(record, 1, record["clients"][1]["indices"] + record["clients"][0]["indices"][:1]))
+    run = landscape.open_run(six_round_copy)
+    assert len(run.client_data(1)) == len(record["clients"][1]["indices"]) + 1
+    setup = run.data_setup()
+    assert partition_problem(path, setup.client_indices, len(setup.bundle.train)) == (
+        "gives client 1 other samples than the recipe's seeded partition")
 
 
 def test_resume_sets_a_tampered_partition_json_aside_and_writes_it_again(six_round_run, six_round_copy):

@@ -146,7 +146,8 @@ def _writer(path, **changes):
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"partition": {0: [0, 1], 2: [3]}}, "clients must be the whole numbers 0..N-1"),
-    ({"partition": {0: [0, 1], 1: [1, 2]}}, "sample is listed twice"),
+    # a sample listed twice is a partition's (dirichlet-client-reuse repeats samples): only a bad index is refused
+    ({"partition": {0: [-1, 1], 1: [1, 2]}}, "client 0 has sample -1, outside the 240 samples"),
     ({"partition": {0: [0, 1], 1: [240]}}, "client 1 has sample 240, outside the 240 samples"),
     ({"partition": {0: [], 1: [1]}}, "client 0 has no samples"),
     ({"model": "__main__:make_net"}, "in the script being run .__main__."),

@@ -177,7 +177,7 @@ def test_fedvssam_rounds_match_the_equations(tmp_path):
 
 def test_fedvssam_averages_per_client_pseudo_gradients_when_step_counts_differ(tmp_path):
     trainer = linear_trainer(tmp_path, "fedvssam", {"gamma_l": 1.0, "gamma_g": 0.6, "rho": 0.05}, steps=0,
-                             local_epochs=1, batch=100, server_lr=0.5)
+                             local_epochs=1, batch=100, server_lr=0.5, partition="dirichlet")
     (before, after, results), = run_rounds(trainer, 1)
     steps = [len(client_batches(trainer, c, 0)) for c in (0, 1)]
     assert steps[0] != steps[1] and [r.num_steps for r in results] == steps

@@ -90,9 +90,10 @@ def test_mofedsam_rounds_match_the_equations(tmp_path):
 
 
 def test_mofedsam_momentum_uses_each_clients_own_step_count(tmp_path):
-    # Epoch mode: the two clients hold 761 and 676 samples, so K_i = 12 and 11 minibatches of 64.
+    # Epoch mode: the two clients of the per-class split hold 761 and 676 samples, so K_i = 12 and 11 minibatches
+    # of 64.
     lr = 0.2
-    trainer = linear_trainer(tmp_path, "mofedsam", lr=lr, steps=0, local_epochs=1, batch=64)
+    trainer = linear_trainer(tmp_path, "mofedsam", lr=lr, steps=0, local_epochs=1, batch=64, partition="dirichlet")
     ((before, after, results),) = run_rounds(trainer, 1)
     steps = [len(client_batches(trainer, client, 0)) for client in (0, 1)]
     assert steps == [12, 11] and [r.num_steps for r in results] == steps

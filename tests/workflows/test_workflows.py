@@ -106,7 +106,7 @@ def test_the_demo_trains_the_shipped_recipe_with_its_few_changes():
     runs = recipe_overrides.build_sweep(demo.DEMO_RECIPE, demo._DEMO_OVERRIDES, algorithms)
     assert demo.DEMO_RECIPE == ROOT / "train" / "digits-fedavg.toml"
     assert [recipe_overrides.sweep_run_name(recipe, swept) for recipe, swept in runs] == [
-        f"digits-{name}-dirc0.1-cnn-c20-s0" for name in ("fedavg", "fedsam", "fednsam")]
+        f"digits-{name}-dirr0.1-cnn-c20-s0" for name in ("fedavg", "fedsam", "fednsam")]
     assert all(recipe.train.keep_clients and recipe.train.device == "cpu" for recipe, _ in runs)
     fedavg = runs[0][0].with_values({"train.keep_clients": False, "train.device": "auto"})
     # the shipped recipe, but for the demo's two changes
