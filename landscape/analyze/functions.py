@@ -66,9 +66,12 @@ def checked_vector(vector: Tensor, what: str) -> Tensor:
     return vector
 
 
-def flatness_distance(global_w: Tensor, client_ws: Mapping[int, Tensor]) -> flatness.FlatnessDistanceResult:
-    """Delta_D of the clients' flat parameter vectors around their mean, and their distance to ``global_w``
+def flatness_distance(global_w: Tensor, client_ws: Mapping[int, Tensor],
+                      start: Tensor | None = None) -> flatness.FlatnessDistanceResult:
+    """Delta_D of the clients' flat parameter vectors around their mean, their distance to ``global_w`` and,
+    given the point ``start`` they started from, Delta_D / their mean squared update
     (``flatness.flatness_distance``), every vector checked finite first (``checked_vector``)."""
     x = checked_vector(global_w, "global_model")
     clients = {i: checked_vector(y, f"client {i}'s model").to(x) for i, y in client_ws.items()}
-    return flatness.flatness_distance(x, clients)
+    s = None if start is None else checked_vector(start, "the clients' start point").to(x)
+    return flatness.flatness_distance(x, clients, s)

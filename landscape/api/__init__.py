@@ -151,9 +151,11 @@ def sharpness(model: nn.Module | Problem, data: Any = None, rho: float | Sequenc
               threads: int = DEFAULT_THREADS, **settings: Any) -> SharpnessProfile:
     """S_rho = max_{||e|| <= rho} F(w + e) - F(w) for each radius: the best of ``starts`` Armijo projected
     ascents (from w and from seeded random points on the sphere), each at most ``steps`` trial points and
-    stopped when the estimated remaining gain is below ``tol`` * S_rho (``converged``, ``steps_used``,
-    ``last_gain``, ``ball_fraction`` per radius); ``steps = starts = 1`` is the SAM estimate. ``adaptive``:
-    the ASAM ball ||e / (|w| + eta)|| <= rho (weights only)."""
+    stopped when the estimated remaining gain is below ``tol`` * S_rho (the best start's ``ascent_converged``,
+    ``steps_used``, ``last_gain``, ``ball_fraction`` per radius); a lower bound of the maximum, which
+    ``start_sharpness``, ``start_spread``, ``starts_at_best`` and ``maximum_agreed`` (a second start reached
+    it) qualify; ``steps = starts = 1`` is the SAM estimate. ``adaptive``: the ASAM ball
+    ||e / (|w| + eta)|| <= rho (weights only)."""
     rhos = checks.radii(rho)
     steps, starts, seed = checks.whole("steps", steps), checks.whole("starts", starts), checks.seed(seed)
     tol, eta = checks.finite("tol", tol), checks.finite("eta", eta, positive=False)
@@ -231,17 +233,20 @@ def _flat_vector(model: nn.Module | Tensor | Mapping[str, Tensor], reference: Fl
 def flatness_distance(global_model: nn.Module | Tensor,
                       client_models: Sequence[nn.Module | Tensor | Mapping[str, Tensor]]
                       | Mapping[int, nn.Module | Tensor | Mapping[str, Tensor]], *,
+                      start: nn.Module | Tensor | Mapping[str, Tensor] | None = None,
                       threads: int = DEFAULT_THREADS) -> FlatnessDistanceResult:
     """Delta_D = mean_i ||y_i - ybar||^2 of the clients' local models y_i around their mean ybar (the FedNSAM
     paper's flatness distance) and its normalised form; the result also holds ``distance_to_global`` =
-    mean_i ||y_i - x||^2 to the global model x. From modules, flat parameter vectors or state_dicts (then
-    ``global_model`` must be a module); ``client_models`` a list or a {client number: model} mapping; every
-    vector must be finite."""
+    mean_i ||y_i - x||^2 to the global model x, and, given ``start`` (the model s the clients started their
+    round from), their mean squared update ``update_sq`` = mean_i ||y_i - s||^2 and the scale-free
+    ``distance_relative`` = Delta_D / update_sq (NaN without ``start``). From modules, flat parameter vectors or
+    state_dicts (then ``global_model`` must be a module); ``client_models`` a list or a {client number: model}
+    mapping; every vector must be finite."""
     with checks.threads(threads):
-        return _flatness_distance(global_model, client_models)
+        return _flatness_distance(global_model, client_models, start)
 
 
-def _flatness_distance(global_model: Any, client_models: Any) -> FlatnessDistanceResult:
+def _flatness_distance(global_model: Any, client_models: Any, start: Any = None) -> FlatnessDistanceResult:
     if not isinstance(global_model, (nn.Module, Tensor)):
         raise LandscapeError(f"global_model must be an nn.Module or a flat parameter tensor, not "
                              f"{type(global_model).__name__}")
@@ -260,4 +265,5 @@ def _flatness_distance(global_model: Any, client_models: Any) -> FlatnessDistanc
     clients = {int(i): _flat_vector(m, reference, f"client {int(i)}'s model").to(x) for i, m in items}
     if not clients:
         raise LandscapeError("give at least one client model")
-    return functions.flatness_distance(x, clients)
+    s = None if start is None else _flat_vector(start, reference, "start").to(x)
+    return functions.flatness_distance(x, clients, s)

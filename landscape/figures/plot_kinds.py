@@ -26,7 +26,8 @@ from landscape.figures.rundata import RunData, require_passes
 # The numbers of a metrics.jsonl row, in the order the trainer writes them (landscape/train/loop.py,
 # run_round; docs/metrics.md section 9); `round` and `clients` (the sampled ids) are not quantities.
 METRIC_KEYS = ("lr", "train_loss", "flatness_distance", "flatness_distance_normalized",
-               "flatness_distance_to_global", "flatness_distance_to_global_normalized", "update_norm",
+               "flatness_distance_to_global", "flatness_distance_to_global_normalized", "client_update_sq",
+               "flatness_distance_relative", "update_norm",
                "uplink_floats", "swa_models", "test_loss", "test_acc", "seconds")
 # A file name, a run id: one path component, no suffix.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"

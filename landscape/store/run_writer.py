@@ -32,6 +32,7 @@ import torch
 from landscape.config import recipe as recipes
 from landscape.config.recipe_sections import TrainSettings
 from landscape.config.setup import torch_dtype
+from landscape.core.distances import round_distances
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.data.partitions import class_histogram, heterogeneity
@@ -187,16 +188,13 @@ class RunWriter:
                             options=dict(d.options))
 
     def _check_parts(self, samples: int) -> None:
-        seen = np.zeros(samples, dtype=bool)
+        """Every index one of the data's ``samples`` (sorted arrays); a sample may repeat, within a client and
+        across clients (the reference codes' Dirichlet partition, dirichlet-client-reuse, repeats samples)."""
         for client, array in enumerate(self.parts):
             if array.size and not (0 <= array[0] and array[-1] < samples):
                 bad = array[0] if array[0] < 0 else array[-1]
                 raise LandscapeError(f"RunWriter: client {client} has sample {bad}, outside the {samples} samples "
                                      "of the data")
-            if np.unique(array).size != array.size or seen[array].any():
-                raise LandscapeError(f"RunWriter: a sample is listed twice (client {client}): each sample belongs "
-                                     "to one client")
-            seen[array] = True
 
     def _open(self, overwrite: bool) -> None:
         from landscape.store import lifecycle
@@ -224,7 +222,8 @@ class RunWriter:
         if not self.dir.partition.is_file():
             histogram = class_histogram(self._bundle.train.y.numpy(), self.parts, self._bundle.num_classes)
             settings = {"name": self.recipe.partition.name, **self.recipe.partition.options, "seed": self.recipe.seed}
-            record = partition_record(self.parts, histogram, settings, heterogeneity(histogram).record())
+            shares = heterogeneity(histogram, self.parts, len(self._bundle.train))
+            record = partition_record(self.parts, histogram, settings, shares.record())
             write_text(self.dir.partition, json.dumps(record) + "\n")
         self._rows = {row["round"] for row in self.dir.read_metrics()}
         self._last = None
@@ -337,8 +336,9 @@ class RunWriter:
                                  "overwrite=True to start the run again)")
 
     def _row(self, t: int, end: dict[str, torch.Tensor], kept: dict | None) -> dict:
-        """The trainer's per-round numbers of what was recorded (float64): Delta_D around the clients' mean
-        and to the new global model (docs/metrics.md), and the global step from the previous recorded round."""
+        """The trainer's per-round numbers of what was recorded (float64): Delta_D around the clients' mean, its
+        scale-free companion and the distance to the new global model (``landscape.core.distances``), and the
+        global step from the previous recorded round."""
         def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
             return torch.cat([state[n].reshape(-1).double() for n in self.names])
 
@@ -346,12 +346,7 @@ class RunWriter:
         row: dict[str, Any] = {}
         if kept is not None:
             models = torch.stack([flat(s) for s in kept["clients"].values()])
-            y_bar = models.mean(dim=0)
-            distance, to_global = ((models - y_bar) ** 2).sum(dim=1).mean(), ((models - x) ** 2).sum(dim=1).mean()
-            row.update(clients=[int(c) for c in kept["clients"]], flatness_distance=float(distance),
-                       flatness_distance_normalized=float(distance / (y_bar ** 2).sum()),
-                       flatness_distance_to_global=float(to_global),
-                       flatness_distance_to_global_normalized=float(to_global / (x ** 2).sum()))
+            row.update(clients=[int(c) for c in kept["clients"]], **round_distances(models, x, flat(kept["start"])))
         if self._last is not None and self._last[0] == t - 1:
             row["update_norm"] = float((x - flat(self._last[1])).norm())
         return {k: v for k, v in row.items() if not isinstance(v, float) or math.isfinite(v)}

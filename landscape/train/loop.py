@@ -35,6 +35,7 @@ from landscape.config.setup import (
     using_threads,
 )
 from landscape.core import parallel
+from landscape.core.distances import round_distances
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.store import lifecycle, tracking
@@ -185,11 +186,9 @@ class Trainer(TrainerCheckpoints):
                                  (self.algorithm.start_point(message), state.buffers))
 
         # Flatness distance (docs/metrics.md), the FedNSAM paper's: Delta_D = mean_S ||y_{i,K} - ybar||^2 around the
-        # clients' mean ybar; the distance to the new global model x^{t+1} is logged under its own name.
-        models = torch.stack([r.model for r in results])
-        y_bar = models.mean(dim=0)
-        distance = ((models - y_bar) ** 2).sum(dim=1).mean()
-        to_global = ((models - x_new) ** 2).sum(dim=1).mean()
+        # clients' mean ybar, beside its scale-free companion Delta_D / mean_S ||y_{i,K} - s^t||^2; the distance to
+        # the new global model x^{t+1} under its own name (landscape.core.distances).
+        distances = round_distances(torch.stack([r.model for r in results]), x_new, new_state.round_start[0])
         row = {
             "round": t + 1,
             "lr": lr,
@@ -197,10 +196,7 @@ class Trainer(TrainerCheckpoints):
             "train_loss": torch.stack([torch.as_tensor(r.train_loss, dtype=torch.float64) for r in results])
             .mean()
             .item(),
-            "flatness_distance": distance.item(),
-            "flatness_distance_normalized": (distance / (y_bar**2).sum()).item(),
-            "flatness_distance_to_global": to_global.item(),
-            "flatness_distance_to_global_normalized": (to_global / (x_new**2).sum()).item(),
+            **distances,
             "update_norm": (x_new - state.x).norm().item(),
             "uplink_floats": sum(r.uplink_floats for r in results) / len(results),
         }
