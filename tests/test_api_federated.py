@@ -77,14 +77,46 @@ def _flat(scalars, arrays):
     return out
 
 
-def test_incompatibility_equals_the_pass(six_round_run):
+@pytest.mark.parametrize("objective", ["client-mean", "size-weighted"])
+def test_incompatibility_equals_the_pass(six_round_run, objective):
     ctx = _pass_context(six_round_run, 2)
-    expected = incompatibility_pass(ctx, IncompatibilityOptions(batches=3))
+    expected = incompatibility_pass(ctx, IncompatibilityOptions(batches=3, global_objective=objective))
     run = landscape.open_run(six_round_run)
-    got = landscape.incompatibility(run.model(2), _clients(run), rho=0.05, batches=3,
-                                    minibatch_size=run.recipe.train.batch_size, dtype=torch.float64)
+    got = landscape.incompatibility(run.model(2), _clients(run), global_objective=objective, rho=0.05, batches=3,
+                                    minibatch_size=run.recipe.train.batch_size, dtype=torch.float64,
+                                    algorithm=run.recipe.algorithm.name)
     assert got.incompatibility == pytest.approx(expected.summary["Delta_FI"], rel=RTOL)
     assert got.clients == [0, 1, 2, 3] and got.friendly_pairs == 4 * 3 * 2 and math.isfinite(got.loss_gap)
+    assert got.applied_note == "fedavg applies no perturbation" and "Delta_FI_applied" not in expected.summary
+    assert _differences(_flat(*split_result(got)), _flat(expected.scalars, expected.arrays)) < RTOL
+
+
+@pytest.fixture(scope="module")
+def fedsmoo_run(tmp_path_factory):
+    """Four FedSMOO rounds of the tiny MLP: a server state (s, H) and client states (mu_i, h_i) to perturb from."""
+    path = tmp_path_factory.mktemp("fedsmoo") / "run"
+    loop.start_run(tiny_recipe(model__name="mlp", model__hidden=[16], algorithm__name="fedsmoo",
+                               algorithm__rho=0.05, train__rounds=4, train__checkpoint_every=2), path,
+                   progress=False)
+    return path
+
+
+def test_the_applied_perturbation_from_a_checkpoints_states_equals_the_pass(fedsmoo_run):
+    from landscape.store.checkpoints import load_checkpoint
+
+    ctx = _pass_context(fedsmoo_run, 4)
+    expected = incompatibility_pass(ctx, IncompatibilityOptions(batches=3))
+    run = landscape.open_run(fedsmoo_run)
+    payload = load_checkpoint(fedsmoo_run / "checkpoints" / "round-0004.pt")
+    assert payload["client_states"]  # clients that took part hold mu_i, h_i
+    got = landscape.incompatibility(run.model(4), _clients(run), rho=0.05, batches=3,
+                                    minibatch_size=run.recipe.train.batch_size, dtype=torch.float64,
+                                    algorithm="fedsmoo", algorithm_options=dict(run.recipe.algorithm.options),
+                                    server_state=payload["server_state"],
+                                    client_states={int(c): t for c, t in payload["client_states"].items()})
+    assert got.applied_rule == "fedsmoo" and got.applied_note == ""
+    assert got.applied_incompatibility == pytest.approx(expected.summary["Delta_FI_applied"], rel=RTOL)
+    assert abs(got.applied_incompatibility - got.incompatibility) > 1e-3 * got.incompatibility  # mu_i + s moved it
     assert _differences(_flat(*split_result(got)), _flat(expected.scalars, expected.arrays)) < RTOL
 
 
@@ -227,8 +259,18 @@ def test_bad_input_is_a_one_line_error():
         (lambda: inc(clients=[clients[0], [1, 2]]), r"^clients_data\[1\] must be \(inputs, targets\) tensors"),
         (lambda: inc(clients=[clients[0], (x[:5], y[:4])]), r"^clients_data\[1\]: "),
         (lambda: inc(clients=[clients[0], (x[:4], torch.full((4,), 7))]), r"^clients_data\[1\]: class 7 is outside"),
-        (lambda: inc(clients=[clients[0], (x[:4, :3], y[:4])]), r"^clients_data\[1\] holds inputs \[3\] .* they "
-                                                               r"have no union to be F's data; give it as data=$"),
+        (lambda: inc(clients=[clients[0], (x[:4, :3], y[:4])], global_objective="size-weighted"),
+         r"^clients_data\[1\] holds inputs \[3\] .* they have no union to be F's data; give it as data=$"),
+        (lambda: inc(global_objective="union"), r"^global_objective must be one of 'client-mean', 'size-weighted' "
+                                                r"\(got 'union'\)$"),
+        (lambda: inc(global_objective="client-mean", data=clients[0]), r"^data is F's data itself: give "),
+        (lambda: inc(algorithm=3), r"^algorithm must be the name of a registered algorithm, not int$"),
+        (lambda: inc(algorithm="fedsam2"), r"^unknown algorithm 'fedsam2'; choose from: "),
+        (lambda: inc(algorithm="fedsam", algorithm_options=[1]), r"^algorithm_options must be a mapping"),
+        (lambda: inc(algorithm="fedsam", algorithm_options={"rh": 1}), r"rh"),
+        (lambda: inc(algorithm="fedvssam", server_state={"h": 1.0}), r"^server_state must be a table of named "),
+        (lambda: inc(algorithm="fedvssam", server_state={"m": torch.zeros(43)}), r"^a state fedvssam does not keep"),
+        (lambda: inc(algorithm="fedsmoo", client_states=[{"mu": 1}]), r"^client_states\[0\] must be a table of "),
         (lambda: inc(data=[1, 2]), r"^data must be \(inputs, targets\) tensors"),
         (lambda: inc(rho=0), r"^rho must be a finite number > 0 \(got 0\)$"),
         (lambda: inc(rho=float("nan")), r"^rho must be a finite number > 0"),

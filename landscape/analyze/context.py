@@ -15,39 +15,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from landscape.analyze import products
 from landscape.analyze.analysis_data import AnalysisData
 from landscape.analyze.gradient_cache import GradientCache
+from landscape.analyze.incompatibility import AppliedPerturbation, algorithm_perturbation
 from landscape.analyze.objective import Objective, Problem
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import Source, file_digest
 from landscape.analyze.state_dict_source import StateDictSource
 from landscape.config.setup import resolve_device, torch_dtype
-from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
-from landscape.core.memory_format import CONTIGUOUS, MemoryFormatChoice, choose_memory_format
+from landscape.core.memory_format import MemoryFormatChoice, choose_memory_format
 from landscape.store.checkpoints import Checkpoint, load_client_models, non_finite_weights
 
 
 _UNREAD = object()  # the clients file not read yet (``CheckpointContext._recorded_start``)
-
-# The samples of the analysis data on which "auto" times the two layouts: enough that the timing measures the
-# kernels more than the calls around them (at 32 the digits CNN is near the tie), few enough that it stays short.
-LAYOUT_TIMING_SAMPLES = 128
-
-
-def _evaluation_timer(objective: Objective, w: Tensor, batch: tuple[Tensor, Tensor]) -> Callable[[bool], float]:
-    """``time_step`` of ``memory_format.time_formats``: the seconds of one loss and gradient of ``batch`` at w
-    in the layout asked (the objective's loss and BN mode; nothing is kept)."""
-    flat = objective.flat
-
-    def time_step(channels_last: bool) -> float:
-        with flat.layout(channels_last):
-            return products.synchronized_seconds(lambda: objective.batch_loss_and_grad(w, batch), w.device)
-
-    return time_step
-
 
 @dataclass
 class CheckpointContext:
@@ -118,22 +100,11 @@ class CheckpointContext:
 
     def _settle_memory_format(self, objective: Objective) -> MemoryFormatChoice:
         """``analyze.memory_format``'s layout of this checkpoint's losses and gradients (F and every F_i), set on
-        the model: the setting's; for "auto" ``choose_memory_format``'s on the CPU, a start-up timing of a loss
-        and gradient of the first ``LAYOUT_TIMING_SAMPLES`` analysis samples each way, kept by the process per
-        model, batch, dtype, device and BN mode (not per thread count: every checkpoint context of a model in
-        one process, a notebook's or a test's too, computes in one layout). Under torchrun "auto" is
-        contiguous: ranks that time alone could choose apart, and their products and cells are summed together.
-        Hessian-vector products are contiguous in every case (``HessianOperator``)."""
-        setting = self.settings.memory_format
-        if setting == "auto" and parallel.world_size() > 1:
-            choice = MemoryFormatChoice(CONTIGUOUS, "auto under torchrun: contiguous (ranks could time apart)")
-        else:
-            batch = objective.data.batch(0, min(LAYOUT_TIMING_SAMPLES, len(objective.data)))
-            key = ("analysis", repr(self.flat.module), tuple(batch[0].shape), self.dtype, str(self.device),
-                   self.settings.bn_mode)
-            timer = _evaluation_timer(objective, self.w, batch)
-            choice = choose_memory_format(setting, self.flat, self.device, timer, key, name="analyze.memory_format",
-                                          steps="losses and gradients")
+        the model: the setting's, "auto" resolved by ``choose_memory_format``'s rule from the model and the
+        device alone (so every rank under torchrun, and every rerun, computes alike). Hessian-vector products
+        are contiguous in every case (``HessianOperator``)."""
+        choice = choose_memory_format(self.settings.memory_format, self.flat, self.device,
+                                      name="analyze.memory_format")
         self.flat.channels_last = choice.channels_last
         return choice
 
@@ -248,3 +219,36 @@ class CheckpointContext:
                                  f"broadcasts: the clients' start point of round {self.round} cannot be rebuilt"
                                  ) from None
         return start.to(self.device, self.dtype)
+
+    def applied_perturbation(self) -> AppliedPerturbation:
+        """The perturbation the run's algorithm A applies at the start of round t from this checkpoint (the
+        incompatibility pass's applied figures): A's ``perturbation_direction`` with its broadcast of x^t and
+        the server state, and each client's state, as the checkpoint holds them (``algorithm_perturbation``;
+        A rebuilt from the recipe, ``build_algorithm``)."""
+        from landscape.train.algorithms import ParamLayout, build_algorithm
+
+        name = self.source.recipe.algorithm.name
+        payload = self.source.load(self.round).payload
+        server_state, client_states = payload.get("server_state"), payload.get("client_states")
+        if not isinstance(server_state, dict) or not isinstance(client_states, dict):
+            return AppliedPerturbation(name, None, f"round {self.round}'s checkpoint holds no server and client "
+                                                   "states to apply the algorithm's perturbation from")
+        try:
+            algorithm = build_algorithm(self.source.recipe, ParamLayout(tuple(self.flat.names),
+                                                                        tuple(map(tuple, self.flat.shapes))))
+        except LandscapeError as unknown:  # a recorded run's own rule, not registered here
+            return AppliedPerturbation(name, None, str(unknown))
+        return algorithm_perturbation(algorithm, self.global_w, server_state, client_states, self.round)
+
+
+def registered_algorithm(name: str, options: dict, flat: FlatModel, num_clients: int) -> object:
+    """The registered algorithm ``name`` with ``options`` (its recipe's [algorithm] keys), for its rules alone
+    (the notebook API's applied perturbation; server_lr 1)."""
+    from landscape.config.schema import load
+    from landscape.train.algorithms import ALGORITHMS, ParamLayout
+
+    entry = ALGORITHMS.get(name)
+    values = load(entry.options, options, "algorithm", noun="option") if entry.options is not None else \
+        entry.make_options(dict(options))
+    return entry.factory(values, num_clients=num_clients, server_lr=1.0,
+                         layout=ParamLayout(tuple(flat.names), tuple(map(tuple, flat.shapes))))

@@ -8,7 +8,8 @@ average: server momentum, server_lr != 1): distance_to_global = (1/|S|) sum_i ||
 
 Flatness incompatibility at x with radius rho (all perturbations have norm rho, or 0 for a zero gradient):
 
-    e*    = rho gradF / ||gradF||            global SAM perturbation (F over the global analysis data)
+    e*    = rho gradF / ||gradF||            global SAM perturbation (F = (1/N) sum_i F_i, the paper's; or
+                                              size-weighted, over the analysis data: ``incompatibility``)
     e_i   = rho gradF_i / ||gradF_i||         client i's full-local perturbation
     e_i^B = rho g_i^B / ||g_i^B||             client i's perturbation from one training minibatch B
 
@@ -18,6 +19,9 @@ Flatness incompatibility at x with radius rho (all perturbations have norm rho, 
 
     E_B ||g_i^B - gradF||^2 = ||delta_i||^2 + E_B ||zeta_i^B||^2 + 2 E_B <zeta_i^B, delta_i>,
       delta_i = gradF_i - gradF (heterogeneity),  zeta_i^B = g_i^B - gradF_i (minibatch noise)
+
+    perturbation_heterogeneity_share = heterogeneity / (heterogeneity + batch)
+    applied_*: the same with the algorithm's own perturbation a_i^B for e_i^B (``incompatibility``)
 
     loss level:  F(x + e*) - mean_i E_B F(x + e_i^B)
     friendly-adversary rate: over ordered pairs (B, B') of distinct draws of one client,
@@ -37,7 +41,7 @@ SE = sqrt(sum_i SE_i^2) / N. Terms that involve no minibatch (heterogeneity, e* 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +50,12 @@ import torch
 from torch import Tensor
 
 from landscape.analyze.gradient_cache import GradientCache, full_gradient
+from landscape.analyze.incompatibility import (
+    AppliedPerturbation,
+    IncompatibilityResult,
+    perturbation_terms,
+    share,
+)
 from landscape.core import perturb
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
@@ -70,6 +80,10 @@ class FlatnessDistanceResult:
     global_norm_sq: float  # ||x^{t+1}||^2
     global_offset_sq: float  # ||ybar - x^{t+1}||^2 = distance_to_global - distance
     client_distance_to_global: np.ndarray  # ||y_i - x^{t+1}||^2
+    # the scale-free companion (landscape.core.distances), NaN where s^t is not known:
+    update_sq: float  # U = mean_i ||y_i - s^t||^2, the clients' mean squared update from their start s^t
+    distance_relative: float  # Delta_D / U in [0, 1] (NaN for U = 0)
+    client_update_sq: np.ndarray  # ||y_i - s^t||^2
 
 
 def client_models(flat: FlatModel, clients_checkpoint: Mapping[str, Any]) -> dict[int, Tensor]:
@@ -90,9 +104,11 @@ def check_client_vectors(reference: Tensor, vectors: Mapping[int, Tensor], what:
     return sorted(vectors)
 
 
-def flatness_distance(global_w: Tensor, client_ws: Mapping[int, Tensor]) -> FlatnessDistanceResult:
-    """Delta_D = (1/|S|) sum_i ||y_i - ybar||^2 around the clients' mean ybar (float64), and the distance of the
-    same clients to ``global_w`` = x^{t+1}, the new global model of the round (module docstring)."""
+def flatness_distance(global_w: Tensor, client_ws: Mapping[int, Tensor],
+                      start: Tensor | None = None) -> FlatnessDistanceResult:
+    """Delta_D = (1/|S|) sum_i ||y_i - ybar||^2 around the clients' mean ybar (float64), the distance of the
+    same clients to ``global_w`` = x^{t+1}, the new global model of the round (module docstring), and, given
+    ``start`` = s^t, their mean squared update U and Delta_D / U."""
     clients = check_client_vectors(global_w, client_ws, "flatness distance")
     x = global_w.detach().double()
     ys = torch.stack([client_ws[c].detach().to(x.device).double() for c in clients])
@@ -100,6 +116,9 @@ def flatness_distance(global_w: Tensor, client_ws: Mapping[int, Tensor]) -> Flat
     dist = ((ys - y_bar) ** 2).sum(dim=1)
     dist_global = ((ys - x) ** 2).sum(dim=1)
     mean_norm_sq, norm_sq = (y_bar**2).sum(), (x**2).sum()
+    updates = (((ys - start.detach().to(x.device).double()) ** 2).sum(dim=1) if start is not None
+               else torch.full_like(dist, float("nan")))
+    update_sq = float(updates.mean())
     return FlatnessDistanceResult(
         clients=[int(c) for c in clients],
         distance=float(dist.mean()),
@@ -111,6 +130,9 @@ def flatness_distance(global_w: Tensor, client_ws: Mapping[int, Tensor]) -> Flat
         global_norm_sq=float(norm_sq),
         global_offset_sq=float(((y_bar - x) ** 2).sum()),
         client_distance_to_global=dist_global.cpu().numpy(),
+        update_sq=update_sq,
+        distance_relative=float(dist.mean()) / update_sq if update_sq > 0 else float("nan"),
+        client_update_sq=updates.cpu().numpy(),
     )
 
 
@@ -179,68 +201,105 @@ def pair_mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, flo
 
 
 @dataclass(frozen=True)
-class IncompatibilityResult:
-    """Everything of docs/metrics.md "Flatness incompatibility"; client_* arrays are indexed like ``clients``,
-    *_samples arrays are [client, draw]; *_se are Monte-Carlo standard errors (module docstring)."""
+class _At:
+    """What every client's terms are measured against: x, grad F and e* at radius rho, and the draws."""
 
+    global_objective: Any
+    w: Tensor
+    grad: Tensor
+    e_star: Tensor
     rho: float
     batch_size: int
     batches: int
     seed: int
-    clients: list[int]
-    client_sizes: np.ndarray
-    global_loss: float  # F(x)
-    global_gradient_norm: float  # ||gradF||
-    # perturbation level
-    incompatibility: float  # Delta_FI = mean_i E_B ||e_i^B - e*||^2, in [0, 4 rho^2]
-    incompatibility_se: float
-    heterogeneity: float  # mean_i ||e_i - e*||^2 (exact)
-    batch_part: float  # mean_i E_B ||e_i^B - e_i||^2 (friendly-adversary part)
-    batch_part_se: float
-    cross: float  # mean_i E_B <e_i^B - e_i, e_i - e*>; Delta_FI = heterogeneity + batch_part + 2 cross
-    cross_se: float
-    client_incompatibility: np.ndarray
-    client_heterogeneity: np.ndarray
-    client_batch_part: np.ndarray
-    client_cross: np.ndarray
-    incompatibility_samples: np.ndarray  # [N, M] ||e_i^B - e*||^2
-    # gradient level
-    gradient_total: float  # mean_i E_B ||g_i^B - gradF||^2
-    gradient_total_se: float
-    gradient_heterogeneity: float  # mean_i ||delta_i||^2 (exact)
-    gradient_noise: float  # mean_i E_B ||zeta_i^B||^2
-    gradient_noise_se: float
-    gradient_cross: float  # mean_i E_B <zeta_i^B, delta_i>; total = heterogeneity + noise + 2 cross
-    gradient_cross_se: float
-    heterogeneity_share: float  # gradient_heterogeneity / (gradient_heterogeneity + gradient_noise)
-    noise_share: float  # gradient_noise / (gradient_heterogeneity + gradient_noise)
-    client_gradient_total: np.ndarray
-    client_gradient_heterogeneity: np.ndarray
-    client_gradient_noise: np.ndarray
-    client_gradient_cross: np.ndarray
-    client_gradient_norm: np.ndarray  # ||gradF_i||
-    client_minibatch_gradient_norm: np.ndarray  # mean over draws of ||g_i^B||
-    # loss level (NaN when loss_level=False)
-    perturbed_global_loss: float  # F(x + e*)
-    local_perturbed_loss: float  # mean_i E_B F(x + e_i^B)
-    local_perturbed_loss_se: float
-    loss_gap: float  # F(x + e*) - mean_i E_B F(x + e_i^B)
-    loss_gap_se: float
-    full_local_perturbed_loss: float  # mean_i F(x + e_i) (exact)
-    full_local_loss_gap: float  # F(x + e*) - mean_i F(x + e_i) (exact)
-    client_perturbed_loss: np.ndarray  # E_B F(x + e_i^B)
-    client_full_perturbed_loss: np.ndarray  # F(x + e_i)
-    perturbed_loss_samples: np.ndarray  # [N, M] F(x + e_i^B)
-    # friendly adversary
-    friendly_rate: float  # fraction of ordered pairs (B, B'), B != B', with f^{B'}(x + e^B) < f^{B'}(x)
-    friendly_rate_se: float
-    client_friendly_rate: np.ndarray
-    client_friendly_rate_se: np.ndarray
-    friendly_pairs: int  # pairs compared in all: N * M * (M - 1)
+    loss_level: bool
+    gradients: GradientCache | None
 
 
-def _dot(a: Tensor, b: Tensor) -> Tensor:
-    return torch.dot(a.reshape(-1), b.reshape(-1))
+def _client_record(at: _At, c: int, obj: Any, direction: Callable[[Tensor], Tensor] | None) -> dict[str, Tensor]:
+    """Client c's terms, per draw (stacked) and exact, on the host; with ``direction`` the applied ones too."""
+    w, rho = at.w, at.rho
+    nan = torch.full((), float("nan"), dtype=torch.float64, device=w.device)
+    _, grad_i = full_gradient(obj, w, at.gradients)
+    e_i = rho * perturb.normalized(grad_i)
+    delta = grad_i - at.grad
+    minibatches, draw_gradients = client_minibatch_gradients(obj, w, at.batch_size, at.batches, at.seed, c,
+                                                             at.gradients)
+    base = obj.batch_losses(w, minibatches)  # f_i^{B'}(x), the M draws in one forward
+    rows: dict[str, list[Tensor]] = {k: [] for k in ("fi", "batch", "cross", "gtotal", "gnoise", "gcross",
+                                                      "gnorm", "ploss", "friendly")}
+    for g in draw_gradients:
+        e_b = rho * perturb.normalized(g)
+        zeta = g - grad_i
+        for key, value in zip(("fi", "batch", "cross"), perturbation_terms(e_b, e_i, at.e_star)):
+            rows[key].append(value)
+        rows["gtotal"].append(((g - at.grad) ** 2).sum())
+        rows["gnoise"].append((zeta**2).sum())
+        rows["gcross"].append(torch.dot(zeta.reshape(-1), delta.reshape(-1)))
+        rows["gnorm"].append(g.norm())
+        rows["ploss"].append(at.global_objective.loss(w + e_b).double() if at.loss_level else nan)
+        moved = obj.batch_losses(w + e_b, minibatches)  # f_i^{B'}(x + e_i^B) for every draw B'
+        rows["friendly"].append(moved < base)  # entry b (B' = B) is masked out later
+    if direction is not None:  # the algorithm's own: a_i^B = rho d(g_i^B) / ||d(g_i^B)||, a_i from gradF_i
+        a_i = rho * perturb.normalized(direction(grad_i))
+        for g in draw_gradients:
+            terms = perturbation_terms(rho * perturb.normalized(direction(g)), a_i, at.e_star)
+            for key, value in zip(("afi", "abatch", "across"), terms):
+                rows.setdefault(key, []).append(value)
+    record = {k: torch.stack([v.double() for v in vals]) for k, vals in rows.items()}
+    record.update(
+        het=((e_i - at.e_star) ** 2).sum().double(),
+        ghet=(delta**2).sum().double(),
+        gradnorm=grad_i.norm().double(),
+        full_ploss=at.global_objective.loss(w + e_i).double() if at.loss_level else nan,
+    )
+    if direction is not None:
+        record["ahet"] = ((a_i - at.e_star) ** 2).sum().double()
+    return {k: v.cpu() for k, v in record.items()}  # one host transfer per client
+
+
+def _samples(per_client: list[dict[str, Tensor]], key: str) -> np.ndarray:
+    return torch.stack([r[key] for r in per_client]).numpy()
+
+
+def _exact(per_client: list[dict[str, Tensor]], key: str) -> np.ndarray:
+    return np.array([float(r[key]) for r in per_client])
+
+
+def _applied_rule(applied: AppliedPerturbation | None, client: int, g: Tensor) -> tuple[str, str, bool]:
+    """(rule, note, measured) of the applied figures: measured unless no rule, or the rule perturbs nothing."""
+    if applied is None:
+        return "", "no algorithm given: plain SAM perturbations only", False
+    if applied.direction is None:
+        return applied.rule, applied.note, False
+    if applied.direction(client, g) is None:
+        return applied.rule, f"{applied.rule} applies no perturbation", False
+    return applied.rule, "", True
+
+
+def _applied_fields(per_client: list[dict[str, Tensor]], rule: str, note: str, measured: bool,
+                    batches: int) -> dict[str, Any]:
+    """The applied_* fields of the result: Delta_FI's figures with a_i^B (NaN when not ``measured``)."""
+    fields: dict[str, Any] = {"applied_rule": rule, "applied_note": note}
+    if not measured:
+        n, nan = len(per_client), float("nan")
+        return fields | dict.fromkeys(
+            ("applied_incompatibility", "applied_incompatibility_se", "applied_heterogeneity", "applied_batch_part",
+             "applied_batch_part_se", "applied_cross", "applied_cross_se",
+             "applied_perturbation_heterogeneity_share"), nan) | {
+            k: np.full(n, nan) for k in ("client_applied_incompatibility", "client_applied_heterogeneity",
+                                         "client_applied_batch_part", "client_applied_cross")} | {
+            "applied_incompatibility_samples": np.full((n, batches), nan)}
+    fi_i, _, fi, fi_se = draw_mean_se(_samples(per_client, "afi"))
+    batch_i, _, batch_mean, batch_se = draw_mean_se(_samples(per_client, "abatch"))
+    cross_i, _, cross, cross_se = draw_mean_se(_samples(per_client, "across"))
+    het_i = _exact(per_client, "ahet")
+    return fields | dict(
+        applied_incompatibility=fi, applied_incompatibility_se=fi_se, applied_heterogeneity=float(het_i.mean()),
+        applied_batch_part=batch_mean, applied_batch_part_se=batch_se, applied_cross=cross,
+        applied_cross_se=cross_se, applied_perturbation_heterogeneity_share=share(float(het_i.mean()), batch_mean),
+        client_applied_incompatibility=fi_i, client_applied_heterogeneity=het_i, client_applied_batch_part=batch_i,
+        client_applied_cross=cross_i, applied_incompatibility_samples=_samples(per_client, "afi"))
 
 
 def flatness_incompatibility(
@@ -254,12 +313,15 @@ def flatness_incompatibility(
     seed: int = 0,
     loss_level: bool = True,
     gradients: GradientCache | None = None,
+    applied: AppliedPerturbation | None = None,
 ) -> IncompatibilityResult:
-    """Delta_FI and its decompositions at x (module docstring). ``batch_size`` is the training batch size;
-    ``batches`` the Monte-Carlo minibatches per client (>= 2). ``loss_level=False`` skips the N * (M + 1)
-    full passes of F that the loss-level figures cost (they are then NaN): F(x + e_i^B) is F at client i's
-    own perturbation, so no client's term serves another. ``gradients``: grad F, grad F_i and the g_i^B at
-    x precomputed by other passes of the checkpoint (``gradient_cache``; the same numbers)."""
+    """Delta_FI and its decompositions at x (module docstring). ``global_objective`` is F: the clients' plain
+    average (``incompatibility.ClientMean``, the paper's) or an Objective over F's data. ``batch_size`` is the
+    training batch size; ``batches`` the Monte-Carlo minibatches per client (>= 2). ``loss_level=False`` skips
+    the N * (M + 1) full passes of F that the loss-level figures cost (they are then NaN): F(x + e_i^B) is F at
+    client i's own perturbation, so no client's term serves another. ``gradients``: grad F, grad F_i and the
+    g_i^B at x precomputed by other passes of the checkpoint (``gradient_cache``; the same numbers).
+    ``applied``: the algorithm's own perturbation, measured beside plain SAM's (the applied_* figures)."""
     if not rho > 0:
         raise LandscapeError(f"rho must be > 0 (got {rho})")
     check_minibatch_settings(batch_size, batches)
@@ -269,111 +331,46 @@ def flatness_incompatibility(
     clients = sorted(client_objectives)
     f0, grad = full_gradient(global_objective, w, gradients)
     e_star = rho * perturb.normalized(grad)
-    nan = torch.full((), float("nan"), dtype=torch.float64, device=w.device)
-    f_star = global_objective.loss(w + e_star).double() if loss_level else nan
-
-    per_client: list[dict[str, Tensor]] = []
-    for c in clients:
-        obj = client_objectives[c]
-        _, grad_i = full_gradient(obj, w, gradients)
-        e_i = rho * perturb.normalized(grad_i)
-        delta = grad_i - grad
-        minibatches, draw_gradients = client_minibatch_gradients(obj, w, batch_size, batches, seed, c, gradients)
-        base = obj.batch_losses(w, minibatches)  # f_i^{B'}(x), the M draws in one forward
-        rows: dict[str, list[Tensor]] = {k: [] for k in ("fi", "batch", "cross", "gtotal", "gnoise", "gcross",
-                                                          "gnorm", "ploss", "friendly")}
-        for g in draw_gradients:
-            e_b = rho * perturb.normalized(g)
-            zeta = g - grad_i
-            rows["fi"].append(((e_b - e_star) ** 2).sum())
-            rows["batch"].append(((e_b - e_i) ** 2).sum())
-            rows["cross"].append(_dot(e_b - e_i, e_i - e_star))
-            rows["gtotal"].append(((g - grad) ** 2).sum())
-            rows["gnoise"].append((zeta**2).sum())
-            rows["gcross"].append(_dot(zeta, delta))
-            rows["gnorm"].append(g.norm())
-            rows["ploss"].append(global_objective.loss(w + e_b).double() if loss_level else nan)
-            moved = obj.batch_losses(w + e_b, minibatches)  # f_i^{B'}(x + e_i^B) for every draw B'
-            rows["friendly"].append(moved < base)  # entry b (B' = B) is masked out later
-        full_ploss = global_objective.loss(w + e_i).double() if loss_level else nan
-        record = {k: torch.stack([v.double() for v in vals]) for k, vals in rows.items()}
-        record.update(
-            het=((e_i - e_star) ** 2).sum().double(),
-            ghet=(delta**2).sum().double(),
-            gradnorm=grad_i.norm().double(),
-            full_ploss=full_ploss,
-        )
-        per_client.append({k: v.cpu() for k, v in record.items()})  # one host transfer per client
-
-    def samples(key: str) -> np.ndarray:
-        return torch.stack([r[key] for r in per_client]).numpy()
-
-    def exact(key: str) -> np.ndarray:
-        return np.array([float(r[key]) for r in per_client])
-
-    fi_i, _, fi, fi_se = draw_mean_se(samples("fi"))
-    batch_i, _, batch_mean, batch_se = draw_mean_se(samples("batch"))
-    cross_i, _, cross, cross_se = draw_mean_se(samples("cross"))
-    gtot_i, _, gtot, gtot_se = draw_mean_se(samples("gtotal"))
-    gnoise_i, _, gnoise, gnoise_se = draw_mean_se(samples("gnoise"))
-    gcross_i, _, gcross, gcross_se = draw_mean_se(samples("gcross"))
-    gnorm_i = samples("gnorm").mean(axis=1)
-    ploss_samples = samples("ploss")
+    f_star = float(global_objective.loss(w + e_star)) if loss_level else float("nan")
+    at = _At(global_objective, w, grad, e_star, rho, batch_size, batches, seed, loss_level, gradients)
+    rule, note, measured = _applied_rule(applied, clients[0], grad)
+    per_client = [
+        _client_record(at, c, client_objectives[c],
+                       (lambda g, c=c: applied.direction(c, g)) if measured else None)  # type: ignore[union-attr]
+        for c in clients
+    ]
+    fi_i, _, fi, fi_se = draw_mean_se(_samples(per_client, "fi"))
+    batch_i, _, batch_mean, batch_se = draw_mean_se(_samples(per_client, "batch"))
+    cross_i, _, cross, cross_se = draw_mean_se(_samples(per_client, "cross"))
+    gtot_i, _, gtot, gtot_se = draw_mean_se(_samples(per_client, "gtotal"))
+    gnoise_i, _, gnoise, gnoise_se = draw_mean_se(_samples(per_client, "gnoise"))
+    gcross_i, _, gcross, gcross_se = draw_mean_se(_samples(per_client, "gcross"))
+    ploss_samples = _samples(per_client, "ploss")
     ploss_i, _, ploss, ploss_se = draw_mean_se(ploss_samples)
-    rate_i, rate_se_i, rate, rate_se = pair_mean_se(samples("friendly"))
-    het_i, ghet_i, full_i = exact("het"), exact("ghet"), exact("full_ploss")
+    rate_i, rate_se_i, rate, rate_se = pair_mean_se(_samples(per_client, "friendly"))
+    het_i, ghet_i, full_i = _exact(per_client, "het"), _exact(per_client, "ghet"), _exact(per_client, "full_ploss")
     het, ghet = float(het_i.mean()), float(ghet_i.mean())
-    f_star = float(f_star)
-    parts = ghet + gnoise
     return IncompatibilityResult(
-        rho=float(rho),
-        batch_size=int(batch_size),
-        batches=int(batches),
-        seed=int(seed),
+        rho=float(rho), batch_size=int(batch_size), batches=int(batches), seed=int(seed),
         clients=[int(c) for c in clients],
         client_sizes=np.array([len(client_objectives[c].data) for c in clients]),
-        global_loss=float(f0),
-        global_gradient_norm=float(grad.norm()),
-        incompatibility=fi,
-        incompatibility_se=fi_se,
-        heterogeneity=het,
-        batch_part=batch_mean,
-        batch_part_se=batch_se,
-        cross=cross,
-        cross_se=cross_se,
-        client_incompatibility=fi_i,
-        client_heterogeneity=het_i,
-        client_batch_part=batch_i,
-        client_cross=cross_i,
-        incompatibility_samples=samples("fi"),
-        gradient_total=gtot,
-        gradient_total_se=gtot_se,
-        gradient_heterogeneity=ghet,
-        gradient_noise=gnoise,
-        gradient_noise_se=gnoise_se,
-        gradient_cross=gcross,
-        gradient_cross_se=gcross_se,
-        heterogeneity_share=ghet / parts if parts > 0 else float("nan"),
-        noise_share=gnoise / parts if parts > 0 else float("nan"),
-        client_gradient_total=gtot_i,
-        client_gradient_heterogeneity=ghet_i,
-        client_gradient_noise=gnoise_i,
-        client_gradient_cross=gcross_i,
-        client_gradient_norm=exact("gradnorm"),
-        client_minibatch_gradient_norm=gnorm_i,
-        perturbed_global_loss=f_star,
-        local_perturbed_loss=ploss,
-        local_perturbed_loss_se=ploss_se,
-        loss_gap=f_star - ploss,
-        loss_gap_se=ploss_se,
-        full_local_perturbed_loss=float(full_i.mean()),
-        full_local_loss_gap=f_star - float(full_i.mean()),
-        client_perturbed_loss=ploss_i,
-        client_full_perturbed_loss=full_i,
-        perturbed_loss_samples=ploss_samples,
-        friendly_rate=rate,
-        friendly_rate_se=rate_se,
-        client_friendly_rate=rate_i,
-        client_friendly_rate_se=rate_se_i,
+        global_loss=float(f0), global_gradient_norm=float(grad.norm()),
+        incompatibility=fi, incompatibility_se=fi_se, heterogeneity=het, batch_part=batch_mean,
+        batch_part_se=batch_se, cross=cross, cross_se=cross_se,
+        perturbation_heterogeneity_share=share(het, batch_mean),
+        client_incompatibility=fi_i, client_heterogeneity=het_i, client_batch_part=batch_i, client_cross=cross_i,
+        incompatibility_samples=_samples(per_client, "fi"),
+        **_applied_fields(per_client, rule, note, measured, batches),
+        gradient_total=gtot, gradient_total_se=gtot_se, gradient_heterogeneity=ghet, gradient_noise=gnoise,
+        gradient_noise_se=gnoise_se, gradient_cross=gcross, gradient_cross_se=gcross_se,
+        heterogeneity_share=share(ghet, gnoise), noise_share=share(gnoise, ghet),
+        client_gradient_total=gtot_i, client_gradient_heterogeneity=ghet_i, client_gradient_noise=gnoise_i,
+        client_gradient_cross=gcross_i, client_gradient_norm=_exact(per_client, "gradnorm"),
+        client_minibatch_gradient_norm=_samples(per_client, "gnorm").mean(axis=1),
+        perturbed_global_loss=f_star, local_perturbed_loss=ploss, local_perturbed_loss_se=ploss_se,
+        loss_gap=f_star - ploss, loss_gap_se=ploss_se, full_local_perturbed_loss=float(full_i.mean()),
+        full_local_loss_gap=f_star - float(full_i.mean()), client_perturbed_loss=ploss_i,
+        client_full_perturbed_loss=full_i, perturbed_loss_samples=ploss_samples,
+        friendly_rate=rate, friendly_rate_se=rate_se, client_friendly_rate=rate_i, client_friendly_rate_se=rate_se_i,
         friendly_pairs=len(clients) * batches * (batches - 1),
     )

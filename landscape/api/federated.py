@@ -9,11 +9,14 @@ al = landscape.alignment(model, [data_0, data_1], start=x_prev, client_models=[y
 
 ``clients_data``: a list, one entry per client (entry i is client i), or a ``{client number: data}`` mapping;
 each entry is data as the other functions take it (``(inputs, targets)`` tensors, a map-style ``Dataset`` or a
-``DataLoader``). F, the global objective, is over ``data`` when it is given, else over the union of the given
-clients' data: the passes' F (the analysis split "train", the union of every client's training data) when every
-client of a run is given. Each client's minibatches are ``batches`` draws of ``minibatch_size`` of its samples (the
-training batch size: the passes' option of that name), seeded by (``seed``, client number) as the passes draw
-them, so a client's number and the seed fix its draws. ``batch_size`` is the chunk F and each F_i are
+``DataLoader``). F, the global objective: ``incompatibility``'s is the given clients' plain average
+(1/N) sum_i F_i by default (the paper's; ``global_objective="client-mean"``), size-weighted over the union of
+their data with ``global_objective="size-weighted"``, or over ``data`` when it is given; ``alignment``'s is over
+``data`` when given, else over the union of the clients' data: the passes' F (the analysis split "train", the
+union of every client's training data) when every client of a run is given. Each client's minibatches are
+``batches`` draws of ``minibatch_size`` of its samples (the training batch size: the passes' option of that
+name), seeded by (``seed``, client number) as the passes draw them, so a client's number and the seed fix its
+draws. ``batch_size`` is the chunk F and each F_i are
 evaluated in, as for the other functions (None: a DataLoader's own, else 512). ``loss``,
 ``bn_mode``, ``device``, ``dtype`` and ``threads`` as for the other functions; the model is never modified.
 """
@@ -36,7 +39,15 @@ from landscape.analyze.alignment import (
     update_alignment,
 )
 from landscape.analyze.analysis_data import AnalysisData, as_data
-from landscape.analyze.flatness import IncompatibilityResult, flatness_incompatibility
+from landscape.analyze.context import registered_algorithm
+from landscape.analyze.flatness import flatness_incompatibility
+from landscape.analyze.incompatibility import (
+    GLOBAL_OBJECTIVES,
+    AppliedPerturbation,
+    ClientMean,
+    IncompatibilityResult,
+    algorithm_perturbation,
+)
 from landscape.analyze.functions import checked_vector
 from landscape.analyze.gradient_cache import GradientCache
 from landscape.analyze.objective import LossFn, Objective
@@ -48,24 +59,67 @@ from landscape.core.flat import FlatModel
 DEFAULT_EVAL_BATCH = 512  # as_data's default chunk, for the union of the clients' data too
 
 
-def incompatibility(model: nn.Module, clients_data: Any, *, data: Any = None, rho: float = 0.05,
-                    batches: int = 8, minibatch_size: int = 32, seed: int = 0, loss_level: bool = True,
-                    loss: str | LossFn | None = None, bn_mode: str = "eval", batch_size: int | None = None,
-                    device: str | torch.device | None = None, dtype: torch.dtype | str | None = None,
-                    threads: int = DEFAULT_THREADS) -> IncompatibilityResult:
+def incompatibility(model: nn.Module, clients_data: Any, *, data: Any = None, global_objective: str | None = None,
+                    rho: float = 0.05, batches: int = 8, minibatch_size: int = 32, seed: int = 0,
+                    loss_level: bool = True, algorithm: str | None = None, algorithm_options: Any = None,
+                    server_state: Any = None, client_states: Any = None, loss: str | LossFn | None = None,
+                    bn_mode: str = "eval", batch_size: int | None = None, device: str | torch.device | None = None,
+                    dtype: torch.dtype | str | None = None, threads: int = DEFAULT_THREADS) -> IncompatibilityResult:
     """The flatness incompatibility Delta_FI = mean_i E_B ||e_i^B - e*||^2 at ``model`` (docs/metrics.md),
-    e* = rho grad F / ||grad F|| over F's data (``data``, else the union of ``clients_data``: module docstring),
-    e_i^B the SAM perturbation of one of client i's minibatches; with its heterogeneity / minibatch split, the
-    gradient-level split, the loss-level gap (``loss_level``: N (M + 1) more passes over F's data) and the
-    friendly-adversary rate: the result of the incompatibility pass (``IncompatibilityResult``, the same
-    fields). ``batches`` >= 2 draws of ``minibatch_size`` samples per client (pairs of draws are compared)."""
+    e* = rho grad F / ||grad F|| (F: module docstring), e_i^B the SAM perturbation of one of client i's
+    minibatches; with its heterogeneity / minibatch split, the gradient-level split, the loss-level gap
+    (``loss_level``: N (M + 1) more evaluations of F) and the friendly-adversary rate: the result of the
+    incompatibility pass (``IncompatibilityResult``, the same fields). ``batches`` >= 2 draws of
+    ``minibatch_size`` samples per client (pairs of draws are compared). ``algorithm`` (a registered name, with
+    its ``algorithm_options``): the applied_* figures, with the perturbation it applies at the start of a round
+    from the state its server holds (``server_state``, {field: tensor}; None: its initial state) and its
+    clients' (``client_states``, {client number: {field: tensor}}; a client absent: its first participation),
+    as a checkpoint holds them; None: plain SAM perturbations only (applied_* NaN)."""
     rho, loss_level = checks.finite("rho", rho), checks.flag("loss_level", loss_level)
     batches, minibatch_size, seed = _draws(batches, minibatch_size, seed)
+    kind = _global_objective(global_objective, data)
     with checks.threads(threads):
         glob, clients, w = _objectives(model, clients_data, data, loss=loss, bn_mode=bn_mode,
-                                       eval_batch_size=batch_size, device=device, dtype=dtype)
+                                       eval_batch_size=batch_size, device=device, dtype=dtype,
+                                       union=kind != "client-mean")
+        glob = ClientMean(clients) if glob is None else glob  # (1/N) sum_i F_i
+        applied = None if algorithm is None else _applied(
+            algorithm, algorithm_options, server_state, client_states, clients[min(clients)].flat, len(clients), w)
         return flatness_incompatibility(glob, clients, w, rho, batch_size=minibatch_size, batches=batches, seed=seed,
-                                        loss_level=loss_level)
+                                        loss_level=loss_level, applied=applied)
+
+
+def _global_objective(kind: Any, data: Any) -> str:
+    if kind is None:
+        return "client-mean" if data is None else "data"
+    if kind not in GLOBAL_OBJECTIVES:
+        raise LandscapeError(f"global_objective must be one of {', '.join(map(repr, GLOBAL_OBJECTIVES))} "
+                             f"(got {shown(repr(kind))})")
+    if data is not None:
+        raise LandscapeError("data is F's data itself: give global_objective or data, not both")
+    return kind
+
+
+def _applied(name: Any, options: Any, server_state: Any, client_states: Any, flat: FlatModel, num_clients: int,
+             w: Tensor) -> AppliedPerturbation:
+    """The perturbation the registered algorithm ``name`` applies, from the states given (``incompatibility``)."""
+    if not isinstance(name, str):
+        raise LandscapeError(f"algorithm must be the name of a registered algorithm, not {type(name).__name__}")
+    if options is not None and not isinstance(options, Mapping):
+        raise LandscapeError(f"algorithm_options must be a mapping of its options, not {type(options).__name__}")
+    rules: Any = registered_algorithm(name, dict(options or {}), flat, num_clients)
+    server = _table(server_state, "server_state") if server_state is not None else \
+        rules.init_server_state(w).named()
+    states = {} if client_states is None else {
+        i: _table(s, f"client_states[{i}]") for i, s in _entries(client_states, "client_states", "client states")}
+    return algorithm_perturbation(rules, w, server, states, 0)
+
+
+def _table(value: Any, what: str) -> dict[str, Tensor]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, Tensor)
+                                                 for k, v in value.items()):
+        raise LandscapeError(f"{what} must be a table of named tensors ({{field: tensor}}), as a checkpoint holds it")
+    return dict(value)
 
 
 @dataclass(frozen=True)
@@ -158,19 +212,23 @@ def _union(parts: dict[int, AnalysisData], eval_batch_size: int | None) -> Analy
 
 
 def _objectives(model: Any, clients_data: Any, data: Any, *, loss: Any, bn_mode: str, eval_batch_size: Any,
-                device: Any, dtype: Any) -> tuple[Objective, dict[int, Objective], Tensor]:
-    """F (over ``data`` or the clients' union) and every F_i, on one copy of the model on the analysis device
-    and in its dtype, and w, the model's trainable parameters."""
+                device: Any, dtype: Any, union: bool = True) -> tuple[Objective | None, dict[int, Objective], Tensor]:
+    """F (over ``data`` or the clients' union; None when ``union`` is False and no ``data`` is given) and every
+    F_i, on one copy of the model on the analysis device and in its dtype, and w, the model's trainable
+    parameters."""
     device, dtype = checks.placement(_module(model), device, dtype)
     if eval_batch_size is not None:
         eval_batch_size = checks.whole("batch_size", eval_batch_size)
     parts = _client_data(clients_data, eval_batch_size)
-    union = _union(parts, eval_batch_size) if data is None else as_data(data, eval_batch_size, name="data")
+    if data is not None:
+        f_data = as_data(data, eval_batch_size, name="data")
+    else:
+        f_data = _union(parts, eval_batch_size) if union else None
     flat = FlatModel(checks.copy_module(model).to(device, dtype))
     buffers = flat.buffers()
     # the clients' first: a sample that does not fit the model is named by its client, not as one of the union's
     clients = {i: Objective(flat, buffers, d.place(device, dtype), bn_mode, loss=loss) for i, d in parts.items()}
-    glob = Objective(flat, buffers, union.place(device, dtype), bn_mode, loss=loss)
+    glob = None if f_data is None else Objective(flat, buffers, f_data.place(device, dtype), bn_mode, loss=loss)
     return glob, clients, flat.vector()
 
 

@@ -1,10 +1,11 @@
 """The ``incompatibility`` analysis pass: flatness incompatibility Delta_FI, its heterogeneity / minibatch split and the
-friendly rate (docs/metrics.md "Flatness incompatibility")."""
+friendly rate (docs/metrics.md "Flatness incompatibility"), with plain SAM's perturbations and with the one the run's
+algorithm applies (the applied_* figures)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from landscape.analyze.passes._common import ALL, TRAINING_BATCH, client_objectives, training_batch_size
 from landscape.analyze.registry import CLIENTS, PASSES, Cost, PassOutput, Quantity
@@ -22,25 +23,43 @@ class IncompatibilityOptions:
     batch_size: Annotated[int, rule(TRAINING_BATCH, ge=0)] = 0  # 0: the run's training batch size
     clients: Annotated[int, rule(ALL, ge=0)] = 0  # all clients (0) or a seeded sample
     loss_level: bool = True  # also the loss-level gap (N * (M + 1) extra passes over F)
+    # F: the clients' plain average (the paper's) or size-weighted (over the analysis data)
+    global_objective: Literal["client-mean", "size-weighted"] = "client-mean"
 
 
 PASSES.declare("incompatibility", options=IncompatibilityOptions,
-               summary="flatness incompatibility Delta_FI, its heterogeneity / minibatch split, friendly rate",
+               summary="flatness incompatibility Delta_FI (plain SAM's and the algorithm's own perturbation), its "
+                       "heterogeneity / minibatch split, friendly rate",
                needs=(CLIENTS,), cost=lambda o: Cost(gradients=4.0),
                quantities=(Quantity("Delta_FI", "&Delta;<sub>FI</sub>", "incompatibility", "incompatibility_se"),
+                           Quantity("Delta_FI applied", "&Delta;<sub>FI</sub> applied", "applied_incompatibility",
+                                    "applied_incompatibility_se"),
                            Quantity("heterogeneity share", "hetero&shy;geneity share", "heterogeneity_share"),
+                           Quantity("perturbation heterogeneity share", "perturbation hetero&shy;geneity share",
+                                    "perturbation_heterogeneity_share"),
+                           Quantity("applied perturbation heterogeneity share",
+                                    "applied perturbation hetero&shy;geneity share",
+                                    "applied_perturbation_heterogeneity_share"),
                            Quantity("friendly rate", "friendly rate", "friendly_rate", "friendly_rate_se")))
 
 
 @PASSES.implement("incompatibility")
 def incompatibility_pass(ctx: CheckpointContext, opts: IncompatibilityOptions) -> PassOutput:
     from landscape.analyze.flatness import flatness_incompatibility
+    from landscape.analyze.incompatibility import ClientMean
 
+    clients = client_objectives(ctx, opts.clients, "the incompatibility pass")
+    # F = (1/N) sum_i F_i over every client of the run (the paper's), or the analysis data's (size-weighted)
+    glob = ClientMean({i: ctx.client_objective(i) for i in range(ctx.num_clients)}, ctx.gradients) \
+        if opts.global_objective == "client-mean" else ctx.objective
     result = flatness_incompatibility(
-        ctx.objective, client_objectives(ctx, opts.clients, "the incompatibility pass"), ctx.w, opts.rho,
-        batch_size=training_batch_size(ctx, opts.batch_size), batches=opts.batches, seed=ctx.settings.seed,
-        loss_level=opts.loss_level, gradients=ctx.gradients,  # shared with alignment and sharpness
+        glob, clients, ctx.w, opts.rho, batch_size=training_batch_size(ctx, opts.batch_size), batches=opts.batches,
+        seed=ctx.settings.seed, loss_level=opts.loss_level, gradients=ctx.gradients,  # shared with alignment, sharpness
+        applied=ctx.applied_perturbation(),
     )
     scalars, arrays = split_result(result)
-    summary = {"Delta_FI": float(result.incompatibility), "heterogeneity_share": float(result.heterogeneity_share)}
+    summary = {"Delta_FI": float(result.incompatibility), "heterogeneity_share": float(result.heterogeneity_share),
+               "perturbation_heterogeneity_share": float(result.perturbation_heterogeneity_share)}
+    if not result.applied_note:  # the algorithm applies a perturbation (applied_note says why not, else)
+        summary["Delta_FI_applied"] = float(result.applied_incompatibility)
     return PassOutput(scalars, arrays, summary)

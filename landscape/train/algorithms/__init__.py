@@ -13,6 +13,9 @@ An algorithm is a client rule, a server rule and their state (the optax / Flower
 - ``client_update(message, client_state, problem)``: the local rule, from the client's ``ClientState`` (None
   before its first participation, and for a rule that keeps none); returns the client's final model, what it
   sends up (an ``Upload``, counted as uplink floats) and its new persistent state.
+- ``perturbation_direction(message, client_state, g)``: the direction of the perturbation a SAM-type rule
+  applies at a round's first local step, from its minibatch gradient g (None: it applies none); the
+  incompatibility pass measures it.
 - ``aggregate(x, server_state, uploads, server_round)``: the server rule, from the round's uploads alone (a
   rule that needs the clients' models uploads them); returns the new global model and server state.
 
@@ -209,6 +212,13 @@ class Algorithm(ABC):
     ) -> ClientResult:
         """The client rule: K local steps from what the server sent (``client_state`` None before the client's
         first participation)."""
+
+    def perturbation_direction(self, message: dict[str, Tensor], client_state: Tensors | None,
+                               g: Tensor) -> Tensor | None:
+        """The direction d of the perturbation the client rule applies at its first local step of a round, given
+        its minibatch gradient g there: the perturbation is a positive multiple of d (rho d / ||d|| but for
+        ASAM's); None: the rule applies none. The incompatibility pass measures it (docs/metrics.md)."""
+        return None
 
     def aggregate(
         self, x: Tensor, server_state: Tensors, uploads: Sequence[Tensors], server_round: ServerRound

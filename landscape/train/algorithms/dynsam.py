@@ -161,3 +161,7 @@ class DynSAM(Algorithm):
             final_grad=final,
         )
         return ClientResult(problem.client, y, upload=LocalModel(y), state=state, train_loss=loss)
+
+    def perturbation_direction(self, message: dict[str, Tensor], client_state: DynSAMClient | None,
+                               g: Tensor) -> Tensor:
+        return g  # e = rho_k g / ||g||: along the local gradient, at the client's own radius rho_k

@@ -57,3 +57,8 @@ class FedASAM(Algorithm):
         direction = asam_direction(problem, self.options.rho, self.options.eta_a, mask)
         y, loss = local_sgd(problem, x, direction)  # y_{k+1} = y_k - eta * (d + wd * y_k)
         return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)
+
+    def perturbation_direction(self, message: dict[str, Tensor], client_state: None, g: Tensor) -> Tensor:
+        x = message["x"]  # y_0: T = |y_0| + eta_a on weights
+        mask = self.layout.mask(perturb.is_weight, like=x)
+        return perturb.asam_perturbation(g, x, 1.0, self.options.eta_a, mask)  # T^2 g / ||T g||: e at rho = 1

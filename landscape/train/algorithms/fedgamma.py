@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
+from torch import Tensor
+
 from landscape.config.schema import rule
-from landscape.train.algorithms import ALGORITHMS, LocalProblem
+from landscape.train.algorithms import ALGORITHMS, LocalProblem, Tensors
 from landscape.train.algorithms.fedsam import sam_direction
 from landscape.train.algorithms.scaffold import Direction, Scaffold
 
@@ -33,3 +35,7 @@ class FedGamma(Scaffold):
     def local_direction(self, problem: LocalProblem) -> Direction:
         # e = rho * g / ||g||;  g(y_k + e) on the same batch (SCAFFOLD's rule adds the correction c - c_i)
         return sam_direction(problem, self.options.rho)
+
+    def perturbation_direction(self, message: dict[str, Tensor], client_state: Tensors | None,
+                               g: Tensor) -> Tensor:
+        return g  # e = rho g / ||g||: the local gradient's, uncorrected (c - c_i enters the descent only)

@@ -70,9 +70,7 @@ class FedLESAM(Algorithm):
         self, message: dict[str, Tensor], client_state: FedLESAMClient | None, problem: LocalProblem
     ) -> ClientResult:
         x = message["x"]
-        # x^{tau_i}, or x^{t-1} without history
-        seen = client_state.x_seen if client_state is not None else message["x_prev"]
-        e = perturb.sam_perturbation(seen - x, self.options.rho)  # e = rho u / ||u||, u = x^{tau_i} - x^t
+        e = perturb.sam_perturbation(self.estimate(message, client_state), self.options.rho)  # e = rho u / ||u||
 
         def direction(y: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
             return problem.loss_and_grad(y + e, batch)  # d = g(y_k + e): one forward/backward per step
@@ -80,6 +78,15 @@ class FedLESAM(Algorithm):
         y, loss = local_sgd(problem, x, direction)  # y_{k+1} = y_k - eta * (d + wd * y_k)
         return ClientResult(problem.client, y, upload=LocalModel(y), state=FedLESAMClient(x_seen=x),
                             train_loss=loss)
+
+    def estimate(self, message: dict[str, Tensor], client_state: FedLESAMClient | None) -> Tensor:
+        """u = x^{tau_i} - x^t, or x^{t-1} - x^t without history: the estimated global ascent direction."""
+        seen = client_state.x_seen if client_state is not None else message["x_prev"]
+        return seen - message["x"]
+
+    def perturbation_direction(self, message: dict[str, Tensor], client_state: FedLESAMClient | None,
+                               g: Tensor) -> Tensor:
+        return self.estimate(message, client_state)  # e = rho u / ||u||, whatever the gradient
 
     def aggregate(
         self, x: Tensor, server_state: FedLESAMServer, uploads: Sequence[LocalModel],

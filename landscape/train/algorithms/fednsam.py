@@ -90,6 +90,10 @@ class FedNSAM(Algorithm):
         y, loss = local_sgd(problem, x, direction)  # y_{k+1} = y_k - eta (d + wd y_k)
         return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)
 
+    def perturbation_direction(self, message: dict[str, Tensor], client_state: None, g: Tensor) -> Tensor:
+        m = message["m"]
+        return -m if bool(m.norm() > 0) else g  # e = -rho m / ||m|| (at the look-ahead y'); m = 0: FedSAM's
+
     def aggregate(
         self, x: Tensor, server_state: FedNSAMServer, uploads: Sequence[LocalModel], server_round: ServerRound
     ) -> tuple[Tensor, FedNSAMServer]:

@@ -68,6 +68,9 @@ class FedNSAMCode(FedNSAM):
         # the server forms Delta_i = y_{i,K} - x~
         return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)
 
+    def perturbation_direction(self, message: dict[str, Tensor], client_state: None, g: Tensor) -> Tensor:
+        return g  # e = rho g / ||g||, local SAM (from the look-ahead x~: g is the gradient there)
+
     def aggregate(
         self, x: Tensor, server_state: FedNSAMServer, uploads: Sequence[LocalModel], server_round: ServerRound
     ) -> tuple[Tensor, FedNSAMServer]:

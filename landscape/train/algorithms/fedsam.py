@@ -53,3 +53,6 @@ class FedSAM(Algorithm):
         x = message["x"]
         y, loss = local_sgd(problem, x, sam_direction(problem, self.options.rho))
         return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)
+
+    def perturbation_direction(self, message: dict[str, Tensor], client_state: None, g: Tensor) -> Tensor:
+        return g  # e = rho g / ||g|| (sam_direction)

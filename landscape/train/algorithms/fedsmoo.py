@@ -52,6 +52,11 @@ class FedSMOOOptions:
     lam: Annotated[float, rule(ge=0)] = 0.1  # weight of the dynamic regulariser lam * (y - x^t + h_i)
 
 
+def corrected_gradient(g: Tensor, mu: Tensor, s: Tensor) -> Tensor:
+    """g' = g - (mu_i + s): the gradient whose direction FedSMOO perturbs along."""
+    return g - (mu + s)
+
+
 @dataclass(frozen=True)
 class FedSMOOServer(Tensors):
     s: Tensor  # the global perturbation correction (zeros at t = 0)
@@ -98,7 +103,7 @@ class FedSMOO(Algorithm):
         steps = 0
         for batch in problem.batches():
             loss, g = problem.loss_and_grad(y, batch)  # g = g(y_k)
-            e = sam_perturbation(g - (mu + s), rho)  # g' = g - (mu_i + s);  e = rho g' / ||g'||
+            e = sam_perturbation(corrected_gradient(g, mu, s), rho)  # g' = g - (mu_i + s);  e = rho g' / ||g'||
             mu = mu + e - s  # mu_i += e - s
             _, g_pert = problem.loss_and_grad(y + e, batch, update_stats=False)  # g(y_k + e), same batch
             d = g_pert + lam * (y + anchor)  # d = g(y_k + e) + lam (y_k - x^t + h_i)   (+ wd y_k in descent)
@@ -112,6 +117,11 @@ class FedSMOO(Algorithm):
             state=FedSMOOClient(mu=mu, h=h + delta),  # h_i += Delta_i
             train_loss=total / max(steps, 1),
         )
+
+    def perturbation_direction(self, message: dict[str, Tensor], client_state: FedSMOOClient | None,
+                               g: Tensor) -> Tensor:
+        mu = client_state.mu if client_state is not None else torch.zeros_like(g)  # mu_i at the round's start
+        return corrected_gradient(g, mu, message["s"])  # e = rho g' / ||g'||
 
     def aggregate(
         self, x: Tensor, server_state: FedSMOOServer, uploads: Sequence[FedSMOOUpload],

@@ -54,6 +54,11 @@ class FedVSSAMOptions:
     rho: Annotated[float, rule(ge=0)] = 0.05  # SAM radius
 
 
+def steered(carried: Tensor, g: Tensor, gamma_l: float) -> Tensor:
+    """LF: h_i = (1 - gamma_l) h + gamma_l g(y_k), from carried = (1 - gamma_l) h."""
+    return carried + gamma_l * g
+
+
 @dataclass(frozen=True)
 class FedVSSAMServer(Tensors):
     h: Tensor  # the global adjusted direction (zeros at t = 0)
@@ -81,13 +86,17 @@ class FedVSSAM(Algorithm):
 
         def direction(y: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
             loss, g = problem.loss_and_grad(y, batch)
-            h_i = carried + gamma_l * g  # LF: h_i = (1 - gamma_l) h + gamma_l g(y_k)
+            h_i = steered(carried, g, gamma_l)  # LF: h_i = (1 - gamma_l) h + gamma_l g(y_k)
             e = sam_perturbation(h_i, rho)  # LF: y~ = y_k + rho h_i / ||h_i||
             _, g_tilde = problem.loss_and_grad(y + e, batch, update_stats=False)  # g(y~), same batch
             return loss, carried + gamma_l * g_tilde  # LU: u = (1 - gamma_l) h + gamma_l g(y~)
 
         y, loss = local_sgd(problem, x, direction)  # LU: y_{k+1} = y_k - eta (u + wd y_k)
         return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)
+
+    def perturbation_direction(self, message: dict[str, Tensor], client_state: None, g: Tensor) -> Tensor:
+        gamma_l = self.options.gamma_l
+        return steered((1 - gamma_l) * message["h"], g, gamma_l)  # LF: e = rho h_i / ||h_i||
 
     def aggregate(
         self, x: Tensor, server_state: FedVSSAMServer, uploads: Sequence[LocalModel],

@@ -75,6 +75,9 @@ class MoFedSAM(Algorithm):
         y, loss = local_sgd(problem, x, direction)  # y_{k+1} = y_k - eta * (d + wd * y_k)
         return ClientResult(problem.client, y, upload=LocalModel(y), train_loss=loss)
 
+    def perturbation_direction(self, message: dict[str, Tensor], client_state: None, g: Tensor) -> Tensor:
+        return g  # e = rho g / ||g||: the local gradient's; m enters the descent only
+
     def aggregate(
         self, x: Tensor, server_state: MoFedSAMServer, uploads: Sequence[LocalModel],
         server_round: ServerRound,
