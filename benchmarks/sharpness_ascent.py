@@ -78,7 +78,7 @@ def bn_mlp():
 def measure(objective, w, rho: float, settings: dict) -> dict:
     started = time.perf_counter()
     p = sharpness_profile(objective, w, [rho], seed=0, **settings)
-    return {"value": float(p.sharpness[0]), "converged": bool(p.converged[0]),
+    return {"value": float(p.sharpness[0]), "converged": bool(p.ascent_converged[0]),
             "at_best": f"{int(p.starts_at_best[0])} of {p.starts}", "gradients": p.gradient_evaluations,
             "losses": p.loss_evaluations, "seconds": time.perf_counter() - started}
 

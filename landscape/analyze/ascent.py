@@ -25,10 +25,10 @@ necessarily the global, maximum.
 Stopping, after accepted step j >= 2 with gain Delta_j = F(x + e_j) - F(x + e_{j-1}) and
 S_j = F(x + e_j) - F(x): the relative gain gamma_j = Delta_j / S_j and the geometric tail estimate
 R_j = Delta_j r / (1 - r), r = Delta_j / Delta_{j-1} (infinite when r >= 1), of what all further steps would
-add. The ascent is *converged* when the iterate is on the sphere (||u_j|| >= (1 - 1e-4) rho), gamma_j <= tol and
-R_j <= tol S_j; or *stalled* when s falls below S_MIN (no step of length >= S_MIN rho passes the test: the
+add. The ascent is *converged* when the iterate is on the sphere (||u_j|| >= (1 - 1e-4) rho), gamma_j <= tol
+and R_j <= tol S_j; or *stalled* when s falls below S_MIN (no step of length >= S_MIN rho passes the test: the
 iterate is stationary to that resolution), which also counts as converged. Otherwise it stops after ``steps``
-trials, not converged. ``tol = 0`` never stops early.
+trials, not converged. ``tol = 0`` never stops early. Converged is said of one ascent: its own local maximum.
 
 Multi-start: the ball problem has several local maxima (on BatchNorm nets and near a minimum the one the SAM
 direction leads to can be far below the best), so ``starts`` ascents run: start 0 from the centre u_0 = 0
@@ -39,9 +39,13 @@ every start point and trial point of every start:
     S = max(0, max_{i,k} F(x + e_{i,k}) - F(x)),   e* = the maximising e_{i,k} (0 when none beats x),
 
 a lower bound of the true maximum; ``steps = 1, starts = 1`` is the SAM (ASAM) estimate. The convergence
-record reported is the one of the start that found e*; ``starts_at_best`` counts the starts within ``tol`` of
-S. Where d vanishes exactly (x at a stationary point) the step takes a fixed unit direction drawn from
-``seed`` instead (the first seeded direction; the start directions are the next ones).
+record reported is the one of the start that found e* (``ascent_converged``: that ascent met its stopping
+test, which says nothing of the other maxima). What the search says of the maximum: each start's best value
+S_i, ``starts_at_best`` = #{i : S_i >= (1 - tol) S} (all starts where S = 0), ``maximum_agreed`` = at least
+two starts there (one start alone is no evidence that no higher maximum exists), and ``start_spread`` =
+(S - min_i S_i) / S (0 where S = 0), how far apart the starts' maxima lie. Where d vanishes exactly (x at a
+stationary point) the step takes a fixed unit direction drawn from ``seed`` instead (the first seeded
+direction; the start directions are the next ones).
 """
 
 from __future__ import annotations
@@ -213,7 +217,7 @@ def _ascent(ball: Ball, start: tuple[Tensor, float, Tensor], fallback: Tensor) -
         "last_gain": 1.0 if len(gains) == 1 else gamma,
         "remaining_gain": remaining,
         "ball_fraction": float(u.norm()) / rho,
-        "converged": converged,
+        "ascent_converged": converged,
         "stalled": stalled,
         "gradients": grads,  # accepted trials' gradients
         "losses": k - grads,  # trials evaluated for their loss alone (rejected, or the last allowed)
@@ -236,8 +240,20 @@ def multistart(ball: Ball, grad0: Tensor, directions: list[Tensor]) -> dict[str,
         values=np.stack([r["values"] for r in runs]),
         best_start=best,
         start_sharpness=values,
-        starts_at_best=int((values >= values[best] * (1 - ball.tol)).sum()) if values[best] > 0 else len(runs),
+        start_converged=np.array([r["ascent_converged"] for r in runs], dtype=bool),
+        **search_agreement(values, ball.tol),
         gradients=sum(r["gradients"] for r in runs),
         losses=sum(r["losses"] for r in runs),
     )
     return out
+
+
+def search_agreement(values: np.ndarray, tol: float) -> dict[str, Any]:
+    """What the starts' best values S_i say of the maximum S = max_i S_i (module docstring): ``starts_at_best``,
+    ``maximum_agreed`` and ``start_spread``."""
+    top = float(values.max())
+    if top <= 0:  # no start beat the centre: every start agrees on S = 0
+        return {"starts_at_best": len(values), "maximum_agreed": len(values) >= 2, "start_spread": 0.0}
+    at_best = int((values >= top * (1 - tol)).sum())
+    return {"starts_at_best": at_best, "maximum_agreed": at_best >= 2,
+            "start_spread": float((top - values.min()) / top)}

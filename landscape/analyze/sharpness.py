@@ -2,7 +2,9 @@
 
 The maximum is estimated by the Armijo projected ascent of ``ascent`` (its docstring; docs/metrics.md
 "Sharpness"), from the centre (its first trial is SAM's step) and from seeded points on the sphere; the
-estimate is the best value found, a lower bound of the true maximum.
+estimate is the best value found, a lower bound of the true maximum. The result says what the search found:
+each start's value, their spread, how many starts reached the best (``maximum_agreed``: at least two) and
+whether the best start's ascent converged (``ascent_converged``, a statement about that ascent alone).
 
 Adaptive sharpness (ASAM): the ball {e : ||e / T|| <= rho} with T = |x| + eta element-wise, T fixed at x
 (ASAM's T_w = |w| + eta, eta = 0.01 in Kwon et al.). By default every coordinate is rescaled (the paper's
@@ -58,14 +60,17 @@ class SharpnessResult:
     best_start: int  # the start whose ascent found e* (0: from the centre)
     best_step: int  # k of e* = e_k (trial k of that start); 0: its start point (the centre for start 0: e* = 0)
     start_sharpness: np.ndarray  # [starts] the best value of each start's ascent
+    start_converged: np.ndarray  # [starts] bool: each start's ascent met its stopping test
     starts_at_best: int  # starts whose value is within tol of S (how often the maximum was found)
+    maximum_agreed: bool  # starts_at_best >= 2: another start reached S (else S may be a lower local maximum)
+    start_spread: float  # (S - min over starts) / S (0 where S = 0): how far apart the starts' maxima lie
     ascent_values: np.ndarray  # [starts, steps] F(x + e_k) - F(x), trial k (NaN after the stop); [0, 0]: SAM
     # the convergence record of the best start's ascent:
     steps_used: int  # trial points evaluated
     last_gain: float  # gamma of the last accepted step (1 when only the first; NaN when none accepted)
     remaining_gain: float  # R / S of the last accepted step (NaN before the second, inf when not shrinking)
     ball_fraction: float  # ||u|| / rho of the final iterate (u = e / T; 1 = on the sphere)
-    converged: bool  # the stopping test passed (or stalled)
+    ascent_converged: bool  # the best start's ascent passed its stopping test (or stalled); not the maximum's
     stalled: bool  # stopped because no step of factor >= S_MIN passed the Armijo test
     gradient_evaluations: int  # full-data gradients used: the centre, the start points, accepted trials
     loss_evaluations: int  # trial points evaluated for their full-data loss alone (rejected, the last allowed)
@@ -92,13 +97,16 @@ class SharpnessProfile:
     best_start: np.ndarray
     best_step: np.ndarray
     start_sharpness: np.ndarray  # [len(rhos), starts]
+    start_converged: np.ndarray  # [len(rhos), starts] bool
     starts_at_best: np.ndarray
+    maximum_agreed: np.ndarray  # bool
+    start_spread: np.ndarray
     ascent_values: np.ndarray  # [len(rhos), starts, steps], NaN after each ascent's stop
     steps_used: np.ndarray  # this and the four below: the best start's ascent
     last_gain: np.ndarray
     remaining_gain: np.ndarray
     ball_fraction: np.ndarray
-    converged: np.ndarray  # bool
+    ascent_converged: np.ndarray  # bool
     stalled: np.ndarray  # bool
     gradient_evaluations: int  # all radii together, the shared centre once
     loss_evaluations: int
@@ -119,14 +127,17 @@ class LocalSharpnessResult:
     global_loss: float  # F(x)
     global_sharpness: float  # S_rho on F
     global_perturbation_norm: float
-    global_converged: bool
+    global_ascent_converged: bool
+    global_maximum_agreed: bool
     client_loss: np.ndarray  # F_i(x)
     client_perturbed_loss: np.ndarray  # F_i(x + e_i*)
     client_sharpness: np.ndarray  # S_rho on F_i
     client_perturbation_norm: np.ndarray
     client_gap: np.ndarray  # S_rho(F_i) - S_rho(F)
     client_steps_used: np.ndarray
-    client_converged: np.ndarray  # bool
+    client_ascent_converged: np.ndarray  # bool
+    client_maximum_agreed: np.ndarray  # bool
+    client_start_spread: np.ndarray
     mean_local_sharpness: float  # mean_i S_rho(F_i)
     mean_local_sharpness_se: float  # std over clients / sqrt(N) (NaN for one client)
     gap: float  # mean_i S_rho(F_i) - S_rho(F)
@@ -227,13 +238,16 @@ def sharpness_profile(
         best_start=column("best_start", np.int64),
         best_step=column("best_step", np.int64),
         start_sharpness=np.stack([r["start_sharpness"] for r in runs]),
+        start_converged=np.stack([r["start_converged"] for r in runs]),
         starts_at_best=column("starts_at_best", np.int64),
+        maximum_agreed=column("maximum_agreed", bool),
+        start_spread=column("start_spread"),
         ascent_values=np.stack([r["values"] for r in runs]),
         steps_used=column("steps_used", np.int64),
         last_gain=column("last_gain"),
         remaining_gain=column("remaining_gain"),
         ball_fraction=column("ball_fraction"),
-        converged=column("converged", bool),
+        ascent_converged=column("ascent_converged", bool),
         stalled=column("stalled", bool),
         gradient_evaluations=1 + sum(r["gradients"] for r in runs),
         loss_evaluations=sum(r["losses"] for r in runs),
@@ -280,13 +294,16 @@ def rho_sharpness(
         best_start=int(p.best_start[0]),
         best_step=int(p.best_step[0]),
         start_sharpness=p.start_sharpness[0],
+        start_converged=p.start_converged[0],
         starts_at_best=int(p.starts_at_best[0]),
+        maximum_agreed=bool(p.maximum_agreed[0]),
+        start_spread=float(p.start_spread[0]),
         ascent_values=p.ascent_values[0],
         steps_used=int(p.steps_used[0]),
         last_gain=float(p.last_gain[0]),
         remaining_gain=float(p.remaining_gain[0]),
         ball_fraction=float(p.ball_fraction[0]),
-        converged=bool(p.converged[0]),
+        ascent_converged=bool(p.ascent_converged[0]),
         stalled=bool(p.stalled[0]),
         gradient_evaluations=p.gradient_evaluations,
         loss_evaluations=p.loss_evaluations,
@@ -332,14 +349,17 @@ def local_sharpness(
         global_loss=glob.loss,
         global_sharpness=glob.sharpness,
         global_perturbation_norm=glob.perturbation_norm,
-        global_converged=glob.converged,
+        global_ascent_converged=glob.ascent_converged,
+        global_maximum_agreed=glob.maximum_agreed,
         client_loss=np.array([r.loss for r in local]),
         client_perturbed_loss=np.array([r.perturbed_loss for r in local]),
         client_sharpness=s,
         client_perturbation_norm=np.array([r.perturbation_norm for r in local]),
         client_gap=s - glob.sharpness,
         client_steps_used=np.array([r.steps_used for r in local], dtype=np.int64),
-        client_converged=np.array([r.converged for r in local], dtype=bool),
+        client_ascent_converged=np.array([r.ascent_converged for r in local], dtype=bool),
+        client_maximum_agreed=np.array([r.maximum_agreed for r in local], dtype=bool),
+        client_start_spread=np.array([r.start_spread for r in local]),
         mean_local_sharpness=float(s.mean()),
         mean_local_sharpness_se=se,
         gap=float(s.mean() - glob.sharpness),

@@ -39,6 +39,9 @@ def analysis_data(settings: AnalysisSettings, data: str | None = None) -> str:
 KEYS = ("run", "file", "round")  # the columns that say which checkpoint a row is (those the rows have)
 SUMMARY_WIDTH = 120  # the summary table is cut into blocks of columns that fit this many characters
 RUN_WIDTH = 40  # longer run names are written as [1], [2], ... in the table and in full under it
+# a summary's list of its keys whose values are lower bounds only (S_rho of a search that did not confirm its
+# maximum): printed ">=value", not a column itself
+LOWER_BOUNDS = "lower_bounds"
 
 
 def _wrapped(text: str, indent: str = "    ") -> list[str]:
@@ -58,25 +61,26 @@ def format_summary(report: AnalysisReport) -> str:
         return "nothing analysed"
     columns: list[str] = []
     for row in report.rows:
-        columns += [k for k in row if k not in KEYS and k not in columns]
+        columns += [k for k in row if k not in KEYS and k != LOWER_BOUNDS and k not in columns]
     names = list(dict.fromkeys(str(row.get("run")) for row in report.rows))
     numbered = any(len(name) > RUN_WIDTH for name in names)
     run_cell = {name: f"[{k + 1}]" if numbered else name for k, name in enumerate(names)}
     shown = [k for k in KEYS if k == "run" or any(k in row for row in report.rows)]
     keys = [shown] + [[run_cell[str(row.get("run"))]] + [_cell(row.get(k)) for k in shown[1:]]
                       for row in report.rows]
-    table = [columns] + [[_cell(row.get(c)) for c in columns] for row in report.rows]
+    table = [columns] + [[_cell(row.get(c), c in row.get(LOWER_BOUNDS, ())) for c in columns]
+                         for row in report.rows]
     lines = _blocks(keys, table)
-    if numbered or "acc" in columns or any(report.settings.values()):
+    if numbered or "acc" in columns or any(report.settings.values()) or _bounded(report):
         lines.append("")
     if numbered:
         lines += [f"{run_cell[name]} {name}" for name in names]
     return "\n".join(lines + _notes(report, "acc" in columns))
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, bound: bool = False) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{'>=' if bound else ''}{value:.4g}"
     return "-" if value is None else str(value)
 
 
@@ -115,10 +119,18 @@ def _blocks(keys: list[list[str]], table: list[list[str]]) -> list[str]:
     return lines
 
 
+def _bounded(report: AnalysisReport) -> bool:
+    return any(row.get(LOWER_BOUNDS) for row in report.rows)
+
+
 def _notes(report: AnalysisReport, accuracy: bool) -> list[str]:
-    """What the summary's accuracy is (when it has one), and the settings of results asked for with settings
-    other than the defaults."""
+    """What a ">=" value means and what the summary's accuracy is (when it has them), and the settings of
+    results asked for with settings other than the defaults."""
     lines: list[str] = []
+    if _bounded(report):
+        lines += _wrapped(">=: S_rho is a lower bound only: no second start of its ascent reached the value, or "
+                          "the best start's ascent stopped short of its tolerance (more sharpness.starts confirm "
+                          "a maximum; docs/metrics.md 4)")
     if accuracy:
         data = report.data or "the analysis data (--split; by default the union of the clients' training data)"
         lines += _wrapped(f"acc: accuracy of the checkpoint x on {data}, from the loss pass ('accuracy' in "

@@ -23,10 +23,10 @@ _DEMO_ALGORITHMS = ["fedavg", "fedsam", "fednsam"]
 # basins
 _DEMO_SURFACE = {"directions": "random", "grid": "21", "span": "-1:1", "normalization": "filter-reference",
                  "reference": "round:0"}
-# pass options other than the defaults (the tests make them cheap). S_rho from one start (the SAM
-# direction's ascent, still run to the tolerance): on the digits CNN the 8 starts of the default agree, at 1/8
-# of the cost.
-_DEMO_PASS_OPTIONS: dict[str, dict] = {"sharpness": {"starts": 1}}
+# pass options other than the defaults (the tests make them cheap). S_rho from 4 starts (the centre's, SAM's
+# direction, and 3 random points), half the default's 8: enough for a second start to confirm the maximum or
+# to show that the starts disagree (the summary prints an unconfirmed S_rho as ">=").
+_DEMO_PASS_OPTIONS: dict[str, dict] = {"sharpness": {"starts": 4}}
 _DEMO_CURVE_ROUNDS = "10,20"  # checkpoints before the last (30) where the demo also computes S_rho
 
 

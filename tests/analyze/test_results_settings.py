@@ -368,7 +368,7 @@ def test_an_analysis_recipe_keeps_its_values_as_given_for_the_flags_to_win_over(
     path = Path(__file__).resolve().parents[2] / "analyze" / "quick.toml"
     recipe = load_analysis_recipe(path)
     assert recipe.rounds == "last" and recipe.settings == {"analysis_samples": 500}
-    assert recipe.options["sharpness"] == {"rhos": [0.05], "starts": 1, "adaptive": False, "clients": 4}
+    assert recipe.options["sharpness"] == {"rhos": [0.05], "starts": 4, "adaptive": False, "clients": 4}
 
 
 def test_rounds_given_as_a_number_is_that_round(tmp_path):

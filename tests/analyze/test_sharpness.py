@@ -66,7 +66,7 @@ def test_quadratic_at_the_minimum_gives_rho_squared_lambda_max_over_two():
     for rho in (0.01, 0.1, 1.0):
         exact = rho**2 * 4.0 / 2
         r = rho_sharpness(quad, w_min, rho, starts=1)
-        assert r.sharpness == pytest.approx(exact, rel=1e-3) and r.converged and not r.stalled
+        assert r.sharpness == pytest.approx(exact, rel=1e-3) and r.ascent_converged and not r.stalled
         assert r.sharpness <= exact * (1 + 1e-9)  # a lower bound of the true maximum
         assert r.perturbation_norm == pytest.approx(rho, rel=1e-12) and r.ball_fraction == pytest.approx(1.0)
         assert r.steps_used < 50  # the stop came early
@@ -98,7 +98,7 @@ def test_quadratic_away_from_the_minimum_matches_the_trust_region_solution():
     for rho in (0.05, 0.3, 1.0):
         exact = _trust_region_max(a, g, rho)
         r = rho_sharpness(quad, w, rho)
-        assert r.sharpness == pytest.approx(exact, rel=1e-3) and r.converged
+        assert r.sharpness == pytest.approx(exact, rel=1e-3) and r.ascent_converged
         assert r.sharpness <= exact * (1 + 1e-9)
 
 
@@ -224,7 +224,9 @@ def test_local_sharpness_per_client_and_gap(digits):
     for k, c in enumerate(res.clients):
         single = rho_sharpness(clients[c], w, 0.05, steps=4, starts=2)
         assert res.client_sharpness[k] == single.sharpness and res.client_loss[k] == single.loss
-        assert res.client_converged[k] == single.converged and res.client_steps_used[k] == single.steps_used
+        assert res.client_ascent_converged[k] == single.ascent_converged
+        assert res.client_maximum_agreed[k] == single.maximum_agreed
+        assert res.client_start_spread[k] == single.start_spread and res.client_steps_used[k] == single.steps_used
     assert res.global_sharpness == rho_sharpness(glob, w, 0.05, steps=4, starts=2).sharpness
     assert res.gap == pytest.approx(res.client_sharpness.mean() - res.global_sharpness, abs=1e-15)
     np.testing.assert_allclose(res.client_gap, res.client_sharpness - res.global_sharpness, atol=1e-15)
@@ -331,7 +333,7 @@ def test_armijo_ascent_converges_where_steps_of_length_rho_oscillate():
     z = w + torch.stack([theta.cos(), theta.sin()], 1)
     exact = float((z[:, 0] - 0.5 * lam * z[:, 1] ** 2).max() - quad.loss(w))
     r = rho_sharpness(quad, w, 1.0, starts=1)
-    assert r.converged and not r.stalled and r.ball_fraction == pytest.approx(1.0)
+    assert r.ascent_converged and not r.stalled and r.ball_fraction == pytest.approx(1.0)
     assert r.sharpness == pytest.approx(exact, rel=1e-3) and r.sharpness <= exact * (1 + 1e-9)
     accepted = np.maximum.accumulate(np.nan_to_num(r.ascent_values[0], nan=-np.inf))
     assert r.last_gain <= r.tol and r.remaining_gain <= r.tol and accepted[r.steps_used - 1] == r.sharpness
@@ -342,10 +344,10 @@ def test_convergence_record_says_how_far_the_ascent_got():
     quad = Quadratic(a, torch.zeros(4, dtype=torch.float64))
     w = torch.full((4,), 1e-3, dtype=torch.float64)
     short = rho_sharpness(quad, w, 0.5, steps=2, starts=1)
-    assert not short.converged and short.steps_used == 2 and short.loss_evaluations == 1
+    assert not short.ascent_converged and short.steps_used == 2 and short.loss_evaluations == 1
     assert short.last_gain > short.tol  # the record says it stopped short
     full = rho_sharpness(quad, w, 0.5, starts=1)
-    assert full.converged and full.steps_used < full.steps and full.sharpness > short.sharpness
+    assert full.ascent_converged and full.steps_used < full.steps and full.sharpness > short.sharpness
     assert np.isnan(full.ascent_values[0, full.steps_used:]).all()
     assert not np.isnan(full.ascent_values[0, :full.steps_used]).any()
     exact = _trust_region_max(a, a @ w, 0.5)
@@ -406,13 +408,13 @@ def test_defaults_reach_the_tolerance_of_a_long_multistart_ascent(name, rhos):
     steps = 200 if name == "bn-mlp" else 100
     reference = np.array([_long_multistart(objective, w, rho, steps=steps) for rho in rhos])
     assert (p.sharpness >= reference * (1 - p.tol)).all(), (p.sharpness, reference)
-    assert p.converged.all() and np.allclose(p.ball_fraction, 1.0)
+    assert p.ascent_converged.all() and np.allclose(p.ball_fraction, 1.0)
     np.testing.assert_allclose(p.perturbed_loss - p.loss, p.sharpness, rtol=1e-12)
     assert (p.perturbation_norm <= np.asarray(rhos) * (1 + 1e-12)).all()
     assert (p.start_sharpness.max(axis=1) == p.sharpness).all() and (p.starts_at_best >= 2).all()
     if name == "bn-mlp":  # the SAM start alone ends on a lower local maximum: 28% and 58% short
         sam_start = sharpness_profile(objective, w, list(rhos), starts=1)
-        assert (sam_start.sharpness < 0.8 * reference).all() and sam_start.converged.all()
+        assert (sam_start.sharpness < 0.8 * reference).all() and sam_start.ascent_converged.all()
 
 
 def test_the_pass_records_the_ascent_settings():

@@ -25,7 +25,8 @@ class SharpnessOptions:
     steps: Annotated[int, rule(gt=0)] = 50
     # stop when the estimated remaining gain is below tol * S_rho (0: run all steps)
     tol: Annotated[float, rule("0: run all steps", ge=0)] = 1e-3
-    # ascents from the centre and starts - 1 seeded random points on the sphere; the best
+    # ascents from the centre and starts - 1 seeded random points on the sphere; the best (below 2, or where
+    # the starts disagree, S_rho is printed as a lower bound, >=)
     starts: Annotated[int, rule(gt=0)] = 8
     adaptive: bool = True  # also the ASAM-ball profile (|x| + eta, weights only, as FedASAM trains)
     eta: Annotated[float, rule(gt=0)] = 0.01
@@ -60,6 +61,7 @@ PASSES.declare("sharpness", options=SharpnessOptions,
 def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput:
     from landscape.analyze import functions
     from landscape.analyze.sharpness import DEFAULT_ETA, local_sharpness
+    from landscape.analyze.summary import LOWER_BOUNDS
 
     seed = ctx.settings.seed
     # grad F, the grad F_i and each radius's ascent are kept in the checkpoint's cache: the local comparison's
@@ -73,7 +75,13 @@ def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput
         adaptive = functions.sharpness(ctx.problem, opts.rhos, adaptive=True, eta=opts.eta, **ascent)
         out["adaptive"], more = split_result(adaptive, "adaptive.")
         arrays.update(more)
-    summary = {f"S_rho({rho:g})": float(s) for rho, s in zip(profile.rhos, profile.sharpness)}
+    summary: dict[str, Any] = {f"S_rho({rho:g})": float(s) for rho, s in zip(profile.rhos, profile.sharpness)}
+    # S_rho that the search does not confirm as the maximum (the best start's ascent short of its tolerance,
+    # or no second start reaching its value) is printed as a lower bound, ">=S"
+    bounds = [key for key, agreed, converged in zip(summary, profile.maximum_agreed, profile.ascent_converged)
+              if not (agreed and converged)]
+    if bounds:
+        summary[LOWER_BOUNDS] = bounds
     if ctx.num_clients == 0:  # a plain state_dict: the global profiles only
         return PassOutput(out, arrays, summary)
     local = local_sharpness(client_objectives(ctx, opts.clients, "local sharpness"), ctx.objective, ctx.w,
