@@ -11,9 +11,10 @@ hidden 32); kept in ``--out`` for the next call. The estimators then run on that
 budget. Reported per budget of products: the relative RMS error against the exact trace, the median absolute
 relative error, the mean reported standard error (relative), and the calibration of that standard error:
 z = (estimate - exact) / stderr over the seeds, its sd (1 for a calibrated one, below 1 for a conservative
-one) and the fraction of seeds with |z| > 3 (0.3% for a normal z). XTrace reports the delete-one jackknife
-over its probes; the row "XTrace, the paper's error estimate" is the same estimates with Epperly, Tropp and
-Webber's sd(T_i) / sqrt(s). The estimator with the smallest error per product is
+one) and the fraction of seeds with |z| > 3 (0.3% for a normal z). XTrace reports the pairwise
+leave-one-out error over its probes (``trace.xtrace``'s ``stderr_method="pairwise"``, docs/metrics.md); the
+row "XTrace, the paper's error estimate" is the same estimates with Epperly, Tropp and Webber's
+sd(T_i) / sqrt(s). The estimator with the smallest error per product is
 ``trace.DEFAULT_TRACE_METHOD``. Usage:
 
     .venv/bin/python benchmarks/trace_estimators.py [--budgets 12 24 48 96 192] [--trials 100]

@@ -13,7 +13,9 @@ was most of the overhead of a product over the arithmetic (issue 23).
   preallocated [k, dim] tensor, so the product is added in place where it belongs (AccumulateGrad), with no
   cat and no stack of columns.
 - forward-over-reverse: ``torch.func.jvp`` of ``torch.func.grad`` over the dict of parameters, the tangent a
-  dict of views of v; each product is written by one cat into its row of the [k, dim] tensor.
+  dict of views of v; each product is written by one cat into its row of the [k, dim] tensor. ``F.mse_loss``
+  with its mean is taken as its sum over the element count there (``MeanSquaredErrorBySum``: PyTorch's forward
+  derivative of the mean's backward fails); an op without a forward derivative is a one-line LandscapeError.
 
 The values are those of the flat-vector formulation bit for bit (the same operations on the same numbers;
 the split and cat only move them). Also the memory free on a device (``free_memory``), for the rule by which
@@ -27,9 +29,12 @@ import time
 from collections.abc import Callable, Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from landscape.analyze.gradient_graphs import product_gradient_graphs
+from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel, ParameterLeaves
 
 # A batch's gradient with its graph: one tensor per parameter (None: constant in w), or None where H_b = 0.
@@ -90,16 +95,40 @@ def hvps_through(grad: Gradient, leaves: ParameterLeaves, vectors: Tensor, *, ke
     return out.T
 
 
+class MeanSquaredErrorBySum(TorchFunctionMode):
+    """``F.mse_loss(input, target)`` with reduction "mean" (``nn.MSELoss`` and the loss "mse" included) computed
+    as its "sum" over ``input.numel()``, the same function: the forward derivative of the mean's backward
+    (``mse_loss_double_backward``) divides a zero tangent, the targets', in place, and PyTorch raises
+    "ZeroTensors are immutable" (the sum's has no such step)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = dict(kwargs or {})
+        if func is F.mse_loss and len(args) == 2 and kwargs.get("reduction", "mean") == "mean" and \
+                all(kwargs.get(key) is None for key in ("size_average", "reduce", "weight")):
+            return F.mse_loss(*args, reduction="sum") / args[0].numel()
+        return func(*args, **kwargs)
+
+
 def forward_over_reverse(loss: BatchLoss, flat: FlatModel, w: Tensor, vectors: Tensor) -> Tensor:
     """H_b v for each column v of ``vectors`` [dim, k] as ``torch.func.jvp`` of ``torch.func.grad`` at w, over
-    the parameters by name; each product written into its row of one [k, dim] tensor, returned transposed."""
+    the parameters by name; each product written into its row of one [k, dim] tensor, returned transposed.
+    An op PyTorch cannot differentiate forward (no forward derivative) is a LandscapeError naming the other
+    backend."""
     gradient = torch.func.grad(loss)
     rows = vectors.T.contiguous()
     out = torch.empty_like(rows)
     primals = flat.params(w)
-    for j in range(vectors.shape[1]):
-        product = torch.func.jvp(gradient, (primals,), (flat.params(rows[j]),))[1]
-        torch.cat([product[name].reshape(-1) for name in flat.names], out=out[j])
+    try:
+        with MeanSquaredErrorBySum():
+            for j in range(vectors.shape[1]):
+                product = torch.func.jvp(gradient, (primals,), (flat.params(rows[j]),))[1]
+                torch.cat([product[name].reshape(-1) for name in flat.names], out=out[j])
+    except (RuntimeError, NotImplementedError) as error:
+        if isinstance(error, torch.OutOfMemoryError):
+            raise
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise LandscapeError(f"the forward-over-reverse Hessian-vector product failed in PyTorch's forward-mode "
+                             f"differentiation ({reason}); use hvp = \"double-backward\"") from error
     return out.T
 
 

@@ -30,8 +30,8 @@ TRACE_METHODS = ("xtrace", "hutch++", "hutchinson")
 # the smallest error per product of the three (benchmarks/trace_estimators.py)
 DEFAULT_TRACE_METHOD = "xtrace"
 
-# XTrace's jackknife: below this det of the Gram matrix of two of its leave-one-out directions (an angle under
-# ~1e-4 rad, where R is ill-conditioned) the O(s^3) pairwise formula loses digits; a QR per probe is used.
+# XTrace's pairs T_j^(i): below this det of the Gram matrix of two of its leave-one-out directions (an angle
+# under ~1e-4 rad, where R is ill-conditioned) the O(s^3) pairwise formula loses digits; a QR per probe is used.
 JACKKNIFE_MIN_DET = 1e-8
 
 
@@ -40,8 +40,10 @@ class TraceResult:
     """A stochastic trace estimate and its standard error (see the estimator's docstring).
 
     ``stderr_method`` says how ``stderr`` was computed: "sample" (Hutchinson: sd / sqrt(n) of the n quadratic
-    forms), "conditional" (Hutch++: that of the deflated Hutchinson part, given the sketch), "jackknife"
-    (XTrace: delete-one jackknife over its probes) or "exact" (XTrace on a rank-deficient sketch: stderr 0).
+    forms), "conditional" (Hutch++: that of the deflated Hutchinson part, given the sketch), "pairwise"
+    (XTrace: the sample variance of its T_i plus their pairwise covariance, see ``xtrace``), "jackknife"
+    (XTrace results written before "pairwise": delete-one jackknife over its probes) or "exact" (XTrace on a
+    rank-deficient sketch: stderr 0).
     ``stderr_dof``: its degrees of freedom (n - 1, g - 1, s - 1; 0 for "exact"), for a Student-t interval.
     """
 
@@ -169,9 +171,9 @@ def _xtrace_samples(h: Tensor, r: Tensor, w: Tensor, omega_sq: Tensor, dim: int,
     return torch.trace(h) - s_h_s + quadratic
 
 
-def _xtrace_jackknife(h: Tensor, r: Tensor, w: Tensor, omega_sq: Tensor, dim: int, gaussian: bool) -> Tensor:
-    """t_(i), i = 1..s: the XTrace estimate of the s - 1 probes other than w_i, from the full sketch's
-    coordinates (no product with H), in O(s^3).
+def _xtrace_pairs(h: Tensor, r: Tensor, w: Tensor, omega_sq: Tensor, dim: int, gaussian: bool) -> Tensor:
+    """[i, j]: T_j^(i), the XTrace sample of w_j with w_i left out of its sketch too (i != j; the diagonal
+    is 0), from the full sketch's coordinates (no product with H), in O(s^3).
 
     Without w_i, w_j (j != i) is tested against the sketch of the other s - 2 probes: range(Q) less the plane
     spanned by s_i and s_j (the vectors orthogonal to every r_l, l != i, j). With G = [s_i, s_j],
@@ -183,7 +185,7 @@ def _xtrace_jackknife(h: Tensor, r: Tensor, w: Tensor, omega_sq: Tensor, dim: in
     w_perp^T H w_perp = -r_j^T W_j + W_j^T h W_j,
     w_perp^T H Q s_l = r_j^T s_l - W_j^T h s_l (r_j^T s_i = 0), so u^T H u = w_perp^T H w_perp
     + 2 (w_perp^T H Q G) v + v^T (G^T h G) v and ||u||^2 = ||w_j||^2 - ||W_j||^2 + v^T M v; a_j' = 1
-    (Rademacher) or (dim - (s - 1) + 1) / ||u||^2 (Gaussian). t_(i) = mean over j != i of T_j^(i).
+    (Rademacher) or (dim - (s - 2)) / ||u||^2 (Gaussian).
     """
     s, hs, r_s = _xtrace_sketch(h, r, w)
     k = r.shape[-1]
@@ -203,25 +205,36 @@ def _xtrace_jackknife(h: Tensor, r: Tensor, w: Tensor, omega_sq: Tensor, dim: in
     if gaussian:
         u_sq = (omega_sq - (w * w).sum(dim=0))[None, :] + v1 * v1 + 2 * a * v1 * v2 + v2 * v2
         quadratic = (dim - k + 2) / u_sq * quadratic
-    samples = (torch.trace(h) - removed + quadratic).masked_fill(torch.eye(k, dtype=torch.bool), 0.0)
     if float(det.masked_fill(torch.eye(k, dtype=torch.bool), 1.0).min()) < JACKKNIFE_MIN_DET:
-        return _xtrace_jackknife_by_qr(h, r, w, omega_sq, dim, gaussian)
-    return samples.sum(dim=1) / (k - 1)
+        return _xtrace_pairs_by_qr(h, r, w, omega_sq, dim, gaussian)
+    return (torch.trace(h) - removed + quadratic).masked_fill(torch.eye(k, dtype=torch.bool), 0.0)
 
 
-def _xtrace_jackknife_by_qr(h: Tensor, r: Tensor, w: Tensor, omega_sq: Tensor, dim: int,
-                            gaussian: bool) -> Tensor:
-    """The t_(i) of ``_xtrace_jackknife`` by a QR of each reduced sketch, in O(s^4): stable where R is
+def _xtrace_pairs_by_qr(h: Tensor, r: Tensor, w: Tensor, omega_sq: Tensor, dim: int, gaussian: bool) -> Tensor:
+    """The T_j^(i) of ``_xtrace_pairs`` by a QR of each reduced sketch, in O(s^4): stable where R is
     ill-conditioned. Without w_i the sketch is Y_(i) = Q R_(i) (R without column i) = (Q U_i) R'_i with
     R_(i) = U_i R'_i (reduced QR), so its coordinates are h' = U_i^T h U_i, R'_i and W' = U_i^T W_(i)."""
     s = r.shape[-1]
-    left_out = []
+    pairs = torch.zeros(s, s, dtype=torch.float64)
     for i in range(s):
         others = torch.tensor([j for j in range(s) if j != i])
         u, r_sub = torch.linalg.qr(r[:, others])
-        samples = _xtrace_samples(u.T @ h @ u, r_sub, u.T @ w[:, others], omega_sq[others], dim, gaussian)
-        left_out.append(samples.mean())
-    return torch.stack(left_out)
+        pairs[i, others] = _xtrace_samples(u.T @ h @ u, r_sub, u.T @ w[:, others], omega_sq[others], dim,
+                                           gaussian)
+    return pairs
+
+
+def _xtrace_stderrs(samples: Tensor, pairs: Tensor) -> tuple[float, float, float]:
+    """(pairwise, paper's, jackknife) standard errors of mean_i T_i from the samples T_i and the
+    ``_xtrace_pairs`` T_j^(i) (see ``xtrace``)."""
+    k = samples.numel()
+    off = ~torch.eye(k, dtype=torch.bool)
+    paper_variance = float(samples.var(unbiased=True)) / k
+    change = samples[None, :] - pairs  # [i, j]: delta_ji = T_j - T_j^(i)
+    covariance = float((change * change.T)[off].mean())  # mean over i != j of delta_ij delta_ji
+    left_out = pairs.sum(dim=1) / (k - 1)  # t_(i): the XTrace of the s - 1 probes other than w_i
+    jackknife = float(torch.sqrt((k - 1) / k * ((left_out - left_out.mean()) ** 2).sum()))
+    return (paper_variance + max(covariance, 0.0)) ** 0.5, paper_variance**0.5, jackknife
 
 
 def xtrace(op: LinearOperator, *, hvps: int = 60, seed: int = 0, block: int = 10, probes: str = "gaussian",
@@ -242,17 +255,21 @@ def xtrace(op: LinearOperator, *, hvps: int = 60, seed: int = 0, block: int = 10
     normalisation, unbiased because a Gaussian u_i's direction is uniform there) or "rademacher" (a_i = 1).
     ``benchmarks/trace_estimators.py`` compares the two on digits Hessians. The estimate is mean_i T_i.
 
-    Standard error: the delete-one jackknife over the probes, sqrt((s-1)/s * sum_i (t_(i) - t_(.))^2), where
-    t_(i) is the whole XTrace estimate recomputed without probe w_i (its sketch and its test vector; from
-    the coordinates of the products already made, no product more) and t_(.) their mean
-    (``stderr_method="jackknife"``, s - 1 degrees of freedom). The paper's error estimate
-    sqrt(sum_i (T_i - mean T)^2 / (s (s-1))), which treats the T_i as independent although they share
-    their probes, is kept as ``settings["paper_stderr"]``: over many seeds of exact matrices z = (estimate -
-    tr H) / stderr has sd above 1 and too many |z| > 3 with the paper's, below 1 with the jackknife
-    (``benchmarks/stderr_calibration.py`` measures both). The jackknife errs on the large side (by the
-    Efron-Stein inequality a jackknife variance is conservative in expectation, and t_(i) has one probe
-    fewer); with few probes its few degrees of freedom give heavy tails. Docs: ``docs/metrics.md`` 3.3; test:
-    ``test_trace_standard_errors_are_calibrated_over_seeds``. Where H Omega is
+    Standard error ("pairwise", s - 1 degrees of freedom): sqrt(var(T) / s + C), var(T) the sample variance
+    of the T_i (ddof 1) and C = mean over i != j of delta_ij delta_ji (0 if negative), delta_ij = T_i - T_i^(j)
+    with T_i^(j) the sample of w_i tested against the sketch without w_j too (``_xtrace_pairs``; from the
+    products already made). Unbiased for Var(mean T) (C floored at 0 aside): the T_i are exchangeable, so
+    Var(mean T) = E[(T_1 - T_2)^2] / (2s) + Cov(T_1, T_2), and Cov(T_i, T_j) = E[delta_ij delta_ji] because
+    the rest of e_i e_j (e_i = T_i - tr H) has mean 0: T_i^(j) - tr H has mean 0 given every probe but w_i,
+    and delta_ji mean 0 given every probe but w_j. The paper's error estimate sqrt(var(T) / s) (the
+    authors' ``xtrace.m``: std(ests)/sqrt(m)) drops C, treating the T_i as independent although they share
+    their probes: too small, sd(z) ~1.5 over many seeds (z = (estimate - tr H) / stderr); the delete-one
+    jackknife over the probes, sqrt((s-1)/s sum_i (t_(i) - t_(.))^2) with t_(i) the whole XTrace of the s - 1
+    probes other than w_i (t_(i) = mean_{j != i} T_j^(i)), is too large, sd(z) ~0.5-0.85 (by Efron and Stein
+    its expectation weighs the k-th order part of the estimator's Hoeffding decomposition ~k times, and
+    XTrace's error is far from additive in its probes). Both are kept, ``settings["paper_stderr"]`` and
+    ``settings["jackknife_stderr"]``; ``benchmarks/stderr_calibration.py`` measures all three. Docs:
+    ``docs/metrics.md`` 3.3; test: ``test_trace_standard_errors_are_calibrated_over_seeds``. Where H Omega is
     numerically rank-deficient, range(Q) holds all of range(H) and tr(Q^T H Q) is the trace (stderr 0,
     ``stderr_method="exact"``).
     """
@@ -282,14 +299,15 @@ def xtrace(op: LinearOperator, *, hvps: int = 60, seed: int = 0, block: int = 10
     diagonal = r.diagonal().abs()
     if float(diagonal.min()) <= probes * torch.finfo(op.dtype).eps * float(diagonal.max()):
         return TraceResult("xtrace", low_rank_part, 0.0, "exact", 0, probes, op.hvp_count - first_count, seed,
-                           {**settings, "rank_deficient": True, "paper_stderr": 0.0})
+                           {**settings, "rank_deficient": True, "paper_stderr": 0.0, "jackknife_stderr": 0.0})
     gaussian = distribution == "gaussian"
-    estimate, paper_stderr = mean_and_stderr(_xtrace_samples(h, r, w, omega_sq, op.dim, gaussian))
-    left_out = _xtrace_jackknife(h, r, w, omega_sq, op.dim, gaussian)
-    stderr = float(torch.sqrt((probes - 1) / probes * ((left_out - left_out.mean()) ** 2).sum()))
-    return TraceResult("xtrace", estimate, stderr, "jackknife", probes - 1, probes,
+    samples = _xtrace_samples(h, r, w, omega_sq, op.dim, gaussian)
+    stderr, paper_stderr, jackknife_stderr = _xtrace_stderrs(
+        samples, _xtrace_pairs(h, r, w, omega_sq, op.dim, gaussian))
+    return TraceResult("xtrace", float(samples.mean()), stderr, "pairwise", probes - 1, probes,
                        op.hvp_count - first_count, seed,
-                       {**settings, "rank_deficient": False, "paper_stderr": paper_stderr})
+                       {**settings, "rank_deficient": False, "paper_stderr": paper_stderr,
+                        "jackknife_stderr": jackknife_stderr})
 
 
 def trace_estimate(op: LinearOperator, *, hvps: int = 60, method: str = DEFAULT_TRACE_METHOD, seed: int = 0,

@@ -88,8 +88,10 @@ class DataSetup:
 
 
 def prepare_data(recipe: recipes.Recipe, partition_file: Path | None = None) -> DataSetup:
-    """Load the data set and partition it exactly as the recipe says (no files written). The partition
-    ``recorded`` (a run written by ``landscape.RunWriter`` or ``landscape import``) is read from
+    """Load the data set and partition it exactly as the recipe says (no files written), its inputs in the
+    run's ``train.dtype`` cast once from the data set's own precision (a float64 run's digits, synthetic and
+    MNIST-1D inputs are the float64 values, never rounded to float32 on the way; its analysis sees the same).
+    The partition ``recorded`` (a run written by ``landscape.RunWriter`` or ``landscape import``) is read from
     ``partition_file``, the run's partition.json (checked: ``store.checkpoints.read_partition``)."""
     ds, part = recipe.dataset, recipe.partition
     # A download goes to one shared folder: rank 0 fetches, the other ranks then read what it fetched.
@@ -102,6 +104,7 @@ def prepare_data(recipe: recipes.Recipe, partition_file: Path | None = None) -> 
             num_clients=part.clients,
             seed=recipe.seed,
             options=dict(ds.options),
+            dtype=torch_dtype(recipe.train.dtype),
         )
     labels = bundle.train.y.numpy()
     natural = bundle.natural_partition

@@ -1,5 +1,8 @@
-"""Data sets held in memory as float32 tensors, registered by name: ``ArrayDataset``, ``DatasetBundle`` and
-the ``DATASETS`` registry, looked up by ``load_dataset``.
+"""Data sets held in memory as tensors, registered by name: ``ArrayDataset``, ``DatasetBundle`` and the
+``DATASETS`` registry, looked up by ``load_dataset``, which gives the inputs in the dtype asked for (the run's
+``train.dtype``) cast once from the source's precision: float64 for the data sets made in float64 (`digits`,
+`synthetic`, `mnist1d`), so that a float64 run never sees inputs rounded to float32; float32 for the image
+sets (uint8 pixels normalised in float32, as torchvision's transforms do).
 
 The data sets themselves register from their modules, which the package imports (so the registry is
 complete wherever it is read): ``builtin_sets`` (`digits`, `synthetic`, `mnist1d`: no files) and
@@ -8,6 +11,7 @@ complete wherever it is read): ``builtin_sets`` (`digits`, `synthetic`, `mnist1d
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +28,8 @@ Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
 @dataclass(frozen=True)
 class ArrayDataset:
-    """A whole data set in memory: x float32 (images [N, C, H, W], signals [N, C, L], features [N, D]), y int64."""
+    """A whole data set in memory: x float32 or float64 (images [N, C, H, W], signals [N, C, L], features
+    [N, D]), y int64."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -56,12 +61,16 @@ DATASETS: Registry[Callable[..., DatasetBundle]] = Registry("dataset")
 
 
 def load_dataset(
-    name: str, *, root: str | Path, download: bool, augment: bool, num_clients: int, seed: int, options: dict
+    name: str, *, root: str | Path, download: bool, augment: bool, num_clients: int, seed: int, options: dict,
+    dtype: torch.dtype = torch.float32,
 ) -> DatasetBundle:
-    """Build data set `name` with recipe `options` (unknown keys and bad values are a LandscapeError)."""
+    """Build data set `name` with recipe `options` (unknown keys and bad values are a LandscapeError), its
+    inputs cast once to ``dtype`` from the precision the data set was made in (``make_bundle``)."""
     entry = DATASETS.get(name)
     opts = entry.make_options(dict(options or {}))
-    return entry.factory(Path(root), download, augment, num_clients, seed, opts)
+    bundle = entry.factory(Path(root), download, augment, num_clients, seed, opts)
+    return dataclasses.replace(bundle, train=ArrayDataset(bundle.train.x.to(dtype), bundle.train.y),
+                               test=ArrayDataset(bundle.test.x.to(dtype), bundle.test.y))
 
 
 def dataset_option_defaults(name: str) -> dict[str, Any]:
@@ -77,9 +86,13 @@ def require(ok: bool, message: str) -> None:
 def make_bundle(name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
                 num_classes: int, augmentation: Augmentation | None = None,
                 natural_partition: list[np.ndarray] | None = None) -> DatasetBundle:
-    """A bundle of numpy arrays as tensors (inputs float32, labels int64); its input shape from x_train."""
+    """A bundle of numpy arrays as tensors (labels int64; inputs float64 where x_train is float64, the
+    source's precision, which ``load_dataset`` casts to the run's dtype; else float32); its input shape from
+    x_train."""
+    precision = np.float64 if x_train.dtype == np.float64 else np.float32
+
     def arrays(x: np.ndarray, y: np.ndarray) -> ArrayDataset:
-        return ArrayDataset(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
+        return ArrayDataset(torch.from_numpy(np.ascontiguousarray(x, dtype=precision)),
                             torch.from_numpy(np.asarray(y, dtype=np.int64)))
 
     return DatasetBundle(name=name, train=arrays(x_train, y_train), test=arrays(x_test, y_test),

@@ -1,5 +1,6 @@
-"""Colour scales and round ticks of the surface figures: the limits and levels several panels share, and
-the ticks of colour bars and z axes.
+"""Colour scales and round ticks of the surface figures: the limits and levels several panels share (of
+the loss's rise above each panel's centre where they compare loss surfaces: ``compared_scale``), and the ticks
+of colour bars and z axes.
 
 Colour bars and z axes carry about 5 round ticks (``nice_ticks``): the fewest digits that tell them apart,
 one x10^k or offset for very small, large or narrow ranges, powers of ten (or 1-3 / 1-2-5 mantissas over a
@@ -8,6 +9,7 @@ decade or two) on log scales.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,38 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, ScalarFormatter
 
 from landscape.core.errors import LandscapeError
+from landscape.figures.surface_data import SurfaceData
+
+# A log scale of the loss's rise spans this many decades below the largest rise of the panels.
+RISE_DECADES = 3
+
+
+LOSS = "loss"  # the surfaces' loss values (``SurfaceData.values``), drawn as rises side by side
+
+def compared_scale(surfaces: list[SurfaceData], quantity: str, log_levels: bool, count: int
+                   ) -> tuple[list[SurfaceData], np.ndarray, Normalize, str]:
+    """What panels side by side draw: (the surfaces as drawn, their shared levels and norm, the colour bar's
+    label). Two or more 2D loss surfaces: each one's rise above its centre, L - L(x) in nats (x: the grid
+    point nearest the plane's origin), on one scale, so that the panel whose loss rises least spans the least
+    of it whatever its loss at x (on a scale of the loss itself, a log one above all, a model that reaches a
+    lower loss looks sharper although its loss rises less). ``log_levels``: a log scale of the rise over
+    ``RISE_DECADES`` decades below the largest, smaller rises and falls below L(x) drawn in its lowest colour
+    (linear where the loss rises nowhere). Else the values themselves."""
+    label = surfaces[0].quantity_label(quantity)
+    if quantity != LOSS or len(surfaces) < 2 or not all(s.is_2d for s in surfaces):
+        return surfaces, *color_scale([s.values(quantity) for s in surfaces], log_levels, count), label
+    rises = [s.loss - s.loss[int(np.argmin(np.abs(s.x_coords))), int(np.argmin(np.abs(s.y_coords)))]
+             for s in surfaces]
+    top = max((float(r[np.isfinite(r)].max()) for r in rises if np.isfinite(r).any()), default=0.0)
+    log_levels = log_levels and top > 0
+    label = f"rise of the {label}\nabove each panel's x (nats)"
+    if log_levels:
+        floor = top * 10.0**-RISE_DECADES
+        rises = [np.maximum(r, floor) for r in rises]  # NaN stays NaN
+        label += f"\nlog scale; rises under {floor:.2g} lowest"
+    drawn = [dataclasses.replace(s, loss=r, meta={**s.meta, "z_label": "loss rise (nats)"})
+             for s, r in zip(surfaces, rises)]
+    return drawn, *color_scale(rises, log_levels, count), label
 
 
 def color_scale(values: list[np.ndarray], log_levels: bool, count: int) -> tuple[np.ndarray, Normalize]:

@@ -8,7 +8,7 @@ Renderers: ``plot_curve_1d`` (interpolation lines), ``plot_contour`` (filled con
 optional log-spaced levels, the checkpoint marked, the PCA trajectory or the client models overlaid),
 ``plot_surface_3d`` (static 3D), ``surface_html`` (interactive plotly 3D, plotly.js inline so the file opens
 with no network) and ``plot_panels`` (several runs side by side on ONE colour scale: same limits, same
-levels, one colour bar). Static files are PNG, or PDF / SVG when the output name ends so. Panels of several
+levels, one colour bar; the loss's rise above each x). Static files are PNG, or PDF / SVG. Panels of several
 models put each model's ||x|| under its title and ``compare_planes``'s line under the panels. Matplotlib is
 used through ``matplotlib.figure.Figure`` with the Agg canvas only (no pyplot, no global backend switch).
 """
@@ -43,6 +43,7 @@ from landscape.figures.surface_scale import (
     TICKS,
     color_scale,
     colorbar,
+    compared_scale,
     set_ticks,
     tick_formatter,
 )
@@ -193,8 +194,8 @@ def plot_contour(source: str | Path | SurfaceData, out: str | Path, *, quantity:
 def plot_panels(sources: Sequence[str | Path | SurfaceData], titles: Sequence[str] | None, out: str | Path, *,
                 kind: str = "contour", quantity: str = "loss", log_levels: bool = False, filled: bool = True,
                 lines: bool = True, overlay: str | None = "auto", levels: int = 30) -> list[PanelData]:
-    """Several surfaces side by side on ONE colour scale (same limits and levels, one colour bar), e.g. the
-    FedSAM vs FedNSAM picture. ``kind``: "contour" or "3d" (3D panels also share the z limits)."""
+    """Several surfaces side by side on ONE colour scale (same limits and levels, one colour bar; the loss's
+    rise above each x: ``compared_scale``). ``kind``: "contour" or "3d" (3D panels also share the z limits)."""
     fig, panels = panels_figure(sources, titles, kind=kind, quantity=quantity, log_levels=log_levels,
                                 filled=filled, lines=lines, overlay=overlay, levels=levels)
     save_figure(fig, out)
@@ -214,8 +215,8 @@ def panels_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[
     titles = list(titles) if titles else [s.title() for s in surfaces]
     if len(titles) != len(surfaces):
         raise LandscapeError(f"{len(titles)} titles for {len(surfaces)} surfaces")
-    level_values, norm = color_scale([s.values(quantity) for s in surfaces], log_levels, levels)
     planes = compare_planes(surfaces, _short_labels(titles)) if len(surfaces) > 1 else None
+    surfaces, level_values, norm, label = compared_scale(surfaces, quantity, log_levels, levels)
     titles = _panel_titles(surfaces, titles)
     width = 5.6 if kind == "3d" else 4.6  # 3D panels: room for the z label beside each box
     fig = Figure(figsize=(width * len(surfaces) + 1.2, 4.6 if kind == "3d" else 4.4), layout="constrained")
@@ -235,8 +236,7 @@ def panels_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[
         ax.set_title(title)
         panels.append(panel)
         axes.append(ax)
-    colorbar(fig, mappable, axes, surfaces[0].quantity_label(quantity), shrink=0.85,
-              pad=0.08 if kind == "3d" else 0.05)  # room for the z label
+    colorbar(fig, mappable, axes, label, shrink=0.85, pad=0.08 if kind == "3d" else 0.05)  # room for z label
     if planes is not None:  # what the panels' axes are: one plane, or each model's own filter norms
         # above 3D panels (their axis labels reach below the boxes, where the layout does not see them)
         (fig.suptitle if kind == "3d" else fig.supxlabel)(planes.text, fontsize=8, wrap=True)
@@ -255,7 +255,7 @@ def _surface_panel(ax: Any, surface: SurfaceData, quantity: str, norm: Normalize
     xlabel, ylabel = surface.axis_labels()
     ax.set_xlabel(xlabel, fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
-    ax.set_zlabel(quantity, fontsize=8, labelpad=8)
+    ax.set_zlabel(surface.meta.get("z_label", quantity), fontsize=8, labelpad=8)  # compared_scale's rise
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_locator(MaxNLocator(5))
     if log_levels:

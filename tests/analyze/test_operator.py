@@ -257,3 +257,62 @@ def test_progress_is_called_after_every_product():
     op.matmat(torch.ones(flat.dim, 3, dtype=torch.float64))
     op.check_determinism()
     assert calls == [(1, None), (4, None), (5, None), (6, None)]
+
+
+class _TanhWithoutForwardDerivative(torch.autograd.Function):
+    """tanh with a backward and no jvp: forward-mode differentiation cannot pass it."""
+
+    @staticmethod
+    def forward(x):
+        return x.tanh()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (output,) = ctx.saved_tensors
+        return grad * (1 - output * output)
+
+
+@pytest.mark.parametrize("loss", ["mse", nn.MSELoss()])
+def test_forward_over_reverse_with_an_mse_loss_equals_double_backward_and_the_dense_hessian(loss):
+    # F.mse_loss's mean raised "ZeroTensors are immutable" inside torch.func.jvp of torch.func.grad
+    torch.manual_seed(2)
+    module = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2)).double()  # 37 parameters
+    x, y = torch.randn(30, 4, dtype=torch.float64), torch.randn(30, 2, dtype=torch.float64)
+    flat, data = FlatModel(module), AnalysisData(x, y, 16)  # batches of 16 and 14
+    w = flat.vector()
+
+    def mean_squared_error(u):  # written out: (1 / (n * outputs)) sum of squared residuals
+        out = functional_call(module, flat.params(u), (x,))
+        return ((out - y) ** 2).sum() / y.numel()
+
+    hessian = torch.autograd.functional.hessian(mean_squared_error, w)
+    obj = Objective(flat, flat.buffers(), data, loss=loss)
+    vectors = torch.randn(flat.dim, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    forward = HessianOperator(obj, w, "forward-over-reverse").matmat(vectors)
+    reverse = HessianOperator(obj, w, "double-backward").matmat(vectors)
+    torch.testing.assert_close(forward, hessian @ vectors, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(forward, reverse, rtol=1e-12, atol=1e-14)
+
+
+def test_forward_over_reverse_names_the_other_backend_where_an_op_has_no_forward_derivative():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = nn.Linear(4, 5), nn.Linear(5, 3)
+
+        def forward(self, x):
+            return self.second(_TanhWithoutForwardDerivative.apply(self.first(x)))
+
+    torch.manual_seed(3)
+    flat = FlatModel(Net().double())
+    data = AnalysisData(torch.randn(12, 4, dtype=torch.float64), torch.randint(0, 3, (12,)), 12)
+    obj = Objective(flat, flat.buffers(), data)
+    v = torch.randn(flat.dim, dtype=torch.float64)
+    HessianOperator(obj, flat.vector(), "double-backward") @ v  # the backward pass exists
+    with pytest.raises(LandscapeError, match=r"^the forward-over-reverse Hessian-vector product failed in "
+                       r"PyTorch's forward-mode differentiation \(.+\); use hvp = \"double-backward\"$"):
+        HessianOperator(obj, flat.vector(), "forward-over-reverse") @ v

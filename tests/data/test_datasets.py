@@ -107,6 +107,17 @@ def test_synthetic_shapes_and_natural_partition():
     assert int(bundle.train.y.min()) >= 0 and int(bundle.train.y.max()) < 10
 
 
+def test_inputs_come_in_the_dtype_asked_for_from_the_sources_precision():
+    # synthetic is drawn in float64: a float64 load holds those values, a float32 load them rounded once
+    float64 = load_dataset("synthetic", root="unused", download=False, augment=False, num_clients=3, seed=4,
+                           options={}, dtype=torch.float64)
+    float32 = load("synthetic", num_clients=3, seed=4)
+    assert float64.train.x.dtype == float64.test.x.dtype == torch.float64
+    assert torch.equal(float64.train.x.float(), float32.train.x) and torch.equal(float64.test.x.float(), float32.test.x)
+    assert not torch.equal(float64.train.x.float().double(), float64.train.x)  # more precise than float32
+    assert torch.equal(float64.train.y, float32.train.y)
+
+
 def test_synthetic_is_seeded():
     first, again, other = load("synthetic", seed=5), load("synthetic", seed=5), load("synthetic", seed=6)
     assert torch.equal(first.train.x, again.train.x) and torch.equal(first.test.y, again.test.y)

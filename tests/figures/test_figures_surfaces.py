@@ -9,6 +9,7 @@ import pytest
 from landscape.core.errors import LandscapeError
 from landscape.figures.surface_data import SurfaceData, image_arrays, load_surface
 from landscape.figures.surfaces import (
+    panels_figure,
     plot_contour,
     plot_curve_1d,
     plot_panels,
@@ -97,12 +98,47 @@ def test_panels_share_one_colour_scale(tmp_path):
     for kind in ("contour", "3d"):
         panels = plot_panels([flat, sharp], ["FedSAM", "FedNSAM"], tmp_path / f"panels-{kind}.png", kind=kind)
         assert len(panels) == 2
-        assert panels[0].vmin == panels[1].vmin == pytest.approx(1.0)
-        assert panels[0].vmax == panels[1].vmax == pytest.approx(6.0)
+        # the loss's rise above each panel's x (1.0 in both): 0 .. 0.1 and 0 .. 5
+        assert panels[0].vmin == panels[1].vmin == pytest.approx(0.0)
+        assert panels[0].vmax == panels[1].vmax == pytest.approx(5.0)
         np.testing.assert_array_equal(panels[0].levels, panels[1].levels)
         assert (tmp_path / f"panels-{kind}.png").read_bytes().startswith(PNG_SIGNATURE)
     with pytest.raises(LandscapeError, match="1 titles for 2 surfaces"):
         plot_panels([flat, sharp], ["one"], tmp_path / "bad.png")
+
+
+@pytest.mark.parametrize("log", [True, False])
+def test_compared_loss_panels_draw_the_rise_so_the_least_rise_looks_flattest(tmp_path, log):
+    from matplotlib.colors import LogNorm, Normalize
+
+    xs, ys = grid(21, 21, span=2.0)
+    bowl = 1 - np.exp(-(xs[:, None] ** 2 + 0.7 * ys[None, :] ** 2) / 2)
+    # (loss at x, rise at the rim): the third reaches the lowest loss and rises least, as FedNSAM
+    shapes = {"FedSAM, Dir(0.6)": (0.2, 3.0), "FedSAM, Dir(0.1)": (0.35, 4.0), "FedNSAM, Dir(0.1)": (0.01, 1.5)}
+    values = [centre + rise * bowl for centre, rise in shapes.values()]
+    paths = [write_surface(tmp_path / str(k), v, xs, ys, run=name) for k, (name, v) in enumerate(zip(shapes, values))]
+
+    def colour_ranges(norm, arrays):  # the share of the colour bar each panel spans
+        return [float(norm(np.nanmax(a)) - norm(np.nanmin(a))) for a in arrays]
+
+    # the premise: one log scale of the loss itself gives the least rise the widest range (it looks sharpest)
+    assert np.argmax(colour_ranges(LogNorm(min(map(np.min, values)), max(map(np.max, values))), values)) == 2
+    fig, panels = panels_figure(paths, list(shapes), log_levels=log)
+    rises = [v - v[10, 10] for v in values]  # each surface's own loss at x, the grid's centre
+    top = max(float(r.max()) for r in rises)
+    for panel, rise in zip(panels, rises):
+        np.testing.assert_array_equal(panel.Z, (np.maximum(rise, top / 1000) if log else rise).T)
+    norm = (LogNorm if log else Normalize)(panels[0].vmin, panels[0].vmax)
+    assert (panels[0].vmin, panels[0].vmax) == pytest.approx((top / 1000 if log else 0.0, top))
+    ranges = colour_ranges(norm, [p.Z for p in panels])
+    assert np.argsort(ranges).tolist() == [2, 0, 1]  # least rise, least colour; as the rises are ordered
+    # each panel from the bottom of the bar (its x) to its largest rise: r / top, or on 3 decades of log
+    expected = [float(r.max()) / top for r in rises]
+    assert ranges == pytest.approx([1 + np.log10(e) / 3 for e in expected] if log else expected, rel=1e-9)
+    (bar,) = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert bar.get_ylabel().startswith("rise of the training loss (global F)\nabove each panel's x (nats)")
+    assert ("log scale; rises under 0.0039 lowest" in bar.get_ylabel()) == log
+    assert (bar.get_yscale() == "log") == log
 
 
 def test_html_is_self_contained(tmp_path, bowl):

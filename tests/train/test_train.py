@@ -245,3 +245,21 @@ def test_average_buffers_of_batchnorm_statistics():
 def test_no_local_work_is_refused(tmp_path):
     with pytest.raises(LandscapeError, match="both 0"):
         _trainer(tmp_path, tiny_recipe(train__local_steps=0, train__local_epochs=0))
+
+
+def test_a_float64_run_trains_on_the_float64_inputs_of_the_data_set(tmp_path):
+    # digits: pixels / 16 standardised by the train split's mean and std, computed here in float64
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    raw = load_digits()
+    x_train, x_test = train_test_split((raw.data / 16.0).reshape(-1, 1, 8, 8), test_size=0.2,
+                                       stratify=raw.target, random_state=0)[:2]
+    mean, std = x_train.mean(), x_train.std()
+    source_train, source_test = torch.from_numpy((x_train - mean) / std), torch.from_numpy((x_test - mean) / std)
+    assert not torch.equal(source_train.float().double(), source_train)  # float32 would round them
+    float64 = _trainer(tmp_path / "float64", tiny_recipe(seed=0, train__dtype="float64"))
+    assert float64.train_x.dtype == torch.float64
+    assert torch.equal(float64.train_x, source_train) and torch.equal(float64.test_x, source_test)
+    float32 = _trainer(tmp_path / "float32", tiny_recipe(seed=0))  # a float32 run: the same values rounded once
+    assert torch.equal(float32.train_x, torch.from_numpy(((x_train - mean) / std).astype(np.float32)))
