@@ -1,6 +1,7 @@
 """Claim files (``claims/*.toml``): their schema (``ClaimFile``, each ``[[compare]]`` a ``CompareTable``), read by
 ``landscape.config.schema.load`` and checked (``load_claim``); the format is described in
-``landscape.claims.checks``."""
+``landscape.claims.checks``. Also the rounds each comparison reads (``chosen_rounds``, ``check_rounds``), each
+quantity's scale (``scale_of``) and one number per run (``run_value``)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
+
+from landscape.analyze.registry import Quantity
 from landscape.claims.claim_statistics import MAX_SEEDS
 from landscape.config.schema import load, read_toml, rule
 from landscape.core.errors import LandscapeError
 from landscape.figures.report.data import quantities
+from landscape.figures.rundata import RunData
 
 DEFAULT_TAU = 0.5  # nats above the centre's loss: the level set whose area ``surface width`` measures
 LAST_N = re.compile(r"^last\s+(\d+)$")
 SURFACE_WIDTH = "surface width"
-_RHO = re.compile(r"^S_rho\(([^)]+)\)$")
+_RHO = re.compile(r"^(adaptive )?S_rho\(([^)]+)\)$")
+# Quantities free of the scale of the weights and of the clients' updates ("relative" in a claim's
+# operationalisation; every other one is "raw"): Delta_D over the mean squared client update or over the mean
+# model's squared norm, the adaptive (ASAM) ball's S_rho, and the ratios, shares and cosines.
+RELATIVE = frozenset({
+    "flatness_distance_relative", "flatness_distance_normalized", "flatness_distance_to_global_normalized",
+    "Delta_D_relative", "lambda_1/lambda_k", "heterogeneity share", "friendly rate", "mean grad cos",
+    "minibatch cos"})
 _TEXT = rule(pattern=r"\S", text="must be a non-empty string")
 _RUN_ID = rule(min_length=1, text="must name a run id of the figure recipe")
 _POSITIVE = rule(gt=0, text="must be a positive number")
@@ -42,11 +54,14 @@ class CompareTable:
 @dataclass(frozen=True)
 class ClaimFile:
     """A claim file: the claim in words, its source, the figure recipe whose runs it compares, the seeds, the
-    level of the tests, the defaults of its comparisons (quantity, rounds, tau) and the comparisons."""
+    level of the tests, the defaults of its comparisons (quantity, rounds, tau) and the comparisons.
+    ``hypothesis = true``: no paper makes the claim (this project's hypothesis; ``source`` then says what it
+    rests on), and the table shows it apart from the published ones."""
 
     claim: Annotated[str, _TEXT]
     figure: Annotated[str, _TEXT]
     source: str = ""
+    hypothesis: bool = False
     seeds: tuple[Annotated[int, rule(ge=0)], ...] = (0,)
     quantity: str | None = None
     rounds: Rounds = None
@@ -80,6 +95,7 @@ class Claim:
     seeds: tuple[int, ...]
     comparisons: tuple[Comparison, ...]
     level: float = 0.05
+    hypothesis: bool = False  # no paper makes it: this project's hypothesis
 
     def run_ids(self) -> list[str]:
         ids: list[str] = []
@@ -119,7 +135,7 @@ def load_claim(path: str | Path, seeds: Sequence[int] | None = None) -> Claim:
         raise LandscapeError(f"{path}: a claim needs at least one [[compare]] table")
     comparisons = tuple(_comparison(entry, i, file, path) for i, entry in enumerate(file.compare, 1))
     return Claim(path, path.stem, file.claim.strip(), file.source.strip(), figure, tuple(chosen), comparisons,
-                 file.level)
+                 file.level, file.hypothesis)
 
 
 def _seeds(chosen: list[Any], path: Path) -> list[int]:
@@ -162,7 +178,7 @@ def _check_quantity(quantity: str, where: str) -> None:
         names = [q.text for q in quantities([]) if not q.text.startswith("S_rho")]
         raise LandscapeError(f"{where}: quantity {quantity!r} is neither a metrics.jsonl key "
                              f"({', '.join(METRIC_KEYS)}) nor an analysis quantity ({', '.join(names)}, "
-                             f"S_rho(<rho>), {SURFACE_WIDTH})")
+                             f"S_rho(<rho>), adaptive S_rho(<rho>), {SURFACE_WIDTH})")
 
 
 def analysis_output(quantity: str) -> str | None:
@@ -172,12 +188,32 @@ def analysis_output(quantity: str) -> str | None:
     match = _RHO.match(quantity)
     if match:
         try:
-            rho = float(match.group(1))
+            rho = float(match.group(2))
         except ValueError:
             raise LandscapeError(f"bad radius in {quantity!r}: write e.g. S_rho(0.05)") from None
-        for q in quantities([rho]):
+        for q in [*quantities([rho]), _adaptive_sharpness(rho)]:
             _QUANTITIES.setdefault(q.text, q)
     return _QUANTITIES[quantity].pass_name if quantity in _QUANTITIES else None
+
+
+def _adaptive_sharpness(rho: float) -> Quantity:
+    """S_rho at ``rho`` over the adaptive (ASAM) ball: the sharpness pass's ``adaptive.sharpness`` (computed with
+    its option ``adaptive = true``; None in a result without it)."""
+    def read(result: Any) -> tuple[Any, Any]:
+        if result.value("adaptive.rhos", None) is None:
+            return None, None
+        rhos = np.atleast_1d(result.array("adaptive.rhos"))
+        hit = np.flatnonzero(np.isclose(rhos, rho, rtol=1e-9, atol=0))
+        return (float(np.atleast_1d(result.array("adaptive.sharpness"))[hit[0]]) if hit.size else None), None
+
+    return Quantity(f"adaptive S_rho({rho:g})", f"adaptive S<sub>&rho;</sub> (&rho;={rho:g})", "adaptive.sharpness",
+                    read_result=read, pass_name="sharpness")
+
+
+def scale_of(quantity: str) -> str:
+    """"relative" for a quantity free of the weights' and the updates' scale (``RELATIVE``, adaptive S_rho),
+    "raw" for every other one."""
+    return "relative" if quantity in RELATIVE or quantity.startswith("adaptive S_rho(") else "raw"
 
 
 _QUANTITIES = {q.text: q for q in quantities([])}
@@ -187,12 +223,38 @@ def _rounds_shown(rounds: str | int | tuple[int, ...]) -> str:
     return repr(list(rounds)) if isinstance(rounds, tuple) else repr(rounds)
 
 
-def _covered(rounds: str | int | tuple[int, ...], have: Sequence[int]) -> bool:
-    if rounds in ("last", "all"):
-        return bool(have)
-    if isinstance(rounds, str):
-        return len(have) >= int(LAST_N.match(rounds).group(1))
-    return all(r in have for r in ([rounds] if isinstance(rounds, int) else rounds))
+def chosen_rounds(rounds: str | int | tuple[int, ...], have: Sequence[int]) -> list[int] | None:
+    """The rounds a comparison averages of those a run has (``have``), None when it lacks some."""
+    have = sorted(have)
+    if rounds == "all":
+        return have or None
+    if isinstance(rounds, str):  # "last" or "last N"
+        n = 1 if rounds == "last" else int(LAST_N.match(rounds).group(1))
+        return have[-n:] if len(have) >= n else None
+    wanted = [rounds] if isinstance(rounds, int) else list(rounds)
+    return wanted if all(r in have for r in wanted) else None
+
+
+def compared_rounds(comparison: Comparison, train: Any, pass_rounds: Mapping[str, str]) -> tuple[list[int], str]:
+    """The rounds at which a run with the training settings ``train`` has the comparison's quantity (a
+    metrics.jsonl key at the rounds that log it, an analysis quantity at the rounds the figure analyses its
+    pass at: ``figure_rounds``), and why these."""
+    from landscape.analyze.passes import PASSES
+    from landscape.analyze.registry import KEPT_CLIENTS
+    from landscape.figures.recipe.rounds import analysed_rounds, logged_rounds
+
+    output = analysis_output(comparison.quantity)
+    if output is None:
+        have = logged_rounds(comparison.quantity, train)
+        why = f"train.rounds = {train.rounds}"
+        if comparison.quantity == "swa_models" and not have:
+            why += "; swa_models is logged with train.swa = true"
+        return have, why
+    have = analysed_rounds(output, pass_rounds[output], train)
+    why = f"the figure analyses {output} at rounds {pass_rounds[output]}"
+    if KEPT_CLIENTS in PASSES.info(output).needs and not have:
+        why += f"; the {output} pass needs train.keep_clients = true"
+    return have, why
 
 
 def check_rounds(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, Any]]],
@@ -202,30 +264,17 @@ def check_rounds(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, 
     figure analyses its pass at (``pass_rounds``, ``figure_rounds.analysed_rounds``). ``trained``: run id ->
     (seed, training settings) of each of its runs. One line naming the file, the comparison, its rounds and the
     run's rounds otherwise."""
-    from landscape.analyze.passes import PASSES
-    from landscape.analyze.registry import KEPT_CLIENTS
-    from landscape.figures.recipe.rounds import analysed_rounds, logged_rounds, round_list
+    from landscape.figures.recipe.rounds import round_list
 
     for i, comparison in enumerate(claim.comparisons, 1):
-        quantity = comparison.quantity
-        output = analysis_output(quantity)
         for run_id in (comparison.lower, comparison.higher):
             for seed, train in trained[run_id]:
-                if output is None:
-                    have = logged_rounds(quantity, train)
-                    why = f"train.rounds = {train.rounds}"
-                    if quantity == "swa_models" and not have:
-                        why += "; swa_models is logged with train.swa = true"
-                else:
-                    have = analysed_rounds(output, pass_rounds[output], train)
-                    why = f"the figure analyses {output} at rounds {pass_rounds[output]}"
-                    if KEPT_CLIENTS in PASSES.info(output).needs and not have:
-                        why += f"; the {output} pass needs train.keep_clients = true"
-                if not _covered(comparison.rounds, have):
+                have, why = compared_rounds(comparison, train, pass_rounds)
+                if chosen_rounds(comparison.rounds, have) is None:
                     which = run_id if seed is None else f"{run_id} seed {seed}"
                     raise LandscapeError(f"{claim.path}: [[compare]] {i}: rounds "
-                                         f"{_rounds_shown(comparison.rounds)}: run {which} has {quantity} at "
-                                         f"{round_list(have)} ({why})")
+                                         f"{_rounds_shown(comparison.rounds)}: run {which} has "
+                                         f"{comparison.quantity} at {round_list(have)} ({why})")
 
 
 def check_run_ids(claim: Claim, known: Sequence[str]) -> None:
@@ -237,3 +286,68 @@ def check_run_ids(claim: Claim, known: Sequence[str]) -> None:
 
 
 # -- one number per run -----------------------------------------------------------------------------------------
+
+def _pick(rounds_have: Sequence[int], spec: str | int | tuple[int, ...], run: RunData, what: str) -> list[int]:
+    have = sorted(rounds_have)
+    if not have:
+        raise LandscapeError(f"run {run.path} has no {what}")
+    if spec == "all":
+        return have
+    if spec == "last":
+        return have[-1:]
+    if isinstance(spec, str):
+        n = int(LAST_N.match(spec).group(1))  # checked by _rounds
+        if len(have) < n:
+            raise LandscapeError(f"run {run.path} has {what} at {len(have)} round(s), the claim asks for the last {n}")
+        return have[-n:]
+    wanted = [spec] if isinstance(spec, int) else list(spec)
+    lacking = [r for r in wanted if r not in have]
+    if lacking:
+        raise LandscapeError(f"run {run.path} has no {what} at round(s) {', '.join(map(str, lacking))} "
+                             f"(it has {', '.join(map(str, have))})")
+    return wanted
+
+
+def surface_width(loss: np.ndarray, x: np.ndarray, y: np.ndarray, tau: float) -> float:
+    """The fraction of a 2D grid whose loss is at most tau above the loss at the grid point nearest (0, 0)."""
+    if loss.ndim != 2 or not loss.size:
+        raise LandscapeError("surface width needs a 2D surface")
+    centre = loss[int(np.argmin(np.abs(x))), int(np.argmin(np.abs(y)))]
+    finite = np.isfinite(loss)
+    return float(np.count_nonzero(finite & (loss <= centre + tau)) / loss.size)
+
+
+def _analysis_value(run: RunData, quantity: str, round: int, tau: float) -> float:
+    if quantity == SURFACE_WIDTH:
+        from landscape.figures.surface_data import load_surface, normalization_of
+
+        surface = load_surface(run.analyses[round]["surface"].path)
+        if normalization_of(surface.meta) == "filter":  # each model's plane scaled by its own weights
+            raise LandscapeError(
+                f"run {run.path}: surface width on a per-model filter-normalised plane also compares weight norms; "
+                'analyse with surface.normalization = "filter-reference" and reference = "round:0" (or '
+                '"euclidean"), as figures/fednsam-fig1-surfaces.toml does')
+        if not surface.is_2d:
+            raise LandscapeError(f"run {run.path}: surface width needs a 2D surface (round {round} has a 1D one)")
+        return surface_width(surface.loss, surface.x_coords, surface.y_coords, tau)
+    value = _QUANTITIES[quantity].read(run.analyses[round][_QUANTITIES[quantity].pass_name])[0]
+    if value is None:
+        raise LandscapeError(f"run {run.path}: the {quantity} result of round {round} has no value")
+    return float(value)
+
+
+def run_value(run: RunData, quantity: str, rounds: str | int | tuple[int, ...], tau: float = DEFAULT_TAU
+              ) -> tuple[float, list[int]]:
+    """The run's number for ``quantity``: its mean over the chosen rounds, and those rounds."""
+    output = analysis_output(quantity)
+    if output is None:
+        if not run.has_metric(quantity):
+            known = ", ".join(sorted(_QUANTITIES) + [SURFACE_WIDTH])
+            raise LandscapeError(f"run {run.path}: {quantity!r} is neither a metrics.jsonl key it logged nor an "
+                                 f"analysis quantity ({known})")
+        logged, values = run.series(quantity)
+        by_round = dict(zip((int(r) for r in logged), (float(v) for v in values)))
+        chosen = _pick(list(by_round), rounds, run, f"{quantity} in metrics.jsonl")
+        return float(np.mean([by_round[r] for r in chosen])), chosen
+    chosen = _pick(run.analysed_rounds(output), rounds, run, f"{output} analysis")
+    return float(np.mean([_analysis_value(run, quantity, r, tau) for r in chosen])), chosen

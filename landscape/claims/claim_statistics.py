@@ -12,10 +12,13 @@ sampling), d_s = higher_s - lower_s, and the claimed direction is mean(d) > 0. P
   the same mean over all 2^n sign patterns (distribution-free: it assumes only that each d_s is symmetric
   about 0 under the null); its smallest p is 2^-n (1/32 = 0.031 at n = 5, 1/8 at n = 3);
 - ``ci95``: the two-sided 95% t interval of the mean paired difference, mean(d) +- t_{0.975, n-1} SE;
-- ``detectable_difference``: the smallest true mean difference the one-sided t-test at ``level`` detects with
-  power 0.8 at this n and the observed sd of d (noncentral t; before the Holm step, so a lower bound);
 - ``p_holm``, ``p_holm_opposite``: Holm's step-down adjustment of ``p`` (and, as a second family, of
-  ``p_opposite``) over the m comparisons of the call that have a test (``family`` = m).
+  ``p_opposite``) over the m comparisons of the call that have a test (``family`` = m);
+- ``holm_step`` k, ``holm_level``: the step of Holm's procedure at which the comparison's p is tested (its rank
+  among the family's p, 1 the smallest; ``holm_steps``) and that step's level, level / (m - k + 1);
+- ``detectable_difference``: the smallest true mean difference the one-sided t-test detects with power 0.8 at
+  this n and the observed sd of d (noncentral t) at ``holm_level``, the level its Holm step applies (at ``level``
+  itself for a comparison tested alone).
 
 A comparison HOLDS when p_holm < ``level`` (default 0.05) and p_signflip < ``level``, is NOT HELD when
 p_holm_opposite < ``level`` and p_signflip_opposite < ``level``, and is INCONCLUSIVE otherwise ("no evidence at
@@ -120,3 +123,12 @@ def holm(p_values: Sequence[float]) -> list[float]:
     adjusted = np.empty_like(p)
     adjusted[order] = np.maximum.accumulate(np.minimum(1.0, (p.size - np.arange(p.size)) * p[order]))
     return adjusted.tolist()
+
+
+def holm_steps(p_values: Sequence[float]) -> list[int]:
+    """The step k (1 = the smallest p) of Holm's procedure at which each p-value is tested, against level /
+    (m - k + 1), in the input's order; ties take their input order (as ``holm`` sorts them)."""
+    order = np.argsort(np.asarray(p_values, dtype=float), kind="stable")
+    steps = np.empty(len(order), dtype=int)
+    steps[order] = np.arange(1, len(order) + 1)
+    return steps.tolist()

@@ -10,6 +10,21 @@ from landscape.cli.common import check_printable, progress_lines, set_option, tr
 from landscape.core.errors import LandscapeError
 
 
+def _print_plan(work: list, compare_with: Path | None) -> None:
+    """--dry-run: each claim, its runs and comparisons, and the results its verdicts would be compared with."""
+    for claim, fig, fig_out, kept in work:
+        click.echo(f"claim {claim.name}: {claim.text}" + (" (this project's hypothesis)" if claim.hypothesis else ""))
+        click.echo(f"  runs of {claim.figure.name} ({fig.scale} scale) in {fig_out}, seeds "
+                   f"{','.join(map(str, claim.seeds))}: {', '.join(claim.run_ids())}")
+        for run_id, paths in kept.items():
+            click.echo(f"  {run_id}: the runs given, {', '.join(map(str, paths))}")
+        for comparison in claim.comparisons:
+            click.echo(f"  test {comparison.text} over rounds {comparison.rounds}")
+    if compare_with is not None:
+        click.echo(f"FRAGILE: each verdict that differs from those of {compare_with / 'claims.json'} (read when the "
+                   "claims are checked)")
+
+
 @click.command("claims")
 @click.argument("claim_files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/claims"),
@@ -35,16 +50,21 @@ from landscape.core.errors import LandscapeError
 @trust_imports_option("with --runs: import the modules their recipes name (`imports`, a model or data factory) to "
                       "analyse what they lack (their code runs); without, a run whose model or data only that code "
                       "provides is refused in one line")
+@click.option("--compare-with", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="the output folder of another `landscape claims` call on the same claims, computed another way "
+                   "(e.g. --set train.memory_format=contiguous with another --figures-out): mark each claim and "
+                   "comparison whose verdict differs there FRAGILE")
 @click.option("--dry-run", is_flag=True, help="print the claims, their comparisons and runs, then exit")
 @click.option("--quiet", is_flag=True, help="no progress bars or progress lines (verdicts and errors stay)")
 def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, seeds: str | None,
                    scale: str | None, device: str, assignments: tuple[str, ...], given: tuple[str, ...],
-                   dry_run: bool, quiet: bool) -> None:
+                   compare_with: Path | None, dry_run: bool, quiet: bool) -> None:
     """Check published claims (claims/*.toml) on runs of several seeds: train and analyse the runs of each
     claim's figure recipe where missing (as `landscape figures` does), then test each comparison over seeds
     (one-sided paired t-test, exact sign-flip test, Holm's step over every comparison of this call) and print
-    HELD / NOT HELD / INCONCLUSIVE with the numbers."""
+    HELD / NOT HELD / INCONCLUSIVE with the numbers (FRAGILE: another call's verdict differs, --compare-with)."""
     from landscape.claims import checks as claims
+    from landscape.claims.claims_table import read_verdicts
     from landscape.figures.recipe import figure as figure_recipe
     from landscape.workflows.claims import check_claims, plan_claims
 
@@ -61,17 +81,11 @@ def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, 
     work = plan_claims(claim_files, figures_out=figures_out, seeds=chosen, scale=scale,
                        assignments=assignments, device=device, runs=runs)
     if dry_run:
-        for claim, fig, fig_out, kept in work:
-            click.echo(f"claim {claim.name}: {claim.text}")
-            click.echo(f"  runs of {claim.figure.name} ({fig.scale} scale) in {fig_out}, seeds "
-                       f"{','.join(map(str, claim.seeds))}: {', '.join(claim.run_ids())}")
-            for run_id, paths in kept.items():
-                click.echo(f"  {run_id}: the runs given, {', '.join(map(str, paths))}")
-            for comparison in claim.comparisons:
-                click.echo(f"  test {comparison.text} over rounds {comparison.rounds}")
+        _print_plan(work, compare_with)
         return
-    results, written = check_claims(work, out, device=device, progress=not quiet,
-                                    notify=progress_lines(quiet))
+    other = read_verdicts(compare_with) if compare_with is not None else None  # read before anything trains
+    results, written = check_claims(work, out, device=device, progress=not quiet, notify=progress_lines(quiet),
+                                    other=other, compared_with=str(compare_with or ""))
     family = max((r.family for result in results for r in result.comparisons), default=0)
     click.echo(f"claims: Holm's step over the {family} tested comparison(s) of this call; a comparison is "
                "HELD when p_Holm (of the one-sided paired t-test) and p_sign-flip (exact) are below the "
@@ -79,6 +93,7 @@ def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, 
     for result in results:
         for line in result.lines():
             click.echo(line)
+    fragile = f", {sum(r.fragile for r in results)} FRAGILE (against {compare_with})" if other is not None else ""
     click.echo("claims: " + ", ".join(f"{sum(r.verdict == v for r in results)} {v}"
                                       for v in (claims.HELD, claims.NOT_HELD, claims.INCONCLUSIVE))
-               + f"; {', '.join(map(str, written))}")
+               + f"{fragile}; {', '.join(map(str, written))}")

@@ -1,6 +1,7 @@
 """The claims workflow: claim recipes (claims/*.toml) checked against their figures' runs before anything is
-trained, those runs trained and analysed where missing (shared with the figure workflow), each comparison
-tested over seeds and Holm's step taken over every comparison of the call."""
+trained (an SWA run compared must average at least ``MIN_SWA_SNAPSHOTS`` snapshots), those runs trained and
+analysed where missing (shared with the figure workflow), each comparison tested over seeds and Holm's step
+taken over every comparison of the call; with other results' verdicts, the ones that differ marked FRAGILE."""
 
 from __future__ import annotations
 
@@ -23,6 +24,49 @@ if TYPE_CHECKING:
     from landscape.claims.checks import ClaimResult
     from landscape.claims.claim_files import Claim
     from landscape.figures.recipe.figure import FigureRecipe
+
+# The fewest server-SWA snapshots an SWA run compared must average at the rounds a comparison reads: two
+# snapshots cannot test the paper's SWA (Caldarola et al. 2022 average 250: 10,000 rounds, cycle 10 from 75%).
+MIN_SWA_SNAPSHOTS = 5
+
+
+def swa_snapshots(train: Any, round: int) -> list[int]:
+    """The rounds whose global model x^t server SWA has averaged into x_swa after ``round`` rounds of training
+    with the settings ``train`` (the training loop's rule: ``landscape.train.schedule.swa_cycle_ends``)."""
+    from landscape.train.schedule import swa_cycle_ends
+
+    return [t + 1 for t in range(round) if swa_cycle_ends(train, t)]
+
+
+def check_swa_snapshots(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, Any]]],
+                        pass_rounds: Mapping[str, str]) -> None:
+    """One line naming the first comparison that reads an SWA run (``train.swa``) at a round where it averages
+    fewer than ``MIN_SWA_SNAPSHOTS`` snapshots."""
+    from landscape.claims.claim_files import chosen_rounds, compared_rounds
+
+    for i, comparison in enumerate(claim.comparisons, 1):
+        for run_id in (comparison.lower, comparison.higher):
+            for seed, train in trained[run_id]:
+                if not train.swa:
+                    continue
+                for round in chosen_rounds(comparison.rounds, compared_rounds(comparison, train, pass_rounds)[0]):
+                    taken = swa_snapshots(train, round)
+                    if len(taken) < MIN_SWA_SNAPSHOTS:
+                        which = run_id if seed is None else f"{run_id} seed {seed}"
+                        raise LandscapeError(
+                            f"{claim.path}: [[compare]] {i}: run {which} averages {len(taken)} SWA snapshot(s) at "
+                            f"round {round} (rounds {', '.join(map(str, taken)) or 'none'}: train.rounds = "
+                            f"{train.rounds}, swa_start = {train.swa_start:g}, swa_cycle = {train.swa_cycle}); an "
+                            f"SWA comparison needs at least {MIN_SWA_SNAPSHOTS}: raise train.rounds or lower "
+                            "train.swa_cycle")
+
+
+def _check_adaptive(claim: Claim, fig: FigureRecipe) -> None:
+    """An adaptive S_rho needs the figure's sharpness pass to compute it (its option ``adaptive``)."""
+    if (any(c.quantity.startswith("adaptive S_rho(") for c in claim.comparisons)
+            and not (fig.pass_options.get("sharpness") or {}).get("adaptive", True)):
+        raise LandscapeError(f"{claim.path}: adaptive S_rho needs the sharpness pass's adaptive = true, which "
+                             f"{claim.figure.name} sets to false")
 
 
 class ClaimWork(NamedTuple):
@@ -113,6 +157,8 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
         trained.update({run_id: [(seed, train) for seed, train, _ in entries] for run_id, entries in given.items()})
         figure_rounds.check_pass_rounds(fig, trained)
         check_rounds(claim, trained, fig.pass_rounds)
+        check_swa_snapshots(claim, trained, fig.pass_rounds)
+        _check_adaptive(claim, fig)
         work.append(ClaimWork(claim, fig, fig_out, {i: [path for *_, path in e] for i, e in given.items()}))
     if unknown:
         raise LandscapeError(f"--runs {', '.join(sorted(unknown))}: no claim given compares such a run (their run "
@@ -121,10 +167,14 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
 
 
 def check_claims(work: Sequence[ClaimWork], out: Path, *, device: str = "auto", progress: bool = False,
-                 notify: Notify = ignore) -> Verdicts:
+                 notify: Notify = ignore, other: Mapping[tuple[str, ...], str] | None = None,
+                 compared_with: str = "") -> Verdicts:
     """Train and analyse each claim's runs where missing, test its comparisons over seeds, take Holm's step
-    over every comparison of ``work`` and write claims.md and claims.json into ``out``."""
+    over every comparison of ``work`` and write claims.md and claims.json into ``out``. ``other``: the
+    verdicts of other results (``claims_table.read_verdicts`` of the folder ``compared_with``): a verdict
+    that differs there is FRAGILE."""
     from landscape.claims import checks as claims
+    from landscape.claims import claims_table
     from landscape.figures.rundata import load_runs
 
     results = []
@@ -142,4 +192,6 @@ def check_claims(work: Sequence[ClaimWork], out: Path, *, device: str = "auto", 
         runs: dict[str, Any] = {run_id: [next(loaded) for _ in paths] for run_id, paths in wanted.items()}
         results.append(claims.evaluate(claim, runs))
     decided = claims.decide(results)  # Holm's step over every comparison of every claim given
-    return Verdicts(decided, parallel.on_main(lambda: claims.write_results(decided, out)))
+    if other is not None:
+        decided = claims_table.compare_with(decided, other)
+    return Verdicts(decided, parallel.on_main(lambda: claims_table.write_results(decided, out, compared_with)))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from landscape.claims import checks as claims
+from landscape.claims import claims_table
 from landscape.core.errors import LandscapeError
 from landscape.figures.rundata import RunData
 from landscape.store.run import Run
@@ -201,9 +202,9 @@ def test_verdicts_held_not_held_inconclusive(tmp_path):
     # every comparison must hold; one that does not makes the claim not HELD
     both = claims.evaluate(make_claim([compare, claims.Comparison("a", "c", "flatness_distance", "last 2")]), runs)
     assert both.verdict == claims.INCONCLUSIVE
-    assert "HELD" in held.lines()[0] and "t=" in held.lines()[2] and "p_Holm" in held.lines()[2]
-    assert "no evidence at n=5" in unclear.lines()[2]
-    table = claims.markdown_table([held, refuted])
+    assert "HELD" in held.lines()[0] and "t=" in held.lines()[3] and "p_Holm" in held.lines()[3]
+    assert "no evidence at n=5" in unclear.lines()[3]
+    table = claims_table.markdown_table([held, refuted])
     assert "**HELD**" in table and "**NOT HELD**" in table and "p_sign-flip" in table
 
 
@@ -265,7 +266,7 @@ def test_one_seed_and_non_finite_values_are_untested(tmp_path):
     result = claims.evaluate(make_claim([claims.Comparison("a", "b", "flatness_distance", "last")]), runs)
     (r,) = result.comparisons
     assert r.t is None and r.p_holm is None and "seed 2 of a is nan" in r.reason
-    assert result.verdict == claims.INCONCLUSIVE and "seed 2 of a is nan" in result.lines()[2]
+    assert result.verdict == claims.INCONCLUSIVE and "seed 2 of a is nan" in result.lines()[3]
 
 
 @pytest.mark.parametrize("body, message", [
@@ -281,7 +282,7 @@ def test_one_seed_and_non_finite_values_are_untested(tmp_path):
      'rounds = "last"\n', "at most 40 seeds"),
     ('tau = -1\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n', "positive"),
     ('colour = 1\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n',
-     "c.toml: unknown claim key 'colour'; allowed top-level: claim, figure, source, seeds, quantity, rounds, level, "
+     "c.toml: unknown claim key 'colour'; allowed top-level: claim, figure, source, hypothesis, seeds, quantity, rounds, level, "
      "tau, compare"),
     ('[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\nbigger = "c"\n',
      r"unknown claim key 'compare\[0\].bigger'; allowed in \[compare\[0\]\]: lower, higher, quantity, rounds, tau"),
@@ -291,6 +292,8 @@ def test_one_seed_and_non_finite_values_are_untested(tmp_path):
      "level must be a number"),
     ('seeds = [0, -1]\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n',
      r"seeds\[1\] must be >= 0 \(got -1\)"),
+    ('hypothesis = "yes"\n[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "q"\nrounds = "last"\n',
+     "hypothesis must be"),
 ])
 def test_bad_claim_files_get_one_line(tmp_path, body, message):
     with pytest.raises(LandscapeError, match=message) as error:
@@ -419,6 +422,21 @@ def test_landscape_claims_trains_analyses_and_tests(tmp_path):
                 "mean_difference"} <= set(row) and row["reason"].startswith("no evidence at n=2, detectable")
     table = (tmp_path / "out" / "claims.md").read_text()
     assert "| FedSAM lowers" in table and "p_Holm" in table and "p_sign-flip" in table
+    assert "tested as: flatness_distance (raw) mean over rounds 2-3; lambda_max (raw) at round 3" in result.output
+
+    # --compare-with: the same runs again (reused), against the first call's verdicts, then against a record
+    # whose claim verdict differs
+    again = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "out2"), "--compare-with", str(tmp_path / "out")])
+    assert again.exit_code == 0 and "0 FRAGILE (against" in again.output, again.output
+    assert "in the other results" not in again.output
+    changed = json.loads((tmp_path / "out" / "claims.json").read_text())
+    changed[0]["verdict"] = claims.HELD
+    (tmp_path / "out" / "claims.json").write_text(json.dumps(changed))
+    fragile = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "out3"), "--compare-with", str(tmp_path / "out")])
+    assert fragile.exit_code == 0 and "INCONCLUSIVE FRAGILE (HELD in the other results)" in fragile.output
+    assert "1 FRAGILE" in fragile.output and "FRAGILE (HELD" in (tmp_path / "out3" / "claims.md").read_text()
+    missing = CliRunner().invoke(cli, [*args, "--compare-with", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 1 and "--compare-with" in missing.output and "Traceback" not in missing.output
 
     (tmp_path / "bad.toml").write_text(TINY_CLAIM.replace('lower = "sam"', 'lower = "nobody"', 1))
     bad = CliRunner().invoke(cli, ["claims", str(tmp_path / "bad.toml"), "--figures-out", str(tmp_path / "x")])
