@@ -129,9 +129,13 @@ def _git(*args: str, root: Path) -> str:
         return ""
 
 
+RECIPE_FOLDERS = ("train", "analyze", "figures", "claims")  # recipes a benchmark runs: part of what it measured
+
+
 def commit_line(root: Path, scripts: list[str], given: str = "") -> str:
     """The commit measured, and whether the code it ran differed from it: the package, pyproject.toml, this
-    tool and the benchmark ``scripts`` (docs, tests and other benchmarks do not count). ``given``: the commit a
+    tool, the benchmark ``scripts`` and the shipped recipes they read (``RECIPE_FOLDERS``; docs, tests and
+    other benchmarks do not count). ``given``: the commit a
     copy without git metadata was made from (``--commit``); in a checkout it must be the checkout's."""
     commit = _git("rev-parse", "--short", "HEAD", root=root)
     if not commit:
@@ -139,7 +143,7 @@ def commit_line(root: Path, scripts: list[str], given: str = "") -> str:
     if given and not (commit.startswith(given) or given.startswith(commit)):
         raise SystemExit(f"error: --commit {given} is not this checkout's commit {commit}; nothing written")
     changed = _git("status", "--porcelain", "--", "landscape", "pyproject.toml", "benchmarks/publish.py", *scripts,
-                   root=root)
+                   *RECIPE_FOLDERS, root=root)
     return f"{commit} with uncommitted changes" if changed else commit
 
 
