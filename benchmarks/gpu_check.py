@@ -83,11 +83,11 @@ def time_oracles(trainer: Trainer, clients: int, repeats: int = 3) -> tuple[floa
     best = [float("inf"), float("inf")]
     for _ in range(repeats + 1):  # the first pass warms up (kernels, caches); minima ignore it
         for k, run in enumerate((sequential, lambda: stacked(ws, xs, ys, constants))):
-            vectorised._synchronize(trainer.device)
+            synchronize(trainer.device)
             started = time.perf_counter()
             with trainer.mixed_precision():
                 run()
-            vectorised._synchronize(trainer.device)
+            synchronize(trainer.device)
             best[k] = min(best[k], time.perf_counter() - started)
     return best[0], best[1]
 

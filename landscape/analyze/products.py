@@ -25,7 +25,6 @@ the operator keeps gradient graphs.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Mapping
 
 import torch
@@ -130,17 +129,6 @@ def forward_over_reverse(loss: BatchLoss, flat: FlatModel, w: Tensor, vectors: T
         raise LandscapeError(f"the forward-over-reverse Hessian-vector product failed in PyTorch's forward-mode "
                              f"differentiation ({reason}); use hvp = \"double-backward\"") from error
     return out.T
-
-
-def synchronized_seconds(run: Callable[[], object], device: torch.device) -> float:
-    """Wall seconds of ``run()``, the device synchronised before and after (CUDA kernels run asynchronously)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    run()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - started
 
 
 def free_memory(device: torch.device) -> int | None:

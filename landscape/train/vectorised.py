@@ -317,8 +317,3 @@ def _answerer(trainer: Trainer) -> Callable[[dict[int, Request]], dict[int, Answ
 
 # ----------------------------------------------------------------------------------------------------------
 # auto's timing
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
