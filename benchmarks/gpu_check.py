@@ -46,13 +46,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.directions import random_plane
-from landscape.analyze.lanczos import lanczos_topk
-from landscape.analyze.objective import Objective
-from landscape.analyze.operator import HessianOperator
-from landscape.analyze.surface.evaluation import default_cells_per_pass, evaluate_surface
-from landscape.analyze.surface.grid import make_axis
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.directions import random_plane
+from landscape.measure.lanczos import lanczos_topk
+from landscape.measure.objective import Objective
+from landscape.measure.operator import HessianOperator
+from landscape.measure.surface.evaluation import default_cells_per_pass, evaluate_surface
+from landscape.measure.surface.grid import make_axis
 from landscape.config import recipe_overrides
 from landscape.config.setup import DataSetup, build_module
 from landscape.core import parallel

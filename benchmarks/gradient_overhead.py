@@ -13,7 +13,7 @@ interleaved, minimum over ``--calls`` calls after one warm-up each (``min_second
   Hessian-vector product through the kept gradient graphs (``HessianOperator``, double-backward), with the
   product as it was before issue 23 for comparison (the flat-vector formulation, PyTorch's own derivatives of
   convolutions, ReLU and max-pools); the operator's product is checked to equal the flat-vector one in graphs
-  built alike (``landscape.analyze.gradient_graphs``);
+  built alike (``landscape.measure.gradient_graphs``);
 - one small client's data (the first ``CLIENT`` samples: 1,437 over 100 clients), where the fixed cost of a
   call weighs most (a sharpness ascent on a client is thousands of such calls): the plain loss (the module's
   cross-entropy under ``torch.no_grad``) against ``Objective.loss``, and the plain gradient against
@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.gradient_graphs import product_gradient_graphs
-from landscape.analyze.objective import Objective
-from landscape.analyze.operator import HessianOperator
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.gradient_graphs import product_gradient_graphs
+from landscape.measure.objective import Objective
+from landscape.measure.operator import HessianOperator
 from landscape.core.flat import FlatModel
 from landscape.data.datasets import load_dataset
 from landscape.models import build_model

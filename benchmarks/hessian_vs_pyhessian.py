@@ -16,7 +16,7 @@ computes the same Hessian (checked: the first table's last column). Three tables
 3. ours against PyHessian, default against default, over ``--seeds`` start vectors.
 
 Peers: PyHessian's ``hessian.eigenvalues`` (deflated power iteration, through
-``landscape.analyze.pyhessian_backend``); curvlinops' ``HessianLinearOperator`` with SciPy's ``eigsh`` (ARPACK,
+``landscape.measure.pyhessian_backend``); curvlinops' ``HessianLinearOperator`` with SciPy's ``eigsh`` (ARPACK,
 which curvlinops' documentation uses for eigenvalues) at eigsh's default tolerance (machine precision) and at
 1e-3; hessian-eigenthings' v1 ``lanczos`` and ``deflated_power_iteration`` at their defaults (k = 5). A peer
 that is not installed (``pip install -e .[bench]``) or fails is named in the output instead of a row. Usage:
@@ -39,11 +39,11 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 import landscape
-from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.lanczos import lanczos_topk, power_iteration
-from landscape.analyze.objective import Objective
-from landscape.analyze.operator import HessianOperator
-from landscape.analyze.pyhessian_backend import pyhessian_lambda_max_and_trace
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.lanczos import lanczos_topk, power_iteration
+from landscape.measure.objective import Objective
+from landscape.measure.operator import HessianOperator
+from landscape.measure.pyhessian_backend import pyhessian_lambda_max_and_trace
 from landscape.config import recipe_overrides
 from landscape.core.flat import FlatModel
 from landscape.train import loop

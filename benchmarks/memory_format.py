@@ -24,9 +24,9 @@ import argparse
 
 import torch
 
-from landscape.analyze import products
-from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.objective import Objective
+from landscape.measure import products
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.objective import Objective
 from landscape.core.flat import FlatModel
 from landscape.models import build_model
 

@@ -4,7 +4,7 @@ The papers' model at CPU scale: ``resnet18`` (GroupNorm with 2 groups, 11,173,96
 at its seeded initial weights, ``--samples`` random 3x32x32 inputs with random labels in batches of
 ``--batch-size`` (eval mode, float32, one thread). Timed, interleaved, minimum over ``--calls`` calls after
 one warm-up each: the gradient of F (``Objective.loss_and_grad``), a product through the kept gradient graphs
-(double-backward in ``landscape.analyze.gradient_graphs``: convolutions differentiated on first-order
+(double-backward in ``landscape.measure.gradient_graphs``: convolutions differentiated on first-order
 kernels, ReLUs without PyTorch's zero terms), the same through graphs that PyTorch's own double-backward
 builds (its derivatives, written out here as the reference), a product with the graph rebuilt every time
 (double-backward, ``keep_graph=False``), a forward-over-reverse product (``torch.func.jvp`` of
@@ -28,9 +28,9 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.objective import Objective
-from landscape.analyze.operator import HessianOperator
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.objective import Objective
+from landscape.measure.operator import HessianOperator
 from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
@@ -52,7 +52,7 @@ def peak_bytes(fn) -> int:
 def pytorch_kept_products(objective: Objective, w: torch.Tensor,
                           v: torch.Tensor) -> tuple[Callable[[], torch.Tensor], int]:
     """H v by PyTorch's own double-backward through gradient graphs kept per batch (its derivatives of
-    convolutions and ReLU, not ``landscape.analyze.gradient_graphs``), and the bytes those graphs save: the
+    convolutions and ReLU, not ``landscape.measure.gradient_graphs``), and the bytes those graphs save: the
     kept-graph row as it was without gradient_graphs, written out here as a reference."""
     leaves = objective.flat.leaves(w)
     data, graphs, saved = objective.data, [], {}

@@ -1,6 +1,6 @@
 """Benchmark: the S_rho ascent, the former 5-step single start against today's multi-start converged default.
 
-S_rho = max_{||e|| <= rho} F(w + e) - F(w) is estimated by ``landscape.analyze.sharpness.sharpness_profile``
+S_rho = max_{||e|| <= rho} F(w + e) - F(w) is estimated by ``landscape.measure.sharpness.sharpness_profile``
 (the function the ``sharpness`` pass calls, plain ball, seed 0), under these settings:
 
 - "old: 5 steps, 1 start": at most 5 trials from the centre, no early stop (tol 0): the former estimate's
@@ -15,7 +15,7 @@ Models: the digits CNN (53,002 parameters, float32) of a FedSAM run trained firs
 default recipe of `landscape train --algorithm fedsam`: digits, Dirichlet 0.1, 20 clients, 25% per round, 30
 rounds, checkpoints at rounds 10, 20, 30), at rounds 10 and 30, F over the whole training set (eval mode,
 batches of 512: the pass's defaults); and the 626-parameter BatchNorm MLP of
-``tests/analyze/test_sharpness.py::test_defaults_reach_the_tolerance_of_a_long_multistart_ascent`` (float64,
+``tests/measure/test_sharpness.py::test_defaults_reach_the_tolerance_of_a_long_multistart_ascent`` (float64,
 trained near interpolation on 256 digits, built by that test's helper). Per radius each setting is run alone
 (its own centre gradient): S_rho, how far short of the best value of that row group it is, whether the best
 start's ascent converged, how many starts ended within tol of the estimate, gradient and loss evaluations,
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 import landscape
-from landscape.analyze.sharpness import sharpness_profile
+from landscape.measure.sharpness import sharpness_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 RHOS = (0.01, 0.05, 0.1)

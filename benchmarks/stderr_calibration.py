@@ -1,6 +1,6 @@
 """Benchmark: are the trace estimators' standard errors calibrated? z = (estimate - tr H) / stderr over seeds.
 
-For each matrix and budget of products, every seed 0..``--seeds``-1 runs ``landscape.analyze.trace`` on the
+For each matrix and budget of products, every seed 0..``--seeds``-1 runs ``landscape.measure.trace`` on the
 exact matrix (``MatrixOperator``): XTrace (its default Gaussian probes) with its reported standard error (the
 sample variance of its T_i / s plus their pairwise covariance, ``stderr_method="pairwise"``), and with the
 paper's error estimate sd(T_i) / sqrt(s) and the delete-one jackknife over the probes (the same estimates;
@@ -8,7 +8,7 @@ paper's error estimate sd(T_i) / sqrt(s) and the delete-one jackknife over the p
 Monte-Carlo part) and Hutchinson (sample sd / sqrt(n)). Reported per estimator: sd(z) (1 for a calibrated error, below 1 for a
 conservative one) and the share of seeds with |z| > 3 (0.3% for a normal z).
 
-Matrices: the fixed 100 x 100 matrix of ``tests/analyze/test_trace.py::
+Matrices: the fixed 100 x 100 matrix of ``tests/measure/test_trace.py::
 test_trace_standard_errors_are_calibrated_over_seeds`` (a seeded orthogonal basis, eigenvalues 10 / k, the
 last 20 times -0.3) and the same with 10 / k^p, p = 0.5 and 1.5; the dense float64 Hessian of the tests'
 1,210-parameter digits MLP (``tests/spectral_checks.py::digits_mlp_problem``, built by that function). The
@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape.analyze.operator import MatrixOperator
-from landscape.analyze.trace import trace_estimate, xtrace
+from landscape.measure.operator import MatrixOperator
+from landscape.measure.trace import trace_estimate, xtrace
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("XTrace, pairwise (reported)", "XTrace, the paper's error", "XTrace, jackknife", "Hutch++",

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.objective import Objective
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.objective import Objective
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
@@ -89,10 +89,10 @@ def check_collectives() -> None:
 
 def main() -> None:
     from landscape.analyze.catalog import pass_options
-    from landscape.analyze.operator import HessianOperator
+    from landscape.measure.operator import HessianOperator
     from landscape.analyze.scheduler import run_analysis
     from landscape.analyze.settings import AnalysisSettings
-    from landscape.analyze.surface.evaluation import evaluate_surface
+    from landscape.measure.surface.evaluation import evaluate_surface
 
     out, run = Path(sys.argv[1]), Path(sys.argv[2])
     with parallel.session():

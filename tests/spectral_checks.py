@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch.func import functional_call
 
-from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.objective import Objective
-from landscape.analyze.operator import HessianOperator
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.objective import Objective
+from landscape.measure.operator import HessianOperator
 from landscape.core.flat import FlatModel
 from landscape.models import build_model
 

@@ -166,7 +166,7 @@ def test_every_function_runs_on_the_cli_thread_default_and_restores_the_count(mo
     after an error."""
     import os
 
-    import landscape.analyze.surface.evaluation as surface_evaluation
+    import landscape.measure.surface.evaluation as surface_evaluation
     from landscape import api
 
     model, x, y = _tiny_problem()

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.gradient_graphs import product_gradient_graphs
-from landscape.analyze.objective import Objective
-from landscape.analyze.operator import BACKENDS, HessianOperator
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.gradient_graphs import product_gradient_graphs
+from landscape.measure.objective import Objective
+from landscape.measure.operator import BACKENDS, HessianOperator
 from landscape.core.flat import FlatModel
 from landscape.models import build_model
 

@@ -6,6 +6,7 @@ only the result files and the passes' declarations."""
 from __future__ import annotations
 
 import ast
+import re
 import json
 import subprocess
 import sys
@@ -125,15 +126,15 @@ def analysed_runs(tmp_path_factory) -> Path:
 RESULT_FILES = {"landscape.analyze", "landscape.analyze.results", "landscape.analyze.registry",
                 "landscape.analyze.serial", "landscape.analyze.settings"}
 PASS_MODULES = "landscape.analyze.passes"
-GRID_PARSERS = "landscape.analyze.surface.grid"
-SURFACE_PACKAGE = "landscape.analyze.surface"  # its __init__ holds a docstring only: the grid parsers' parent
+GRID_PARSERS = "landscape.measure.surface.grid"
+GRID_PACKAGES = {"landscape.measure", "landscape.measure.surface"}  # docstrings only: the grid parsers' parents
 
 
 def _heavy(modules: list[str]) -> set[str]:
-    """The analysis (beyond the result files, the pass modules and the grid parsers), model, data set and
-    training modules among ``modules``."""
-    light = RESULT_FILES | {GRID_PARSERS, SURFACE_PACKAGE}
-    return {m for m in modules if (m.startswith("landscape.analyze") and m not in light
+    """The analysis and measurement (beyond the result files, the pass modules and the grid parsers), model, data
+    set and training modules among ``modules``."""
+    light = RESULT_FILES | {GRID_PARSERS} | GRID_PACKAGES
+    return {m for m in modules if (m.startswith(("landscape.analyze", "landscape.measure")) and m not in light
                                    and not (m == PASS_MODULES or m.startswith(PASS_MODULES + ".")))
             or m.startswith(("landscape.models", "landscape.data", "landscape.train"))}
 
@@ -173,3 +174,30 @@ def test_figures_from_stored_results_load_no_computation_model_or_data_set(analy
     assert [m for m in loaded if m.startswith(("landscape.models", "landscape.data", "landscape.train"))
             or m == "landscape.config.setup"] == []
     assert sorted(_heavy(loaded)) == []
+
+
+def test_every_code_name_of_the_architecture_document_exists():
+    """A dotted name in backticks that starts with a subpackage (``analyze.results``,
+    ``store.run.Run``) names a module or an attribute that exists: a move or a rename updates the document."""
+    import importlib
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    packages = {p.name for p in (ROOT / "landscape").iterdir() if (p / "__init__.py").exists()}
+    settings = {"train.keep_clients"}  # a recipe key, not code
+    missing = []
+    for name in sorted(set(re.findall(r"`([a-z_]+(?:\.[A-Za-z_0-9]+)+)`", text)) - settings):
+        parts = name.split(".")
+        if parts[0] not in packages or name.endswith(".md"):
+            continue
+        for i in range(len(parts), 0, -1):  # the longest importable module, then attributes
+            try:
+                obj = importlib.import_module("landscape." + ".".join(parts[:i]))
+                break
+            except ModuleNotFoundError:
+                continue
+        try:
+            for attribute in parts[i:]:
+                obj = getattr(obj, attribute)
+        except AttributeError:
+            missing.append(name)
+    assert missing == [], f"docs/architecture.md names what does not exist: {missing}"

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.gradient_cache import GradientCache
-from landscape.analyze.incompatibility import AppliedPerturbation, algorithm_perturbation
-from landscape.analyze.objective import Objective, Problem
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.gradient_cache import GradientCache
+from landscape.measure.incompatibility import AppliedPerturbation, algorithm_perturbation
+from landscape.measure.objective import Objective, Problem
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import Source, file_digest
 from landscape.analyze.state_dict_source import StateDictSource

@@ -198,7 +198,7 @@ def format_plan(jobs: list[Job], settings: AnalysisSettings) -> str:
         return "nothing to analyse"
     import torch
 
-    from landscape.analyze.operator import HessianOperator
+    from landscape.measure.operator import HessianOperator
 
     with using_threads(settings.threads):
         ctx = CheckpointContext(jobs[0].source, jobs[0].round, settings)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from landscape.analyze.analysis_data import AnalysisData, as_data, check_model_data
+from landscape.measure.analysis_data import AnalysisData, as_data, check_model_data
 from landscape.analyze.registry import PASSES, needs_clients
 from landscape.analyze.source import Source
 from landscape.config.setup import DataSetup

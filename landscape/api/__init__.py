@@ -24,7 +24,7 @@ direction are theirs; frozen parameters are constants at their values (``Problem
 as ``landscape analyze --threads`` (on a busy machine one thread is often the fastest, and the last bits of a
 CPU result depend on the count); 0 is every core. The count is set for the call and set back after it.
 
-``landscape analyze`` runs the same computations (``landscape.analyze.functions``, which these functions
+``landscape analyze`` runs the same computations (``landscape.measure.functions``, which these functions
 call after checking their arguments): its passes build one ``Problem`` per checkpoint (the model at the
 checkpoint's weights, the analysis data, the BN mode) and call them on it. ``incompatibility`` and
 ``alignment`` (``landscape.api.federated``) take the clients' data besides the model, one entry per client, and
@@ -41,16 +41,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from landscape.analyze import functions
-from landscape.analyze.analysis_data import as_data
-from landscape.analyze.density import DensityResult
-from landscape.analyze.directions import random_plane
-from landscape.analyze.flatness import FlatnessDistanceResult
-from landscape.analyze.lanczos import EigenResult
-from landscape.analyze.objective import LossFn, Objective, Problem
-from landscape.analyze.operator import Progress
-from landscape.analyze.sharpness import SharpnessProfile
-from landscape.analyze.trace import DEFAULT_TRACE_METHOD, TraceResult
+from landscape.measure import functions
+from landscape.measure.analysis_data import as_data
+from landscape.measure.density import DensityResult
+from landscape.measure.directions import random_plane
+from landscape.measure.flatness import FlatnessDistanceResult
+from landscape.measure.lanczos import EigenResult
+from landscape.measure.objective import LossFn, Objective, Problem
+from landscape.measure.operator import Progress
+from landscape.measure.sharpness import SharpnessProfile
+from landscape.measure.trace import DEFAULT_TRACE_METHOD, TraceResult
 from landscape.api import checks
 from landscape.api.checks import DEFAULT_THREADS
 from landscape.api.federated import Alignment, alignment, incompatibility
@@ -198,8 +198,8 @@ def surface(model: nn.Module | Problem, data: Any = None, *, grid: int | tuple[i
 
 def _surface(p: Problem, sizes: tuple[int, int], lo: float, hi: float, dims: int, directions: Any,
              seed: int) -> Surface:
-    from landscape.analyze.surface.evaluation import evaluate_surface
-    from landscape.analyze.surface.grid import make_axis
+    from landscape.measure.surface.evaluation import evaluate_surface
+    from landscape.measure.surface.grid import make_axis
 
     if directions is None:
         plane = random_plane(p.flat, p.w, seed)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from landscape.analyze.operator import Progress
+from landscape.measure.operator import Progress
 from landscape.config.setup import using_threads
 from landscape.core.errors import LandscapeError, shown
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from landscape.analyze.alignment import (
+from landscape.measure.alignment import (
     GradientAlignmentResult,
     MinibatchAlignmentResult,
     UpdateAlignmentResult,
@@ -38,19 +38,19 @@ from landscape.analyze.alignment import (
     minibatch_alignment,
     update_alignment,
 )
-from landscape.analyze.analysis_data import AnalysisData, as_data
+from landscape.measure.analysis_data import AnalysisData, as_data
 from landscape.analyze.context import registered_algorithm
-from landscape.analyze.flatness import flatness_incompatibility
-from landscape.analyze.incompatibility import (
+from landscape.measure.flatness import flatness_incompatibility
+from landscape.measure.incompatibility import (
     GLOBAL_OBJECTIVES,
     AppliedPerturbation,
     ClientMean,
     IncompatibilityResult,
     algorithm_perturbation,
 )
-from landscape.analyze.functions import checked_vector
-from landscape.analyze.gradient_cache import GradientCache
-from landscape.analyze.objective import LossFn, Objective
+from landscape.measure.functions import checked_vector
+from landscape.measure.gradient_cache import GradientCache
+from landscape.measure.objective import LossFn, Objective
 from landscape.api import checks
 from landscape.api.checks import DEFAULT_THREADS
 from landscape.core.errors import LandscapeError, shown

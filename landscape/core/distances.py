@@ -1,6 +1,6 @@
 """The flatness distance of a round's client models, as the trainer and ``landscape.RunWriter`` log it in every
 ``metrics.jsonl`` row (docs/metrics.md "Flatness distance"; the flatness pass recomputes it in float64 from the
-saved models, ``landscape.analyze.flatness``).
+saved models, ``landscape.measure.flatness``).
 
 - ``flatness_distance``: Delta_D = (1/|S|) sum_i ||y_i - ybar||^2 around the clients' mean ybar (the FedNSAM
   paper's), and ``flatness_distance_normalized`` = Delta_D / ||ybar||^2;

@@ -3,7 +3,7 @@
 
 Why: on the CPU a convolution given channels-last (NHWC) weights or input produces channels-last activations,
 and the convolution and max-pooling kernels of that layout can be much faster than the NCHW ones on small
-images (issue 23; the surface path uses it for its cells, ``landscape.analyze.surface.evaluation``).
+images (issue 23; the surface path uses it for its cells, ``landscape.measure.surface.evaluation``).
 ``FlatModel.channels_last`` switches it on for every forward of a model (``_call_module``): the 4-D input and
 every 4-D parameter (a 2-D convolution's weight) are copied into channels-last layout first. The copies are
 differentiable, so gradients reach w as before, in w's own layout. What changes is the order of float

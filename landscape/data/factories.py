@@ -3,7 +3,7 @@
 it as recorded (``[partition] name = "recorded"``).
 
 A data factory is ``package.module:function``, called with no arguments; it returns ``(inputs, targets)``
-tensors, a map-style ``Dataset`` or a ``DataLoader`` (read once, in index order: ``landscape.data.reading``).
+tensors, a map-style ``Dataset`` or a ``DataLoader`` (read once, in index order: ``landscape.core.reading``).
 Its module is imported as a recipe's ``imports`` are (``landscape.config.recipe.resolve``): a recorded recipe's
 only when the user trusts it. The partition's sample indices index the training factory's samples in that
 order.
@@ -21,7 +21,7 @@ from landscape.config.imports import check_factory_spec
 from landscape.core.errors import LandscapeError
 from landscape.data.datasets import DATASETS, ArrayDataset, DatasetBundle
 from landscape.data.partitions import PARTITIONS
-from landscape.data.reading import read_data
+from landscape.core.reading import read_data
 
 
 @dataclass(frozen=True)

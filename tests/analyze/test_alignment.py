@@ -8,16 +8,16 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_recipe
 
-from landscape.analyze.alignment import (
+from landscape.measure.alignment import (
     cosine_matrix,
     gradient_alignment,
     minibatch_alignment,
     update_alignment,
 )
-from landscape.analyze.analysis_data import AnalysisData
+from landscape.measure.analysis_data import AnalysisData
 from landscape.analyze.context import CheckpointContext
-from landscape.analyze.flatness import client_minibatch_indices, client_models
-from landscape.analyze.objective import Objective
+from landscape.measure.flatness import client_minibatch_indices, client_models
+from landscape.measure.objective import Objective
 from landscape.analyze.passes.alignment import AlignmentOptions, alignment_pass
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources

@@ -14,7 +14,7 @@ import torch
 from conftest import analyze_args, invoke, result_file, tiny_recipe
 
 from landscape.analyze.context import CheckpointContext
-from landscape.analyze.operator import HessianOperator
+from landscape.measure.operator import HessianOperator
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
 from landscape.train import loop

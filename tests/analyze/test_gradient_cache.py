@@ -1,4 +1,4 @@
-"""The per-checkpoint gradient cache (``landscape.analyze.gradient_cache``): every pass that reads it gives the
+"""The per-checkpoint gradient cache (``landscape.measure.gradient_cache``): every pass that reads it gives the
 numbers it gives without it (bit for bit on the CPU: a cached value is the same call made once), the
 quantities several passes need are computed once per checkpoint, the cached gradient is the gradient (against
 a plain nn.Module loop), and misuse (another point, a negative budget) is a one-line error."""
@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from landscape.analyze import sharpness
-from landscape.analyze.alignment import gradient_alignment, minibatch_alignment
+from landscape.measure import sharpness
+from landscape.measure.alignment import gradient_alignment, minibatch_alignment
 from landscape.analyze.catalog import load_passes, pass_options
 from landscape.analyze.context import CheckpointContext
-from landscape.analyze.flatness import client_minibatch_gradients, flatness_incompatibility
-from landscape.analyze.gradient_cache import GradientCache, full_gradient
+from landscape.measure.flatness import client_minibatch_gradients, flatness_incompatibility
+from landscape.measure.gradient_cache import GradientCache, full_gradient
 from landscape.analyze.settings import AnalysisSettings
-from landscape.analyze.sharpness import local_sharpness, sharpness_profile
+from landscape.measure.sharpness import local_sharpness, sharpness_profile
 from landscape.analyze.source import find_sources
 from landscape.core.errors import LandscapeError
 

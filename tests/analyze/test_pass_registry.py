@@ -15,7 +15,7 @@ import pytest
 from conftest import result_file
 
 import landscape
-from landscape.analyze import directions, operator, trace
+from landscape.measure import directions, operator, trace
 from landscape.analyze.passes import hessian as hessian_pass
 from landscape.analyze.catalog import load_passes, pass_options
 from landscape.analyze.scheduler import run_analysis

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import tiny_recipe
 
-from landscape.analyze.ascent import search_agreement
-from landscape.analyze.sharpness import local_sharpness, rho_sharpness
+from landscape.measure.ascent import search_agreement
+from landscape.measure.sharpness import local_sharpness, rho_sharpness
 from landscape.analyze.summary import LOWER_BOUNDS, AnalysisReport, format_summary
 
 

@@ -1,7 +1,7 @@
 """Partial surface grids on disk (``analyze/surface_partial.py``): a file that cannot be used is
 ignored."""
 
-from landscape.analyze.surface.grid import SurfaceGrid, make_axis
+from landscape.measure.surface.grid import SurfaceGrid, make_axis
 from landscape.analyze.surface.partial import load_partial, save_partial
 
 

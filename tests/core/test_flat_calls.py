@@ -9,8 +9,8 @@ import torch
 import torch.nn.utils.stateless as stateless
 from torch import nn
 
-from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.objective import Objective
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.objective import Objective
 from landscape.core.flat import FlatModel
 
 

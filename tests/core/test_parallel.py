@@ -21,14 +21,14 @@ import torch
 from conftest import result_file, tiny_recipe
 from parallel_worker import ANALYSIS, CELLS_PER_BATCH, GRID, HESSIAN, SURFACE, problem
 
-from landscape.analyze.analysis_data import AnalysisData
+from landscape.measure.analysis_data import AnalysisData
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.objective import Objective
-from landscape.analyze.operator import HessianOperator
+from landscape.measure.objective import Objective
+from landscape.measure.operator import HessianOperator
 from landscape.analyze.plan import Job, split_work
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.analyze.surface.evaluation import evaluate_surface
+from landscape.measure.surface.evaluation import evaluate_surface
 from landscape.config import recipe as recipes
 from landscape.config import recipe_overrides
 from landscape.core import parallel

@@ -18,8 +18,8 @@ from conftest import tiny_recipe, write_user_module
 from torch import nn
 
 import landscape
-from landscape.analyze.analysis_data import as_data
-from landscape.analyze.pyhessian_backend import pyhessian_lambda_max_and_trace
+from landscape.measure.analysis_data import as_data
+from landscape.measure.pyhessian_backend import pyhessian_lambda_max_and_trace
 from landscape.cli import cli
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel

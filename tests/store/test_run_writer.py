@@ -16,7 +16,7 @@ from plain_fl import BATCH, LR, RHO, ROUNDS, forget_lab, partition_of, train, wr
 from torch.func import functional_call
 
 import landscape
-from landscape.analyze.flatness import client_minibatch_indices
+from landscape.measure.flatness import client_minibatch_indices
 from landscape.config import recipe as recipes
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import load_checkpoint

@@ -33,7 +33,7 @@ PASSES.declare("alignment", options=AlignmentOptions,
 
 @PASSES.implement("alignment")
 def alignment_pass(ctx: CheckpointContext, opts: AlignmentOptions) -> PassOutput:
-    from landscape.analyze.alignment import gradient_alignment, minibatch_alignment, update_alignment
+    from landscape.measure.alignment import gradient_alignment, minibatch_alignment, update_alignment
 
     objectives = client_objectives(ctx, opts.clients, "the alignment pass")
     # grad F, the grad F_i and the minibatch gradients are the checkpoint's, shared with incompatibility

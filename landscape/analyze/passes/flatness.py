@@ -22,7 +22,7 @@ PASSES.declare("flatness", summary="flatness distance Delta_D around the mean of
 
 @PASSES.implement("flatness")
 def flatness_pass(ctx: CheckpointContext, opts: None) -> PassOutput:
-    from landscape.analyze import functions
+    from landscape.measure import functions
 
     # Delta_D^t = mean_i ||y_{i,K}^t - ybar^t||^2 around the clients' mean (the FedNSAM paper's), and over the
     # clients' mean squared update from the point s^t they started from (its scale-free companion); the distance

@@ -40,7 +40,7 @@ CLIENT_LAMBDA_MAX_HVPS = 50
 def _hessian_cost(o: HessianOptions) -> Cost:
     """The probe; Lanczos (a Krylov space of top_k + 10, often up to twice that, and the verification); the
     trace and its Hutchinson baseline; SLQ; per-client lambda_max."""
-    from landscape.analyze.functions import PROBE_HVPS  # the computation's own count (costs are for plans)
+    from landscape.measure.functions import PROBE_HVPS  # the computation's own count (costs are for plans)
 
     lanczos = PROBE_HVPS + 2 * o.top_k + 20
     clients = CLIENT_LAMBDA_MAX_HVPS if o.clients >= 0 else 0
@@ -77,10 +77,10 @@ PYHESSIAN_TOL = 1e-5
 
 @PASSES.implement("hessian")
 def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
-    from landscape.analyze import functions
-    from landscape.analyze.lanczos import client_lambda_max
+    from landscape.measure import functions
+    from landscape.measure.lanczos import client_lambda_max
 
-    from landscape.analyze.operator import HessianOperator
+    from landscape.measure.operator import HessianOperator
 
     seed, problem = ctx.settings.seed, ctx.problem
     chooser = HessianOperator(problem.objective, problem.w, ctx.settings.hvp)
@@ -117,7 +117,7 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
         summary["client_lambda_max_mean"] = float(values.mean())
     if ctx.settings.backend == "pyhessian":
         # Cross-check with the PyHessian package on the same data (its defects are worked around there).
-        from landscape.analyze.pyhessian_backend import pyhessian_lambda_max_and_trace
+        from landscape.measure.pyhessian_backend import pyhessian_lambda_max_and_trace
 
         if ctx.settings.bn_mode != "eval" and ctx.objective.has_batchnorm:
             raise LandscapeError("--backend pyhessian forces eval mode; use --bn-mode eval with it")

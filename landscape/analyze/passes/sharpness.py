@@ -59,8 +59,8 @@ PASSES.declare("sharpness", options=SharpnessOptions,
 
 @PASSES.implement("sharpness")
 def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput:
-    from landscape.analyze import functions
-    from landscape.analyze.sharpness import DEFAULT_ETA, local_sharpness
+    from landscape.measure import functions
+    from landscape.measure.sharpness import DEFAULT_ETA, local_sharpness
     from landscape.analyze.summary import LOWER_BOUNDS
 
     seed = ctx.settings.seed

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 
 from landscape.analyze.registry import PASSES, Cost, PassOutput
-from landscape.analyze.surface.grid import (
+from landscape.measure.surface.grid import (
     DEFAULT_SPANS,
     make_axis,
     make_line,
@@ -187,7 +187,7 @@ def check_grid_memory(options: SurfaceOptions) -> None:
     allocated (checked when options are made for work, not when stored results are read)."""
     import torch
 
-    from landscape.analyze.operator import free_memory
+    from landscape.measure.operator import free_memory
 
     sizes = parse_grid(options.grid, 1 if options.directions == "interpolate" else 2)
     cells = int(np.prod(sizes, dtype=object))

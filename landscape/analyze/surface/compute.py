@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch import Tensor
 
-from landscape.analyze import directions as dirs
-from landscape.analyze.analysis_data import AnalysisData
-from landscape.analyze.objective import Objective
+from landscape.measure import directions as dirs
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.objective import Objective
 from landscape.analyze.registry import PassOutput
 from landscape.analyze.results import result_name, settings_record
-from landscape.analyze.surface.evaluation import evaluate_surface, vectorizable
-from landscape.analyze.surface.grid import (
+from landscape.measure.surface.evaluation import evaluate_surface, vectorizable
+from landscape.measure.surface.grid import (
     DEFAULT_SPANS,
     auto_half_width,
     make_axis,

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
-from landscape.analyze.surface.grid import SurfaceGrid
+from landscape.measure.surface.grid import SurfaceGrid
 from landscape.store.fileio import atomic_write
 
 PARTIAL_SCHEMA = 1  # the version of a partial grid's key (the surface pass writes it into the key)
