@@ -132,22 +132,38 @@ def sweep_status(recipe: Recipe, path: Path, overwrite: bool) -> str:
     return parallel.on_main(lambda: _sweep_status(recipe, path, overwrite))
 
 
-def _sweep_status(recipe: Recipe, path: Path, overwrite: bool) -> str:
+def _held_run(path: Path) -> tuple[RunDir, str | None] | None:
+    """What ``path`` holds: None where a new run starts (missing or empty); else its run directory (checked to be
+    one, whatever the flags: replacing checks more) and its recorded recipe as TOML, resolved again so that a key
+    added to the recipes since reads as its default (None when it does not read)."""
     run_dir = RunDir(path)
     if not path.exists() or (path.is_dir() and run_dir.is_empty()):
-        return "new"
-    check_run_folder(run_dir)  # exists: must be a run directory, whatever the flags (replacing checks more)
-    try:  # resolved again: a key added to the recipes since then reads as its default
-        recorded = recipes.to_toml(recipes.read_recipe(run_dir.recipe))
+        return None
+    check_run_folder(run_dir)
+    try:
+        return run_dir, recipes.to_toml(recipes.read_recipe(run_dir.recipe))
     except LandscapeError:
+        return run_dir, None
+
+
+def _done_or_resume(run_dir: RunDir, recipe: Recipe) -> str:
+    rounds = run_dir.rounds()
+    return "done" if rounds and rounds[-1] >= recipe.train.rounds else "resume"
+
+
+def _sweep_status(recipe: Recipe, path: Path, overwrite: bool) -> str:
+    held = _held_run(path)
+    if held is None:
+        return "new"
+    run_dir, recorded = held
+    if recorded is None:  # compared as written
         recorded = run_dir.recipe.read_text(errors="replace")
     # Where and how a round is computed (device, threads, vectorize, memory_format) is not which run it is.
     if recipes.difference(recorded, recipe, ignore=PLACE_KEYS) is not None:
         if overwrite:
             return "replace"
         raise LandscapeError(f"{path} holds a run of another recipe; pass --overwrite to replace it")
-    rounds = run_dir.rounds()
-    return "done" if rounds and rounds[-1] >= recipe.train.rounds else "resume"
+    return _done_or_resume(run_dir, recipe)
 
 
 def owned_run_status(recipe: Recipe, path: Path) -> str:
@@ -159,13 +175,11 @@ def owned_run_status(recipe: Recipe, path: Path) -> str:
 
 
 def _owned_run_status(recipe: Recipe, path: Path) -> str:
-    run_dir = RunDir(path)
-    if not path.exists() or (path.is_dir() and run_dir.is_empty()):
+    held = _held_run(path)
+    if held is None:
         return "new"
-    check_run_folder(run_dir)  # exists: must be a run directory (replacing checks more)
-    try:  # resolved again: a key added to the recipes since then reads as its default
-        recorded = recipes.to_toml(recipes.read_recipe(run_dir.recipe))
-    except LandscapeError:
+    run_dir, recorded = held
+    if recorded is None:
         return "replace"
     # More rounds continue the run when no schedule depends on the number of rounds (the numbers of round t
     # are then those of a fresh run); otherwise a run of other length is another run.
@@ -180,7 +194,7 @@ def _owned_run_status(recipe: Recipe, path: Path) -> str:
             raise LandscapeError(f"{path} holds a run this command did not make ({stale}); it is left as it is: "
                                  "move it away or choose another --out")
         return "replace"
-    return "done" if rounds and rounds[-1] >= recipe.train.rounds else "resume"
+    return _done_or_resume(run_dir, recipe)
 
 
 def claim_runs_folder(folder: Path) -> None:

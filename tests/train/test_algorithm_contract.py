@@ -39,17 +39,21 @@ def case_id(case) -> str:
     return name + "".join(f"-{k}={v}" for k, v in options.items() if k == "server")
 
 
-def documented() -> dict[str, dict[str, str]]:
-    """The rows of docs/algorithms.md's table of algorithms: name -> column -> cell."""
-    lines = (ROOT / "docs" / "algorithms.md").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| name | server state"))
-    header = [cell.strip() for cell in lines[start].strip("|").split("|")]
+def documented(page: str = "docs/algorithms.md", header: str = "| name | server state") -> dict[str, dict[str, str]]:
+    """The rows of a page's table of algorithms (docs/algorithms.md's by default): name -> column -> cell."""
+    lines = (ROOT / page).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+
+    def cells(line: str) -> list[str]:  # split at the bars, not at an escaped one (\|g\| in a formula)
+        return [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+    header = cells(lines[start])
     rows = {}
     for line in lines[start + 2:]:
         if not line.startswith("|"):
             break
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        rows[cells[0].strip("`")] = dict(zip(header, cells))
+        row = cells(line)
+        rows[row[0].strip("`")] = dict(zip(header, row))
     return rows
 
 
@@ -57,6 +61,39 @@ def test_every_algorithm_has_its_label_and_its_row_in_the_documentation():
     assert sorted(ALGORITHM_LABELS) == ALGORITHMS.names() == sorted(documented())
     for entry in ALGORITHMS.entries():
         assert entry.factory.name == entry.name and entry.factory.label == ALGORITHM_LABELS[entry.name]
+
+
+def _documented_defaults(cell: str) -> dict[str, str]:
+    """The options and defaults of one cell of the training guide's table: "`rho` 0.1", "`a, b, c` 0.4, 0.5, 0.1",
+    "`lambda_min/max` 0.01/0.3", "`gamma_l` 0.4 (0.1 for ...)" -> {name: value as printed}."""
+    defaults = {}
+    for keys, values in re.findall(r"`([^`]+)` ([^`]+?)(?:,\s*(?=`)|$)", cell):
+        names = [k.strip() for k in keys.split(",")]
+        if len(names) == 1 and "/" in names[0]:  # lambda_min/max
+            stem, first, second = re.fullmatch(r"(.*_)(\w+)/(\w+)", names[0]).groups()
+            names = [stem + first, stem + second]
+        shown = re.split(r"\s*[,/]\s*", re.sub(r"\s*\(.*\)", "", values).strip())
+        assert len(shown) == len(names), (cell, keys, values)
+        defaults.update(zip(names, shown))
+    return defaults
+
+
+def test_the_training_guides_table_of_algorithms_is_the_registry():
+    """docs/guides/train.md's table: every algorithm, the defaults it prints are the options' defaults, and its
+    uplink multiple is docs/algorithms.md's (which the uplink test below checks against the uploads)."""
+    guide = documented("docs/guides/train.md", "| name | rule | options")
+    assert sorted(guide) == sorted(set(ALGORITHMS.names()) | {"fednsam-code"})
+    uplinks = {name: row["uplink (floats)"] for name, row in documented().items()}
+    for name, row in guide.items():
+        entry = ALGORITHMS.get(name)
+        defaults = entry.option_defaults()
+        for option, shown in _documented_defaults(row["options (defaults)"]).items():
+            assert option in defaults, (name, option)
+            value = defaults[option]
+            assert (str(value) == shown if isinstance(value, str) else float(value) == float(shown)), \
+                (name, option, shown, value)
+        multiple = re.fullmatch(r"\$(\d*)d\$", uplinks[name])[1] or "1"
+        assert row["uplink"] == f"{multiple}x", (name, row["uplink"], uplinks[name])
 
 
 # ----------------------------------------------------------------------------------------------------------

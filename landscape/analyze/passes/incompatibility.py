@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class IncompatibilityOptions:
     rho: Annotated[float, rule(gt=0)] = 0.05  # perturbation radius
-    batches: Annotated[int, rule(gt=0)] = 8  # Monte-Carlo minibatches per client (--batches)
+    batches: Annotated[int, rule(gt=0)] = 8  # Monte-Carlo minibatches per client (--set incompatibility.batches=N)
     batch_size: Annotated[int, rule(TRAINING_BATCH, ge=0)] = 0  # 0: the run's training batch size
     clients: Annotated[int, rule(ALL, ge=0)] = 0  # all clients (0) or a seeded sample
     loss_level: bool = True  # also the loss-level gap (N * (M + 1) extra passes over F)
@@ -45,8 +45,8 @@ PASSES.declare("incompatibility", options=IncompatibilityOptions,
 
 @PASSES.implement("incompatibility")
 def incompatibility_pass(ctx: CheckpointContext, opts: IncompatibilityOptions) -> PassOutput:
-    from landscape.analyze.flatness import flatness_incompatibility
-    from landscape.analyze.incompatibility import ClientMean
+    from landscape.measure.flatness import flatness_incompatibility
+    from landscape.measure.incompatibility import ClientMean
 
     clients = client_objectives(ctx, opts.clients, "the incompatibility pass")
     # F = (1/N) sum_i F_i over every client of the run (the paper's), or the analysis data's (size-weighted)
