@@ -26,26 +26,33 @@ from landscape.core.errors import LandscapeError
 PROBE_HVPS = 2
 
 
+def hessian_operator(p: Problem, *, hvp: str, progress: Progress | None = None) -> HessianOperator:
+    """grad^2 F of ``p`` as an operator with the products' backend ``hvp``; one per checkpoint serves every
+    solver below (``operator=``), its kept gradient graphs built once."""
+    return HessianOperator(p.objective, p.w, backend=hvp, progress=progress)
+
+
 def hessian_eigs(p: Problem, k: int, *, tol: float, seed: int, hvp: str,
-                 progress: Progress | None = None) -> EigenResult:
+                 progress: Progress | None = None, operator: HessianOperator | None = None) -> EigenResult:
     """The k largest eigenvalues of grad^2 F by Lanczos, after the determinism probe (``PROBE_HVPS``
-    products: dropout or batch statistics that change between products are refused)."""
-    op = HessianOperator(p.objective, p.w, backend=hvp, progress=progress)
+    products: dropout or batch statistics that change between products are refused); ``operator``: p's
+    (``hessian_operator``), else a new one."""
+    op = operator or hessian_operator(p, hvp=hvp, progress=progress)
     op.check_determinism(seed)
     return lanczos_topk(op, k, tol=tol, seed=seed)
 
 
 def trace(p: Problem, *, hvps: int, method: str, seed: int, hvp: str,
-          progress: Progress | None = None) -> TraceResult:
+          progress: Progress | None = None, operator: HessianOperator | None = None) -> TraceResult:
     """tr(grad^2 F) by the randomised estimator ``method`` with ``hvps`` Hessian-vector products."""
-    op = HessianOperator(p.objective, p.w, backend=hvp, progress=progress)
+    op = operator or hessian_operator(p, hvp=hvp, progress=progress)
     return trace_estimate(op, hvps=hvps, method=method, seed=seed)
 
 
 def density(p: Problem, *, runs: int, steps: int, seed: int, hvp: str,
-            progress: Progress | None = None) -> DensityResult:
+            progress: Progress | None = None, operator: HessianOperator | None = None) -> DensityResult:
     """The spectral density of grad^2 F by stochastic Lanczos quadrature (``runs`` x ``steps`` products)."""
-    op = HessianOperator(p.objective, p.w, backend=hvp, progress=progress)
+    op = operator or hessian_operator(p, hvp=hvp, progress=progress)
     return slq_density(op, runs=runs, steps=steps, seed=seed)
 
 

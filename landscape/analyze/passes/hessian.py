@@ -80,16 +80,17 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
     from landscape.measure import functions
     from landscape.measure.lanczos import client_lambda_max
 
-    from landscape.measure.operator import HessianOperator
-
     seed, problem = ctx.settings.seed, ctx.problem
-    chooser = HessianOperator(problem.objective, problem.w, ctx.settings.hvp)
-    backend = chooser.decide_backend()  # auto: decided once, here, for every operator below (and recorded)
-    shared = {"seed": seed, "hvp": backend, "progress": ctx.progress}  # progress: every product, on the bar
+    # One operator for every solver of the checkpoint (progress: every product, on the bar); auto is decided
+    # once, here, and recorded with the measured size of the graphs.
+    op = functions.hessian_operator(problem, hvp=ctx.settings.hvp, progress=ctx.progress)
+    backend, graph_bytes = op.decide_backend(), op.graph_bytes
+    shared = {"seed": seed, "hvp": backend, "operator": op}
     top = functions.hessian_eigs(problem, opts.top_k, tol=float(opts.tol), **shared)  # after the probe
     trace = functions.trace(problem, hvps=opts.trace_hvps, method=opts.trace_method, **shared)
     hutchinson = functions.trace(problem, hvps=opts.trace_hvps, method="hutchinson", **shared)
     density = functions.density(problem, runs=opts.density_runs, steps=opts.density_steps, **shared)
+    op.release()  # the kept graphs go before the clients' operators are built
     out: dict[str, Any] = {
         "dim": ctx.flat.dim,  # the trainable entries: the Hessian's dimension
         "frozen": ctx.flat.frozen_dim,  # requires_grad=False entries, held constant
@@ -101,7 +102,7 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
         "hvp_count": (functions.PROBE_HVPS + top.hvp_count + trace.hvp_count + hutchinson.hvp_count
                       + density.hvp_count),
         "hvp": {"setting": ctx.settings.hvp, "backend": backend,
-                "graph_bytes": chooser.graph_bytes},  # the products' backend and the measured graph size
+                "graph_bytes": graph_bytes},  # the products' backend and the measured graph size
     }
     arrays = {"density_grid": density.grid, "density": density.density, "slq_nodes": density.nodes,
               "slq_weights": density.weights}
