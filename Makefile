@@ -1,6 +1,7 @@
 # make demo: install into .venv (created when missing), then `landscape demo`: FedAvg, FedSAM and FedNSAM on the
 #            bundled digits data, analysed, with comparison figures and an HTML report under runs/demo.
-# make test: install into .venv and run the test suite.
+# make test: install into .venv and run the test suite, a pytest-xdist worker per core (at most 4; one torch
+#            thread each, tests/conftest.py), each test file on one worker.
 VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
@@ -19,4 +20,4 @@ demo: $(STAMP)
 	$(VENV)/bin/landscape demo --out runs/demo
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile

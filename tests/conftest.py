@@ -1,5 +1,6 @@
-"""Shared helpers: tiny, fast recipes on the bundled digits data, one six-round run trained once per session,
-the CLI invoked in process, and comparisons of run folders, checkpoints and metrics."""
+"""Shared helpers: tiny, fast recipes on the bundled digits data, one six-round run trained once per session
+(whatever the number of pytest-xdist workers: ``shared_folder``), the CLI invoked in process, and comparisons of
+run folders, checkpoints and metrics."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from hypothesis import HealthCheck, settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
@@ -26,6 +28,32 @@ FUZZ = settings(max_examples=int(os.environ.get("LANDSCAPE_FUZZ_EXAMPLES", "60")
                 database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist (``make test`` runs a worker per core) each worker computes with one torch thread, and
+    so do the processes it starts: two workers of two threads each on two cores run slower than one."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def shared_folder(tmp_path_factory, name: str, build) -> Path:
+    """A folder ``build(folder)`` fills once per test session: under pytest-xdist the first worker that asks builds
+    it (under a file lock) in the session's common temporary folder and the others wait and read it. Read-only
+    for the tests (one that writes copies it)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' folders (popen-gw0, ...) share their parent
+    folder, done = root / "shared" / name, root / "shared" / f"{name}.built"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / "shared" / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed build left
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
 
 
 def load_script(relative: str):
@@ -97,9 +125,8 @@ def six_round_run(tmp_path_factory) -> Path:
     Read-only: a test that writes into a run uses ``six_round_copy``."""
     from landscape.train import loop
 
-    out = tmp_path_factory.mktemp("six-rounds") / "run"
-    loop.start_run(recipe6(), out, progress=False)
-    return out
+    return shared_folder(tmp_path_factory, "six-rounds",
+                         lambda folder: loop.start_run(recipe6(), folder / "run", progress=False)) / "run"
 
 
 @pytest.fixture
