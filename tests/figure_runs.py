@@ -1,4 +1,5 @@
-"""The analysed runs the figure tests read (tests/figures/test_figures_rundata.py, tests/figures/test_figures_curves.py)."""
+"""The analysed runs the figure tests read (tests/figures/test_figures_rundata.py, tests/figures/test_figures_curves.py:
+built once per session for both, ``conftest.shared_folder``)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def tiny_run(path: Path, algorithm: str) -> None:
 
 def analysed_runs(root: Path) -> Path:
     """Two analysed runs (FedAvg, FedSAM) at rounds 2 and 3 under ``root/analysed``, and one run with no
-    analysis, ``root/bare/fedavg``; returns ``root``."""
+    analysis, ``root/bare/fedavg``; returns ``root`` (read-only for the tests: they write elsewhere)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: one thread is several times faster on a busy machine
     try:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shared_folder
 from figure_runs import analysed_runs
 
 from landscape.core.errors import LandscapeError
@@ -18,7 +19,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     """Two analysed runs (FedAvg, FedSAM) at rounds 2 and 3, and one run with no analysis."""
-    return analysed_runs(tmp_path_factory.mktemp("curves"))
+    return shared_folder(tmp_path_factory, "analysed-runs", analysed_runs)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import shared_folder
 from figure_runs import analysed_runs
 
 from landscape.core.errors import LandscapeError
@@ -17,7 +18,7 @@ from landscape.store.run import PassRecord
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     """Two analysed runs (FedAvg, FedSAM) at rounds 2 and 3, and one run with no analysis."""
-    return analysed_runs(tmp_path_factory.mktemp("rundata"))
+    return shared_folder(tmp_path_factory, "analysed-runs", analysed_runs)
 
 
 @pytest.fixture(scope="module")
