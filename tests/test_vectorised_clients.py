@@ -13,17 +13,17 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
 from torch import nn
 
+from landscape.config import overrides as recipe_overrides
 from landscape.config import recipe as recipes
-from landscape.config import recipe_overrides
 from landscape.config.setup import using_threads
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.store import lifecycle
 from landscape.store.checkpoints import load_checkpoint
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import loop, vectorised
 from landscape.train.algorithms import ALGORITHMS
 
@@ -96,7 +96,7 @@ def test_vectorised_rounds_equal_the_sequential_loop(tmp_path, algorithm, stacke
     assert stacked_calls == []
     got, got_results, got_rows = rounds(on, 3)
     assert max(stacked_calls) == 4 and min(stacked_calls) < 4  # all together, then without the finished
-    assert on._vectorisation.used and not off._vectorisation.used
+    assert on.clients.choice.used and not off.clients.choice.used
     for r, (a, b) in enumerate(zip(got, expected)):
         assert_close(a.x, b.x, f"x after round {r + 1}")
         for name, tensor in b.server_state.named().items():
@@ -230,8 +230,8 @@ def test_a_batchnorm_model_trains_one_after_another_and_says_so_once(tmp_path, s
     state = t.initial_state()
     for _ in range(2):
         state = t.run_round(state)[0]
-    assert stacked_calls == [] and not t._vectorisation.used
-    assert "BatchNorm2d" in t._vectorisation.reason
+    assert stacked_calls == [] and not t.clients.choice.used
+    assert "BatchNorm2d" in t.clients.choice.reason
     err = capsys.readouterr().err
     assert err.count("warning: train.vectorize = \"on\": the model has running statistics") == 1
     assert vectorised.stateful_layers(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))).startswith(

@@ -17,7 +17,7 @@ benchmarks/memory_format.py, the table in docs/results), contiguous off the CPU 
 An earlier release timed both layouts at start-up; two runs of one recipe and seed on one machine then
 differed under other load (a claims verdict with them). The trainer resolves the setting when a run's state
 begins and records the choice in every checkpoint; a resume and a rerun take it from there
-(``landscape.train.state.TrainerCheckpoints.settle_memory_format``). The analysis resolves it per checkpoint
+(``landscape.train.trainer.Trainer.settle_memory_format``). The analysis resolves it per checkpoint
 and records it in every result beside its threads (``landscape.analyze.context``); its Hessian-vector
 products are contiguous in every case: channels-last ones measured close to them, a little faster for some
 models and slower for others (the table).

@@ -10,8 +10,8 @@ from landscape.config.recipe import Recipe
 from landscape.config.setup import DataSetup
 from landscape.store import lifecycle
 from landscape.store.checkpoints import partition_problem
+from landscape.store.directory import RunDir
 from landscape.store.lifecycle import ResumePoint
-from landscape.store.runs import RunDir
 
 
 def set_aside_damaged(run_dir: RunDir, point: ResumePoint, target: str, warn: Callable[[str], None]) -> None:

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from landscape.config.recipe_sections import TrainSettings
+from landscape.config.sections import TrainSettings
 from landscape.core.rng import derived_seed
 
 # Tags that keep the derived random streams of one seed apart.

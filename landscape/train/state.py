@@ -1,11 +1,6 @@
-"""The trainer's state and its checkpoint form: save, restore, checks.
-
-``TrainerState`` is what a round changes; writing it to a checkpoint and reading it back, the checks a
-training checkpoint must pass, and what diverged after a round live here.
-
-``TrainerCheckpoints`` holds the methods of ``landscape.train.loop.Trainer`` that make, save and restore its
-state, and stop it when a round diverged; ``check_training_state`` and ``divergence`` are their checks.
-"""
+"""The trainer's state (``TrainerState``: what a round changes) and its checks: what a training checkpoint must
+hold (``check_training_state``) and what diverged after a round (``divergence``). The trainer
+(``landscape.train.trainer.Trainer``) writes the state to checkpoints and reads it back."""
 
 from __future__ import annotations
 
@@ -17,19 +12,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from landscape.config import recipe as recipes
-from landscape.config.recipe import Recipe
-from landscape.config.recipe_sections import TrainSettings
-from landscape.core import parallel
 from landscape.core.errors import LandscapeError
-from landscape.core.flat import FlatModel
-from landscape.core.memory_format import MemoryFormatChoice, choose_memory_format, recorded_choice
-from landscape.store import lifecycle
-from landscape.store.checkpoints import CHECKPOINT_FORMAT, Checkpoint
-from landscape.store.run_writer import write_round_files
-from landscape.store.runs import RunDir
-from landscape.train.algorithms import Algorithm, ClientResult, Tensors
-from landscape.train.vectorised import vectorisation
+from landscape.train.algorithms import Tensors
 
 
 @dataclass
@@ -50,129 +34,6 @@ class TrainerState:
     def model(self) -> Tensor:
         """The model that evaluation and analysis use: x_swa once it exists, else x."""
         return self.swa_model if self.swa_model is not None else self.x
-
-
-class TrainerCheckpoints:
-    """The state half of ``landscape.train.loop.Trainer``, which sets the attributes named here."""
-
-    recipe: Recipe
-    train_cfg: TrainSettings
-    run_dir: RunDir
-    flat: FlatModel
-    algorithm: Algorithm
-    device: torch.device
-    dtype: torch.dtype
-    num_clients: int
-    recipe_text: str
-    threads: int
-    train_x: Tensor
-    train_y: Tensor
-    memory_format: MemoryFormatChoice | None  # None until the run's state begins (settle_memory_format)
-
-    # -- state ------------------------------------------------------------------------------------------
-    def initial_state(self) -> TrainerState:
-        self.settle_memory_format()
-        x = self.flat.vector()
-        return TrainerState(0, x, self.flat.buffers(), self.algorithm.init_server_state(x), {})
-
-    def checkpoint_payload(self, state: TrainerState) -> dict:
-        def cpu(state: Tensors) -> dict[str, Tensor]:  # a checkpoint's table: the tensors by field name
-            return {k: v.detach().cpu() for k, v in state.named().items()}
-
-        payload = {
-            "format": CHECKPOINT_FORMAT,
-            "round": state.round,
-            "model": self.flat.state_dict(state.x, state.buffers),
-            "server_state": cpu(state.server_state),
-            "client_states": {str(i): cpu(s) for i, s in sorted(state.client_states.items())},
-            "rng": {"seed": self.recipe.seed, "scheme": "SeedSequence(seed, stream, round[, client])"},
-            "recipe": self.recipe_text,
-            "threads": self.threads,
-            "memory_format": self.settle_memory_format().record(),  # train.memory_format's layout and why
-            "vectorized": vectorisation(self).record(),  # train.vectorize's choice and why (equal to tolerance)
-        }
-        if state.swa_model is not None:
-            payload["swa_model"] = self.flat.state_dict(state.swa_model, state.buffers)
-            payload["swa_count"] = state.swa_count
-        return payload
-
-    def state_from_checkpoint(self, ckpt: dict, path: Path) -> TrainerState:
-        """The training state in a checkpoint, after checking that it belongs to this recipe and model."""
-        checkpoint = Checkpoint(path, ckpt)
-        if checkpoint.recipe_text is not None:
-            difference = recipes.difference(checkpoint.recipe_text, self.recipe, lifecycle.RESUME_FREE_KEYS)
-            if difference:
-                raise LandscapeError(f"{path} was written by another recipe ({difference}); it cannot "
-                                     "continue this run")
-        checkpoint.check_model(self.flat.state_dict(self.flat.vector(), self.flat.buffers()),
-                               self.recipe.model.name, self.dtype)
-        check_training_state(ckpt, path, self.num_clients)
-        self.settle_memory_format(ckpt, path)
-        try:
-            x, buffers = self.flat.from_state_dict(ckpt["model"])
-            swa_model = self.flat.from_state_dict(ckpt["swa_model"])[0] if "swa_model" in ckpt else None
-            return TrainerState(
-                int(ckpt["round"]),
-                x,
-                buffers,
-                self.algorithm.ServerState.from_named(ckpt["server_state"]).to(self.device),
-                {int(i): self.algorithm.ClientState.from_named(s) for i, s in ckpt["client_states"].items()},
-                swa_model,
-                int(ckpt.get("swa_count", 0)),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
-            what = (f"no '{e.args[0]}'" if isinstance(e, KeyError) and e.args
-                    else str(e).strip().splitlines()[0])
-            raise LandscapeError(f"{path} is not a complete training checkpoint ({what})") from None
-
-    def settle_memory_format(self, checkpoint: dict | None = None, path: Path | None = None) -> MemoryFormatChoice:
-        """``train.memory_format``'s layout for this run, decided once, when its state begins, and set on the
-        training model: the layout the recipe names; for "auto", the choice a checkpoint recorded when the
-        state comes from one (a resume keeps the run's layout; a checkpoint from before the setting:
-        contiguous), else ``choose_memory_format``'s rule, from the model and the device alone."""
-        if self.memory_format is not None:
-            return self.memory_format
-        setting = self.train_cfg.memory_format
-        if setting == "auto" and checkpoint is not None:
-            choice = recorded_choice(checkpoint.get("memory_format"), str(path))
-        else:
-            choice = choose_memory_format(setting, self.flat, self.device)
-        self.memory_format = choice
-        self.flat.channels_last = choice.channels_last
-        return choice
-
-    def save(self, state: TrainerState, results: list[ClientResult] | None) -> None:
-        """The round's files, written as every recorded run's are (``run_writer.write_round_files``): with
-        --keep-clients the clients' final models and the point they started from, s^t (run format 2)."""
-        kept = None
-        if self.train_cfg.keep_clients and results:
-            kept = {"start": self.flat.state_dict(*state.round_start),
-                    "clients": {str(r.client): self.flat.state_dict(r.model, state.buffers) for r in results}}
-        payload = self.checkpoint_payload(state)
-        write_round_files(self.run_dir, state.round, {k: v for k, v in payload.items()
-                                                      if k not in ("format", "round")}, kept)
-
-    def stop_diverged(self, state: TrainerState, row: dict, problems: list[str]) -> None:
-        """Record the divergence in metrics.jsonl and stop: the diverged state is never checkpointed."""
-        algorithm = self.recipe.algorithm.name
-
-        def record() -> str:
-            rounds = self.run_dir.rounds()
-            last = self.run_dir.checkpoint(rounds[-1]).relative_to(self.run_dir.path) if rounds else None
-            self.run_dir.append_event(
-                "diverged", state.round, algorithm=algorithm, lr=row["lr"], train_loss=row["train_loss"],
-                update_norm=row["update_norm"], problems=problems,
-                last_checkpoint=str(last) if last else None,
-            )
-            return f"the last good checkpoint {last} is kept" if last else "no checkpoint was written"
-
-        kept = parallel.on_main(record)
-        raise LandscapeError(
-            f"training diverged in round {state.round} ({algorithm}, lr {row['lr']:g}): "
-            f"{', '.join(problems)}; stopped without saving that state, {kept}, the event is in "
-            "metrics.jsonl (a smaller train.lr or "
-            "train.clip_norm may help)"
-        )
 
 
 def check_training_state(ckpt: dict, path: Path, num_clients: int) -> None:

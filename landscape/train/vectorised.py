@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -44,11 +44,10 @@ from landscape.core import parallel
 from landscape.core.flat import FlatModel
 from landscape.store.lifecycle import print_warning
 from landscape.train.algorithms import ClientResult, LocalProblem
+from landscape.train.state import TrainerState
 
-# The trainer (landscape.train.loop.Trainer) and its state (landscape.train.state.TrainerState): both modules
-# import this one, so their classes are named here without importing them (no import cycle).
-Trainer = Any
-TrainerState = Any
+if TYPE_CHECKING:  # the trainer holds this module's strategy (ClientTraining): named, not imported, here
+    from landscape.train.trainer import Trainer
 
 T = TypeVar("T")
 Answer = tuple[Tensor, Tensor]  # (minibatch loss, gradient) of one request
@@ -76,17 +75,47 @@ def stateful_layers(module: nn.Module) -> str | None:
     return None
 
 
-def vectorisation(trainer: Trainer) -> Vectorisation:
-    """``train.vectorize``'s choice for this trainer, made on first use and kept (the timing runs once).
+class ClientTraining:
+    """How the trainer trains a round's clients, the strategy it holds (``Trainer.clients``): one after another,
+    or in lockstep with one vmapped pass per step where ``train.vectorize`` says so (``choice``)."""
 
-    Each rank decides for its own block (no collective call: rank 0 also asks while saving round 0 alone);
-    the checkpoints record rank 0's choice."""
-    chosen = trainer.__dict__.get("_vectorisation")
-    if chosen is None:
-        chosen = trainer.__dict__["_vectorisation"] = _choose(trainer)
-        if trainer.train_cfg.vectorize == "on" and not chosen.used and parallel.is_main():
-            print_warning(f"train.vectorize = \"on\": {chosen.reason}")
-    return chosen
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self._choice: Vectorisation | None = None
+
+    @property
+    def choice(self) -> Vectorisation:
+        """``train.vectorize``'s choice for this trainer, made on first use and kept.
+
+        Each rank decides for its own block (no collective call: rank 0 also asks while saving round 0 alone);
+        the checkpoints record rank 0's choice."""
+        if self._choice is None:
+            self._choice = _choose(self.trainer)
+            if self.trainer.train_cfg.vectorize == "on" and not self._choice.used and parallel.is_main():
+                print_warning(f"train.vectorize = \"on\": {self._choice.reason}")
+        return self._choice
+
+    def train(self, state: TrainerState, message: dict[str, Tensor], clients: list[int],
+              lr: float) -> tuple[list[ClientResult], list[dict[str, Tensor]]]:
+        """This rank's block of the round's clients trained (in lockstep where ``choice`` says so): their
+        results (``num_steps`` filled in) and buffers, in client order."""
+        trainer = self.trainer
+        block = parallel.shard(clients)  # every client in a single process
+        update = trainer.algorithm.client_update
+        prepared = [client_problem(trainer, state, client, lr) for client in block]
+        problems = [problem for problem, _, _ in prepared]
+        buffers = [own_buffers for _, own_buffers, _ in prepared]
+        if len(block) > 1 and self.choice.used:
+            lockstep = Lockstep(_answerer(trainer), trainer.device)
+            for slot, (problem, own_buffers, _) in enumerate(prepared):
+                problem.oracle = lockstep.oracle(slot, own_buffers)
+            results = lockstep.run([_job(update, message, own_state, problem)
+                                    for problem, _, own_state in prepared])
+        else:
+            results = [update(message, own_state, problem) for problem, _, own_state in prepared]
+        for result, problem in zip(results, problems):
+            result.num_steps = problem.num_steps
+        return results, buffers
 
 
 def block_size(trainer: Trainer) -> int:
@@ -279,27 +308,6 @@ def client_problem(trainer: Trainer, state: TrainerState, client: int, lr: float
     return problem, buffers, own_state.to(trainer.device) if own_state is not None else None
 
 
-def train_clients(trainer: Trainer, state: TrainerState, message: dict[str, Tensor], clients: list[int],
-                  lr: float) -> tuple[list[ClientResult], list[dict[str, Tensor]]]:
-    """This rank's block of the round's clients trained (in lockstep where ``vectorisation`` says so): their
-    results (``num_steps`` filled in) and buffers, in client order."""
-    block = parallel.shard(clients)  # every client in a single process
-    update = trainer.algorithm.client_update
-    prepared = [client_problem(trainer, state, client, lr) for client in block]
-    problems = [problem for problem, _, _ in prepared]
-    buffers = [own_buffers for _, own_buffers, _ in prepared]
-    if len(block) > 1 and vectorisation(trainer).used:
-        lockstep = Lockstep(_answerer(trainer), trainer.device)
-        for slot, (problem, own_buffers, _) in enumerate(prepared):
-            problem.oracle = lockstep.oracle(slot, own_buffers)
-        results = lockstep.run([_job(update, message, own_state, problem) for problem, _, own_state in prepared])
-    else:
-        results = [update(message, own_state, problem) for problem, _, own_state in prepared]
-    for result, problem in zip(results, problems):
-        result.num_steps = problem.num_steps
-    return results, buffers
-
-
 def _job(update: Callable, message: dict[str, Tensor], own_state: Any, problem: LocalProblem
          ) -> Callable[[], ClientResult]:
     return lambda: update(message, own_state, problem)
@@ -313,7 +321,3 @@ def _answerer(trainer: Trainer) -> Callable[[dict[int, Request]], dict[int, Answ
             return answer_requests(trainer.flat, stacked, requests)
 
     return compute
-
-
-# ----------------------------------------------------------------------------------------------------------
-# auto's timing

@@ -26,12 +26,12 @@ from torch import Tensor
 from landscape.config.schema import rule
 from landscape.train.algorithms import (
     ALGORITHMS,
-    Momentum,
     Algorithm,
     Batch,
     ClientResult,
     LocalModel,
     LocalProblem,
+    Momentum,
     ServerRound,
     Tensors,
     local_sgd,

@@ -34,12 +34,12 @@ from landscape.config.schema import rule
 from landscape.core.perturb import normalized
 from landscape.train.algorithms import (
     ALGORITHMS,
-    Momentum,
     Algorithm,
     Batch,
     ClientResult,
     LocalModel,
     LocalProblem,
+    Momentum,
     ServerRound,
     Tensors,
     local_sgd,

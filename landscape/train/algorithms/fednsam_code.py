@@ -29,10 +29,10 @@ from torch import Tensor
 from landscape.config.schema import rule
 from landscape.train.algorithms import (
     ALGORITHMS,
-    Momentum,
     ClientResult,
     LocalModel,
     LocalProblem,
+    Momentum,
     ServerRound,
     local_sgd,
     mean_model,
