@@ -5,12 +5,12 @@ gradient written out by hand (not through autograd), so a test can evaluate an a
 from __future__ import annotations
 
 import torch
-from conftest import tiny_recipe
 from torch import Tensor
 
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import loop
 from landscape.train.state import TrainerState
+from support.helpers import tiny_recipe
 
 FEATURES, CLASSES = 64, 10  # digits: 8x8 images, 10 classes; w = [W (10 x 64) row-major, b (10)]
 DIM = CLASSES * FEATURES + CLASSES

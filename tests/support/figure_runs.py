@@ -1,5 +1,5 @@
 """The analysed runs the figure tests read (tests/figures/test_figures_rundata.py, tests/figures/test_figures_curves.py:
-built once per session for both, ``conftest.shared_folder``)."""
+built once per session for both, ``support.helpers.shared_folder``)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import shutil
 from pathlib import Path
 
 import torch
-from conftest import tiny_recipe
 
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.train import loop
+from support.helpers import tiny_recipe
 
 FAST = {"hessian": {"top_k": 2, "tol": 0.01, "clients": 2, "trace_hvps": 6, "density_steps": 4, "density_runs": 1},
         "sharpness": {"clients": 2, "steps": 2}, "incompatibility": {"clients": 2, "batches": 2},

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch.func import functional_call
 
+from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.objective import Objective
 from landscape.measure.operator import HessianOperator
-from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 

@@ -1,0 +1,29 @@
+"""Small problems several test modules analyse."""
+
+from __future__ import annotations
+
+import torch
+
+from landscape.core.flat import FlatModel
+from landscape.data.datasets import load_dataset
+from landscape.data.partitions import make_partition
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.objective import Objective
+from landscape.models import build_model
+
+
+def digits_clients():
+    """(flat, F, {client: F_i}, w): a float64 MLP (one hidden layer of 16) after 30 full-batch gradient steps of
+    rate 0.5 on the digits training set, and 4 clients of a per-class Dirichlet(0.3) split (seed 0)."""
+    bundle = load_dataset("digits", root="data", download=False, augment=False, num_clients=4, seed=0, options={})
+    parts = make_partition("dirichlet", bundle.train.y.numpy(), num_clients=4, num_classes=10, seed=0,
+                           options={"alpha": 0.3})
+    torch.manual_seed(0)
+    flat = FlatModel(build_model("mlp", (1, 8, 8), 10, {"hidden": [16]}).double())
+    data = AnalysisData(bundle.train.x.double(), bundle.train.y, 256)
+    glob = Objective(flat, {}, data)
+    w = flat.vector()
+    for _ in range(30):
+        w = w - 0.5 * glob.loss_and_grad(w)[1]
+    clients = {k: glob.with_data(data.subset(torch.as_tensor(ix))) for k, ix in enumerate(parts)}
+    return flat, glob, clients, w
