@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from landscape.config.schema import read_toml
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 
 
 def main() -> None:

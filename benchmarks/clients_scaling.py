@@ -111,10 +111,10 @@ def flops_and_rates(run: Path) -> dict[str, dict[str, float]]:
     and gradient of F and of a Hessian-vector product there} (module docstring), one thread."""
     from landscape.analyze import scheduler
     from landscape.analyze.context import CheckpointContext
-    from landscape.measure.operator import HessianOperator
     from landscape.analyze.settings import AnalysisSettings
     from landscape.analyze.source import find_sources
     from landscape.cli import main as landscape_main
+    from landscape.measure.operator import HessianOperator
 
     torch.set_num_threads(1)
     flops: dict[str, float] = {}

@@ -46,6 +46,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from landscape.config import overrides as recipe_overrides
+from landscape.config.setup import DataSetup, build_module
+from landscape.core import parallel
+from landscape.core.flat import FlatModel
+from landscape.data.datasets import ArrayDataset, DatasetBundle
+from landscape.data.partitions import class_histogram
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.directions import random_plane
 from landscape.measure.lanczos import lanczos_topk
@@ -53,16 +59,9 @@ from landscape.measure.objective import Objective
 from landscape.measure.operator import HessianOperator
 from landscape.measure.surface.evaluation import default_cells_per_pass, evaluate_surface
 from landscape.measure.surface.grid import make_axis
-from landscape.config import recipe_overrides
-from landscape.config.setup import DataSetup, build_module
-from landscape.core import parallel
-from landscape.core.flat import FlatModel
-from landscape.data.datasets import ArrayDataset, DatasetBundle
-from landscape.data.partitions import class_histogram
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import vectorised
 from landscape.train.loop import Trainer
-
 
 
 def time_oracles(trainer: Trainer, clients: int, repeats: int = 3) -> tuple[float, float]:

@@ -33,17 +33,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from hessian_vs_pyhessian import min_seconds  # benchmarks/ is on the path of a script run from it
 from torch import nn
 
+from landscape.core.flat import FlatModel
+from landscape.data.datasets import load_dataset
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.gradient_graphs import product_gradient_graphs
 from landscape.measure.objective import Objective
 from landscape.measure.operator import HessianOperator
-from landscape.core.flat import FlatModel
-from landscape.data.datasets import load_dataset
 from landscape.models import build_model
-
-from hessian_vs_pyhessian import min_seconds  # benchmarks/ is on the path of a script run from it
 
 BATCH = 512
 CLIENT = 14  # samples of a small client (digits at 100 clients)

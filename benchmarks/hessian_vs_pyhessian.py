@@ -39,13 +39,13 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 import landscape
+from landscape.config import overrides as recipe_overrides
+from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.lanczos import lanczos_topk, power_iteration
 from landscape.measure.objective import Objective
 from landscape.measure.operator import HessianOperator
 from landscape.measure.pyhessian_backend import pyhessian_lambda_max_and_trace
-from landscape.config import recipe_overrides
-from landscape.core.flat import FlatModel
 from landscape.train import loop
 
 TOP = 5

@@ -21,13 +21,13 @@ import numpy as np
 import torch
 
 import landscape
+from landscape.config import overrides as recipe_overrides
+from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.krylov import KrylovBasis
 from landscape.measure.lanczos import lanczos_topk
 from landscape.measure.objective import Objective
 from landscape.measure.operator import HessianOperator
-from landscape.config import recipe_overrides
-from landscape.core.flat import FlatModel
 from landscape.train import loop
 
 

@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 
 import torch
+from hessian_vs_pyhessian import min_seconds  # benchmarks/ is on the path of a script run from it
 
+from landscape.core.flat import FlatModel
 from landscape.measure import products
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.objective import Objective
-from landscape.core.flat import FlatModel
 from landscape.models import build_model
-
-from hessian_vs_pyhessian import min_seconds  # benchmarks/ is on the path of a script run from it
 
 SAMPLES, TRAIN_BATCH = 512, 32
 CASES = (("cnn", (1, 8, 8)), ("cnn", (1, 28, 28)), ("cnn", (3, 32, 32)), ("lenet5", (3, 32, 32)))

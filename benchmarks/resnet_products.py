@@ -26,16 +26,15 @@ import argparse
 from collections.abc import Callable
 
 import torch
+from clients_scaling import FlopCount  # benchmarks/ is on the path of a script run from it
+from hessian_vs_pyhessian import min_seconds
 from torch.profiler import ProfilerActivity, profile
 
+from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.objective import Objective
 from landscape.measure.operator import HessianOperator
-from landscape.core.flat import FlatModel
 from landscape.models import build_model
-
-from clients_scaling import FlopCount  # benchmarks/ is on the path of a script run from it
-from hessian_vs_pyhessian import min_seconds
 
 
 def peak_bytes(fn) -> int:

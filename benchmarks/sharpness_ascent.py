@@ -68,7 +68,7 @@ def fedsam_problems(out: Path) -> list[tuple[str, int, object]]:
 
 def bn_mlp():
     """(objective, w, long reference ascent) of the tests' 626-parameter BatchNorm MLP."""
-    sys.path.insert(0, str(ROOT / "tests" / "analyze"))
+    sys.path[:0] = [str(ROOT / "tests" / "measure"), str(ROOT / "tests")]  # the test module and its helpers
     from test_sharpness import _long_multistart, _tiny_trained
 
     objective, w = _tiny_trained("bn-mlp")

@@ -11,7 +11,7 @@ conservative one) and the share of seeds with |z| > 3 (0.3% for a normal z).
 Matrices: the fixed 100 x 100 matrix of ``tests/measure/test_trace.py::
 test_trace_standard_errors_are_calibrated_over_seeds`` (a seeded orthogonal basis, eigenvalues 10 / k, the
 last 20 times -0.3) and the same with 10 / k^p, p = 0.5 and 1.5; the dense float64 Hessian of the tests'
-1,210-parameter digits MLP (``tests/spectral_checks.py::digits_mlp_problem``, built by that function). The
+1,210-parameter digits MLP (``tests/support/spectral_checks.py::digits_mlp_problem``, built by that function). The
 FedAvg digits MLP of ``benchmarks/trace_estimators.py`` is not repeated: that benchmark reports sd(z) and
 |z| > 3 per budget. Usage:
 
@@ -50,7 +50,7 @@ def synthetic(power: float) -> torch.Tensor:
 def digits_mlp_hessian() -> torch.Tensor:
     """The dense Hessian of the tests' digits MLP, built by the tests' own helper."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from spectral_checks import digits_mlp_problem
+    from support.spectral_checks import digits_mlp_problem
 
     return digits_mlp_problem()[3]
 

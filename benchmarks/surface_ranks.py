@@ -27,12 +27,12 @@ import numpy as np
 import torch
 
 from landscape.analyze.context import CheckpointContext
-from landscape.measure.directions import random_plane
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
+from landscape.core import parallel
+from landscape.measure.directions import random_plane
 from landscape.measure.surface.evaluation import evaluate_surface
 from landscape.measure.surface.grid import make_axis
-from landscape.core import parallel
 
 
 def worker(run: Path, grid: int, out: Path) -> None:

@@ -38,13 +38,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import landscape.measure.surface.evaluation as surface_module
 from landscape.analyze.context import CheckpointContext
-from landscape.measure.directions import random_plane
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
+from landscape.config import overrides as recipe_overrides
+from landscape.core.flat import FlatModel
+from landscape.measure.directions import random_plane
 from landscape.measure.surface.evaluation import evaluate_surface
 from landscape.measure.surface.grid import make_axis
-from landscape.config import recipe_overrides
-from landscape.core.flat import FlatModel
 from landscape.train import loop
 
 

@@ -30,12 +30,12 @@ import numpy as np
 import torch
 
 import landscape
+from landscape.config import overrides as recipe_overrides
+from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.objective import Objective
 from landscape.measure.operator import HessianOperator, MatrixOperator
 from landscape.measure.trace import trace_estimate, xtrace
-from landscape.config import recipe_overrides
-from landscape.core.flat import FlatModel
 from landscape.train import loop
 
 MODELS = {

@@ -7,7 +7,7 @@ analysis of any model on any data, with no run directory: ``landscape.hessian_ei
 ``landscape.trace``, ``landscape.density``, ``landscape.sharpness``, ``landscape.surface``,
 ``landscape.flatness_distance``, and over a model's clients ``landscape.incompatibility(model, clients_data)``
 and ``landscape.alignment`` (see ``landscape.api``); a run recorded from a training loop of your own:
-``landscape.RunWriter`` (see ``landscape.store.run_writer``). ``dir(landscape)`` lists exactly these names
+``landscape.RunWriter`` (see ``landscape.store.writer``). ``dir(landscape)`` lists exactly these names
 (``__all__``).
 """
 
@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "LandscapeError": "landscape.core.errors",
     "Run": "landscape.store.run",
-    "RunWriter": "landscape.store.run_writer",
+    "RunWriter": "landscape.store.writer",
     "open_run": "landscape.store.run",
     "results": "landscape.store.run",
     "Alignment": "landscape.api",
@@ -45,8 +45,8 @@ def __getattr__(name: str):
         from landscape import api as module  # static imports, which the import contracts see
     elif module == "landscape.store.run":
         from landscape.store import run as module
-    elif module == "landscape.store.run_writer":
-        from landscape.store import run_writer as module
+    elif module == "landscape.store.writer":
+        from landscape.store import writer as module
     elif module == "landscape.core.errors":
         from landscape.core import errors as module
     else:

@@ -66,7 +66,7 @@ def _template(model: Any) -> dict[str, torch.Tensor] | None:
     if model is None:
         return None
     if isinstance(model, str):
-        from landscape.config.imports import call_factory
+        from landscape.core.imports import call_factory
 
         model = call_factory(model, "model factory")
     elif callable(model) and not isinstance(model, torch.nn.Module):

@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape.measure.analysis_data import AnalysisData
-from landscape.measure.objective import Objective
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.data.datasets import load_dataset
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.objective import Objective
 from landscape.models import build_model
 
 GRID = (np.linspace(-1.0, 1.0, 9), np.linspace(-0.5, 0.5, 7))  # 63 cells: chunks of 4 split unevenly
@@ -89,9 +89,9 @@ def check_collectives() -> None:
 
 def main() -> None:
     from landscape.analyze.catalog import pass_options
-    from landscape.measure.operator import HessianOperator
     from landscape.analyze.scheduler import run_analysis
     from landscape.analyze.settings import AnalysisSettings
+    from landscape.measure.operator import HessianOperator
     from landscape.measure.surface.evaluation import evaluate_surface
 
     out, run = Path(sys.argv[1]), Path(sys.argv[2])

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
 from torch import nn
 
 import landscape

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import pytest
-from conftest import load_script
+from support.helpers import load_script
 
 from landscape.config.schema import rule
 

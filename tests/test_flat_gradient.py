@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.gradient_graphs import product_gradient_graphs
 from landscape.measure.objective import Objective
 from landscape.measure.operator import BACKENDS, HessianOperator
-from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 

@@ -202,7 +202,7 @@ def test_a_flower_simulation_is_recorded_as_flower_ran_it(tmp_path, out, monkeyp
                for row in metrics), "the aggregated train metrics (weighted by num-examples) go to metrics.jsonl"
     assert all("partition-id" not in row for row in metrics)
 
-    from conftest import invoke
+    from support.helpers import invoke
 
     analysed = invoke("analyze", run, "--checkpoints", "all", "--passes", "flatness", "--quiet")
     assert analysed.exit_code == 0, analysed.output

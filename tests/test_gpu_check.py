@@ -5,7 +5,7 @@ smoke run of its docstring, minutes long, so it is not part of the suite)."""
 from __future__ import annotations
 
 import numpy as np
-from conftest import load_script
+from support.helpers import load_script
 
 
 def test_the_synthetic_set_is_cifar_shaped_and_split_iid_over_the_clients():

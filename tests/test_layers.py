@@ -6,15 +6,15 @@ only the result files and the passes' declarations."""
 from __future__ import annotations
 
 import ast
-import re
 import json
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import analyze_args, invoke, load_script, tiny_recipe
+from support.helpers import analyze_args, invoke, load_script, tiny_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
 
 from landscape.core import memory_format
 from landscape.core.errors import LandscapeError
@@ -20,7 +20,7 @@ from landscape.core.flat import FlatModel
 from landscape.core.memory_format import choose_memory_format, recorded_choice
 from landscape.models import build_model
 from landscape.store.checkpoints import load_checkpoint
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import loop
 from landscape.train import state as trainer_state
 

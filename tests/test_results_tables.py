@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import load_script
+from support.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 publish = load_script("benchmarks/publish.py")

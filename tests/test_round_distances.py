@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
 
 from landscape.config import setup
 from landscape.core.distances import round_distances
 from landscape.core.flat import FlatModel
 from landscape.store.checkpoints import load_checkpoint
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import loop
 
 
@@ -58,11 +58,12 @@ def test_logged_relative_distance_equals_a_float64_recomputation(tmp_path):
 def test_the_pass_and_the_api_give_the_logged_relative_distance(tmp_path):
     """The flatness pass (float64, from the clients file and its recorded start) and landscape.flatness_distance
     equal the trainer's logged companion; without a start the API's is NaN."""
+    import json
     import math
 
+    from support.helpers import analyze_args, invoke, result_file
+
     import landscape
-    from conftest import analyze_args, invoke, result_file
-    import json
 
     recipe = tiny_recipe(train__keep_clients=True, train__dtype="float64", train__rounds=2)
     loop.start_run(recipe, tmp_path / "run", progress=False)

@@ -6,7 +6,7 @@ that defines them, never by hand.
     python tools/reference.py --write   # write docs/reference/{cli,recipe-keys,passes,plot-kinds}.md
 
 The sources: the click commands of ``landscape.cli.cli`` (their parameters and help), the schema dataclasses of
-``landscape.config.recipe_sections`` and the options dataclasses of the registries a recipe names (algorithms,
+``landscape.config.sections`` and the options dataclasses of the registries a recipe names (algorithms,
 models, data sets, partitions), the passes of ``landscape.analyze.passes`` and the analysis settings, and
 ``PLOT_KINDS`` of ``landscape.figures.plot_kinds``. A key's kind, range and choices come from its annotation
 (``landscape.config.schema``), its words from the comment beside (or above) its field. tests/test_docs.py checks
@@ -228,7 +228,7 @@ def _entry_lines(section: str, registry: Any) -> list[str]:
 
 def recipe_page() -> str:
     """Every table and key of a training recipe: the common keys, then each registry entry's options."""
-    from landscape.config import recipe_sections as rs
+    from landscape.config import sections as rs
     from landscape.config.recipe import registries
 
     found = registries()

@@ -15,10 +15,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from landscape.measure.analysis_data import AnalysisData
-from landscape.measure.gradient_cache import GradientCache
-from landscape.measure.incompatibility import AppliedPerturbation, algorithm_perturbation
-from landscape.measure.objective import Objective, Problem
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import Source, file_digest
 from landscape.analyze.state_dict_source import StateDictSource
@@ -26,8 +22,11 @@ from landscape.config.setup import resolve_device, torch_dtype
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.core.memory_format import MemoryFormatChoice, choose_memory_format
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.gradient_cache import GradientCache
+from landscape.measure.incompatibility import AppliedPerturbation, algorithm_perturbation
+from landscape.measure.objective import Objective, Problem
 from landscape.store.checkpoints import Checkpoint, load_client_models, non_finite_weights
-
 
 _UNREAD = object()  # the clients file not read yet (``CheckpointContext._recorded_start``)
 

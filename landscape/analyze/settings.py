@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from landscape.config.recipe_sections import DTYPES
 from landscape.config.schema import check, choices, rule
+from landscape.config.sections import DTYPES
 
 # "auto": the run's dtype (train.dtype) or the state_dict's; else one of the training recipe's dtypes
 Dtype = Literal[("auto", *DTYPES)]

@@ -24,8 +24,8 @@ from landscape.config.recipe import Recipe
 from landscape.config.setup import DataSetup, build_module, prepare_data, torch_dtype
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import Checkpoint, load_checkpoint
+from landscape.store.directory import RunDir
 from landscape.store.run import Run
-from landscape.store.runs import RunDir
 
 _ROUND_FILE = re.compile(r"^round-(\d{4,})\.pt$")
 

@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from landscape.measure.analysis_data import AnalysisData, as_data, check_model_data
 from landscape.analyze.registry import PASSES, needs_clients
 from landscape.analyze.source import Source
 from landscape.config.setup import DataSetup
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
+from landscape.measure.analysis_data import AnalysisData, as_data, check_model_data
 from landscape.store.checkpoints import Checkpoint, load_state_dict_file
 
 
@@ -203,7 +203,7 @@ class StateDictSource(Source):
         return copy.deepcopy(self._module)
 
     def _make_module(self) -> nn.Module:
-        from landscape.config.imports import call_factory
+        from landscape.core.imports import call_factory
         from landscape.models import MODELS, build_model
 
         if ":" in self.spec.model:
@@ -227,7 +227,7 @@ class StateDictSource(Source):
         registered data set: its name and the split setting say it). Computing it imports and calls both
         factories (once): a bad --model or --dataset is a one-line error before anything is taken for done."""
         if self._inputs is None:
-            from landscape.config.imports import load_object
+            from landscape.core.imports import load_object
 
             module = self.build_module()
             x, y = self.analysis_set("train")  # a factory's data: whatever the split
@@ -311,7 +311,7 @@ class StateDictSource(Source):
         key = "factory" if ":" in self.spec.dataset else split
         if key not in self._data:
             if key == "factory":
-                from landscape.config.imports import call_factory
+                from landscape.core.imports import call_factory
 
                 data = as_data(call_factory(self.spec.dataset, "data factory"),
                                name=f"data factory '{self.spec.dataset}'")

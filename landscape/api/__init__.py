@@ -41,6 +41,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from landscape.api import checks
+from landscape.api.checks import DEFAULT_THREADS
+from landscape.api.federated import Alignment, alignment, incompatibility
+from landscape.core.errors import LandscapeError, shown
+from landscape.core.flat import FlatModel
 from landscape.measure import functions
 from landscape.measure.analysis_data import as_data
 from landscape.measure.density import DensityResult
@@ -51,11 +56,6 @@ from landscape.measure.objective import LossFn, Objective, Problem
 from landscape.measure.operator import Progress
 from landscape.measure.sharpness import SharpnessProfile
 from landscape.measure.trace import DEFAULT_TRACE_METHOD, TraceResult
-from landscape.api import checks
-from landscape.api.checks import DEFAULT_THREADS
-from landscape.api.federated import Alignment, alignment, incompatibility
-from landscape.core.errors import LandscapeError, shown
-from landscape.core.flat import FlatModel
 
 __all__ = ["DEFAULT_THREADS", "Alignment", "Problem", "Surface", "alignment", "as_data", "density",
            "flatness_distance", "hessian_eigs", "incompatibility", "problem", "sharpness", "surface", "trace"]

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from landscape.measure.operator import Progress
 from landscape.config.setup import using_threads
 from landscape.core.errors import LandscapeError, shown
+from landscape.measure.operator import Progress
 
 SEED_MAX = 2**32 - 1
 # The CPU threads an API call runs with unless told: the CLI's default (`--threads 1`), for the same numbers

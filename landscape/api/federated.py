@@ -30,6 +30,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from landscape.analyze.context import registered_algorithm
+from landscape.api import checks
+from landscape.api.checks import DEFAULT_THREADS
+from landscape.core.errors import LandscapeError, shown
+from landscape.core.flat import FlatModel
 from landscape.measure.alignment import (
     GradientAlignmentResult,
     MinibatchAlignmentResult,
@@ -39,8 +44,9 @@ from landscape.measure.alignment import (
     update_alignment,
 )
 from landscape.measure.analysis_data import AnalysisData, as_data
-from landscape.analyze.context import registered_algorithm
 from landscape.measure.flatness import flatness_incompatibility
+from landscape.measure.functions import checked_vector
+from landscape.measure.gradient_cache import GradientCache
 from landscape.measure.incompatibility import (
     GLOBAL_OBJECTIVES,
     AppliedPerturbation,
@@ -48,13 +54,7 @@ from landscape.measure.incompatibility import (
     IncompatibilityResult,
     algorithm_perturbation,
 )
-from landscape.measure.functions import checked_vector
-from landscape.measure.gradient_cache import GradientCache
 from landscape.measure.objective import LossFn, Objective
-from landscape.api import checks
-from landscape.api.checks import DEFAULT_THREADS
-from landscape.core.errors import LandscapeError, shown
-from landscape.core.flat import FlatModel
 
 DEFAULT_EVAL_BATCH = 512  # as_data's default chunk, for the union of the clients' data too
 

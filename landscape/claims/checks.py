@@ -30,8 +30,8 @@ plane (the ``surface`` output, filter-normalised random directions) whose loss l
 comparison key, default 0.5 nats) of the loss at the centre x. ``rounds``: ``"last"``, ``"last N"`` (the mean of
 the last N), ``"all"``, a round number or a list of rounds; a run lacking one of them is an error that names it.
 
-The statistics of each comparison and the verdict rule: ``landscape.claims.claim_statistics``; the table, each
-claim's operationalisation and the FRAGILE mark: ``landscape.claims.claims_table``.
+The statistics of each comparison and the verdict rule: ``landscape.claims.statistics``; the table, each
+claim's operationalisation and the FRAGILE mark: ``landscape.claims.table``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from landscape.claims.claim_files import (
+from landscape.claims.files import (
     DEFAULT_TAU,
     SURFACE_WIDTH,
     Claim,
@@ -55,7 +55,7 @@ from landscape.claims.claim_files import (
     scale_of,
     surface_width,
 )
-from landscape.claims.claim_statistics import (
+from landscape.claims.statistics import (
     MAX_SEEDS,
     POWER,
     detectable_difference,
@@ -68,7 +68,7 @@ from landscape.core.errors import LandscapeError
 from landscape.figures.rundata import RunData
 from landscape.figures.seeds import mean_se
 
-__all__ = [  # the claims API, with what it takes from claim_files and claim_statistics
+__all__ = [  # the claims API, with what it takes from files and statistics
     "DEFAULT_TAU", "HELD", "INCONCLUSIVE", "MAX_SEEDS", "NOT_HELD", "SURFACE_WIDTH", "Claim", "ClaimResult",
     "Comparison", "ComparisonResult", "analysis_output", "check_run_ids", "compare_pair", "decide",
     "detectable_difference", "evaluate", "holm", "holm_steps", "load_claim", "one_sided_paired_t", "run_value",

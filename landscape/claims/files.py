@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import numpy as np
 
 from landscape.analyze.registry import Quantity
-from landscape.claims.claim_statistics import MAX_SEEDS
+from landscape.claims.statistics import MAX_SEEDS
 from landscape.config.schema import load, read_toml, rule
 from landscape.core.errors import LandscapeError
 from landscape.figures.report.data import quantities
@@ -319,7 +319,7 @@ def surface_width(loss: np.ndarray, x: np.ndarray, y: np.ndarray, tau: float) ->
 
 def _analysis_value(run: RunData, quantity: str, round: int, tau: float) -> float:
     if quantity == SURFACE_WIDTH:
-        from landscape.figures.surface_data import load_surface, normalization_of
+        from landscape.figures.surface.data import load_surface, normalization_of
 
         surface = load_surface(run.analyses[round]["surface"].path)
         if normalization_of(surface.meta) == "filter":  # each model's plane scaled by its own weights

@@ -187,7 +187,7 @@ def _set_kinds(assignments: tuple[str, ...]) -> tuple[dict[str, Any], list[tuple
 
     from landscape.analyze.catalog import load_passes
     from landscape.analyze.settings import AnalysisSettings
-    from landscape.config.recipe_overrides import ANALYSIS_SETTING, classify_assignment, parse_assignment
+    from landscape.config.overrides import ANALYSIS_SETTING, classify_assignment, parse_assignment
     from landscape.config.schema import unknown_key_message
 
     allowed = [f.name for f in fields(AnalysisSettings)]

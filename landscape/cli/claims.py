@@ -64,7 +64,7 @@ def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, 
     (one-sided paired t-test, exact sign-flip test, Holm's step over every comparison of this call) and print
     HELD / NOT HELD / INCONCLUSIVE with the numbers (FRAGILE: another call's verdict differs, --compare-with)."""
     from landscape.claims import checks as claims
-    from landscape.claims.claims_table import read_verdicts
+    from landscape.claims.table import read_verdicts
     from landscape.figures.recipe import figure as figure_recipe
     from landscape.workflows.claims import check_claims, plan_claims
 

@@ -30,9 +30,9 @@ def check_printable(flag: str, text: str | None) -> None:
 
 def _trusting(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     """--trust-imports: the recorded recipes read by this command have their imports imported (for the
-    command's duration: ``landscape.config.imports.trusted_imports``)."""
+    command's duration: ``landscape.core.imports.trusted_imports``)."""
     if value:
-        from landscape.config.imports import trusted_imports
+        from landscape.core.imports import trusted_imports
 
         ctx.with_resource(trusted_imports(True))
 
@@ -43,7 +43,7 @@ def trust_imports_option(help_text: str):
                         help=help_text)
 
 
-# The one grammar of --set, said once (landscape.config.recipe_overrides.classify_assignment decides it).
+# The one grammar of --set, said once (landscape.config.overrides.classify_assignment decides it).
 SET_GRAMMAR = ("Every command reads --set KEY by its first part: a recipe table or key (dataset, partition, model, "
                "algorithm, train, name, seed) a training recipe key, analyze an analysis setting, a pass name a "
                "pass option")

@@ -46,7 +46,7 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     where that is missing (finished runs and analyses are reused; a run whose recipe changed is retrained),
     then write <file>.png and <file>.pdf (+ <file>.html, interactive 3D, for surfaces) under --out."""
     from landscape.analyze.catalog import load_passes
-    from landscape.config import recipe_overrides
+    from landscape.config import overrides as recipe_overrides
     from landscape.figures.recipe import figure as figure_recipe
     from landscape.workflows import figure
 

@@ -108,7 +108,7 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
     Each run directory gets the fully resolved recipe, partition.json, metrics.jsonl (one line per round)
     and checkpoints/round-NNNN.pt.
     """
-    from landscape.config import recipe_overrides
+    from landscape.config import overrides as recipe_overrides
     from landscape.workflows import sweep
 
     switches = {"dataset.download": download, "train.keep_clients": keep_clients, "train.swa": swa}
@@ -142,7 +142,7 @@ def _overrides(flags: dict[str, Any], switches: dict[str, bool | None],
                assignments: tuple[str, ...]) -> tuple[list[tuple[str, Any]], dict[str, list]]:
     """The recipe keys the flags set, in order (recipe flags, switches, then --set), and the swept ones (comma
     lists): every value checked for control characters first."""
-    from landscape.config import recipe_overrides
+    from landscape.config import overrides as recipe_overrides
 
     given = [(flag, key, flags[flag.lstrip("-").replace("-", "_")]) for flag, key, _ in _RECIPE_FLAGS]
     for flag, text in [(flag, text) for flag, _, text in given] + [("--set", a) for a in assignments]:
@@ -183,7 +183,7 @@ def _refuse_decimal_comma(flag: str, key: str, text: str) -> None:
 def _check_rho(recipe_file: Path | None, overrides: list[tuple[str, Any]], axes: dict[str, list]) -> None:
     """--rho sets the algorithm's option rho (``algorithm.rho``): refused in one line when an algorithm of the
     run (or of the sweep) has none, naming those that have it."""
-    from landscape.config import recipe_overrides
+    from landscape.config import overrides as recipe_overrides
     from landscape.train.algorithms import ALGORITHMS
 
     others = [(k, v) for k, v in overrides if k != "algorithm.rho"]
@@ -244,7 +244,7 @@ def _one_run(recipe: Any, out: Path | None, overwrite: bool, dry_run: bool, quie
 
 def _report(out: Path, rounds: int) -> None:
     """The result line of a trained run: its rounds and its last test accuracy."""
-    from landscape.store.runs import RunDir
+    from landscape.store.directory import RunDir
 
     rows = [r for r in RunDir(out).read_metrics() if "test_acc" in r]
     tail = f"; test accuracy {rows[-1]['test_acc']:.4f} (round {rows[-1]['round']})" if rows else ""

@@ -1,6 +1,6 @@
 """TOML recipes: the frozen ``Recipe`` settings, read, validated, resolved and written back.
 
-Overrides (``--set key=value``, flags, sweeps) live in ``landscape.config.recipe_overrides``; ``set_key``
+Overrides (``--set key=value``, flags, sweeps) live in ``landscape.config.overrides``; ``set_key``
 (one key of a raw recipe dict) stays here for ``Recipe.with_values``.
 
 A recipe has three top-level keys (``name``, ``seed``, ``imports``) and five tables. Four of them name a registry entry
@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from landscape.config import schema
-from landscape.config.recipe_sections import (
+from landscape.config.schema import unknown_key_message
+from landscape.config.sections import (
     ENTRY_SECTIONS,
     SECTIONS,
     TOP_LEVEL,
@@ -40,7 +41,6 @@ from landscape.config.recipe_sections import (
     load_settings,
     with_options,
 )
-from landscape.config.schema import unknown_key_message
 from landscape.core.errors import LandscapeError, shown
 from landscape.core.registry import Entry, Registry
 
@@ -167,7 +167,7 @@ def _top_level(raw: dict) -> TopLevelSettings:
 
 def _import_modules(modules: tuple[str, ...], recorded: bool, trust_imports: bool | None) -> tuple[str, ...]:
     """Import a recipe's ``imports`` when they are trusted (see ``resolve``); the modules left not imported."""
-    from landscape.config.imports import import_recipe_modules, imports_trusted
+    from landscape.core.imports import import_recipe_modules, imports_trusted
 
     if not recorded or (imports_trusted() if trust_imports is None else trust_imports):
         import_recipe_modules(modules, search_cwd=not recorded)
@@ -268,12 +268,12 @@ def resolve(raw: dict, *, algorithms: bool = True, recorded: bool = False, trust
     ``imports`` run code. The user's own recipe (``recorded=False``) has them imported (the current folder
     searched too), each newly imported module named on stderr. A recorded recipe (``recorded=True``: a run's
     recipe.toml, a checkpoint's, called ``origin`` in messages) has them imported only when ``trust_imports``
-    (None: ``landscape.config.imports.imports_trusted()``, the CLI's --trust-imports), without searching the current
+    (None: ``landscape.core.imports.imports_trusted()``, the CLI's --trust-imports), without searching the current
     folder. Untrusted, nothing is imported: each registry section is checked against the entries registered
     now (built-in ones, and those of modules already imported in this process); a section naming an entry no
     registry holds is refused in one line naming the modules and --trust-imports, or with ``defer`` read as
     written, the refusal kept in ``Recipe.unbuildable`` for the moment it must be built."""
-    from landscape.config.imports import untrusted
+    from landscape.core.imports import untrusted
 
     if not isinstance(raw, dict):
         raise LandscapeError("a recipe must be a TOML table")

@@ -121,7 +121,7 @@ class TopLevelSettings:
     """The top-level keys. ``imports``: modules of the user's own that register models, data sets, partitions or
     algorithms when imported (``imports = ["mylab.models"]``). Importing runs their code: a recipe the user
     names is imported before it is checked; a recorded one (a run's recipe.toml) only when trusted
-    (``resolve(recorded=True)``, landscape.config.imports)."""
+    (``resolve(recorded=True)``, landscape.core.imports)."""
 
     name: str = ""
     seed: Annotated[int, rule(ge=0, le=MAX_SEED, text=f"must be in 0..{MAX_SEED}")] = 0

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from landscape.config import recipe as recipes
-from landscape.config import recipe_sections
+from landscape.config import sections as recipe_sections
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.rng import derived_seed

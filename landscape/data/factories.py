@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape.config.imports import check_factory_spec
 from landscape.core.errors import LandscapeError
+from landscape.core.imports import check_factory_spec
+from landscape.core.reading import read_data
 from landscape.data.datasets import DATASETS, ArrayDataset, DatasetBundle
 from landscape.data.partitions import PARTITIONS
-from landscape.core.reading import read_data
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class FactoryDataOptions:
 
 
 def _factory_set(spec: str, what: str) -> ArrayDataset:
-    from landscape.config.imports import call_factory
+    from landscape.core.imports import call_factory
 
     x, y = read_data(call_factory(spec, f"{what} factory"), f"{what} factory '{spec}'")
     if y.is_floating_point():

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from landscape.figures import surfaces
 from landscape.figures.plot_kinds import PLOT_KINDS, PlotTable
 from landscape.figures.rundata import RunData
+from landscape.figures.surface import draw as surfaces
 from landscape.store.fileio import write_text
 
 

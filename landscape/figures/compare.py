@@ -28,7 +28,7 @@ weight norms. Where every run with a surface has one of a mode whose directions 
 reference model), with the same length or reference for all, those are drawn instead (``comparable_surfaces``);
 otherwise the per-model ones are, and a note names the command that computes comparable ones. A line under
 the table (``Comparison.settings``), the panels' caption and their titles say which, with every model's weight
-norm ||x|| (``landscape.figures.surface_data.compare_planes``). A ``--settings`` filter on ``normalization``
+norm ||x|| (``landscape.figures.surface.data.compare_planes``). A ``--settings`` filter on ``normalization``
 (or a figure recipe's exact settings) is followed as given.
 
 Each quantity is read from results of one set of settings (``landscape.figures.selection``): the defaults
@@ -50,7 +50,6 @@ from typing import Any
 
 from landscape.analyze.registry import Quantity
 from landscape.core.errors import LandscapeError
-from landscape.figures import surface_data, surfaces
 from landscape.figures.labels import settings_caption, settings_lines, with_settings
 from landscape.figures.report.data import (
     ComparisonGroup,
@@ -63,8 +62,10 @@ from landscape.figures.report.data import (
 )
 from landscape.figures.rundata import RunData, RunsLike, as_runs, missing_message
 from landscape.figures.selection import Selection
+from landscape.figures.surface import data as surface_data
+from landscape.figures.surface import draw as surfaces
+from landscape.store.directory import surface_result_name
 from landscape.store.fileio import write_text
-from landscape.store.runs import surface_result_name
 
 # The columns the papers compare, by the plain name of report.data.quantities (S_rho is added by radius).
 COLUMNS = ["lambda_max", "trace", "Delta_FI", "mean grad cos"]

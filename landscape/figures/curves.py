@@ -47,7 +47,7 @@ from landscape.figures.over_seeds import by_seed_group, density_floor, mean_cosi
 from landscape.figures.rundata import RunsLike, as_runs, require_metric, require_passes
 from landscape.figures.seeds import SeedGroup, groups, mean_se, series_mean
 from landscape.figures.style import new_figure, over_rounds, round_axis, seed_note
-from landscape.figures.surfaces import save_figure
+from landscape.figures.surface.draw import save_figure
 
 COSINE_CMAP = "RdBu_r"  # diverging: -1 blue, 0 white, +1 red
 

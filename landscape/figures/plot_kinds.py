@@ -20,10 +20,11 @@ from typing import Annotated, Any, Literal
 from matplotlib.figure import Figure
 
 from landscape.config.schema import rule
-from landscape.figures import curves, surfaces
+from landscape.figures import curves
 from landscape.figures.rundata import RunData, require_passes
+from landscape.figures.surface import draw as surfaces
 
-# The numbers of a metrics.jsonl row, in the order the trainer writes them (landscape/train/loop.py,
+# The numbers of a metrics.jsonl row, in the order the trainer writes them (landscape/train/trainer.py,
 # run_round; docs/metrics.md section 9); `round` and `clients` (the sampled ids) are not quantities.
 METRIC_KEYS = ("lr", "train_loss", "flatness_distance", "flatness_distance_normalized",
                "flatness_distance_to_global", "flatness_distance_to_global_normalized", "client_update_sq",

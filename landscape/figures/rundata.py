@@ -22,8 +22,8 @@ from landscape.core.errors import LandscapeError
 from landscape.figures.labels import run_labels
 from landscape.figures.seeds import recipe_groups, without_seed
 from landscape.figures.selection import Chosen, Result, Selection, as_results, choose, settings_label
+from landscape.store.directory import RunDir
 from landscape.store.run import PassRecord, Run
-from landscape.store.runs import RunDir
 
 
 @dataclass

@@ -111,7 +111,7 @@ class Selection:
     @classmethod
     def parse(cls, texts: Iterable[str], flag: str = "--settings") -> Selection:
         """From ``KEY=VALUE`` texts (values in TOML, as ``--set`` takes them); unknown keys are refused."""
-        from landscape.config.recipe_overrides import parse_value
+        from landscape.config.overrides import parse_value
 
         filters = []
         for text in texts:

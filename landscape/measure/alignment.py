@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from landscape.core.errors import LandscapeError
 from landscape.measure.flatness import (
     check_client_vectors,
     check_minibatch_settings,
@@ -36,7 +37,6 @@ from landscape.measure.flatness import (
     pair_mean_se,
 )
 from landscape.measure.gradient_cache import GradientCache, full_gradient
-from landscape.core.errors import LandscapeError
 
 
 def _unit_rows(vectors: Tensor) -> tuple[Tensor, Tensor]:

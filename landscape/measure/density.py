@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from landscape.core.errors import LandscapeError
 from landscape.measure.krylov import lanczos, tridiagonal
 from landscape.measure.operator import LinearOperator, Progress
 from landscape.measure.probes import (
@@ -21,7 +22,6 @@ from landscape.measure.probes import (
     rademacher_vectors,
     seeded_generator,
 )
-from landscape.core.errors import LandscapeError
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from landscape.core import perturb
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
+from landscape.core.rng import derived_seed
 from landscape.measure.gradient_cache import GradientCache, full_gradient
 from landscape.measure.incompatibility import (
     AppliedPerturbation,
@@ -56,10 +60,6 @@ from landscape.measure.incompatibility import (
     perturbation_terms,
     share,
 )
-from landscape.core import perturb
-from landscape.core.errors import LandscapeError
-from landscape.core.flat import FlatModel
-from landscape.core.rng import derived_seed
 
 _STREAM_ANALYSIS_BATCHES = 101  # keeps the analysis minibatch streams apart from training's streams
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from landscape.core.errors import LandscapeError
 from landscape.measure import flatness
 from landscape.measure.density import DensityResult, slq_density
 from landscape.measure.gradient_cache import GradientCache
@@ -19,7 +20,6 @@ from landscape.measure.objective import Problem
 from landscape.measure.operator import HessianOperator, Progress
 from landscape.measure.sharpness import SharpnessProfile, asam_weight_mask, sharpness_profile
 from landscape.measure.trace import TraceResult, trace_estimate
-from landscape.core.errors import LandscapeError
 
 # The determinism probe ``hessian_eigs`` runs first costs two products (``LinearOperator.check_determinism``),
 # counted by the operator but not in the eigenvalues' ``hvp_count``.

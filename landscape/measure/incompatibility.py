@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from landscape.measure.gradient_cache import GradientCache, full_gradient
 from landscape.core.errors import LandscapeError
+from landscape.measure.gradient_cache import GradientCache, full_gradient
 
 GLOBAL_OBJECTIVES = ("client-mean", "size-weighted")  # F: the clients' plain average (the paper's), or over the union
 

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from landscape.core.errors import LandscapeError
 from landscape.measure.krylov import lanczos, tridiagonal
 from landscape.measure.objective import Objective
 from landscape.measure.operator import HessianOperator, LinearOperator, Progress
 from landscape.measure.probes import float_norm, gaussian_vectors, seeded_generator
-from landscape.core.errors import LandscapeError
 
 WHICH = ("largest-algebraic", "smallest-algebraic", "largest-magnitude")
 

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from landscape.measure.analysis_data import AnalysisData, check_model_data
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
+from landscape.measure.analysis_data import AnalysisData, check_model_data
 
 BN_MODES = ("eval", "train-batch-stats", "recompute")
 

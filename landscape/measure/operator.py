@@ -50,12 +50,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from landscape.measure import products
-from landscape.measure.objective import Objective
-from landscape.measure.products import Gradient, free_memory  # free_memory: also imported from here
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import ParameterLeaves
+from landscape.measure import products
+from landscape.measure.objective import Objective
+from landscape.measure.products import Gradient, free_memory  # free_memory: also imported from here
 
 BACKENDS = ("auto", "double-backward", "forward-over-reverse")
 

@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from landscape.measure.gradient_graphs import product_gradient_graphs
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel, ParameterLeaves
+from landscape.measure.gradient_graphs import product_gradient_graphs
 
 # A batch's gradient with its graph: one tensor per parameter (None: constant in w), or None where H_b = 0.
 Gradient = list[Tensor | None] | None

@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from landscape.measure.analysis_data import AnalysisData
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
+from landscape.measure.analysis_data import AnalysisData
 
 
 @dataclass(frozen=True)

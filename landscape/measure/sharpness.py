@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from landscape.measure.ascent import Ball, ball_scale, loss64, multistart, unit_directions
-from landscape.measure.gradient_cache import GradientCache, full_gradient
 from landscape.core import perturb
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
+from landscape.measure.ascent import Ball, ball_scale, loss64, multistart, unit_directions
+from landscape.measure.gradient_cache import GradientCache, full_gradient
 
 DEFAULT_ETA = 0.01  # ASAM's eta (Kwon et al. 2021)
 DEFAULT_STEPS = 50  # the most trial points per radius

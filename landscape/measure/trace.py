@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from landscape.core.errors import LandscapeError
 from landscape.measure.operator import LinearOperator, Progress
 from landscape.measure.probes import (
     gaussian_vectors,
@@ -24,7 +25,6 @@ from landscape.measure.probes import (
     rademacher_vectors,
     seeded_generator,
 )
-from landscape.core.errors import LandscapeError
 
 TRACE_METHODS = ("xtrace", "hutch++", "hutchinson")
 # the smallest error per product of the three (benchmarks/trace_estimators.py)

@@ -16,8 +16,8 @@ from typing import Any
 
 from torch import nn
 
-from landscape.config.imports import check_factory_spec
 from landscape.core.errors import LandscapeError
+from landscape.core.imports import check_factory_spec
 from landscape.core.registry import Registry
 from landscape.models.resnet import ResNet18, norm_factory
 
@@ -219,7 +219,7 @@ class FactoryModelOptions:
 @MODELS.register("factory", options=FactoryModelOptions,
                  summary="the nn.Module a function of yours returns (model.factory = package.module:function)")
 def _build_from_factory(input_shape: tuple[int, ...], num_classes: int, opts: FactoryModelOptions) -> nn.Module:
-    from landscape.config.imports import call_factory
+    from landscape.core.imports import call_factory
 
     module = call_factory(opts.factory, "model factory")
     if not isinstance(module, nn.Module):

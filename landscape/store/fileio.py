@@ -95,7 +95,7 @@ class RunLock:
     under analysis/.
     """
 
-    def __init__(self, run_dir: Any) -> None:  # a runs.RunDir (fileio never imports runs)
+    def __init__(self, run_dir: Any) -> None:  # a directory.RunDir (fileio never imports directory)
         self.run_dir = run_dir
         self.path = run_dir.path / LOCK_NAME
         self._fd: int | None = None

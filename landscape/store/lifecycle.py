@@ -21,8 +21,8 @@ from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.data.partitions import heterogeneity
 from landscape.store.checkpoints import CheckpointError, load_checkpoint
+from landscape.store.directory import RUN_MARKER, RunDir, partition_record
 from landscape.store.fileio import LOCK_NAME, os_reason, write_text
-from landscape.store.runs import RUN_MARKER, RunDir, partition_record
 
 # The file that marks a folder whose runs a command made (and may therefore retrain when their recipe changes).
 OWNED_MARKER = ".landscape-owned"

@@ -10,7 +10,7 @@ reads that, this module only the files. A model, the data sets and the partition
 (``model``, ``data``, ``partition``, ``client_data``).
 
 Reading a run never imports the recipe's ``imports`` (modules that run code when imported): they are imported
-only with ``trust_imports=True`` (or inside ``landscape.config.imports.trusted_imports()``); without, the
+only with ``trust_imports=True`` (or inside ``landscape.core.imports.trusted_imports()``); without, the
 recipe, metrics, events and results read as recorded, and building a model, data set or partition that only
 those modules provide is refused in one line naming them.
 
@@ -31,8 +31,8 @@ import numpy as np
 
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import Checkpoint, read_partition
+from landscape.store.directory import RunDir
 from landscape.store.result_records import ROUND_DIR, PassRecord, frame, read_results, result_rows
-from landscape.store.runs import RunDir
 
 if TYPE_CHECKING:
     import pandas

@@ -226,7 +226,7 @@ class RunTrackers:
 
 @contextlib.contextmanager
 def for_training(run_dir: Any, recipe: Any, enabled: bool = True) -> Iterator[RunTrackers]:
-    """The trackers of a run that trains (``run_dir``: a ``runs.RunDir``), with the rows of metrics.jsonl they
+    """The trackers of a run that trains (``run_dir``: a ``directory.RunDir``), with the rows of metrics.jsonl they
     have not logged caught up on entry and again on exit (the event row of a divergence). ``enabled`` false
     (a torchrun rank other than 0) or an empty ``train.log``: no tracker, nothing read."""
     if not (enabled and recipe.train.log):

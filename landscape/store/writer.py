@@ -30,15 +30,15 @@ import numpy as np
 import torch
 
 from landscape.config import recipe as recipes
-from landscape.config.recipe_sections import TrainSettings
+from landscape.config.sections import TrainSettings
 from landscape.config.setup import torch_dtype
 from landscape.core.distances import round_distances
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.data.partitions import class_histogram, heterogeneity
 from landscape.store.checkpoints import CHECKPOINT_FORMAT, check_model_state, safe_load, save_checkpoint
+from landscape.store.directory import RunDir, partition_record
 from landscape.store.fileio import RunLock, os_reason, write_text
-from landscape.store.runs import RunDir, partition_record
 
 # The version of the run format (docs/reference/run-format.md) a run directory is written in: recipe.toml's
 # tables, partition.json, metrics.jsonl and the two files of a recorded round.

@@ -22,7 +22,7 @@ from landscape.workflows.figure import (
 
 if TYPE_CHECKING:
     from landscape.claims.checks import ClaimResult
-    from landscape.claims.claim_files import Claim
+    from landscape.claims.files import Claim
     from landscape.figures.recipe.figure import FigureRecipe
 
 # The fewest server-SWA snapshots an SWA run compared must average at the rounds a comparison reads: two
@@ -42,7 +42,7 @@ def check_swa_snapshots(claim: Claim, trained: Mapping[str, Sequence[tuple[int |
                         pass_rounds: Mapping[str, str]) -> None:
     """One line naming the first comparison that reads an SWA run (``train.swa``) at a round where it averages
     fewer than ``MIN_SWA_SNAPSHOTS`` snapshots."""
-    from landscape.claims.claim_files import chosen_rounds, compared_rounds
+    from landscape.claims.files import chosen_rounds, compared_rounds
 
     for i, comparison in enumerate(claim.comparisons, 1):
         for run_id in (comparison.lower, comparison.higher):
@@ -124,8 +124,8 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
     unknown = set(runs)
     from landscape.analyze.catalog import load_passes
     from landscape.claims import checks as claims
-    from landscape.claims.claim_files import check_rounds
-    from landscape.config import recipe_overrides
+    from landscape.claims.files import check_rounds
+    from landscape.config import overrides as recipe_overrides
     from landscape.figures.recipe import figure as figure_recipe
     from landscape.figures.recipe import rounds as figure_rounds
 
@@ -174,7 +174,7 @@ def check_claims(work: Sequence[ClaimWork], out: Path, *, device: str = "auto", 
     verdicts of other results (``claims_table.read_verdicts`` of the folder ``compared_with``): a verdict
     that differs there is FRAGILE."""
     from landscape.claims import checks as claims
-    from landscape.claims import claims_table
+    from landscape.claims import table as claims_table
     from landscape.figures.rundata import load_runs
 
     results = []

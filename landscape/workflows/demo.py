@@ -47,7 +47,7 @@ def run_demo(out: Path, *, progress: bool = False, notify: Notify = ignore) -> D
     from landscape.analyze.scheduler import run_analysis
     from landscape.analyze.settings import AnalysisSettings
     from landscape.analyze.summary import AnalysisReport, analysis_data
-    from landscape.config import recipe_overrides
+    from landscape.config import overrides as recipe_overrides
 
     if not DEMO_RECIPE.is_file():
         raise LandscapeError(f"the demo's recipe {DEMO_RECIPE} is missing (the demo runs from a checkout of "

@@ -44,7 +44,7 @@ def figure_analysis(fig: FigureRecipe, device: str) -> tuple[Any, dict[str, Any]
 def figure_plan(fig: FigureRecipe, out: Path, device: str) -> dict[str, list[tuple[int | None, Any, Path]]]:
     """Run id -> (seed, resolved training recipe, run directory) of each of its runs
     (``FigureRecipe.seed_runs``)."""
-    from landscape.config import recipe_overrides
+    from landscape.config import overrides as recipe_overrides
 
     device_key = [("train.device", device)] if device != "auto" else []
     def resolved(run_id: str, seed: int | None) -> Any:

@@ -17,7 +17,7 @@ from pathlib import Path
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import load_state_dict_file
 from landscape.store.fileio import os_reason
-from landscape.store.run_writer import RunWriter
+from landscape.store.writer import RunWriter
 
 PREVIOUS = "previous"  # --start previous: the clients started from the previous round's global model
 
@@ -93,8 +93,8 @@ def read_partition_file(path: Path) -> dict[int, list[int]]:
 
 def hyperparameters(assignments: tuple[str, ...] | list[str]) -> dict:
     """``--set train.KEY=VALUE`` / ``algorithm.KEY=VALUE`` as RunWriter's hyper-parameters (recorded, never run)."""
-    from landscape.config.recipe_overrides import parse_assignment
-    from landscape.store.run_writer import TRAIN_KEYS
+    from landscape.config.overrides import parse_assignment
+    from landscape.store.writer import TRAIN_KEYS
 
     out = {}
     for text in assignments:

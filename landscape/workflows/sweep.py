@@ -26,7 +26,7 @@ class SweepRun(NamedTuple):
 def plan_sweep(runs: list[tuple[Recipe, dict[str, Any]]], parent: Path, overwrite: bool) -> list[SweepRun]:
     """The runs of ``recipe_overrides.build_sweep`` under ``parent``, each named systematically; refused in
     one line when two of them get the same name."""
-    from landscape.config import recipe_overrides
+    from landscape.config import overrides as recipe_overrides
     from landscape.store import lifecycle
 
     plan = [(recipe, parent / recipe_overrides.sweep_run_name(recipe, swept)) for recipe, swept in runs]

@@ -6,18 +6,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
+from support.problems import digits_clients
 
-from landscape.measure.alignment import (
-    cosine_matrix,
-    gradient_alignment,
-    minibatch_alignment,
-    update_alignment,
-)
-from landscape.measure.analysis_data import AnalysisData
 from landscape.analyze.context import CheckpointContext
-from landscape.measure.flatness import client_minibatch_indices, client_models
-from landscape.measure.objective import Objective
 from landscape.analyze.passes.alignment import AlignmentOptions, alignment_pass
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
@@ -25,28 +17,21 @@ from landscape.config import recipe as recipes
 from landscape.config import setup
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
-from landscape.data.datasets import load_dataset
-from landscape.data.partitions import make_partition
-from landscape.models import build_model
+from landscape.measure.alignment import (
+    cosine_matrix,
+    gradient_alignment,
+    minibatch_alignment,
+    update_alignment,
+)
+from landscape.measure.flatness import client_minibatch_indices, client_models
 from landscape.store.checkpoints import load_checkpoint
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import loop
 
 
 @pytest.fixture(scope="module")
 def digits():
-    bundle = load_dataset("digits", root="data", download=False, augment=False, num_clients=4, seed=0, options={})
-    parts = make_partition("dirichlet", bundle.train.y.numpy(), num_clients=4, num_classes=10, seed=0,
-                           options={"alpha": 0.3})
-    torch.manual_seed(0)
-    flat = FlatModel(build_model("mlp", (1, 8, 8), 10, {"hidden": [16]}).double())
-    data = AnalysisData(bundle.train.x.double(), bundle.train.y, 256)
-    glob = Objective(flat, {}, data)
-    w = flat.vector()
-    for _ in range(30):
-        w = w - 0.5 * glob.loss_and_grad(w)[1]
-    clients = {k: glob.with_data(data.subset(torch.as_tensor(ix))) for k, ix in enumerate(parts)}
-    return flat, glob, clients, w
+    return digits_clients()
 
 
 def _grad(flat, x, y, w):

@@ -11,12 +11,12 @@ import time
 
 import pytest
 import torch
-from conftest import analyze_args, invoke, result_file, tiny_recipe
+from support.helpers import analyze_args, invoke, result_file, tiny_recipe
 
 from landscape.analyze.context import CheckpointContext
-from landscape.measure.operator import HessianOperator
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
+from landscape.measure.operator import HessianOperator
 from landscape.train import loop
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import analyze_args, invoke, no_traceback, one_line_error, recipe6, tiny_recipe
+from support.helpers import analyze_args, invoke, no_traceback, one_line_error, recipe6, tiny_recipe
 
 import landscape
 from landscape.analyze.catalog import pass_options
@@ -105,9 +105,8 @@ def test_rounds_selection(run_copy):
 
 
 def _one_line_error(result, message):
-    assert result.exit_code != 0
-    assert result.output.strip() == f"error: {message}" or result.output.strip().startswith(f"error: {message}")
-    assert len(result.output.strip().splitlines()) == 1
+    """The one-line error (``one_line_error``: exit 1, no traceback) that starts with ``message``."""
+    assert one_line_error(result).startswith(f"error: {message}"), result.output
 
 
 def test_not_a_run_directory(tmp_path):

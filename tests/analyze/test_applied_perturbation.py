@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from landscape.measure.analysis_data import AnalysisData
 from landscape.analyze.context import registered_algorithm
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
+from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.flatness import client_minibatch_indices, flatness_incompatibility
 from landscape.measure.incompatibility import ClientMean, algorithm_perturbation
 from landscape.measure.objective import Objective
-from landscape.core.errors import LandscapeError
-from landscape.core.flat import FlatModel
 from landscape.train.algorithms import ALGORITHMS
 
 RHO, BATCH, DRAWS, SEED = 0.05, 4, 5, 3

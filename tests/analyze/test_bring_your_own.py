@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke, one_line_error, result_file, tiny_recipe, write_user_module
+from support.helpers import invoke, one_line_error, result_file, tiny_recipe, write_user_module
 
 import landscape
 from landscape.analyze.recipes import load_analysis_recipe

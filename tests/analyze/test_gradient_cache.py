@@ -10,16 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from landscape.measure import sharpness
-from landscape.measure.alignment import gradient_alignment, minibatch_alignment
 from landscape.analyze.catalog import load_passes, pass_options
 from landscape.analyze.context import CheckpointContext
-from landscape.measure.flatness import client_minibatch_gradients, flatness_incompatibility
-from landscape.measure.gradient_cache import GradientCache, full_gradient
 from landscape.analyze.settings import AnalysisSettings
-from landscape.measure.sharpness import local_sharpness, sharpness_profile
 from landscape.analyze.source import find_sources
 from landscape.core.errors import LandscapeError
+from landscape.measure import sharpness
+from landscape.measure.alignment import gradient_alignment, minibatch_alignment
+from landscape.measure.flatness import client_minibatch_gradients, flatness_incompatibility
+from landscape.measure.gradient_cache import GradientCache, full_gradient
+from landscape.measure.sharpness import local_sharpness, sharpness_profile
 
 SETTINGS = AnalysisSettings(device="cpu", analysis_samples=200)
 # The per-client passes in the order the scheduler runs them, with options small enough for a test

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import annotated_types
 import pytest
-from conftest import result_file
+from support.helpers import result_file
 
 import landscape
-from landscape.measure import directions, operator, trace
-from landscape.analyze.passes import hessian as hessian_pass
 from landscape.analyze.catalog import load_passes, pass_options
+from landscape.analyze.passes import hessian as hessian_pass
+from landscape.analyze.passes.surface import SurfaceOptions
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.analyze.passes.surface import SurfaceOptions
 from landscape.config.schema import choices, load
 from landscape.core.errors import LandscapeError
+from landscape.measure import directions, operator, trace
 from landscape.train.algorithms import ALGORITHMS
 
 PASSES = load_passes()

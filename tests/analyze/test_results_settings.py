@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import tiny_recipe
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.helpers import tiny_recipe
 
 from landscape.analyze.passes import PASSES
 from landscape.analyze.results import (

@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
 
+from landscape.analyze.summary import LOWER_BOUNDS, AnalysisReport, format_summary
 from landscape.measure.ascent import search_agreement
 from landscape.measure.sharpness import local_sharpness, rho_sharpness
-from landscape.analyze.summary import LOWER_BOUNDS, AnalysisReport, format_summary
 
 
 class Bumps:

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import invoke, one_line_error, result_file, write_user_module
+from support.helpers import invoke, one_line_error, result_file, write_user_module
 
 from landscape.analyze.state_dict_source import file_round
 

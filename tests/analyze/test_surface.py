@@ -8,24 +8,24 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
 from torch import nn
 
 import landscape.analyze.surface.compute as surface_module
-from landscape.measure.analysis_data import AnalysisData
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import CheckpointContext
-from landscape.measure.directions import direction_seed, filter_normalized_direction, random_plane
-from landscape.measure.objective import Objective
 from landscape.analyze.results import result_name, same_settings, settings_record
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
-from landscape.measure.surface.evaluation import evaluate_surface
-from landscape.measure.surface.grid import SurfaceGrid, make_axis
 from landscape.config import setup
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.directions import direction_seed, filter_normalized_direction, random_plane
+from landscape.measure.objective import Objective
+from landscape.measure.surface.evaluation import evaluate_surface
+from landscape.measure.surface.grid import SurfaceGrid, make_axis
 from landscape.store.checkpoints import load_checkpoint
 from landscape.train import loop
 

@@ -8,14 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from landscape.analyze.surface.partial import load_partial, save_partial
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.directions import filter_normalized_direction, random_plane
 from landscape.measure.objective import Objective
 from landscape.measure.surface.evaluation import evaluate_surface
 from landscape.measure.surface.grid import make_axis, make_line
-from landscape.analyze.surface.partial import load_partial, save_partial
-from landscape.core.errors import LandscapeError
-from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 

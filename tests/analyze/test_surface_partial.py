@@ -1,8 +1,8 @@
 """Partial surface grids on disk (``analyze/surface_partial.py``): a file that cannot be used is
 ignored."""
 
-from landscape.measure.surface.grid import SurfaceGrid, make_axis
 from landscape.analyze.surface.partial import load_partial, save_partial
+from landscape.measure.surface.grid import SurfaceGrid, make_axis
 
 
 def test_partial_files_that_cannot_be_used_are_ignored(tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from landscape.claims import checks as claims
-from landscape.claims import claims_table
+from landscape.claims import table as claims_table
 from landscape.core.errors import LandscapeError
 from landscape.figures.rundata import RunData
 from landscape.store.run import Run

@@ -8,10 +8,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import invoke, one_line_error
-from plain_fl import forget_lab, train, write_lab
+from support.helpers import invoke, one_line_error
+from support.plain_fl import forget_lab, train, write_lab
 
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 
 CLAIM = "claims/fedsam-distance-grows-with-heterogeneity.toml"  # flatness_distance over the last 5 rounds
 IDS = ("fedsam-alpha0.6", "fedsam-alpha0.3", "fedsam-alpha0.1")

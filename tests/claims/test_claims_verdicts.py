@@ -1,4 +1,4 @@
-"""What a referee reads in the claims table (landscape.claims.claims_table): both directions, the detectable
+"""What a referee reads in the claims table (landscape.claims.table): both directions, the detectable
 difference at the Holm step applied, this project's hypotheses apart, each claim's operationalisation, the
 FRAGILE mark, and the SWA snapshot rule and adaptive S_rho of the claims workflow."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from landscape.claims import checks as claims
-from landscape.claims import claims_table
+from landscape.claims import table as claims_table
 from landscape.core.errors import LandscapeError
 from landscape.figures.rundata import RunData
 from landscape.store.run import Run
@@ -265,7 +265,7 @@ class _Result:
 
 
 def test_adaptive_sharpness_reads_the_adaptive_profile():
-    from landscape.claims.claim_files import _QUANTITIES
+    from landscape.claims.files import _QUANTITIES
 
     assert claims.analysis_output("adaptive S_rho(0.05)") == "sharpness"
     quantity = _QUANTITIES["adaptive S_rho(0.05)"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import invoke
+from support.helpers import invoke
 
 import landscape
 from landscape import __version__
@@ -315,7 +315,7 @@ def test_train_help_shows_each_recipe_flags_default_from_the_default_recipe():
 
 def test_train_help_defaults_follow_the_recipe_not_a_copy(monkeypatch):
     import landscape.cli.train as cli_module
-    from landscape.config import recipe_sections
+    from landscape.config import sections as recipe_sections
 
     monkeypatch.setattr(recipe_sections.TrainSettings.__dataclass_fields__["lr"], "default", 0.37)
     monkeypatch.setattr(cli_module, "_default_recipe", cli_module._default_recipe.__wrapped__)

@@ -7,9 +7,9 @@ import re
 import shlex
 
 import pytest
-from conftest import invoke, one_line_error, tiny_recipe
+from support.helpers import invoke, one_line_error, tiny_recipe
 
-from landscape.config import recipe_overrides
+from landscape.config import overrides as recipe_overrides
 from landscape.core.errors import LandscapeError
 
 
@@ -211,7 +211,6 @@ def test_the_rounds_checked_are_the_rounds_a_run_writes(swa, tmp_path):
     import json
 
     from landscape.figures.recipe import figure as figure_recipe
-
     from landscape.figures.recipe import rounds as figure_rounds
     from landscape.train import loop
 

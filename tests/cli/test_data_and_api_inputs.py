@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-from conftest import one_line_error, tiny_recipe, write_user_module
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.helpers import one_line_error, tiny_recipe, write_user_module
 from torch import nn
 
 import landscape

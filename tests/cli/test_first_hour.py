@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import invoke, one_line_error, tiny_recipe
+from support.helpers import invoke, one_line_error, tiny_recipe
 
 import landscape
 from landscape.analyze.source import find_sources

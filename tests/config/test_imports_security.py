@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import invoke, one_line_error, tiny_recipe
+from support.helpers import invoke, one_line_error, tiny_recipe
 
 import landscape
 from landscape.core.errors import LandscapeError

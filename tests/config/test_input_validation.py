@@ -11,17 +11,17 @@ import math
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import FUZZ, analyze_args, invoke, one_line_error, tiny_recipe
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.helpers import FUZZ, analyze_args, invoke, one_line_error, tiny_recipe
 from torch import nn
 
 import landscape
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.settings import AnalysisSettings
 from landscape.cli import cli
+from landscape.config import overrides as recipe_overrides
 from landscape.config import recipe as recipes
-from landscape.config import recipe_overrides
 from landscape.core.errors import LandscapeError
 from landscape.store import lifecycle
 from landscape.train import loop

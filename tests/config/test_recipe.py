@@ -4,9 +4,11 @@ import typing
 
 import pytest
 
+from landscape.config import overrides as recipe_overrides
 from landscape.config import recipe as recipes
-from landscape.config import recipe_overrides, recipe_sections, schema
-from landscape.config.recipe_sections import PartitionSettings, TopLevelSettings, TrainSettings
+from landscape.config import schema
+from landscape.config import sections as recipe_sections
+from landscape.config.sections import PartitionSettings, TopLevelSettings, TrainSettings
 from landscape.core.errors import LandscapeError
 
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import analyze_args, invoke, one_line_error
+from support.helpers import analyze_args, invoke, one_line_error
 
 from landscape.cli import cli
+from landscape.config import overrides as recipe_overrides
 from landscape.config import recipe as recipes
-from landscape.config import recipe_overrides
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "train").glob("*.toml"))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from landscape.config import recipe_overrides
+from landscape.config import overrides as recipe_overrides
 
 TRAIN = Path(__file__).resolve().parents[2] / "train"
 REFERENCE_LINE = re.compile(r"^# reference: ([\w.-]+/[\w.-]+) (\S+)$")

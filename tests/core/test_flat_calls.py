@@ -9,9 +9,9 @@ import torch
 import torch.nn.utils.stateless as stateless
 from torch import nn
 
+from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.objective import Objective
-from landscape.core.flat import FlatModel
 
 
 def _bn_model() -> nn.Module:

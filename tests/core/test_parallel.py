@@ -18,24 +18,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import result_file, tiny_recipe
 from parallel_worker import ANALYSIS, CELLS_PER_BATCH, GRID, HESSIAN, SURFACE, problem
+from support.helpers import result_file, tiny_recipe
 
-from landscape.measure.analysis_data import AnalysisData
 from landscape.analyze.catalog import pass_options
-from landscape.measure.objective import Objective
-from landscape.measure.operator import HessianOperator
 from landscape.analyze.plan import Job, split_work
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.measure.surface.evaluation import evaluate_surface
+from landscape.config import overrides as recipe_overrides
 from landscape.config import recipe as recipes
-from landscape.config import recipe_overrides
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
+from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.objective import Objective
+from landscape.measure.operator import HessianOperator
+from landscape.measure.surface.evaluation import evaluate_surface
 from landscape.store import lifecycle
 from landscape.store.checkpoints import load_checkpoint
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import loop
 
 ALGORITHMS = ["scaffold", "fedsam", "dynsam"]  # client state (c_i; int and vector statistics), SAM steps

@@ -14,15 +14,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-from conftest import tiny_recipe, write_user_module
+from support.helpers import tiny_recipe, write_user_module
 from torch import nn
 
 import landscape
-from landscape.measure.analysis_data import as_data
-from landscape.measure.pyhessian_backend import pyhessian_lambda_max_and_trace
 from landscape.cli import cli
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
+from landscape.measure.analysis_data import as_data
+from landscape.measure.pyhessian_backend import pyhessian_lambda_max_and_trace
 
 IN, HIDDEN, OUT = 5, 4, 3
 TRAINABLE = HIDDEN + OUT * HIDDEN + OUT  # 0.bias, 2.weight, 2.bias: 19 entries

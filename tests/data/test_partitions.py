@@ -9,8 +9,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import analyze_args, invoke
 from sklearn.datasets import load_digits
+from support.helpers import analyze_args, invoke
 
 import landscape
 from landscape.core.errors import LandscapeError

@@ -13,15 +13,13 @@ import pytest
 from test_figures_curves import overlapping_x_ticks
 from test_figures_surfaces import _fake_run
 
-from landscape.figures import surfaces
-
-from landscape.figures.report import build as report
-
-from landscape.figures.report import plots as report_plotly
 from landscape.figures.labels import wrap_title
+from landscape.figures.report import build as report
+from landscape.figures.report import plots as report_plotly
 from landscape.figures.report.parts import Page
 from landscape.figures.report.surfaces import surfaces_section
 from landscape.figures.rundata import load_runs
+from landscape.figures.surface import draw as surfaces
 
 EUCLID = {"normalization": "euclidean", "length": 2.0}
 

@@ -8,16 +8,18 @@ import re
 
 import numpy as np
 import pytest
-from conftest import tiny_recipe
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from support.helpers import tiny_recipe
 
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.summary import SUMMARY_WIDTH, AnalysisReport, analysis_data, format_summary
 from landscape.config.recipe import to_toml
 from landscape.core.errors import LandscapeError
-from landscape.figures import surface_data, surface_scale, surfaces
 from landscape.figures.report import build as report
 from landscape.figures.report import surfaces as report_surfaces
+from landscape.figures.surface import data as surface_data
+from landscape.figures.surface import draw as surfaces
+from landscape.figures.surface import scale as surface_scale
 
 # -- ticks ------------------------------------------------------------------------------------------------
 

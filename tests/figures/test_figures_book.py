@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import invoke, result_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.helpers import invoke, result_file
 
 from landscape.cli import cli
-from landscape.config import recipe_overrides
+from landscape.config import overrides as recipe_overrides
 from landscape.core.errors import LandscapeError
 from landscape.figures import plot_kinds
 from landscape.figures.recipe import figure as figure_recipe

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shared_folder
-from figure_runs import analysed_runs
+from support.figure_runs import analysed_runs
+from support.helpers import shared_folder
 
 from landscape.core.errors import LandscapeError
 from landscape.figures import curves, rundata

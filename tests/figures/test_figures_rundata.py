@@ -7,8 +7,8 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import shared_folder
-from figure_runs import analysed_runs
+from support.figure_runs import analysed_runs
+from support.helpers import shared_folder
 
 from landscape.core.errors import LandscapeError
 from landscape.figures import rundata
@@ -100,7 +100,7 @@ def test_figures_compare_report_claims_and_open_run_read_one_model(root, tmp_pat
     from landscape.figures import compare, curves
     from landscape.figures.report import build as report
     from landscape.store import run as store_run
-    from landscape.store.runs import RunDir
+    from landscape.store.directory import RunDir
 
     reads = []
     read_rows, read_results = RunDir.read_rows, store_run.read_results

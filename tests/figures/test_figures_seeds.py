@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import invoke, tiny_recipe
 from matplotlib.collections import PolyCollection
+from support.helpers import invoke, tiny_recipe
 
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from landscape.core.errors import LandscapeError
-from landscape.figures.surface_data import SurfaceData, image_arrays, load_surface
-from landscape.figures.surfaces import (
+from landscape.figures.surface.data import SurfaceData, image_arrays, load_surface
+from landscape.figures.surface.draw import (
     panels_figure,
     plot_contour,
     plot_curve_1d,
@@ -217,14 +217,14 @@ def _planes(tmp_path, metas, same=True):
 
 
 def test_side_by_side_planes_say_whether_they_are_one_plane_and_print_each_weight_norm(tmp_path):
-    from landscape.figures.surface_data import compare_planes
+    from landscape.figures.surface.data import compare_planes
 
     per_model = _planes(tmp_path / "f", [{"weight_norm": 10.0}, {"normalization": "filter", "weight_norm": 16.6}])
     planes = compare_planes(per_model, ["FedSAM", "FedNSAM"])
     assert planes.normalizations == ("filter", "filter") and not planes.comparable
     assert planes.weight_norms == (10.0, 16.6)
     assert "per-model filter-normalised" in planes.text and "||x||: FedSAM = 10, FedNSAM = 16.6" in planes.text
-    fig, _ = __import__("landscape.figures.surfaces", fromlist=["panels_figure"]).panels_figure(
+    fig, _ = __import__("landscape.figures.surface.draw", fromlist=["panels_figure"]).panels_figure(
         per_model, ["FedSAM", "FedNSAM"])
     assert "per-model filter-normalised" in fig.get_supxlabel()
     assert [ax.get_title() for ax in fig.axes[:2]] == ["FedSAM\n||x|| = 10", "FedNSAM\n||x|| = 16.6"]
@@ -273,8 +273,8 @@ def _fake_run(root, name, algorithm, norm, surfaces):
 
 
 def test_compare_draws_one_plane_for_every_run_where_every_run_has_it(tmp_path, monkeypatch):
-    from landscape.figures import surfaces
     from landscape.figures.compare import compare
+    from landscape.figures.surface import draw as surfaces
 
     monkeypatch.setattr(surfaces, "save_figure", lambda fig, out: out)  # the files are not what is tested
 

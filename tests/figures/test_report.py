@@ -14,8 +14,8 @@ import numpy as np
 import plotly.offline
 import pytest
 import torch
-from conftest import result_file, tiny_recipe
 from markupsafe import escape
+from support.helpers import result_file, tiny_recipe
 
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis

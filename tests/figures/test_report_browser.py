@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
 from test_report import ANALYSIS_PLOTS, CURVE_PLOTS, FAST, run  # noqa: F401 (run: the analysed FedAvg run)
 
 from landscape.analyze.catalog import pass_options

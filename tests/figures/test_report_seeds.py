@@ -11,14 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import result_file
+from support.helpers import result_file
 from test_figures_seeds import seeded_runs
 from test_report import decode, plot_divs, plot_spec
 
 from landscape.figures import extract, rundata
-
 from landscape.figures.report import build as report
-
 from landscape.figures.report import plots as report_plotly
 
 GROUP = "FedAvg alpha=0.5"

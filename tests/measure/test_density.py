@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from spectral_checks import digits_mlp_problem, hessian_op, progress_recorder
+from support.spectral_checks import digits_mlp_problem, hessian_op, progress_recorder
 
 from landscape.measure.density import slq_density
 from landscape.measure.operator import MatrixOperator

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 from landscape.measure.directions import (
     client_plane,
     direction_seed,
@@ -12,8 +14,6 @@ from landscape.measure.directions import (
     pca_plane,
     random_plane,
 )
-from landscape.core.errors import LandscapeError
-from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 

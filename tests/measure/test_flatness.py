@@ -4,9 +4,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
+from support.problems import digits_clients
 
-from landscape.measure.analysis_data import AnalysisData
+from landscape.config import setup
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
+from landscape.data.partitions import make_partition
 from landscape.measure.flatness import (
     client_minibatch_indices,
     client_models,
@@ -15,15 +19,8 @@ from landscape.measure.flatness import (
     flatness_incompatibility,
     pair_mean_se,
 )
-from landscape.measure.objective import Objective
-from landscape.config import setup
-from landscape.core.errors import LandscapeError
-from landscape.core.flat import FlatModel
-from landscape.data.datasets import load_dataset
-from landscape.data.partitions import make_partition
-from landscape.models import build_model
 from landscape.store.checkpoints import load_checkpoint
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import loop
 
 RHO = 0.05
@@ -78,18 +75,7 @@ def test_flatness_distance_recomputed_from_saved_clients_equals_the_logged_value
 
 @pytest.fixture(scope="module")
 def digits():
-    bundle = load_dataset("digits", root="data", download=False, augment=False, num_clients=4, seed=0, options={})
-    parts = make_partition("dirichlet", bundle.train.y.numpy(), num_clients=4, num_classes=10, seed=0,
-                           options={"alpha": 0.3})
-    torch.manual_seed(0)
-    flat = FlatModel(build_model("mlp", (1, 8, 8), 10, {"hidden": [16]}).double())
-    data = AnalysisData(bundle.train.x.double(), bundle.train.y, 256)
-    glob = Objective(flat, {}, data)
-    w = flat.vector()
-    for _ in range(30):
-        w = w - 0.5 * glob.loss_and_grad(w)[1]
-    clients = {k: glob.with_data(data.subset(torch.as_tensor(ix))) for k, ix in enumerate(parts)}
-    return flat, glob, clients, w
+    return digits_clients()
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.gradient_graphs import product_gradient_graphs
 from landscape.measure.objective import Objective
 from landscape.measure.operator import HessianOperator
-from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}

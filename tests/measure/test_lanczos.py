@@ -5,13 +5,13 @@ import math
 
 import pytest
 import torch
-from spectral_checks import dense_hessian, digits_mlp_problem, hessian_op, progress_recorder
+from support.spectral_checks import dense_hessian, digits_mlp_problem, hessian_op, progress_recorder
 
+from landscape.core.errors import LandscapeError
 from landscape.measure.lanczos import client_lambda_max, lanczos_topk, power_iteration
 from landscape.measure.objective import Objective
 from landscape.measure.operator import MatrixOperator
 from landscape.measure.pyhessian_backend import pyhessian_lambda_max_and_trace
-from landscape.core.errors import LandscapeError
 
 digits_mlp = pytest.fixture(scope="module", name="digits_mlp")(digits_mlp_problem)
 

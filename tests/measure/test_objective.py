@@ -3,9 +3,9 @@
 import torch
 import torch.nn.functional as F
 
+from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.objective import Objective
-from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 

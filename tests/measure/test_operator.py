@@ -7,11 +7,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.objective import Objective, recompute_bn_statistics
 from landscape.measure.operator import HessianOperator, MatrixOperator
-from landscape.core.errors import LandscapeError
-from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 BACKENDS = ("double-backward", "forward-over-reverse")

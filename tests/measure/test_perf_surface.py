@@ -7,13 +7,13 @@ import torch
 from torch import nn
 
 import landscape.measure.surface.evaluation as surface_module
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.directions import random_plane
 from landscape.measure.objective import Objective
 from landscape.measure.surface.evaluation import default_cells_per_pass, evaluate_surface
 from landscape.measure.surface.grid import make_axis
-from landscape.core.errors import LandscapeError
-from landscape.core.flat import FlatModel
 from landscape.models import build_model
 
 

@@ -7,6 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from landscape.core.errors import LandscapeError
+from landscape.core.flat import FlatModel
+from landscape.data.datasets import load_dataset
+from landscape.data.partitions import make_partition
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.objective import Objective
 from landscape.measure.sharpness import (
@@ -15,10 +19,6 @@ from landscape.measure.sharpness import (
     rho_sharpness,
     sharpness_profile,
 )
-from landscape.core.errors import LandscapeError
-from landscape.core.flat import FlatModel
-from landscape.data.datasets import load_dataset
-from landscape.data.partitions import make_partition
 from landscape.models import build_model
 
 

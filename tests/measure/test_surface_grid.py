@@ -4,8 +4,8 @@ centre, lines through alpha = 0 and 1, and the grid and span specs."""
 import numpy as np
 import pytest
 
-from landscape.measure.surface.grid import make_axis, make_line, parse_grid, parse_span
 from landscape.core.errors import LandscapeError
+from landscape.measure.surface.grid import make_axis, make_line, parse_grid, parse_span
 
 
 def test_axes_are_symmetric_with_the_checkpoint_exactly_at_the_centre():

@@ -5,8 +5,9 @@ import math
 
 import pytest
 import torch
-from spectral_checks import digits_mlp_problem, hessian_op, progress_recorder
+from support.spectral_checks import digits_mlp_problem, hessian_op, progress_recorder
 
+from landscape.core.errors import LandscapeError
 from landscape.measure.operator import MatrixOperator
 from landscape.measure.trace import (
     DEFAULT_TRACE_METHOD,
@@ -16,7 +17,6 @@ from landscape.measure.trace import (
     trace_estimate,
     xtrace,
 )
-from landscape.core.errors import LandscapeError
 
 digits_mlp = pytest.fixture(scope="module", name="digits_mlp")(digits_mlp_problem)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import analyze_args, invoke, one_line_error, recipe6, snapshot, tiny_recipe
+from support.helpers import analyze_args, invoke, one_line_error, recipe6, snapshot, tiny_recipe
 
 import landscape
 from landscape.config import recipe as recipes
@@ -25,7 +25,7 @@ from landscape.core.errors import LandscapeError
 from landscape.data.datasets import load_dataset
 from landscape.models import build_model
 from landscape.store.checkpoints import CHECKPOINT_FORMAT, load_checkpoint
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import loop
 
 

@@ -9,18 +9,18 @@ import os
 import shutil
 
 import pytest
-from conftest import FUZZ, invoke, one_line_error, recipe6, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
+from support.helpers import FUZZ, invoke, one_line_error, recipe6, snapshot
 
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
+from landscape.config import overrides as recipe_overrides
 from landscape.config import recipe as recipes
-from landscape.config import recipe_overrides
 from landscape.core.errors import LandscapeError
+from landscape.store.directory import RunDir
 from landscape.store.fileio import RunLock
-from landscape.store.runs import RunDir
 from landscape.train import loop
 
 # ----------------------------------------------------------------------------------------------------------

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import invoke, one_line_error, result_file, tiny_recipe
-from plain_fl import BATCH, LR, RHO, ROUNDS, forget_lab, partition_of, train, write_lab
+from support.helpers import invoke, one_line_error, result_file, tiny_recipe
+from support.plain_fl import BATCH, LR, RHO, ROUNDS, forget_lab, partition_of, train, write_lab
 from torch.func import functional_call
 
 import landscape
-from landscape.measure.flatness import client_minibatch_indices
 from landscape.config import recipe as recipes
 from landscape.core.errors import LandscapeError
+from landscape.measure.flatness import client_minibatch_indices
 from landscape.store.checkpoints import load_checkpoint
 from landscape.train import loop
 
@@ -246,7 +246,7 @@ def _documented_keys(marker: str) -> dict[str, str]:
 def test_the_run_format_page_names_every_key_the_trainer_and_the_writer_write(runs, six_round_run):
     from pathlib import Path
 
-    from landscape.store.run_writer import RUN_FORMAT
+    from landscape.store.writer import RUN_FORMAT
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "run-format.md").read_text()
     assert page.startswith(f"# Run format (version {RUN_FORMAT})")

@@ -9,9 +9,9 @@ import torch
 
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
+from landscape.store.directory import RunDir
 from landscape.store.fileio import write_text
 from landscape.store.run import PassRecord, Run
-from landscape.store.runs import RunDir
 
 
 def test_checkpoint_round_trip_under_weights_only(tmp_path):
@@ -86,7 +86,7 @@ def test_rounds_lists_only_checkpoint_files(tmp_path):
 def _run_folder(tmp_path, imports=()):
     """A run directory by hand: its recipe, two round rows and an event row, two checkpoint names, a result of
     round 2 (with its NPZ), a partial grid and a stray surface NPZ."""
-    from conftest import tiny_recipe
+    from support.helpers import tiny_recipe
 
     from landscape.config.recipe import to_toml
 

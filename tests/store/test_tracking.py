@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import invoke, one_line_error, tiny_recipe
+from support.helpers import invoke, one_line_error, tiny_recipe
 
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.results import stored_results
@@ -24,7 +24,7 @@ from landscape.analyze.settings import AnalysisSettings
 from landscape.config import recipe as recipes
 from landscape.core.errors import LandscapeError
 from landscape.store import tracking
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import loop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,7 +156,7 @@ def test_nothing_imports_the_trackers_unless_a_recipe_asks(tmp_path):
         "from landscape.analyze.catalog import pass_options\n"
         "from landscape.analyze.scheduler import run_analysis\n"
         "from landscape.analyze.settings import AnalysisSettings\n"
-        "from landscape.config import recipe_overrides\n"
+        "from landscape.config import overrides as recipe_overrides\n"
         "from landscape.train import loop\n"
         "run = Path(sys.argv[2])\n"
         "loop.start_run(recipe_overrides.build(sys.argv[1]), run, progress=False)\n"

@@ -1,7 +1,7 @@
 """The hand-written gradient of the test helpers agrees with autograd through the real model."""
 
 import torch
-from algorithm_checks import DIM, client_batches, linear_trainer, loss_and_grad
+from support.algorithm_checks import DIM, client_batches, linear_trainer, loss_and_grad
 
 
 def test_closed_form_gradient_matches_the_model(tmp_path):

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from algorithm_checks import DIM, linear_trainer
-from conftest import tiny_recipe
+from support.algorithm_checks import DIM, linear_trainer
+from support.helpers import tiny_recipe
 
 from landscape.config import recipe as recipes
 from landscape.core.algorithm_labels import ALGORITHM_LABELS
 from landscape.core.perturb import normalized
 from landscape.store.checkpoints import load_checkpoint
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import loop
 from landscape.train.algorithms import ALGORITHMS, NoState, ServerRound, build_algorithm
 

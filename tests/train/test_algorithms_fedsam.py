@@ -2,7 +2,14 @@
 
 import pytest
 import torch
-from algorithm_checks import assert_close, client_batches, grad, linear_trainer, loss_and_grad, run_rounds
+from support.algorithm_checks import (
+    assert_close,
+    client_batches,
+    grad,
+    linear_trainer,
+    loss_and_grad,
+    run_rounds,
+)
 
 from landscape.core.errors import LandscapeError
 from landscape.train.loop import build_algorithm
@@ -38,7 +45,7 @@ def test_fedsam_with_rho_zero_is_fedavg(tmp_path):
 
 
 def test_fedsam_rejects_a_negative_radius():
-    from conftest import tiny_recipe
+    from support.helpers import tiny_recipe
 
     with pytest.raises(LandscapeError, match=r"algorithm.rho must be >= 0 \(got -0.1\)"):
         tiny_recipe(algorithm__name="fedsam", algorithm__rho=-0.1)

@@ -6,7 +6,7 @@ model; the reductions of the sheet are run side by side (resume: tests/train/tes
 
 import pytest
 import torch
-from algorithm_checks import (
+from support.algorithm_checks import (
     assert_close,
     client_batches,
     grad,
@@ -14,7 +14,7 @@ from algorithm_checks import (
     loss_and_grad,
     run_rounds,
 )
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
 
 from landscape.core.errors import LandscapeError
 from landscape.train.loop import build_algorithm

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from algorithm_checks import (
+from support.algorithm_checks import (
     CLASSES,
     FEATURES,
     assert_close,
@@ -15,7 +15,7 @@ from algorithm_checks import (
     loss_and_grad,
     run_rounds,
 )
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
 
 from landscape.core.errors import LandscapeError
 from landscape.train.loop import build_algorithm

@@ -3,7 +3,7 @@ here with the hand-written gradient), their reductions and option checks."""
 
 import pytest
 import torch
-from algorithm_checks import (
+from support.algorithm_checks import (
     DIM,
     assert_close,
     client_batches,
@@ -12,7 +12,7 @@ from algorithm_checks import (
     loss_and_grad,
     run_rounds,
 )
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
 
 from landscape.core.errors import LandscapeError
 from landscape.train import schedule

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
+from support.helpers import (
     assert_same_values,
     invoke,
     metrics_without_time,
@@ -36,7 +36,7 @@ from landscape.config import recipe as recipes
 from landscape.core.errors import LandscapeError
 from landscape.store import lifecycle
 from landscape.store.checkpoints import load_checkpoint
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import loop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ from landscape.config import recipe as recipes
 from landscape.config import schema
 from landscape.store import checkpoints
 from landscape.store import fileio
-from landscape.store import runs
+from landscape.store import directory as runs
 from landscape.config import setup
 from landscape.analyze import catalog, scheduler
 from landscape.analyze.settings import AnalysisSettings
@@ -424,7 +424,7 @@ def test_a_failed_write_says_why_keeps_the_previous_checkpoint_and_leaves_no_tem
                 _enospc()
             return real_open(file, mode, *args, **kwargs)
 
-        monkeypatch.setattr("landscape.store.runs.open", open_, raising=False)
+        monkeypatch.setattr("landscape.store.directory.open", open_, raising=False)
         expected = f"error: cannot write {out / 'metrics.jsonl'}: [Errno 28] No space left on device"
     assert one_line_error(invoke("train", recipe_file, "--out", out, "--quiet")) == expected
     monkeypatch.undo()

@@ -10,16 +10,16 @@ import shutil
 
 import pytest
 import torch
-from conftest import invoke, recipe6
+from support.helpers import invoke, recipe6
 
 from landscape.analyze.catalog import load_passes, pass_options
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
+from landscape.config import overrides as recipe_overrides
 from landscape.config import recipe as recipes
-from landscape.config import recipe_overrides
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import load_checkpoint
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import loop
 
 

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_recipe
+from support.helpers import tiny_recipe
 
 import landscape
-from landscape.config.recipe_sections import TrainSettings
+from landscape.config.sections import TrainSettings
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import load_checkpoint
-from landscape.store.runs import RunDir
+from landscape.store.directory import RunDir
 from landscape.train import gather, loop, schedule
 
 

@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 import torch
-from conftest import invoke, one_line_error, result_file
-from plain_fl import BATCH, LR, forget_lab, train, write_lab
+from support.helpers import invoke, one_line_error, result_file
+from support.plain_fl import BATCH, LR, forget_lab, train, write_lab
 
 from landscape.store.checkpoints import load_checkpoint
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from conftest import assert_same_values, invoke, metrics_without_time, snapshot, tiny_recipe
+from support.helpers import assert_same_values, invoke, metrics_without_time, snapshot, tiny_recipe
 
+from landscape.config import overrides as recipe_overrides
 from landscape.config import recipe as recipes
-from landscape.config import recipe_overrides
 from landscape.figures.recipe import figure as figure_recipe
 from landscape.workflows import claims, demo, figure, sweep
 from landscape.workflows.ensure import ensure_run

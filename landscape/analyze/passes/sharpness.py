@@ -59,9 +59,9 @@ PASSES.declare("sharpness", options=SharpnessOptions,
 
 @PASSES.implement("sharpness")
 def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput:
+    from landscape.analyze.summary import LOWER_BOUNDS
     from landscape.measure import functions
     from landscape.measure.sharpness import DEFAULT_ETA, local_sharpness
-    from landscape.analyze.summary import LOWER_BOUNDS
 
     seed = ctx.settings.seed
     # grad F, the grad F_i and each radius's ascent are kept in the checkpoint's cache: the local comparison's

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 
 from landscape.analyze.registry import PASSES, Cost, PassOutput
+from landscape.config.schema import choices, holds, rule
+from landscape.core.errors import LandscapeError
 from landscape.measure.surface.grid import (
     DEFAULT_SPANS,
     make_axis,
@@ -28,9 +30,7 @@ from landscape.measure.surface.grid import (
     parse_reference_round,
     parse_span,
 )
-from landscape.config.schema import choices, holds, rule
-from landscape.core.errors import LandscapeError
-from landscape.store.runs import surface_result_name
+from landscape.store.directory import surface_result_name
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext

@@ -17,11 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch import Tensor
 
+from landscape.analyze.registry import PassOutput
+from landscape.analyze.results import result_name, settings_record
+from landscape.analyze.surface.partial import PARTIAL_SCHEMA, load_partial, save_partial, tensor_digest
+from landscape.core import parallel
+from landscape.core.errors import LandscapeError
 from landscape.measure import directions as dirs
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.objective import Objective
-from landscape.analyze.registry import PassOutput
-from landscape.analyze.results import result_name, settings_record
 from landscape.measure.surface.evaluation import evaluate_surface, vectorizable
 from landscape.measure.surface.grid import (
     DEFAULT_SPANS,
@@ -34,9 +37,6 @@ from landscape.measure.surface.grid import (
     parse_reference_round,
     parse_span,
 )
-from landscape.analyze.surface.partial import PARTIAL_SCHEMA, load_partial, save_partial, tensor_digest
-from landscape.core import parallel
-from landscape.core.errors import LandscapeError
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext

@@ -57,10 +57,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from landscape.config.recipe_overrides import ANALYSIS_SETTING, PASS_OPTION
+from landscape.config.overrides import ANALYSIS_SETTING, PASS_OPTION
 from landscape.config.schema import load, read_toml
 from landscape.core.errors import LandscapeError
 from landscape.figures.book import PlotSpec
+from landscape.figures.plot_kinds import METRIC_KEYS, PLOT_KINDS
 from landscape.figures.recipe.tables import (
     SCALES,
     SEED_MAX,
@@ -69,9 +70,8 @@ from landscape.figures.recipe.tables import (
     FigureTables,
     TrainTable,
 )
-from landscape.figures.plot_kinds import METRIC_KEYS, PLOT_KINDS
 from landscape.figures.rundata import RunData
-from landscape.store.runs import surface_result_name
+from landscape.store.directory import surface_result_name
 
 __all__ = ["METRIC_KEYS", "SCALES", "FigureRecipe", "RunRequest", "figure_runs", "load_figure_recipe",
            "parse_figure_recipe", "parse_seeds"]
@@ -83,7 +83,7 @@ __all__ = ["METRIC_KEYS", "SCALES", "FigureRecipe", "RunRequest", "figure_runs",
 class RunRequest:
     """A run a figure recipe asks for: its id (its folder under the figure's ``runs/``), its label and its
     recipe keys at the figure's scale. A request, not a run: the figure workflow trains it into a run
-    directory (``store.runs.RunDir``), once per seed when the figure has seeds."""
+    directory (``store.directory.RunDir``), once per seed when the figure has seeds."""
 
     id: str
     label: str

@@ -1,6 +1,6 @@
 """The report's loss-surface section: every surface of every run, titled with what it is and its settings.
 
-2D surfaces are 3D plotly plots (``landscape.figures.surfaces.surface_figure``); those of one quantity (e.g.
+2D surfaces are 3D plotly plots (``landscape.figures.surface.draw.surface_figure``); those of one quantity (e.g.
 training loss (global F)) share one colour scale and z range (``surfaces.value_range``), so that runs compare
 by eye. 1D surfaces are lines on their own axes. The section says what the runs' random planes compare
 (``surfaces.compare_planes``) and, per plane, the model's weight norm. Its HTML is the ``surfaces_section``
@@ -28,9 +28,9 @@ from landscape.figures.selection import settings_label
 
 
 def surface_renderer() -> Callable[..., Any] | None:
-    """``landscape.figures.surfaces.surface_figure`` when that module provides it."""
+    """``landscape.figures.surface.draw.surface_figure`` when that module provides it."""
     try:
-        from landscape.figures import surfaces
+        from landscape.figures.surface import draw as surfaces
     except ImportError:
         return None
     renderer = getattr(surfaces, "surface_figure", None)
@@ -45,7 +45,7 @@ def _surface_kind(path: Path) -> list[str]:
     except (OSError, ValueError, AttributeError):
         return [path.name]
     kind = meta.get("directions") if isinstance(meta, dict) else None
-    from landscape.figures.surface_data import normalization_of
+    from landscape.figures.surface.data import normalization_of
 
     random = "random plane"
     if kind == "random":
@@ -69,8 +69,8 @@ def _surface_scales(paths: Sequence[Path]) -> tuple[dict[Path, str], dict[str, t
     quantity, the (lowest, highest) value over all of them (``surfaces.value_range``; one flat surface: a
     range around its value): the colour scale and z range that the report's 3D plots of that quantity share.
     Files that cannot be read are left out here (drawing them says why)."""
-    from landscape.figures.surface_data import load_surface
-    from landscape.figures.surfaces import value_range
+    from landscape.figures.surface.data import load_surface
+    from landscape.figures.surface.draw import value_range
 
     quantity: dict[Path, str] = {}
     of_quantity: dict[str, list[Any]] = {}
@@ -89,7 +89,7 @@ def _surface_scales(paths: Sequence[Path]) -> tuple[dict[Path, str], dict[str, t
 def _plane_caption(path: Path) -> str:
     """'; ||x|| = 23.4; ...' for a 2D surface's caption: the model's weight norm and, for a per-model
     filter-normalised plane, that its axis units are that model's own (not comparable across runs)."""
-    from landscape.figures.surface_data import load_surface, normalization_of, weight_norm_text
+    from landscape.figures.surface.data import load_surface, normalization_of, weight_norm_text
 
     try:
         surface = load_surface(path)
@@ -104,7 +104,7 @@ def _plane_caption(path: Path) -> str:
 def _random_planes_line(files: Sequence[tuple[RunData, int, Path]]) -> str:
     """What the random planes of different runs compare (``surface_data.compare_planes``); '' for fewer than
     two runs."""
-    from landscape.figures.surface_data import compare_planes, load_surface
+    from landscape.figures.surface.data import compare_planes, load_surface
 
     found = []
     for run, r, path in files:
@@ -150,7 +150,7 @@ def _figure(run: RunData, path: Path, title: str, shared: _Scales) -> tuple[Any,
         with np.load(path, allow_pickle=False) as f:
             is_2d = "y_coords" in f.files
         if is_2d and shared.renderer is None:
-            return (f"{path}: no surface renderer available (landscape.figures.surfaces.surface_figure); "
+            return (f"{path}: no surface renderer available (landscape.figures.surface.draw.surface_figure); "
                     "the surface is left out")
         if not is_2d:
             return (line_surface_figure(path, title.replace("\n", "<br>"), to_hex(run.color)),

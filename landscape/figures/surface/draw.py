@@ -1,8 +1,8 @@
 """Loss-surface figures drawn from the files of the ``surface`` analysis pass: matplotlib contour, 3D and 1D
 pictures, and the interactive plotly HTML.
 
-The files are read by ``landscape.figures.surface_data`` (``SurfaceData``, ``load_surface``), the colour
-scales and ticks placed by ``landscape.figures.surface_scale``.
+The files are read by ``landscape.figures.surface.data`` (``SurfaceData``, ``load_surface``), the colour
+scales and ticks placed by ``landscape.figures.surface.scale``.
 
 Renderers: ``plot_curve_1d`` (interpolation lines), ``plot_contour`` (filled contours and/or contour lines,
 optional log-spaced levels, the checkpoint marked, the PCA trajectory or the client models overlaid),
@@ -30,7 +30,7 @@ from matplotlib.ticker import MaxNLocator
 
 from landscape.core.errors import LandscapeError
 from landscape.figures.labels import wrap_title
-from landscape.figures.surface_data import (
+from landscape.figures.surface.data import (
     SurfaceData,
     _as_surface,
     _panel_titles,
@@ -38,7 +38,7 @@ from landscape.figures.surface_data import (
     compare_planes,
     image_arrays,
 )
-from landscape.figures.surface_scale import (
+from landscape.figures.surface.scale import (
     TICK_STEPS,
     TICKS,
     color_scale,

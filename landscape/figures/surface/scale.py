@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, ScalarFormatter
 
 from landscape.core.errors import LandscapeError
-from landscape.figures.surface_data import SurfaceData
+from landscape.figures.surface.data import SurfaceData
 
 # A log scale of the loss's rise spans this many decades below the largest rise of the panels.
 RISE_DECADES = 3

@@ -29,11 +29,11 @@ import torch
 from torch import Tensor
 from torch.func import vmap
 
-from landscape.measure.objective import Objective
-from landscape.measure.surface.grid import SurfaceGrid
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.core.memory_format import channels_last_copy
+from landscape.measure.objective import Objective
+from landscape.measure.surface.grid import SurfaceGrid
 
 
 def vectorizable(objective: Any) -> bool:
