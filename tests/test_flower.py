@@ -159,6 +159,7 @@ def out(tmp_path, monkeypatch):
 
 
 # -- the simulation engine (message API) ----------------------------------------------------------------------
+@pytest.mark.slow  # Flower's simulation engine (ray)
 def test_a_flower_simulation_is_recorded_as_flower_ran_it(tmp_path, out, monkeypatch):
     """FedAvg, then FedMedian (which pops the clients' arrays out of their replies as it aggregates) in the
     same simulation (one start of Ray), each recorded in a run of its own."""

@@ -162,6 +162,9 @@ SKIP = {
         "torchrun --standalone --nproc-per-node 2 -m landscape train --algorithm scaffold --device cpu",
         "torchrun --nnodes 2 --nproc-per-node 8 --rdzv-id fednsam --rdzv-backend c10d --rdzv-endpoint host0:29500"
         " -m landscape train train/cifar100-fednsam.toml --device cuda")},
+    # the extend guide's use.py block imports the guide's own modules as a package (mylab_ext/):
+    # tests/test_extend_guide.py writes them into one and runs the block there
+    'run = Path("runs/fedavgm")': "needs the guide's mylab_ext package: tests/test_extend_guide.py runs it",
 }
 
 # Commands that need an optional extra the test extras do not install: exact text -> the module; run (with their
@@ -410,6 +413,7 @@ def command_params():
         yield pytest.param(command, marks=marks, id=command.where)
 
 
+@pytest.mark.slow  # every printed command, minutes in all
 @pytest.mark.parametrize("command", list(command_params()))
 def test_readme_runs_as_printed(command: Command, request):
     if command.key in SKIP:

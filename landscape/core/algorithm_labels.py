@@ -1,7 +1,9 @@
 """The display label of every registered algorithm (FedSAM, FedNSAM, ...), in a module that imports nothing.
 
-The algorithm registry (``landscape.train.algorithms``) gives each class it registers its label from here and
-refuses a name without one; figures read the labels from here without importing torch or training code.
+The algorithm registry (``landscape.train.algorithms``) gives each class it registers its label from here (an
+algorithm of a user's module without one is labelled by its name); figures read the labels from here without
+importing torch or training code. tests/train/test_algorithm_contract.py checks that every algorithm the package
+registers has its label here.
 """
 
 from __future__ import annotations

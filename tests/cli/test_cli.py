@@ -252,6 +252,7 @@ def test_real_subprocess(tmp_path):
     assert "Traceback" not in bad.stderr and not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow  # the demo's three runs, analysed and drawn (about 2 min)
 def test_demo_and_report(tmp_path, monkeypatch):
     import landscape.workflows.demo as demo_module
 

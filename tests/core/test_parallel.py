@@ -83,6 +83,7 @@ def trained(tmp_path_factory, one_thread):
     return root, done.stdout
 
 
+@pytest.mark.slow  # torchrun processes
 def test_distributed_training_equals_single_process(trained):
     root, stdout = trained
     assert stdout.count("test accuracy") == len(ALGORITHMS)  # rank 0 alone reports (and writes)
@@ -106,6 +107,7 @@ def test_distributed_training_equals_single_process(trained):
     assert {s["count"].dtype for s in state.values()} == {torch.int64}
 
 
+@pytest.mark.slow  # torchrun processes
 def test_resumed_distributed_run_continues_as_one_uninterrupted_process(trained):
     root, _ = trained
     ranks = RunDir(root / "ranks" / run_name("scaffold"))
@@ -125,6 +127,7 @@ def worker(trained, one_thread):
     return root, out
 
 
+@pytest.mark.slow  # torchrun processes
 def test_distributed_hvp_equals_the_single_process_hvp(worker):
     _, out = worker
     p = problem()
@@ -142,6 +145,7 @@ def test_distributed_hvp_equals_the_single_process_hvp(worker):
     torch.testing.assert_close(products["double-backward"], dense @ p["vectors"], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow  # torchrun processes
 def test_distributed_surface_equals_the_single_process_surface(worker):
     _, out = worker
     p = problem()
@@ -156,6 +160,7 @@ def test_distributed_surface_equals_the_single_process_surface(worker):
     assert len(saved["saves"]) > 0 and np.all(np.diff(saved["saves"]) > 0)  # partial grids, growing, rank 0
 
 
+@pytest.mark.slow  # torchrun processes
 def test_distributed_analysis_over_checkpoints_equals_single_process(worker):
     root, _ = worker
     options = {"loss": pass_options("loss", {}), "hessian": pass_options("hessian", HESSIAN),

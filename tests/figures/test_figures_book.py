@@ -98,6 +98,7 @@ def test_every_figure_recipe_builds_its_runs_at_both_scales(path, scale):
         assert recipe.algorithm.name == run.set["algorithm.name"]
 
 
+@pytest.mark.slow  # each shipped figure recipe trained and drawn
 @pytest.mark.parametrize("path", FIGURE_RECIPES, ids=lambda p: p.stem)
 def test_every_figure_recipe_renders(path, tmp_path):
     fig = figure_recipe.load_figure_recipe(path)

@@ -12,7 +12,7 @@ from support.algorithm_checks import (
 )
 
 from landscape.core.errors import LandscapeError
-from landscape.train.loop import build_algorithm
+from landscape.train.algorithms import build_algorithm
 
 
 def test_fedsam_rounds_match_the_equations(tmp_path):

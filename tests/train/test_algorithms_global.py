@@ -17,7 +17,7 @@ from support.algorithm_checks import (
 from support.helpers import tiny_recipe
 
 from landscape.core.errors import LandscapeError
-from landscape.train.loop import build_algorithm
+from landscape.train.algorithms import build_algorithm
 
 LR, WD = 0.3, 0.01  # the clients' constant lr (linear_trainer's default) and the weight decay used here
 

@@ -18,7 +18,7 @@ from support.algorithm_checks import (
 from support.helpers import tiny_recipe
 
 from landscape.core.errors import LandscapeError
-from landscape.train.loop import build_algorithm
+from landscape.train.algorithms import build_algorithm
 
 # ----------------------------------------------------------------------------------------------------------
 # FedASAM

@@ -16,7 +16,7 @@ from support.helpers import tiny_recipe
 
 from landscape.core.errors import LandscapeError
 from landscape.train import schedule
-from landscape.train.loop import build_algorithm
+from landscape.train.algorithms import build_algorithm
 from landscape.train.state import TrainerState
 
 LR, WD = 0.3, 0.01  # the trainer's constant client lr and weight decay in every equation test
