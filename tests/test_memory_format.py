@@ -22,7 +22,7 @@ from landscape.models import build_model
 from landscape.store.checkpoints import load_checkpoint
 from landscape.store.directory import RunDir
 from landscape.train import loop
-from landscape.train import state as trainer_state
+from landscape.train import trainer as trainer_module
 
 CPU = torch.device("cpu")
 
@@ -110,7 +110,7 @@ def test_auto_is_recorded_and_a_resume_keeps_it(tmp_path, monkeypatch):
 
     # the resume takes the checkpoint's choice, whatever the rule would say now
     with monkeypatch.context() as patched:
-        patched.setattr(trainer_state, "choose_memory_format", lambda *a, **k: pytest.fail("resolved again"))
+        patched.setattr(trainer_module, "choose_memory_format", lambda *a, **k: pytest.fail("resolved again"))
         resumed = loop.resume_run(run, rounds=3, progress=False)
     assert load_checkpoint(RunDir(run).checkpoint(3))["memory_format"] == record
 

@@ -248,7 +248,7 @@ def test_the_choice_is_a_place_key_recorded_in_every_checkpoint(tmp_path):
         assert record == {"used": True, "reason": "train.vectorize = \"on\""}
     auto = loop.Trainer(tiny_recipe(), RunDir(tmp_path / "auto"))  # the default, on the CPU
     assert auto.train_cfg.vectorize == "auto"
-    assert vectorised.vectorisation(auto) == vectorised.Vectorisation(
+    assert auto.clients.choice == vectorised.Vectorisation(
         False, "train.vectorize = \"auto\" on cpu: one after another")
     assert {"train.vectorize"} <= lifecycle.PLACE_KEYS & lifecycle.RESUME_FREE_KEYS
     assert recipes.difference(recipes.to_toml(recipe), tiny_recipe(model__name="mlp", model__hidden=[8],

@@ -30,24 +30,37 @@ numbers depended on the machine's load; issue 43); benchmarks/gpu_check.py measu
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
+from landscape.config.sections import TrainSettings
 from landscape.core import parallel
 from landscape.core.flat import FlatModel
 from landscape.store.lifecycle import print_warning
-from landscape.train.algorithms import ClientResult, LocalProblem
+from landscape.train.algorithms import Algorithm, ClientResult, LocalProblem
 from landscape.train.state import TrainerState
 
-if TYPE_CHECKING:  # the trainer holds this module's strategy (ClientTraining): named, not imported, here
-    from landscape.train.trainer import Trainer
+
+class Trainer(Protocol):
+    """What the clients' strategy reads of the trainer that holds it (``landscape.train.trainer.Trainer``)."""
+
+    train_cfg: TrainSettings
+    flat: FlatModel
+    device: torch.device
+    algorithm: Algorithm
+    per_round: int
+
+    def local_problem(self, client: int, round: int, lr: float, buffers: dict[str, Tensor]) -> LocalProblem: ...
+
+    def mixed_precision(self) -> contextlib.AbstractContextManager: ...
 
 T = TypeVar("T")
 Answer = tuple[Tensor, Tensor]  # (minibatch loss, gradient) of one request
