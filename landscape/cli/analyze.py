@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -94,47 +93,32 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
     already computed with the same settings are skipped. A summary table is printed at the end. By default
     every pass but `surface` runs; --directions/--grid/--span/--data alone run the surface pass.
     """
-    from landscape.analyze.catalog import pass_options
-    from landscape.analyze.recipes import load_analysis_recipe
     from landscape.analyze.scheduler import run_analysis
-    from landscape.analyze.settings import AnalysisSettings
     from landscape.analyze.summary import format_summary
+    from landscape.workflows.analysis import analysis_request
 
     click_ctx = click.get_current_context()
-
-    def given(name: str) -> bool:
-        return click_ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-
-    foreign = _state_dict_model(model_spec, dataset_spec)
-    recipe = load_analysis_recipe(analysis_recipe) if analysis_recipe is not None else None
-    chosen = {"split": split, "analysis_samples": analysis_samples, "bn_mode": bn_mode, "device": device,
-              "backend": backend, "hvp": hvp, "seed": seed, "dtype": dtype, "threads": threads,
-              "memory_format": memory_format}
-    set_settings, set_options = _set_kinds(assignments)
-    if recipe is not None:
-        chosen.update({k: v for k, v in recipe.settings.items() if not given(k)})
-        if recipe.passes is not None and passes is None:
-            passes = ",".join(recipe.passes)
-    chosen.update(set_settings)
-    checkpoints = _checkpoints(checkpoints, given("checkpoints"), recipe, foreign is not None)
-    if chosen["analysis_samples"] < 0:
-        raise LandscapeError(f"--analysis-samples must be >= 0 (got {chosen['analysis_samples']})")
+    flags = {"split": split, "analysis_samples": analysis_samples, "bn_mode": bn_mode, "device": device,
+             "backend": backend, "hvp": hvp, "seed": seed, "dtype": dtype, "threads": threads,
+             "memory_format": memory_format}
+    given = {name for name in [*flags, "checkpoints"]
+             if click_ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
     surface_flags = {"directions": directions, "grid": grid, "span": span, "data": surface_data}
-    surface_flags = {k: v for k, v in surface_flags.items() if v is not None}
-    names = _pass_names(passes, surface_flags, foreign is not None)
-    values = _pass_values(names, recipe.options if recipe else {}, surface_flags, set_options)
-    options = {name: pass_options(name, values[name]) for name in names}
-    settings = AnalysisSettings(**chosen)
+    request = analysis_request(flags=flags, given=given, recipe=analysis_recipe, checkpoints=checkpoints,
+                               passes=passes, assignments=assignments,
+                               surface_flags={k: v for k, v in surface_flags.items() if v is not None},
+                               model_spec=model_spec, dataset_spec=dataset_spec)
     if dry_run:
         from landscape.analyze.plan import format_plan, plan, skip_unavailable
 
-        jobs, notes = skip_unavailable(plan(path, checkpoints, names, options, foreign))
-        click.echo(format_plan(jobs, settings))
+        jobs, notes = skip_unavailable(plan(path, request.rounds, request.passes, request.options,
+                                            request.foreign))
+        click.echo(format_plan(jobs, request.settings))
         for note in [] if quiet else notes:
             click.echo(f"note: {note}", err=True)
         return
-    report = run_analysis(path, rounds=checkpoints, passes=names, settings=settings, options=options,
-                          force=force, progress=not quiet, foreign=foreign)
+    report = run_analysis(path, rounds=request.rounds, passes=request.passes, settings=request.settings,
+                          options=request.options, force=force, progress=not quiet, foreign=request.foreign)
     click.echo(format_summary(report))
     for note in [] if quiet else report.notes:
         click.echo(f"note: {note}", err=True)
@@ -142,80 +126,3 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"{report.computed} computed, {report.skipped} already done (same settings)")
 
-
-def _checkpoints(flag: str, given: bool, recipe: Any, state_dict: bool) -> str:
-    """The checkpoints to analyse: --checkpoints where given, else the analysis recipe's rounds, else last (every
-    file of plain state_dicts: a folder of them is analysed whole unless --checkpoints picks some)."""
-    if given:
-        return flag
-    if recipe is not None and recipe.rounds is not None:
-        return recipe.rounds
-    return "all" if state_dict else flag
-
-
-def _state_dict_model(model_spec: str | None, dataset_spec: str | None) -> Any:
-    """The model and data of a plain state_dict (--model and --dataset, both or neither), or None."""
-    from landscape.analyze.state_dict_source import ForeignModel
-
-    if (model_spec is None) != (dataset_spec is None):
-        raise LandscapeError("a plain state_dict needs both --model and --dataset")
-    return ForeignModel(model_spec, dataset_spec) if model_spec is not None else None
-
-
-def _pass_names(passes: str | None, surface_flags: dict[str, str], state_dict: bool) -> list[str]:
-    """The passes to run: --passes (a comma list), else the surface pass when a surface flag is given, else
-    the default passes (on a plain state_dict, which has no clients, those that need none)."""
-    from landscape.analyze.catalog import default_passes, load_passes
-
-    if passes is not None:
-        names = [p.strip() for p in passes.split(",") if p.strip()]
-        if not names:
-            raise LandscapeError(f"--passes {shown(passes)!r} names no pass; give a comma list of: "
-                                 f"{', '.join(load_passes().names())} (or leave --passes out for the "
-                                 "default)")
-        return names
-    if surface_flags:
-        return ["surface"]
-    return ["loss", "hessian", "sharpness"] if state_dict else default_passes()
-
-
-def _set_kinds(assignments: tuple[str, ...]) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
-    """The --set keys by their kind (``recipe_overrides.classify_assignment``, one grammar for every command):
-    analysis settings (analyze.<setting>) and pass options (<pass>.<option>); a training recipe key is refused
-    naming the commands that take it."""
-    from dataclasses import fields
-
-    from landscape.analyze.catalog import load_passes
-    from landscape.analyze.settings import AnalysisSettings
-    from landscape.config.overrides import ANALYSIS_SETTING, classify_assignment, parse_assignment
-    from landscape.config.schema import unknown_key_message
-
-    allowed = [f.name for f in fields(AnalysisSettings)]
-    settings: dict[str, Any] = {}
-    options: list[tuple[str, Any]] = []
-    for key, value in map(parse_assignment, assignments):
-        if classify_assignment(key, load_passes().names, "analyze") != ANALYSIS_SETTING:
-            options.append((key, value))
-        elif key.partition(".")[2] not in allowed:
-            raise LandscapeError(unknown_key_message(key, allowed, "in [analyze]", "analysis setting"))
-        else:
-            settings[key.partition(".")[2]] = value
-    return settings, options
-
-
-def _pass_values(names: list[str], recipe_options: dict[str, dict], surface_flags: dict[str, str],
-                 assignments: list[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each chosen pass's option values as given: the analysis recipe's, the surface flags, then --set."""
-    values: dict[str, dict] = {name: dict(recipe_options.get(name, {})) for name in names}
-    if surface_flags:
-        if "surface" not in values:
-            raise LandscapeError("--directions, --grid, --span and --data set the surface pass; add it: "
-                                 "--passes surface")
-        values["surface"].update(surface_flags)
-    for key, value in assignments:
-        pass_name, _, option = key.partition(".")
-        if pass_name not in values or not option:
-            raise LandscapeError(f"--set takes PASS.KEY=VALUE for a chosen pass ({', '.join(names)}); "
-                                 f"got '{key}'")
-        values[pass_name][option] = value
-    return values

@@ -1,0 +1,129 @@
+"""``landscape analyze``'s request made whole (``analysis_request``): the flags, an analysis recipe and ``--set``
+merged by precedence (``--set`` over the flags given on the command line over the recipe over the flags'
+defaults), the passes chosen and their options checked, ready for ``analyze.scheduler.run_analysis`` (or the
+dry run's plan). The command line parses, calls this and prints; a notebook can call it too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from landscape.analyze.catalog import default_passes, load_passes, pass_options
+from landscape.analyze.recipes import load_analysis_recipe
+from landscape.analyze.settings import AnalysisSettings
+from landscape.core.errors import LandscapeError, shown
+
+
+@dataclass(frozen=True)
+class AnalysisRequest:
+    """What one analysis runs: the checkpoints (``rounds``: last, all or a comma list), the passes in order, each
+    pass's checked options, the settings, and the model and data of plain state_dicts (``foreign``, or None)."""
+
+    rounds: str
+    passes: list[str]
+    options: dict[str, Any]
+    settings: AnalysisSettings
+    foreign: Any
+
+
+def analysis_request(*, flags: dict[str, Any], given: set[str], recipe: Path | None, checkpoints: str,
+                     passes: str | None, assignments: tuple[str, ...], surface_flags: dict[str, str],
+                     model_spec: str | None, dataset_spec: str | None) -> AnalysisRequest:
+    """The request of ``landscape analyze``: ``flags`` the analysis settings as the flags hold them (defaults
+    included), ``given`` the names of those given on the command line, ``recipe`` an analysis recipe's path,
+    ``assignments`` the ``--set`` texts, ``surface_flags`` the surface pass's flags that were given."""
+    foreign = _state_dict_model(model_spec, dataset_spec)
+    analysis = load_analysis_recipe(recipe) if recipe is not None else None
+    chosen = dict(flags)
+    set_settings, set_options = _set_kinds(assignments)
+    if analysis is not None:
+        chosen.update({k: v for k, v in analysis.settings.items() if k not in given})
+        if analysis.passes is not None and passes is None:
+            passes = ",".join(analysis.passes)
+    chosen.update(set_settings)
+    rounds = _checkpoints(checkpoints, "checkpoints" in given, analysis, foreign is not None)
+    if chosen["analysis_samples"] < 0:
+        raise LandscapeError(f"--analysis-samples must be >= 0 (got {chosen['analysis_samples']})")
+    names = _pass_names(passes, surface_flags, foreign is not None)
+    values = _pass_values(names, analysis.options if analysis else {}, surface_flags, set_options)
+    options = {name: pass_options(name, values[name]) for name in names}
+    return AnalysisRequest(rounds, names, options, AnalysisSettings(**chosen), foreign)
+
+
+def _checkpoints(flag: str, given: bool, recipe: Any, state_dict: bool) -> str:
+    """The checkpoints to analyse: --checkpoints where given, else the analysis recipe's rounds, else last (every
+    file of plain state_dicts: a folder of them is analysed whole unless --checkpoints picks some)."""
+    if given:
+        return flag
+    if recipe is not None and recipe.rounds is not None:
+        return recipe.rounds
+    return "all" if state_dict else flag
+
+
+def _state_dict_model(model_spec: str | None, dataset_spec: str | None) -> Any:
+    """The model and data of a plain state_dict (--model and --dataset, both or neither), or None."""
+    from landscape.analyze.state_dict_source import ForeignModel
+
+    if (model_spec is None) != (dataset_spec is None):
+        raise LandscapeError("a plain state_dict needs both --model and --dataset")
+    return ForeignModel(model_spec, dataset_spec) if model_spec is not None else None
+
+
+def state_dict_passes() -> list[str]:
+    """The default passes that need nothing of a run but its model (a plain state_dict has no clients)."""
+    registry = load_passes()
+    return [name for name in default_passes() if not registry.info(name).needs]
+
+
+def _pass_names(passes: str | None, surface_flags: dict[str, str], state_dict: bool) -> list[str]:
+    """The passes to run: --passes (a comma list), else the surface pass when a surface flag is given, else
+    the default passes (on a plain state_dict, which has no clients, those that need none)."""
+    if passes is not None:
+        names = [p.strip() for p in passes.split(",") if p.strip()]
+        if not names:
+            raise LandscapeError(f"--passes {shown(passes)!r} names no pass; give a comma list of: "
+                                 f"{', '.join(load_passes().names())} (or leave --passes out for the "
+                                 "default)")
+        return names
+    if surface_flags:
+        return ["surface"]
+    return state_dict_passes() if state_dict else default_passes()
+
+
+def _set_kinds(assignments: tuple[str, ...]) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """The --set keys by their kind (``overrides.classify_assignment``, one grammar for every command): analysis
+    settings (analyze.<setting>) and pass options (<pass>.<option>); a training recipe key is refused naming the
+    commands that take it."""
+    from landscape.config.overrides import ANALYSIS_SETTING, classify_assignment, parse_assignment
+    from landscape.config.schema import unknown_key_message
+
+    allowed = [f.name for f in fields(AnalysisSettings)]
+    settings: dict[str, Any] = {}
+    options: list[tuple[str, Any]] = []
+    for key, value in map(parse_assignment, assignments):
+        if classify_assignment(key, load_passes().names, "analyze") != ANALYSIS_SETTING:
+            options.append((key, value))
+        elif key.partition(".")[2] not in allowed:
+            raise LandscapeError(unknown_key_message(key, allowed, "in [analyze]", "analysis setting"))
+        else:
+            settings[key.partition(".")[2]] = value
+    return settings, options
+
+
+def _pass_values(names: list[str], recipe_options: dict[str, dict], surface_flags: dict[str, str],
+                 assignments: list[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each chosen pass's option values as given: the analysis recipe's, the surface flags, then --set."""
+    values: dict[str, dict] = {name: dict(recipe_options.get(name, {})) for name in names}
+    if surface_flags:
+        if "surface" not in values:
+            raise LandscapeError("--directions, --grid, --span and --data set the surface pass; add it: "
+                                 "--passes surface")
+        values["surface"].update(surface_flags)
+    for key, value in assignments:
+        pass_name, _, option = key.partition(".")
+        if pass_name not in values or not option:
+            raise LandscapeError(f"--set takes PASS.KEY=VALUE for a chosen pass ({', '.join(names)}); "
+                                 f"got '{key}'")
+        values[pass_name][option] = value
+    return values
