@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from support.problems import digits_clients
 
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.data.datasets import load_dataset
-from landscape.data.partitions import make_partition
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.objective import Objective
 from landscape.measure.sharpness import (
@@ -131,18 +131,7 @@ def test_estimate_keeps_the_best_iterate_and_never_drops_below_the_centre():
 
 @pytest.fixture(scope="module")
 def digits():
-    bundle = load_dataset("digits", root="data", download=False, augment=False, num_clients=3, seed=0, options={})
-    parts = make_partition("dirichlet", bundle.train.y.numpy(), num_clients=3, num_classes=10, seed=0,
-                           options={"alpha": 0.5})
-    torch.manual_seed(0)
-    flat = FlatModel(build_model("mlp", (1, 8, 8), 10, {"hidden": [16]}).double())
-    data = AnalysisData(bundle.train.x.double(), bundle.train.y, 256)
-    glob = Objective(flat, {}, data)
-    w = flat.vector()
-    for _ in range(30):  # a few full-batch GD steps: away from the initialisation
-        w = w - 0.5 * glob.loss_and_grad(w)[1]
-    clients = {k: glob.with_data(data.subset(torch.as_tensor(ix))) for k, ix in enumerate(parts)}
-    return flat, glob, clients, w
+    return digits_clients(clients=3, alpha=0.5)
 
 
 def _direct_loss_and_grad(flat, data, w):

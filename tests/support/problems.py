@@ -12,12 +12,14 @@ from landscape.measure.objective import Objective
 from landscape.models import build_model
 
 
-def digits_clients():
+def digits_clients(clients: int = 4, alpha: float = 0.3):
     """(flat, F, {client: F_i}, w): a float64 MLP (one hidden layer of 16) after 30 full-batch gradient steps of
-    rate 0.5 on the digits training set, and 4 clients of a per-class Dirichlet(0.3) split (seed 0)."""
-    bundle = load_dataset("digits", root="data", download=False, augment=False, num_clients=4, seed=0, options={})
-    parts = make_partition("dirichlet", bundle.train.y.numpy(), num_clients=4, num_classes=10, seed=0,
-                           options={"alpha": 0.3})
+    rate 0.5 on the digits training set, and ``clients`` clients of a per-class Dirichlet(``alpha``) split
+    (seed 0)."""
+    bundle = load_dataset("digits", root="data", download=False, augment=False, num_clients=clients, seed=0,
+                          options={})
+    parts = make_partition("dirichlet", bundle.train.y.numpy(), num_clients=clients, num_classes=10, seed=0,
+                           options={"alpha": alpha})
     torch.manual_seed(0)
     flat = FlatModel(build_model("mlp", (1, 8, 8), 10, {"hidden": [16]}).double())
     data = AnalysisData(bundle.train.x.double(), bundle.train.y, 256)
