@@ -45,16 +45,13 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     """Draw a paper figure from a figure recipe (figures/*.toml): train the runs it needs and analyse them
     where that is missing (finished runs and analyses are reused; a run whose recipe changed is retrained),
     then write <file>.png and <file>.pdf (+ <file>.html, interactive 3D, for surfaces) under --out."""
-    from landscape.analyze.catalog import load_passes
-    from landscape.config import overrides as recipe_overrides
     from landscape.figures.recipe import figure as figure_recipe
     from landscape.workflows import figure
 
     fig = figure_recipe.load_figure_recipe(recipe_file, scale)
     for text in assignments:
         check_printable("--set", text)
-        key, value = recipe_overrides.parse_assignment(text)
-        fig.assign(key, value, recipe_overrides.classify_assignment(key, load_passes().names, "figures"))
+    fig.apply_sets(assignments, "figures")
     if run_paths and fig.forced:
         raise LandscapeError("--set of training keys needs the recipe's runs; with --runs nothing is trained")
     if seeds is not None:

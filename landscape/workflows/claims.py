@@ -122,10 +122,8 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
     it compares. ``runs``: run id -> the runs to use for it (``given_runs``) instead of training the figure's."""
     runs = dict(runs or {})
     unknown = set(runs)
-    from landscape.analyze.catalog import load_passes
     from landscape.claims import checks as claims
     from landscape.claims.files import check_rounds
-    from landscape.config import overrides as recipe_overrides
     from landscape.figures.recipe import figure as figure_recipe
     from landscape.figures.recipe import rounds as figure_rounds
 
@@ -133,9 +131,7 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
     for path in claim_files:
         claim = claims.load_claim(path, seeds)
         fig = figure_recipe.load_figure_recipe(claim.figure, scale)
-        for text in assignments:
-            key, value = recipe_overrides.parse_assignment(text)
-            fig.assign(key, value, recipe_overrides.classify_assignment(key, load_passes().names, "claims"))
+        fig.apply_sets(assignments, "claims")
         fig.set_seeds(list(claim.seeds))
         claims.check_run_ids(claim, [spec.id for spec in fig.runs])
         fig.runs = [spec for spec in fig.runs if spec.id in claim.run_ids()]  # only the runs it compares

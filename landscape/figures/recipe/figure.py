@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from landscape.config.overrides import ANALYSIS_SETTING, PASS_OPTION
+from landscape.config.overrides import ANALYSIS_SETTING, PASS_OPTION, classify_assignment, parse_assignment
 from landscape.config.schema import load, read_toml
 from landscape.core.errors import LandscapeError
 from landscape.figures.book import PlotSpec
@@ -138,6 +138,15 @@ class FigureRecipe:
                                  "--seeds")
         keys = list(self.train_set.items()) + list(run.set.items()) + list(self.forced.items())
         return keys + ([("seed", seed)] if seed is not None else [])
+
+    def apply_sets(self, assignments: Sequence[str], command: str) -> None:
+        """The ``--set KEY=VALUE`` texts of ``landscape figures`` or ``landscape claims`` (``command``), each read
+        by the one grammar of every command (``overrides.classify_assignment``) and applied by ``assign``."""
+        from landscape.analyze.catalog import load_passes
+
+        for text in assignments:
+            key, value = parse_assignment(text)
+            self.assign(key, value, classify_assignment(key, load_passes().names, command))
 
     def assign(self, key: str, value: Any, kind: str) -> None:
         """A command-line ``--set`` of the kind ``recipe_overrides.check_assignment`` found: an analysis setting
