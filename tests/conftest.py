@@ -41,3 +41,14 @@ def six_round_copy(six_round_run, tmp_path) -> Path:
     """A copy of ``six_round_run`` of the test's own, at ``tmp_path / "run"``."""
     shutil.copytree(six_round_run, tmp_path / "run")
     return tmp_path / "run"
+
+
+@pytest.fixture(scope="session")
+def one_round_run(tmp_path_factory) -> Path:
+    """A 1-round run of the tiny recipe in a folder whose path holds spaces (``.../one round/my run``), trained once
+    per session. Read-only: tests copy it, or only read and dry-run it."""
+    from landscape.train import loop
+
+    return shared_folder(tmp_path_factory, "one round",
+                         lambda folder: loop.start_run(tiny_recipe(train__rounds=1), folder / "my run",
+                                                       progress=False)) / "my run"

@@ -116,14 +116,11 @@ def test_figure_and_claim_recipes_are_checked_before_training(figure, comparison
     assert not out.exists()  # nothing was trained
 
 
-@pytest.fixture(scope="module")
-def spaced_run(tmp_path_factory):
-    """A 1-round run in a folder whose path holds a space."""
-    from landscape.train import loop
-
-    path = tmp_path_factory.mktemp("cli messages") / "my run"
-    loop.start_run(tiny_recipe(train__rounds=1), path, progress=False)
-    return path
+@pytest.fixture
+def spaced_run(one_round_run):
+    """A 1-round run in a folder whose path holds a space (the session's, copied before use)."""
+    assert " " in str(one_round_run)
+    return one_round_run
 
 
 def _pasted(text: str) -> list[str]:

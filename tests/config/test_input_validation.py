@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.helpers import FUZZ, analyze_args, invoke, one_line_error, tiny_recipe
+from support.helpers import FUZZ, analyze_args, invoke, one_line_error
 from torch import nn
 
 import landscape
@@ -24,7 +24,6 @@ from landscape.config import overrides as recipe_overrides
 from landscape.config import recipe as recipes
 from landscape.core.errors import LandscapeError
 from landscape.store import lifecycle
-from landscape.train import loop
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -41,11 +40,9 @@ def test_bad_analysis_settings_are_refused_where_they_enter(settings, message):
         AnalysisSettings(**settings)
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("validation") / "run"
-    loop.start_run(tiny_recipe(train__rounds=1), path, progress=False)
-    return path
+@pytest.fixture
+def run_dir(one_round_run):
+    return one_round_run  # read and dry-run only: nothing may be written into it
 
 
 @pytest.mark.parametrize("recipe, message", [
