@@ -230,9 +230,10 @@ def _one_run(recipe: Any, out: Path | None, overwrite: bool, dry_run: bool, quie
     if dry_run:
         from landscape.config.setup import prepare_data
         from landscape.data.partitions import format_partition_table, heterogeneity
+        from landscape.train.trainer import check_local_work
 
         setup = prepare_data(recipe)
-        loop.check_local_work(recipe.train)
+        check_local_work(recipe.train)
         click.echo(recipes.to_toml(recipe))
         click.echo(f"# run directory: {out}")
         click.echo(format_partition_table(setup.histogram))

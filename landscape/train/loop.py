@@ -22,9 +22,7 @@ from landscape.store.fileio import RunLock, os_reason, write_text
 from landscape.store.lifecycle import ResumePoint
 from landscape.train.repair import repair_metrics, repair_partition, set_aside_damaged
 from landscape.train.state import TrainerState
-from landscape.train.trainer import Trainer, check_local_work
-
-__all__ = ["Trainer", "check_local_work", "replay_rows", "resume_run", "start_run"]
+from landscape.train.trainer import Trainer
 
 
 def start_run(recipe: Recipe, out: Path, *, overwrite: bool = False, progress: bool = True) -> TrainerState:

@@ -102,8 +102,8 @@ def _plane_caption(path: Path) -> str:
 
 
 def _random_planes_line(files: Sequence[tuple[RunData, int, Path]]) -> str:
-    """What the random planes of different runs compare (``surface_data.compare_planes``); '' for fewer than
-    two runs."""
+    """What the random planes of different runs compare (``landscape.figures.surface.data.compare_planes``); ''
+    for fewer than two runs."""
     from landscape.figures.surface.data import compare_planes, load_surface
 
     found = []
