@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from landscape.config.schema import read_toml
+from landscape.core.schema import read_toml
 from landscape.store.directory import RunDir
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import pytest
 from support.helpers import load_script
 
-from landscape.config.schema import rule
+from landscape.core.schema import rule
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def test_the_site_builds_strictly_and_every_page_of_the_nav_is_there(site):
 def test_the_api_reference_is_rendered_from_the_docstrings(site):
     html = (site / "reference" / "api.html").read_text()
     for name in ("api.hessian_eigs", "api.flatness_distance", "store.run.open_run", "store.run.Run.model",
-                 "store.run.PassRecord", "config.schema.read_toml", "core.errors.LandscapeError"):
+                 "store.run.PassRecord", "core.schema.read_toml", "core.errors.LandscapeError"):
         assert f'id="landscape.{name}"' in html, name
     # a docstring's words, not only the names
     assert "Analysis as plain functions" in html

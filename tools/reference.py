@@ -9,7 +9,7 @@ The sources: the click commands of ``landscape.cli.cli`` (their parameters and h
 ``landscape.config.sections`` and the options dataclasses of the registries a recipe names (algorithms,
 models, data sets, partitions), the passes of ``landscape.analyze.passes`` and the analysis settings, and
 ``PLOT_KINDS`` of ``landscape.figures.plot_kinds``. A key's kind, range and choices come from its annotation
-(``landscape.config.schema``), its words from the comment beside (or above) its field. tests/test_docs.py checks
+(``landscape.core.schema``), its words from the comment beside (or above) its field. tests/test_docs.py checks
 that the pages are current.
 """
 
@@ -273,7 +273,8 @@ def plot_kinds_page() -> str:
              "A figure recipe (`figures/*.toml`) lists `[[plots]]` tables; `kind` picks one of these. Every kind "
              "takes the common keys:", "", *key_rows(PlotTable), ""]
     common = {f.name for f in dataclasses.fields(PlotTable)}
-    for name, kind in PLOT_KINDS.items():
+    for kind in PLOT_KINDS.entries():
+        name = kind.name
         reads = ", ".join(f"`{p}` ({_ROUNDS[r]})" for p, r in kind.passes.items()) or "metrics.jsonl only"
         own = [f for f in dataclasses.fields(kind.options) if f.name not in common]
         lines += [f"## {name}", "", cell(kind.summary), "", f"Reads: {reads}.", ""]

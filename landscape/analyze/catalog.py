@@ -17,7 +17,7 @@ def load_passes() -> PassRegistry:
 def default_passes() -> list[str]:
     """The passes `landscape analyze` runs when none are named: every pass but the opt-in ones."""
     registry = load_passes()
-    return [name for name in registry.names() if not registry.info(name).opt_in]
+    return [name for name in registry.names() if not registry.get(name).opt_in]
 
 
 def pass_options(name: str, values: dict[str, Any]) -> Any:

@@ -243,11 +243,9 @@ class CheckpointContext:
 def registered_algorithm(name: str, options: dict, flat: FlatModel, num_clients: int) -> object:
     """The registered algorithm ``name`` with ``options`` (its recipe's [algorithm] keys), for its rules alone
     (the notebook API's applied perturbation; server_lr 1)."""
-    from landscape.config.schema import load
     from landscape.train.algorithms import ALGORITHMS, ParamLayout
 
     entry = ALGORITHMS.get(name)
-    values = load(entry.options, options, "algorithm", noun="option") if entry.options is not None else \
-        entry.make_options(dict(options))
+    values = entry.make_options(dict(options), "algorithm")
     return entry.factory(values, num_clients=num_clients, server_lr=1.0,
                          layout=ParamLayout(tuple(flat.names), tuple(map(tuple, flat.shapes))))

@@ -172,9 +172,9 @@ def split_work(jobs: list[Job], todo: list[int], ranks: int) -> tuple[list[list[
         return [list(todo)], []
     groups: dict[tuple[int, int], list[int]] = {}
     registry = load_passes()
-    together = [i for i in todo if registry.info(jobs[i].name).collective]
+    together = [i for i in todo if registry.get(jobs[i].name).collective]
     for i in todo:
-        if not registry.info(jobs[i].name).collective:
+        if not registry.get(jobs[i].name).collective:
             groups.setdefault((id(jobs[i].source), jobs[i].round), []).append(i)
     keys = list(groups)
     whole = len(keys) - len(keys) % ranks
@@ -188,7 +188,7 @@ def split_work(jobs: list[Job], todo: list[int], ranks: int) -> tuple[list[list[
 def planned_work(job: Job) -> Cost:
     """What a job will cost, estimated from its options by its pass's cost model (``PassSpec.cost``: products
     are timed on their own, the other work in full-data gradients)."""
-    return load_passes().info(job.name).cost(job.options)
+    return load_passes().get(job.name).cost(job.options)
 
 
 def format_plan(jobs: list[Job], settings: AnalysisSettings) -> str:

@@ -9,7 +9,7 @@ analysis_samples = 500               #   seed, dtype, hvp, backend, device
 top_k = 3
 ```
 ``landscape analyze RUN analyze/quick.toml`` takes one; flags given on the command line win over it. Read by
-the one schema loader (``landscape.config.schema``): the top-level keys by ``RecipeKeys``, ``[settings]`` by
+the one schema loader (``landscape.core.schema``): the top-level keys by ``RecipeKeys``, ``[settings]`` by
 ``AnalysisSettings``, each pass's table by its options (``PassSpec.make_options``, as ``--set`` values are).
 """
 
@@ -22,8 +22,8 @@ from typing import Annotated, Any
 
 from landscape.analyze.passes import PASSES
 from landscape.analyze.settings import AnalysisSettings
-from landscape.config.schema import load, read_toml, rule, unknown_key_message
 from landscape.core.errors import LandscapeError
+from landscape.core.schema import load, read_toml, rule, unknown_key_message
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The registry of analysis passes: a pass is declared by name with everything there is to know about it
+"""The registry of analysis passes (the one registry, ``landscape.core.registry``): a pass is declared by name with everything there is to know about it
 besides its computation (``PassSpec``): the dataclass of its options, whether it runs only when named
 (opt-in), what it needs of a run (``CLIENTS``, ``KEPT_CLIENTS``), whether its work is split inside it across
 ranks, its cost model (``Cost`` from its options: the dry-run's estimate) and the summary quantities compare,
@@ -19,9 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from landscape.config.schema import load
-from landscape.core.errors import LandscapeError
-from landscape.core.registry import option_defaults
+from landscape.core.registry import Entry, Registry
 
 
 @dataclass
@@ -84,16 +82,15 @@ def _no_cost(options: Any) -> Cost:
     return Cost()
 
 
-@dataclass(frozen=True)
-class PassSpec:
-    """A declared pass: its name, its metadata and, once its module is imported, its function (``factory``).
+@dataclass(frozen=True, kw_only=True)
+class PassSpec(Entry):
+    """A declared pass (an ``Entry`` of the one registry): its name, options and summary, its metadata below
+    and, once its module is imported, its function (``factory``: ``(CheckpointContext, options) ->
+    PassOutput``).
 
-    ``options`` is a schema dataclass (``landscape.config.schema``): its annotations give each option's kind,
+    ``options`` is a schema dataclass (``landscape.core.schema``): its annotations give each option's kind,
     range (``rule``) and choices (``Literal``), and its ``__post_init__`` the checks across options."""
 
-    name: str
-    options: type | None = None  # None: the pass takes no options
-    summary: str = ""  # one line, for `landscape list`
     opt_in: bool = False  # runs only when named (expensive): not part of the default `landscape analyze`
     needs: frozenset[str] = frozenset()  # CLIENTS, KEPT_CLIENTS; options may add KEPT_CLIENTS (``needs``)
     # what a plain state_dict, which has no clients, can run of a pass whose options may need them
@@ -107,27 +104,16 @@ class PassSpec:
     # what the options ask of the machine that is to run them (a surface grid's memory), checked when
     # options are made for work (``catalog.pass_options``), not when stored results are read
     machine_check: Callable[[Any], None] | None = None
-    factory: PassFn | None = None  # the pass function, attached by ``PassRegistry.implement``
 
-    def option_defaults(self) -> dict[str, Any]:
-        """Every option with its default, in declaration order."""
-        return option_defaults(self.options)
-
-    def make_options(self, values: Any) -> Any:
-        """The options from recipe, ``--set`` or recorded values, checked by the one schema loader: one line
-        naming the option (``hessian.top_k must be >= 1 (got 0)``) for an unknown key or a value of the
-        wrong kind, out of range or not a choice. A number where a list goes is a one-element list
-        (``--set sharpness.rhos=0.05``)."""
-        if self.options is None:
-            if not isinstance(values, Mapping) or values:
-                got = ", ".join(sorted(values)) if isinstance(values, Mapping) else repr(values)
-                raise LandscapeError(f"{self.name} takes no options (got {got})")
-            return None
-        if isinstance(values, Mapping):
+    def make_options(self, values: Any, where: str | None = None, *, noun: str = "pass option") -> Any:
+        """The options from recipe, ``--set`` or recorded values (``Entry.make_options``: one line naming
+        the option, ``hessian.top_k must be >= 1 (got 0)``), after two spellings are made one: a number where
+        a list goes is a one-element list (``--set sharpness.rhos=0.05``), and the pass's own ``spelling``."""
+        if self.options is not None and isinstance(values, Mapping):
             lists = {k for k, v in self.option_defaults().items() if isinstance(v, tuple)}
             values = {k: (v,) if k in lists and not isinstance(v, (list, tuple)) else v for k, v in values.items()}
             values = self.spelling(values) if self.spelling is not None else values
-        return load(self.options, values, self.name, noun="pass option")
+        return super().make_options(values, where, noun=noun)
 
 
 def _named(quantity: Quantity | PerRadius, name: str) -> Quantity | PerRadius:
@@ -137,63 +123,28 @@ def _named(quantity: Quantity | PerRadius, name: str) -> Quantity | PerRadius:
     return lambda rho: replace(quantity(rho), pass_name=name)
 
 
-class PassRegistry:
+class PassRegistry(Registry[PassSpec]):
     """The analysis passes by name: each a ``PassSpec``, declared first, its function attached later."""
 
     def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._entries: dict[str, PassSpec] = {}
+        super().__init__(kind, PassSpec)
 
     def declare(self, name: str, *, needs: Sequence[str] = (), quantities: Sequence[Quantity | PerRadius] = (),
                 **metadata: Any) -> PassSpec:
-        """Declare the pass ``name`` with its metadata (``PassSpec``'s fields but ``factory``)."""
-        if name in self._entries:
-            raise ValueError(f"{self.kind} '{name}' declared twice")
-        spec = PassSpec(name, needs=frozenset(needs), quantities=tuple(_named(q, name) for q in quantities),
-                        **metadata)
-        self._entries[name] = spec
-        return spec
-
-    def implement(self, name: str) -> Callable[[PassFn], PassFn]:
-        """Decorator: the function of the declared pass ``name``."""
-
-        def attach(function: PassFn) -> PassFn:
-            spec = self.get(name)
-            if spec.factory is not None:
-                raise ValueError(f"{self.kind} '{name}' implemented twice")
-            self._entries[name] = replace(spec, factory=function)
-            return function
-
-        return attach
-
-    def get(self, name: str) -> PassSpec:
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise LandscapeError(f"unknown {self.kind} '{name}'; choose from: {', '.join(self.names())}") from None
-
-    def info(self, name: str) -> PassSpec:
-        """The pass's spec (``get``), read for its metadata: opt-in, needs, cost, quantities."""
-        return self.get(name)
-
-    def names(self) -> list[str]:
-        return sorted(self._entries)
-
-    def entries(self) -> list[PassSpec]:
-        return [self._entries[n] for n in self.names()]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        """Declare the pass ``name`` with its metadata (``PassSpec``'s fields but ``factory``); each quantity
+        carries the pass's name."""
+        return super().declare(name, needs=frozenset(needs), quantities=tuple(_named(q, name) for q in quantities),
+                               **metadata)
 
     def needs(self, name: str, options: Any) -> frozenset[str]:
         """What the pass needs of a run with these options: its declared needs, and KEPT_CLIENTS where the
         options say so (a true ``needs_kept_clients``: the client-plane surface)."""
         options_need = bool(getattr(options, "needs_kept_clients", False))
-        return self.info(name).needs | ({KEPT_CLIENTS} if options_need else set())
+        return self.get(name).needs | ({KEPT_CLIENTS} if options_need else set())
 
     def quantities(self, name: str, rhos: Sequence[float]) -> list[Quantity]:
         """The pass's summary quantities, those per radius at each of ``rhos``."""
-        return [one for q in self.info(name).quantities
+        return [one for q in self.get(name).quantities
                 for one in ([q] if isinstance(q, Quantity) else [q(rho) for rho in rhos])]
 
 

@@ -1,6 +1,6 @@
 """The analysis settings shared by every pass (``AnalysisSettings``: split, subset, BN mode, device, backend,
 product, batch size, seed, dtype, threads, memory format), a schema of the one loader
-(``landscape.config.schema``): their kinds, ranges and choices are in the annotations, checked where they enter
+(``landscape.core.schema``): their kinds, ranges and choices are in the annotations, checked where they enter
 (CLI flags, analysis recipes, figure recipes). Imports nothing of the analysis, so figures, reports and recipes
 read them without loading models or data sets."""
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from landscape.config.schema import check, choices, rule
 from landscape.config.sections import DTYPES
+from landscape.core.schema import check, choices, rule
 
 # "auto": the run's dtype (train.dtype) or the state_dict's; else one of the training recipe's dtypes
 Dtype = Literal[("auto", *DTYPES)]

@@ -254,7 +254,7 @@ class StateDictSource(Source):
         trajectory, a filter-reference of ``round:<r>``): files are not rounds of a run."""
         if needs_clients(name, options):
             what = getattr(options, "described", name)  # options that ask for clients: surface --directions
-            usable = [f"{p} ({PASSES.info(p).without_clients})" if PASSES.info(p).without_clients else p
+            usable = [f"{p} ({PASSES.get(p).without_clients})" if PASSES.get(p).without_clients else p
                       for p in PASSES.names() if not needs_clients(p, None)]
             raise LandscapeError(f"{what} needs the clients of a training run, and {self._given} is a plain "
                                  f"state_dict, which has no clients (no client data, no kept client models); the "

@@ -1,5 +1,5 @@
 """Claim files (``claims/*.toml``): their schema (``ClaimFile``, each ``[[compare]]`` a ``CompareTable``), read by
-``landscape.config.schema.load`` and checked (``load_claim``); the format is described in
+``landscape.core.schema.load`` and checked (``load_claim``); the format is described in
 ``landscape.claims.checks``. Also the rounds each comparison reads (``chosen_rounds``, ``check_rounds``), each
 quantity's scale (``scale_of``) and one number per run (``run_value``)."""
 
@@ -15,8 +15,8 @@ import numpy as np
 
 from landscape.analyze.registry import Quantity
 from landscape.claims.statistics import MAX_SEEDS
-from landscape.config.schema import load, read_toml, rule
 from landscape.core.errors import LandscapeError
+from landscape.core.schema import load, read_toml, rule
 from landscape.figures.report.data import quantities
 from landscape.figures.rundata import RunData
 
@@ -252,7 +252,7 @@ def compared_rounds(comparison: Comparison, train: Any, pass_rounds: Mapping[str
         return have, why
     have = analysed_rounds(output, pass_rounds[output], train)
     why = f"the figure analyses {output} at rounds {pass_rounds[output]}"
-    if KEPT_CLIENTS in PASSES.info(output).needs and not have:
+    if KEPT_CLIENTS in PASSES.get(output).needs and not have:
         why += f"; the {output} pass needs train.keep_clients = true"
     return have, why
 

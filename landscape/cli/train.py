@@ -184,7 +184,7 @@ def _check_rho(recipe_file: Path | None, overrides: list[tuple[str, Any]], axes:
     """--rho sets the algorithm's option rho (``algorithm.rho``): refused in one line when an algorithm of the
     run (or of the sweep) has none, naming those that have it."""
     from landscape.config import overrides as recipe_overrides
-    from landscape.train.algorithms import ALGORITHMS
+    from landscape.config.algorithms import ALGORITHMS
 
     others = [(k, v) for k, v in overrides if k != "algorithm.rho"]
     runs = recipe_overrides.build_sweep(recipe_file, others, {k: v for k, v in axes.items() if k != "algorithm.rho"})

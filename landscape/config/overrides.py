@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from landscape.config.recipe import Recipe, resolve, run_name, set_key
-from landscape.config.schema import read_toml
 from landscape.config.sections import SECTIONS, TOP_LEVEL
 from landscape.core.errors import LandscapeError, shown
+from landscape.core.schema import read_toml
 
 if sys.version_info >= (3, 11):
     import tomllib

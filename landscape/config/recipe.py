@@ -7,7 +7,7 @@ A recipe has three top-level keys (``name``, ``seed``, ``imports``) and five tab
 (``[dataset]``, ``[partition]``, ``[model]``, ``[algorithm]``): their keys are a few common settings plus
 the options that entry declares. ``[train]`` holds the round loop's settings. The resolved recipe written
 into a run directory holds every key with its value, defaults included. Each table is checked by its schema
-(``landscape.config.schema``): the common settings by the section's dataclass (``recipe_sections``), an entry's
+(``landscape.core.schema``): the common settings by the section's dataclass (``recipe_sections``), an entry's
 own options by the entry's options dataclass; kinds, ranges and choices are in their annotations.
 
 A resolved recipe is a frozen ``Recipe``: ``recipe.train.lr``, ``recipe.partition.clients``, the entry's own
@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from landscape.config import schema
-from landscape.config.schema import unknown_key_message
+from landscape.config.algorithms import ALGORITHMS
 from landscape.config.sections import (
     ENTRY_SECTIONS,
     SECTIONS,
@@ -41,8 +40,10 @@ from landscape.config.sections import (
     load_settings,
     with_options,
 )
+from landscape.core import schema
 from landscape.core.errors import LandscapeError, shown
 from landscape.core.registry import Entry, Registry
+from landscape.core.schema import unknown_key_message
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -118,8 +119,6 @@ def registries(algorithms: bool = True) -> dict[str, Registry]:
 
     found = {"dataset": DATASETS, "partition": PARTITIONS, "model": MODELS}
     if algorithms:
-        from landscape.train.algorithms import ALGORITHMS
-
         found["algorithm"] = ALGORITHMS
     return found
 
@@ -214,9 +213,7 @@ def _entry_options(entry: Entry, values: dict, where: str, common: tuple[str, ..
         if key not in allowed:
             owner = f"[{where}] with {where}.name = '{entry.name}'" if common else f"[{where}]"
             raise LandscapeError(unknown_key_message(f"{where}.{key}", allowed, f"in {owner}", "recipe key"))
-    if entry.options is None:
-        return {}
-    options = schema.load(entry.options, values, where, noun="recipe key")
+    options = entry.make_options(values, where, noun="recipe key")
     return {k: _frozen(getattr(options, k)) for k in names}
 
 

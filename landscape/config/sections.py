@@ -1,6 +1,6 @@
 """The tables of a recipe as frozen settings dataclasses (``[dataset]``, ``[partition]``, ``[model]``,
 ``[algorithm]``, ``[train]``) and its top-level keys, each setting's kind, default, range and choices declared in
-its annotation (``landscape.config.schema``); read, resolved and written by ``landscape.config.recipe``."""
+its annotation (``landscape.core.schema``); read, resolved and written by ``landscape.config.recipe``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from landscape.config import schema
-from landscape.config.schema import rule
+from landscape.core import schema
+from landscape.core.schema import rule
 
 
 def _no_options() -> Mapping[str, Any]:

@@ -57,7 +57,7 @@ class DatasetBundle:
     natural_partition: list[np.ndarray] | None  # per-client train indices when the data set has its own clients
 
 
-DATASETS: Registry[Callable[..., DatasetBundle]] = Registry("dataset")
+DATASETS = Registry("dataset")
 
 
 def load_dataset(

@@ -32,7 +32,7 @@ from landscape.core.errors import LandscapeError
 from landscape.core.registry import Registry
 
 PartitionFn = Callable[..., list[np.ndarray]]
-PARTITIONS: Registry[PartitionFn] = Registry("partition")
+PARTITIONS = Registry("partition")  # each factory a PartitionFn
 
 
 def make_partition(name: str, labels: np.ndarray, *, num_clients: int, num_classes: int, seed: int,

@@ -32,8 +32,8 @@ class PlotSpec:
 def render(plot: PlotSpec, runs: list[RunData], out_dir: Path, surface: str = "surface") -> list[Path]:
     """Draw one plot: ``<file>.png`` and ``<file>.pdf`` (+ ``<file>.html`` for the kinds with an interactive
     renderer, the surface kinds, which draw the surfaces named ``surface``)."""
-    kind = PLOT_KINDS[plot.kind]
-    fig = kind.draw(runs, plot.options, surface)
+    kind = PLOT_KINDS.get(plot.kind)
+    fig = kind.factory(runs, plot.options, surface)
     heading = plot.title
     if heading:
         fig.suptitle(heading, fontsize="large")

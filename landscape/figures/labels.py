@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from landscape.core.algorithm_labels import algorithm_label
+from landscape.config.algorithms import algorithm_label
 from landscape.figures.seeds import flat_recipe
 from landscape.figures.selection import Selection, caption
 

@@ -1,5 +1,5 @@
 """The plot kinds of figure recipes, registered by name: each with its options (the keys a ``[[plots]]`` table of
-that kind may hold, a schema dataclass checked by ``landscape.config.schema.load``), the passes it reads (with
+that kind may hold, a schema dataclass checked by ``landscape.core.schema.load``), the passes it reads (with
 the rounds it needs of them by default) and its draw function.
 
 A plot kind is one block of this module: its options dataclass (a ``PlotTable`` with the kind's own keys), its
@@ -12,14 +12,15 @@ is optional. ``landscape.figures.recipe.figure`` checks each ``[[plots]]`` table
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from matplotlib.figure import Figure
 
-from landscape.config.schema import rule
+from landscape.core.registry import Entry, Registry
+from landscape.core.schema import rule
 from landscape.figures import curves
 from landscape.figures.rundata import RunData, require_passes
 from landscape.figures.surface import draw as surfaces
@@ -49,34 +50,26 @@ class PlotTable:
     title: str | None = None
 
 
-@dataclass(frozen=True)
-class PlotKind:
-    """A registered plot kind: its options dataclass (a ``PlotTable``: the keys its tables may hold), the passes
-    it reads (each with the rounds it needs by default: "last" or "all"; none for metrics.jsonl kinds), its
-    draw function and, for the surface kinds, an interactive (plotly) one."""
+@dataclass(frozen=True, kw_only=True)
+class PlotKind(Entry):
+    """A plot kind (an ``Entry`` of the one registry): its options dataclass (a ``PlotTable``: the keys its
+    tables may hold), the passes it reads (each with the rounds it needs by default: "last" or "all"; none for
+    metrics.jsonl kinds), its draw function (``factory``, a ``Draw``) and, for the surface kinds, an
+    interactive (plotly) one."""
 
-    name: str
-    summary: str
-    options: type[PlotTable]
-    passes: Mapping[str, str]
-    draw: Draw
+    options: type[PlotTable] = PlotTable
+    passes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     interactive: Interactive | None = None
 
 
-PLOT_KINDS: dict[str, PlotKind] = {}
+PLOT_KINDS = Registry("plot kind", PlotKind)
 
 
 def plot_kind(name: str, summary: str, options: type[PlotTable] = PlotTable, passes: Mapping[str, str] | None = None,
               interactive: Interactive | None = None) -> Callable[[Draw], Draw]:
     """Register the decorated draw function as the plot kind ``name`` (its tables checked by ``options``)."""
-
-    def register(draw: Draw) -> Draw:
-        if name in PLOT_KINDS:
-            raise ValueError(f"plot kind '{name}' registered twice")
-        PLOT_KINDS[name] = PlotKind(name, summary, options, MappingProxyType(dict(passes or {})), draw, interactive)
-        return draw
-
-    return register
+    return PLOT_KINDS.register(name, summary=summary, options=options, passes=MappingProxyType(dict(passes or {})),
+                               interactive=interactive)
 
 
 def surface_sources(runs: Sequence[RunData], name: str = "surface") -> list[Path]:

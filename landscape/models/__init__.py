@@ -23,7 +23,7 @@ from landscape.models.resnet import ResNet18, norm_factory
 
 ModelBuilder = Callable[[tuple[int, ...], int, Any], nn.Module]
 
-MODELS: Registry[ModelBuilder] = Registry("model")
+MODELS = Registry("model")  # each factory a ModelBuilder
 
 __all__ = ["MODELS", "ModelBuilder", "build_model"]
 

@@ -71,7 +71,7 @@ class Run:
     # -- what is on disk, read once -----------------------------------------------------------------------
     @cached_property
     def _table(self) -> dict:
-        from landscape.config.schema import read_toml
+        from landscape.core.schema import read_toml
 
         return read_toml(self.dir.recipe, "recipe")
 

@@ -73,7 +73,7 @@ def _state_dict_model(model_spec: str | None, dataset_spec: str | None) -> Any:
 def state_dict_passes() -> list[str]:
     """The default passes that need nothing of a run but its model (a plain state_dict has no clients)."""
     registry = load_passes()
-    return [name for name in default_passes() if not registry.info(name).needs]
+    return [name for name in default_passes() if not registry.get(name).needs]
 
 
 def _pass_names(passes: str | None, surface_flags: dict[str, str], state_dict: bool) -> list[str]:
@@ -96,7 +96,7 @@ def _set_kinds(assignments: tuple[str, ...]) -> tuple[dict[str, Any], list[tuple
     settings (analyze.<setting>) and pass options (<pass>.<option>); a training recipe key is refused naming the
     commands that take it."""
     from landscape.config.overrides import ANALYSIS_SETTING, classify_assignment, parse_assignment
-    from landscape.config.schema import unknown_key_message
+    from landscape.core.schema import unknown_key_message
 
     allowed = [f.name for f in fields(AnalysisSettings)]
     settings: dict[str, Any] = {}

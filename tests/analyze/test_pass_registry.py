@@ -20,8 +20,8 @@ from landscape.analyze.passes import hessian as hessian_pass
 from landscape.analyze.passes.surface import SurfaceOptions
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
-from landscape.config.schema import choices, load
 from landscape.core.errors import LandscapeError
+from landscape.core.schema import choices, load
 from landscape.measure import directions, operator, trace
 from landscape.train.algorithms import ALGORITHMS
 
@@ -51,7 +51,7 @@ def test_every_pass_skips_what_is_done_and_estimates_the_products_it_makes(six_r
     assert again.rows == first.rows and sum(made) == products  # nothing computed the second time
     result = json.loads(result_file(six_round_copy / "analysis" / "round-0006", name).read_text())["result"]
     assert result.get("hvp_count", 0) == products  # every product the pass made is in its count
-    estimate = PASSES.info(name).cost(options).hvps
+    estimate = PASSES.get(name).cost(options).hvps
     assert products / 2 <= estimate <= 2 * products  # as `landscape analyze --dry-run` says: a factor of 2
 
 

@@ -6,9 +6,9 @@ import pytest
 
 from landscape.config import overrides as recipe_overrides
 from landscape.config import recipe as recipes
-from landscape.config import schema
 from landscape.config import sections as recipe_sections
 from landscape.config.sections import PartitionSettings, TopLevelSettings, TrainSettings
+from landscape.core import schema
 from landscape.core.errors import LandscapeError
 
 
@@ -140,7 +140,7 @@ def test_bad_sweep_axis():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# ranges and choices come from the settings' annotations (landscape.config.schema), generated from the fields
+# ranges and choices come from the settings' annotations (landscape.core.schema), generated from the fields
 
 
 def _ruled_fields(cls):

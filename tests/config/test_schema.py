@@ -1,4 +1,4 @@
-"""The one schema loader (landscape.config.schema): kinds, ranges, choices, unknown keys, nested tables and
+"""The one schema loader (landscape.core.schema): kinds, ranges, choices, unknown keys, nested tables and
 arrays of tables, each refused in one line naming the key; TOML written back by tomli-w reads the same."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 
 import pytest
 
-from landscape.config.schema import check, choices, dump_toml, holds, load, rule
 from landscape.core.errors import LandscapeError
+from landscape.core.schema import check, choices, dump_toml, holds, load, rule
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -172,7 +172,7 @@ def test_dry_run_and_scale_switch(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     (("", "colour = 1\n"), "unknown figure recipe key 'colour'; allowed top-level: name, title, seeds, train, "),
-    (('kind = "accuracy"', 'kind = "pie"'), "kind must be one of surfaces"),
+    (('kind = "accuracy"', 'kind = "pie"'), "kind must be one of accuracy, alignment"),
     (('kind = "accuracy"', 'kind = "accuracy"\nruns = ["z"]'), "names unknown run(s) z"),
     (('id = "b"', 'id = "a"'), "run ids must be unique"),
     (('id = "b"', 'id = "../b"'), "must be letters, digits"),
@@ -223,7 +223,7 @@ def _smallest_table(kind: plot_kinds.PlotKind) -> dict:
     """The smallest [[plots]] table of a kind: its kind, and the first choice of every option it requires."""
     import dataclasses
 
-    from landscape.config.schema import choices
+    from landscape.core.schema import choices
 
     required = [f.name for f in dataclasses.fields(kind.options)
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name != "kind"]
@@ -238,8 +238,8 @@ def _smallest_table(kind: plot_kinds.PlotKind) -> dict:
 def test_every_plot_kind_declares_its_options_and_the_passes_it_reads(name, tmp_path):
     from landscape.analyze.catalog import load_passes
 
-    kind = plot_kinds.PLOT_KINDS[name]
-    assert kind.name == name and kind.summary and callable(kind.draw)
+    kind = plot_kinds.PLOT_KINDS.get(name)
+    assert kind.name == name and kind.summary and callable(kind.factory)
     assert issubclass(kind.options, plot_kinds.PlotTable)
     assert set(kind.passes) <= set(load_passes().names()), kind.passes  # passes that exist
     assert set(kind.passes.values()) <= {"last", "all"}
@@ -258,7 +258,7 @@ def test_every_plot_kind_declares_its_options_and_the_passes_it_reads(name, tmp_
 
 
 def test_a_plot_kind_is_registered_once():
-    with pytest.raises(ValueError, match="registered twice"):
+    with pytest.raises(ValueError, match="declared twice"):
         plot_kinds.plot_kind("accuracy", "again")(lambda runs, plot, surface: None)
 
 

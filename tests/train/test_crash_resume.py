@@ -69,7 +69,7 @@ import io, json, os, re, signal, sys, traceback
 from pathlib import Path
 
 from landscape.config import recipe as recipes
-from landscape.config import schema
+from landscape.core import schema
 from landscape.store import checkpoints
 from landscape.store import fileio
 from landscape.store import directory as runs

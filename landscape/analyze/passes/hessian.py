@@ -11,8 +11,8 @@ import numpy as np
 from landscape.analyze.passes._common import client_objectives
 from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, StoredResult
 from landscape.analyze.serial import split_result
-from landscape.config.schema import rule
 from landscape.core.errors import LandscapeError
+from landscape.core.schema import rule
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext

@@ -9,7 +9,7 @@ import numpy as np
 
 from landscape.analyze.passes._common import ALL
 from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, StoredResult
-from landscape.config.schema import rule
+from landscape.core.schema import rule
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext

@@ -11,7 +11,7 @@ import numpy as np
 from landscape.analyze.passes._common import ALL, client_objectives
 from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, StoredResult
 from landscape.analyze.serial import split_result
-from landscape.config.schema import rule
+from landscape.core.schema import rule
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext

@@ -4,7 +4,7 @@ check that its grid fits in memory, and its function, whose computation (``analy
 runs.
 
 Each option's kind, choices and format are its annotation (the one schema loader,
-``landscape.config.schema``); ``SurfaceOptions.__post_init__`` checks what depends on several options (a
+``landscape.core.schema``); ``SurfaceOptions.__post_init__`` checks what depends on several options (a
 grid and span for the directions' line or plane, a normalisation for the directions), all when the options
 are made, before any work.
 """
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 
 from landscape.analyze.registry import PASSES, Cost, PassOutput
-from landscape.config.schema import choices, holds, rule
 from landscape.core.errors import LandscapeError
+from landscape.core.schema import choices, holds, rule
 from landscape.measure.surface.grid import (
     DEFAULT_SPANS,
     make_axis,

@@ -43,7 +43,7 @@ with the standard error (``landscape.figures.seeds``). ``FigureRecipe.seed_runs`
 ``load_figure_recipe`` reads one: every table is checked by its schema (``landscape.figures.recipe.tables``:
 ``FigureFile`` at the top level, then ``FigureTables`` with the chosen scale's table merged over the rest; each
 ``[[plots]]`` table by its kind's options, ``landscape.figures.plot_kinds``) through
-``landscape.config.schema.load``, a bad key or value
+``landscape.core.schema.load``, a bad key or value
 refused in one line naming the file and the key. ``landscape.figures.recipe.rounds`` checks the rounds it asks
 for, and ``figure_runs`` gives a plot its loaded runs. This module reads only TOML, as every figure module does.
 """
@@ -58,8 +58,8 @@ from pathlib import Path
 from typing import Any
 
 from landscape.config.overrides import ANALYSIS_SETTING, PASS_OPTION, classify_assignment, parse_assignment
-from landscape.config.schema import load, read_toml
 from landscape.core.errors import LandscapeError
+from landscape.core.schema import load, read_toml
 from landscape.figures.book import PlotSpec
 from landscape.figures.plot_kinds import METRIC_KEYS, PLOT_KINDS
 from landscape.figures.recipe.tables import (
@@ -304,7 +304,10 @@ def _plot(entry: dict[str, Any], k: int, name: str, ids: list[str], path: Path) 
     kind = entry.get("kind")
     if not isinstance(kind, str) or kind not in PLOT_KINDS:
         raise LandscapeError(f"{path}: {where}.kind must be one of {', '.join(PLOT_KINDS)} (got {kind!r})")
-    options = _load(PLOT_KINDS[kind].options, entry, str(path), where, f"{kind} plot key")
+    try:
+        options = PLOT_KINDS.get(kind).make_options(entry, where, noun=f"{kind} plot key")
+    except LandscapeError as e:
+        raise LandscapeError(f"{path}: {e}") from None
     missing = [run for run in options.runs or () if run not in ids]
     if missing:
         raise LandscapeError(f"{path}: {where}.runs names unknown run(s) {_names(missing)} (runs: {', '.join(ids)})")
@@ -326,7 +329,7 @@ def _analysis(analyze: dict[str, Any], plots: list[PlotSpec], path: Path
     pass_options = {name: _thawed(values) for name, values in analyze.items() if isinstance(values, dict)}
     pass_rounds: dict[str, str] = {}
     for plot in plots:
-        for pass_name, rounds in PLOT_KINDS[plot.kind].passes.items():
+        for pass_name, rounds in PLOT_KINDS.get(plot.kind).passes.items():
             if pass_rounds.get(pass_name) != "all":
                 pass_rounds[pass_name] = rounds
     for pass_name, values in pass_options.items():

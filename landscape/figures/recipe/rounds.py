@@ -43,7 +43,7 @@ def analysed_rounds(pass_name: str, spec: str, train: Any) -> list[int]:
     have = checkpoint_rounds(train)
     chosen = have[-1:] if spec == "last" else have if spec == "all" else [
         r for r in map(int, spec.split(",")) if r in have]
-    if KEPT_CLIENTS in PASSES.info(pass_name).needs:  # the flatness pass: the round's kept clients
+    if KEPT_CLIENTS in PASSES.get(pass_name).needs:  # the flatness pass: the round's kept clients
         chosen = [r for r in chosen if r > 0] if train.keep_clients else []
     return chosen
 

@@ -1,6 +1,6 @@
 """The schema of figure recipe files (``figures/*.toml``): ``FigureFile`` (the top level), ``FigureTables`` (the
 recipe at one scale, its ``[digits]`` or ``[paper]`` table merged over the rest) and the tables they hold, each a
-frozen dataclass read by ``landscape.config.schema.load`` (``landscape.figures.recipe.figure`` reads the files;
+frozen dataclass read by ``landscape.core.schema.load`` (``landscape.figures.recipe.figure`` reads the files;
 each ``[[plots]]`` table is checked by its kind's options, ``landscape.figures.plot_kinds``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from landscape.config.schema import rule
+from landscape.core.schema import rule
 from landscape.figures.plot_kinds import ID_PATTERN
 
 SCALES = ("digits", "paper")

@@ -1,4 +1,4 @@
-"""Federated algorithms, one module each, registered by name with their display label and typed state.
+"""Federated algorithms, one module each, implementing the algorithms declared in ``landscape.config.algorithms``.
 
 An algorithm is a client rule, a server rule and their state (the optax / Flower split):
 
@@ -24,8 +24,10 @@ them as tables by field name. State tensors live on the training device while in
 states on the CPU between rounds and saves both in checkpoints. Hyper-parameters come from the algorithm's
 options dataclass (the recipe's ``[algorithm]`` keys, reference defaults); none is hard-coded in a rule.
 
-Every module in this package is imported on first use, so adding an algorithm is adding one file (and its
-display label in ``landscape.core.algorithm_labels``, which figures read without importing torch).
+Every module in this package is imported on first use. A built-in algorithm is declared (label, summary,
+options) in ``landscape.config.algorithms``, which recipes and figures read without importing torch, and its class
+here attaches with ``@ALGORITHMS.implement(name)``; an algorithm of a user's module declares and implements itself
+at once with ``@ALGORITHMS.register(name, label=..., options=...)``.
 """
 
 from __future__ import annotations
@@ -37,14 +39,12 @@ import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from landscape.config.schema import load, rule
-from landscape.core.algorithm_labels import algorithm_label
-from landscape.core.registry import Registry
+from landscape.config.algorithms import ALGORITHMS
 
 Batch = tuple[Tensor, Tensor]
 
@@ -247,35 +247,12 @@ def local_sgd(
     return y, total / max(steps, 1)
 
 
-class AlgorithmRegistry(Registry[type[Algorithm]]):
-    """The registry of algorithm classes: registering one also gives it its ``name`` and display ``label``
-    (``landscape.core.algorithm_labels``: the name itself for an algorithm of a user's module without one)."""
-
-    def register(self, name: str, *, options: type | None = None,
-                 summary: str = "") -> Callable[[type[Algorithm]], type[Algorithm]]:
-        enter = super().register(name, options=options, summary=summary)
-
-        def decorate(cls: type[Algorithm]) -> type[Algorithm]:
-            cls.name, cls.label = name, algorithm_label(name)
-            return enter(cls)
-
-        return decorate
-
-
-ALGORITHMS = AlgorithmRegistry("algorithm")
-
-# The kind of a server (or global) momentum coefficient lam of an options dataclass: 0 <= lam < 1.
-Momentum = Annotated[float, rule(ge=0, lt=1, text="must be in [0, 1)")]
-
-
 def build_algorithm(recipe: Any, layout: ParamLayout) -> Algorithm:
-    """The algorithm of ``recipe`` (a resolved ``landscape.config.recipe.Recipe``; not imported here: the recipe
-    module imports this registry) with its options: the trainer's, and the alignment pass's to rebuild a
-    broadcast."""
+    """The algorithm of ``recipe`` (a resolved ``landscape.config.recipe.Recipe``) with its options: the
+    trainer's, and the alignment pass's to rebuild a broadcast."""
     entry = ALGORITHMS.get(recipe.algorithm.name)
     # Checked by the options' schema again: a recorded recipe read without the algorithms holds them as written.
-    options = (load(entry.options, recipe.algorithm.options, "algorithm", noun="recipe key")
-               if entry.options is not None else entry.make_options(dict(recipe.algorithm.options)))
+    options = entry.make_options(dict(recipe.algorithm.options), "algorithm", noun="recipe key")
     return entry.factory(options, num_clients=recipe.partition.clients, server_lr=recipe.train.server_lr,
                          layout=layout)
 

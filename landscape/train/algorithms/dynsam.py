@@ -33,14 +33,11 @@ train_loss is the mean minibatch loss f_i(y_k; B_k) at the descent points.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from landscape.config.schema import rule
 from landscape.core import perturb
-from landscape.core.errors import LandscapeError
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,
@@ -51,31 +48,6 @@ from landscape.train.algorithms import (
     Tensors,
     local_sgd,
 )
-
-
-@dataclass(frozen=True)
-class DynSAMOptions:
-    a: Annotated[float, rule(ge=0)] = 0.4  # weight of the gradient misalignment 1 - gamma_k in lambda_k
-    b: Annotated[float, rule(ge=0)] = 0.5  # weight of the local sharpness sigma_k
-    c: Annotated[float, rule(ge=0)] = 0.1  # weight of the gradient-angle instability tau_k
-    lambda_min: Annotated[float, rule(ge=0)] = 0.01  # lambda_k is clipped to [lambda_min, lambda_max]
-    lambda_max: float = 0.3
-    rho_min: Annotated[float, rule(ge=0)] = 0.001  # rho_k = max(rho_min, rho_max * exp(-lambda_k))
-    rho_max: float = 0.05
-    # participations with lambda_k = 0, rho_k = rho_max
-    warmup: Annotated[int, rule("stats need an earlier participation", ge=1)] = 3
-    # participations whose final gradients define tau_k
-    history: Annotated[int, rule("an angle needs two participations", ge=2)] = 5
-
-    def __post_init__(self) -> None:
-        if self.lambda_max < self.lambda_min:
-            raise LandscapeError(
-                f"algorithm.lambda_max must be >= lambda_min ({self.lambda_min}) (got {self.lambda_max})"
-            )
-        if self.rho_max < self.rho_min:
-            raise LandscapeError(
-                f"algorithm.rho_max must be >= rho_min ({self.rho_min}) (got {self.rho_max})"
-            )
 
 
 def cosine(u: Tensor, v: Tensor) -> Tensor:
@@ -101,10 +73,7 @@ class DynSAMClient(Tensors):
     final_grad: Tensor  # the last participation's final local gradient
 
 
-@ALGORITHMS.register(
-    "dynsam", options=DynSAMOptions,
-    summary="Dynamic-radius SAM (heuristic): per-client radius and proximal weight from local statistics",
-)
+@ALGORITHMS.implement("dynsam")
 class DynSAM(Algorithm):
     ClientState = DynSAMClient
 

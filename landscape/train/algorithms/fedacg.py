@@ -18,12 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from landscape.config.schema import rule
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,
@@ -31,7 +29,6 @@ from landscape.train.algorithms import (
     ClientResult,
     LocalModel,
     LocalProblem,
-    Momentum,
     ServerRound,
     Tensors,
     local_sgd,
@@ -40,21 +37,11 @@ from landscape.train.algorithms import (
 
 
 @dataclass(frozen=True)
-class FedACGOptions:
-    # server momentum coefficient (lookahead)
-    lam: Momentum = 0.85
-    beta: Annotated[float, rule(ge=0)] = 1e-3  # weight of the proximal term beta * ||y - x~||^2
-
-
-@dataclass(frozen=True)
 class FedACGServer(Tensors):
     m: Tensor  # server momentum m = x^{t+1} - x^t of the last round (zeros at the start)
 
 
-@ALGORITHMS.register(
-    "fedacg", options=FedACGOptions,
-    summary="FedACG (Kim et al. 2024): server momentum broadcast as a lookahead, proximal local steps",
-)
+@ALGORITHMS.implement("fedacg")
 class FedACG(Algorithm):
     ServerState = FedACGServer
 

@@ -8,12 +8,8 @@ server: FedAvg. Reference rho 0.7, eta_a 0.2 (CNN setting). With rho = 0 it is F
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated
-
 from torch import Tensor
 
-from landscape.config.schema import rule
 from landscape.core import perturb
 from landscape.train.algorithms import (
     ALGORITHMS,
@@ -24,12 +20,6 @@ from landscape.train.algorithms import (
     LocalProblem,
     local_sgd,
 )
-
-
-@dataclass(frozen=True)
-class FedASAMOptions:
-    rho: Annotated[float, rule(ge=0)] = 0.7  # ASAM radius (in the T-rescaled geometry)
-    eta_a: Annotated[float, rule(ge=0)] = 0.2  # ASAM's offset in T = |w| + eta_a
 
 
 def asam_direction(problem: LocalProblem, rho: float, eta_a: float, weight_mask: Tensor):
@@ -44,10 +34,7 @@ def asam_direction(problem: LocalProblem, rho: float, eta_a: float, weight_mask:
     return direction
 
 
-@ALGORITHMS.register(
-    "fedasam", options=FedASAMOptions,
-    summary="FedASAM (Caldarola et al. 2022): adaptive-SAM (ASAM) local steps",
-)
+@ALGORITHMS.implement("fedasam")
 class FedASAM(Algorithm):
     def client_update(
         self, message: dict[str, Tensor], client_state: None, problem: LocalProblem

@@ -17,7 +17,7 @@ from landscape.train.algorithms import (
 )
 
 
-@ALGORITHMS.register("fedavg", summary="FedAvg (McMahan et al. 2017): local SGD, average of client updates")
+@ALGORITHMS.implement("fedavg")
 class FedAvg(Algorithm):
     def client_update(
         self, message: dict[str, Tensor], client_state: None, problem: LocalProblem

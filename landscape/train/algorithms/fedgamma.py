@@ -11,26 +11,14 @@ The control-variate rules are SCAFFOLD's (scaffold.py); the SAM gradient is FedS
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated
-
 from torch import Tensor
 
-from landscape.config.schema import rule
 from landscape.train.algorithms import ALGORITHMS, LocalProblem, Tensors
 from landscape.train.algorithms.fedsam import sam_direction
 from landscape.train.algorithms.scaffold import Direction, Scaffold
 
 
-@dataclass(frozen=True)
-class FedGammaOptions:
-    rho: Annotated[float, rule(ge=0)] = 0.01  # SAM radius
-
-
-@ALGORITHMS.register(
-    "fedgamma", options=FedGammaOptions,
-    summary="FedGAMMA (Dai et al. 2023): SAM local steps + SCAFFOLD control variates",
-)
+@ALGORITHMS.implement("fedgamma")
 class FedGamma(Scaffold):
     def local_direction(self, problem: LocalProblem) -> Direction:
         # e = rho * g / ||g||;  g(y_k + e) on the same batch (SCAFFOLD's rule adds the correction c - c_i)

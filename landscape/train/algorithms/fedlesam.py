@@ -17,11 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated
 
 from torch import Tensor
 
-from landscape.config.schema import rule
 from landscape.core import perturb
 from landscape.train.algorithms import (
     ALGORITHMS,
@@ -37,12 +35,6 @@ from landscape.train.algorithms import (
 
 
 @dataclass(frozen=True)
-class FedLESAMOptions:
-    # perturbation radius along the estimated global ascent direction
-    rho: Annotated[float, rule(ge=0)] = 0.05
-
-
-@dataclass(frozen=True)
 class FedLESAMServer(Tensors):
     x_prev: Tensor  # x^{t-1}, the previous global model (x^0 at round 0)
 
@@ -52,10 +44,7 @@ class FedLESAMClient(Tensors):
     x_seen: Tensor  # x^{tau_i}, the global model the client received at its last participation
 
 
-@ALGORITHMS.register(
-    "fedlesam", options=FedLESAMOptions,
-    summary="FedLESAM (Fan et al. 2024): SAM along a locally estimated global perturbation, 1 backward/step",
-)
+@ALGORITHMS.implement("fedlesam")
 class FedLESAM(Algorithm):
     ServerState = FedLESAMServer
     ClientState = FedLESAMClient

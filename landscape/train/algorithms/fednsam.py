@@ -25,12 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from landscape.config.schema import rule
 from landscape.core.perturb import normalized
 from landscape.train.algorithms import (
     ALGORITHMS,
@@ -39,7 +37,6 @@ from landscape.train.algorithms import (
     ClientResult,
     LocalModel,
     LocalProblem,
-    Momentum,
     ServerRound,
     Tensors,
     local_sgd,
@@ -49,21 +46,11 @@ from landscape.train.algorithms.fedsam import sam_direction
 
 
 @dataclass(frozen=True)
-class FedNSAMOptions:
-    # global (Nesterov) momentum coefficient
-    lam: Momentum = 0.85
-    rho: Annotated[float, rule(ge=0)] = 0.1  # SAM radius
-
-
-@dataclass(frozen=True)
 class FedNSAMServer(Tensors):
     m: Tensor  # the global momentum m^{t-1} (zeros before round 0)
 
 
-@ALGORITHMS.register(
-    "fednsam", options=FedNSAMOptions,
-    summary="FedNSAM (Liu et al. 2026): SAM perturbed along the global Nesterov momentum, server momentum",
-)
+@ALGORITHMS.implement("fednsam")
 class FedNSAM(Algorithm):
     ServerState = FedNSAMServer
 

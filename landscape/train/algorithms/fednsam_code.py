@@ -21,18 +21,14 @@ With lam = 0 either server is FedSAM, bit for bit (tests/train/test_algorithms_g
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Annotated, Literal
 
 from torch import Tensor
 
-from landscape.config.schema import rule
 from landscape.train.algorithms import (
     ALGORITHMS,
     ClientResult,
     LocalModel,
     LocalProblem,
-    Momentum,
     ServerRound,
     local_sgd,
     mean_model,
@@ -41,19 +37,7 @@ from landscape.train.algorithms.fednsam import FedNSAM, FedNSAMServer
 from landscape.train.algorithms.fedsam import sam_direction
 
 
-@dataclass(frozen=True)
-class FedNSAMCodeOptions:
-    # global momentum coefficient (the code's gamma)
-    lam: Momentum = 0.85
-    rho: Annotated[float, rule(ge=0)] = 0.05  # SAM radius (the code's value)
-    # "momentum" (paper) or "latest-revision" (defect: m = (1 + lam) Delta_bar)
-    server: Literal["momentum", "latest-revision"] = "momentum"
-
-
-@ALGORITHMS.register(
-    "fednsam-code", options=FedNSAMCodeOptions,
-    summary="FedNSAM as the public code runs it: local SAM from the look-ahead x + lam m, server momentum",
-)
+@ALGORITHMS.implement("fednsam-code")
 class FedNSAMCode(FedNSAM):
     """FedNSAM's server state and broadcast (m, sent with x); the public code's client and server rules."""
 

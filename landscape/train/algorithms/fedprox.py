@@ -11,12 +11,8 @@ minibatch cross-entropy f_i(y_k; B) alone (the proximal term is not added), so i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated
-
 from torch import Tensor
 
-from landscape.config.schema import rule
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,
@@ -28,15 +24,7 @@ from landscape.train.algorithms import (
 )
 
 
-@dataclass(frozen=True)
-class FedProxOptions:
-    mu: Annotated[float, rule(ge=0)] = 0.01  # proximal weight
-
-
-@ALGORITHMS.register(
-    "fedprox", options=FedProxOptions,
-    summary="FedProx (Li et al. 2020): local SGD with a proximal term mu/2 ||y - x||^2",
-)
+@ALGORITHMS.implement("fedprox")
 class FedProx(Algorithm):
     def client_update(
         self, message: dict[str, Tensor], client_state: None, problem: LocalProblem

@@ -7,12 +7,8 @@ server: FedAvg. Reference rho 0.1 (CNN: lr 0.01, wd 4e-4, E = 1, batch 64; or Re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated
-
 from torch import Tensor
 
-from landscape.config.schema import rule
 from landscape.core.perturb import sam_perturbation
 from landscape.train.algorithms import (
     ALGORITHMS,
@@ -23,11 +19,6 @@ from landscape.train.algorithms import (
     LocalProblem,
     local_sgd,
 )
-
-
-@dataclass(frozen=True)
-class FedSAMOptions:
-    rho: Annotated[float, rule(ge=0)] = 0.1  # SAM radius
 
 
 def sam_direction(problem: LocalProblem, rho: float):
@@ -43,9 +34,7 @@ def sam_direction(problem: LocalProblem, rho: float):
     return direction
 
 
-@ALGORITHMS.register(
-    "fedsam", options=FedSAMOptions, summary="FedSAM (Caldarola et al. 2022): SAM local steps"
-)
+@ALGORITHMS.implement("fedsam")
 class FedSAM(Algorithm):
     def client_update(
         self, message: dict[str, Tensor], client_state: None, problem: LocalProblem

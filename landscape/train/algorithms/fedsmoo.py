@@ -28,12 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from landscape.config.schema import rule
 from landscape.core.perturb import normalized, sam_perturbation
 from landscape.train.algorithms import (
     ALGORITHMS,
@@ -44,12 +42,6 @@ from landscape.train.algorithms import (
     Tensors,
     mean_model,
 )
-
-
-@dataclass(frozen=True)
-class FedSMOOOptions:
-    rho: Annotated[float, rule(ge=0)] = 0.1  # SAM radius (and of the global correction s)
-    lam: Annotated[float, rule(ge=0)] = 0.1  # weight of the dynamic regulariser lam * (y - x^t + h_i)
 
 
 def corrected_gradient(g: Tensor, mu: Tensor, s: Tensor) -> Tensor:
@@ -75,10 +67,7 @@ class FedSMOOUpload(Tensors):
     mu: Tensor  # mu_i, for s
 
 
-@ALGORITHMS.register(
-    "fedsmoo", options=FedSMOOOptions,
-    summary="FedSMOO (Sun et al. 2023): SAM with dual-corrected perturbation and a dynamic regulariser",
-)
+@ALGORITHMS.implement("fedsmoo")
 class FedSMOO(Algorithm):
     ServerState = FedSMOOServer
     ClientState = FedSMOOClient

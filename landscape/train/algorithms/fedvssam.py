@@ -25,12 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from landscape.config.schema import rule
 from landscape.core.perturb import sam_perturbation
 from landscape.train.algorithms import (
     ALGORITHMS,
@@ -45,15 +43,6 @@ from landscape.train.algorithms import (
 )
 
 
-@dataclass(frozen=True)
-class FedVSSAMOptions:
-    # local mixing weight of the fresh gradient against h (LF, LU)
-    gamma_l: Annotated[float, rule(gt=0, le=1, text="must be in (0, 1]")] = 0.4
-    # global mixing weight of the round's pseudo-gradient against h (GU)
-    gamma_g: Annotated[float, rule(gt=0, le=1, text="must be in (0, 1]")] = 0.6
-    rho: Annotated[float, rule(ge=0)] = 0.05  # SAM radius
-
-
 def steered(carried: Tensor, g: Tensor, gamma_l: float) -> Tensor:
     """LF: h_i = (1 - gamma_l) h + gamma_l g(y_k), from carried = (1 - gamma_l) h."""
     return carried + gamma_l * g
@@ -64,10 +53,7 @@ class FedVSSAMServer(Tensors):
     h: Tensor  # the global adjusted direction (zeros at t = 0)
 
 
-@ALGORITHMS.register(
-    "fedvssam", options=FedVSSAMOptions,
-    summary="FedVSSAM (2026): SAM on a gradient mixed with the global direction, server momentum on it",
-)
+@ALGORITHMS.implement("fedvssam")
 class FedVSSAM(Algorithm):
     ServerState = FedVSSAMServer
 

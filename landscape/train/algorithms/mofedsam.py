@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from landscape.config.schema import rule
 from landscape.train.algorithms import (
     ALGORITHMS,
     Algorithm,
@@ -37,21 +35,11 @@ from landscape.train.algorithms.fedsam import sam_direction
 
 
 @dataclass(frozen=True)
-class MoFedSAMOptions:
-    # weight of the local SAM gradient (1 - alpha on the server momentum)
-    alpha: Annotated[float, rule(gt=0, le=1, text="must be in (0, 1]")] = 0.1
-    rho: Annotated[float, rule(ge=0)] = 0.1  # SAM radius
-
-
-@dataclass(frozen=True)
 class MoFedSAMServer(Tensors):
     m: Tensor  # -Delta_bar^{t-1} / (K * eta): the last round's average pseudo-gradient per local step
 
 
-@ALGORITHMS.register(
-    "mofedsam", options=MoFedSAMOptions,
-    summary="MoFedSAM (Qu et al. 2022): SAM local steps mixed with the last round's average pseudo-gradient",
-)
+@ALGORITHMS.implement("mofedsam")
 class MoFedSAM(Algorithm):
     ServerState = MoFedSAMServer
 

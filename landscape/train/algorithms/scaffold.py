@@ -79,9 +79,7 @@ def server_control_variate(c: Tensor, uploads: Sequence[ScaffoldUpload], num_cli
     return c + torch.stack([u.dc for u in uploads]).sum(dim=0) / num_clients
 
 
-@ALGORITHMS.register(
-    "scaffold", summary="SCAFFOLD (Karimireddy et al. 2020): control variates c, c_i correct the client drift"
-)
+@ALGORITHMS.implement("scaffold")
 class Scaffold(Algorithm):
     ServerState = ScaffoldServer
     ClientState = ScaffoldClient
