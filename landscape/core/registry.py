@@ -54,12 +54,13 @@ class Entry:
     def make_options(self, values: Any, where: str | None = None, *, noun: str = "option") -> Any:
         """The options dataclass from recipe, ``--set`` or recorded values, checked by the schema loader
         (unknown key, wrong kind, out of range, not a choice: one line naming the key); None for an entry
-        without options, which refuses any value. ``where``: the key's prefix in messages (the entry's name)."""
+        without options, which refuses any value. ``where``: the keys' prefix in messages (default: the entry's
+        name; the recipe section, ``model``, where the options are a section's)."""
         where = self.name if where is None else where
         if self.options is None:
             if not isinstance(values, Mapping) or values:
                 got = ", ".join(sorted(values)) if isinstance(values, Mapping) else repr(values)
-                raise LandscapeError(f"{where} takes no options (got {got})")
+                raise LandscapeError(f"{self.name} takes no options (got {got})")
             return None
         return load(self.options, values, where, noun=noun)
 

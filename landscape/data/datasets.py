@@ -67,7 +67,7 @@ def load_dataset(
     """Build data set `name` with recipe `options` (unknown keys and bad values are a LandscapeError), its
     inputs cast once to ``dtype`` from the precision the data set was made in (``make_bundle``)."""
     entry = DATASETS.get(name)
-    opts = entry.make_options(dict(options or {}))
+    opts = entry.make_options(dict(options or {}), "dataset")
     bundle = entry.factory(Path(root), download, augment, num_clients, seed, opts)
     return dataclasses.replace(bundle, train=ArrayDataset(bundle.train.x.to(dtype), bundle.train.y),
                                test=ArrayDataset(bundle.test.x.to(dtype), bundle.test.y))

@@ -39,7 +39,7 @@ def make_partition(name: str, labels: np.ndarray, *, num_clients: int, num_class
                    options: dict, natural: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """Split the samples with these `labels` over `num_clients` clients; one sorted index array each."""
     entry = PARTITIONS.get(name)
-    opts = entry.make_options(dict(options or {}))
+    opts = entry.make_options(dict(options or {}), "partition")
     labels = np.asarray(labels, dtype=np.int64)
     if num_clients < 1:
         raise LandscapeError(f"need at least 1 client (got {num_clients})")

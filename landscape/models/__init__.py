@@ -40,7 +40,7 @@ def build_model(
     shape = tuple(int(d) for d in input_shape)  # accepts torch.Size and numpy integers
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise LandscapeError(f"{name}: num_classes must be a positive integer, got {num_classes!r}")
-    opts = entry.make_options(dict(options or {}))
+    opts = entry.make_options(dict(options or {}), "model")
     return entry.factory(shape, num_classes, opts)
 
 

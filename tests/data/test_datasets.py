@@ -73,7 +73,7 @@ def test_digits_options(digits):
     assert abs(len(half.train) - len(half.test)) <= 1
     with pytest.raises(LandscapeError, match=r"dataset.test_fraction must be in \(0, 1\) \(got 1.5\)"):
         load("digits", test_fraction=1.5)
-    with pytest.raises(LandscapeError, match="unknown option 'alpha' for digits; allowed: test_fraction"):
+    with pytest.raises(LandscapeError, match=r"unknown option 'dataset\.alpha'; allowed in \[dataset\]: test_fraction"):
         load("digits", alpha=1.0)
 
 

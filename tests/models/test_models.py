@@ -232,18 +232,18 @@ def test_error_image_model_on_features(name: str) -> None:
 
 
 def test_error_unknown_option() -> None:
-    with pytest.raises(LandscapeError, match=r"unknown option 'depth' for cnn; allowed: width, hidden"):
+    with pytest.raises(LandscapeError, match=r"unknown option 'model\.depth'; allowed in \[model\]: width, hidden"):
         build_model("cnn", MNIST, 10, {"depth": 3})
     with pytest.raises(LandscapeError, match=r"lenet5 takes no options"):
         build_model("lenet5", CIFAR, 10, {"width": 3})
 
 
 def test_error_bad_option_values() -> None:
-    with pytest.raises(LandscapeError, match=r"mlp option 'hidden' must be a list of widths"):
+    with pytest.raises(LandscapeError, match=r"model\.hidden must be a list \(got 200\)"):
         build_model("mlp", DIGITS, 10, {"hidden": 200})
     with pytest.raises(LandscapeError, match=r"mlp option 'hidden' must be a positive integer, got 0"):
         build_model("mlp", DIGITS, 10, {"hidden": [200, 0]})
-    with pytest.raises(LandscapeError, match=r"cnn option 'width' must be a positive integer"):
+    with pytest.raises(LandscapeError, match=r"model\.width must be an integer \(got 'wide'\)"):
         build_model("cnn", DIGITS, 10, {"width": "wide"})
 
 
