@@ -75,8 +75,9 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
 @click.option("--dry-run", is_flag=True, help="print the runs, rounds and passes with an estimate of "
               "Hessian-vector products and seconds (timed by one gradient), then exit")
 @click.option("--quiet", is_flag=True, help="no progress bars or notes (errors and the summary stay)")
-@trust_imports_option("import the modules the runs' recipes name in `imports` (their code runs); without "
-                      "it, a run whose model, data set or partition comes from them is refused")
+@trust_imports_option("import the modules the runs' recipes name in `imports` (their code runs) before the "
+                      "passes are checked; without it, a run whose model, data set or partition comes from them "
+                      "is refused, and so is a pass they declare")
 def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, passes: str | None,
                     analysis_samples: int, split: str, bn_mode: str, device: str, backend: str, hvp: str,
                     dtype: str, model_spec: str | None, dataset_spec: str | None, seed: int, threads: int,
@@ -104,7 +105,7 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
     given = {name for name in [*flags, "checkpoints"]
              if click_ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
     surface_flags = {"directions": directions, "grid": grid, "span": span, "data": surface_data}
-    request = analysis_request(flags=flags, given=given, recipe=analysis_recipe, checkpoints=checkpoints,
+    request = analysis_request(path=path, flags=flags, given=given, recipe=analysis_recipe, checkpoints=checkpoints,
                                passes=passes, assignments=assignments,
                                surface_flags={k: v for k, v in surface_flags.items() if v is not None},
                                model_spec=model_spec, dataset_spec=dataset_spec)

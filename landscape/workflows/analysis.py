@@ -12,7 +12,9 @@ from typing import Any
 from landscape.analyze.catalog import default_passes, load_passes, pass_options
 from landscape.analyze.recipes import load_analysis_recipe
 from landscape.analyze.settings import AnalysisSettings
+from landscape.analyze.source import find_sources
 from landscape.core.errors import LandscapeError, shown
+from landscape.core.imports import imports_trusted
 
 
 @dataclass(frozen=True)
@@ -27,13 +29,19 @@ class AnalysisRequest:
     foreign: Any
 
 
-def analysis_request(*, flags: dict[str, Any], given: set[str], recipe: Path | None, checkpoints: str,
-                     passes: str | None, assignments: tuple[str, ...], surface_flags: dict[str, str],
-                     model_spec: str | None, dataset_spec: str | None) -> AnalysisRequest:
-    """The request of ``landscape analyze``: ``flags`` the analysis settings as the flags hold them (defaults
-    included), ``given`` the names of those given on the command line, ``recipe`` an analysis recipe's path,
-    ``assignments`` the ``--set`` texts, ``surface_flags`` the surface pass's flags that were given."""
+def analysis_request(*, path: Path, flags: dict[str, Any], given: set[str], recipe: Path | None,
+                     checkpoints: str, passes: str | None, assignments: tuple[str, ...],
+                     surface_flags: dict[str, str], model_spec: str | None,
+                     dataset_spec: str | None) -> AnalysisRequest:
+    """The request of ``landscape analyze`` on ``path``: ``flags`` the analysis settings as the flags hold them
+    (defaults included), ``given`` the names of those given on the command line, ``recipe`` an analysis recipe's
+    path, ``assignments`` the ``--set`` texts, ``surface_flags`` the surface pass's flags that were given.
+
+    Where the runs' imports are trusted (``--trust-imports``), their recipes are read first, so that the passes
+    their modules declare are known when the pass names and options are checked."""
     foreign = _state_dict_model(model_spec, dataset_spec)
+    if foreign is None and imports_trusted():
+        find_sources(Path(path))  # reading the recipes trusted imports their modules
     analysis = load_analysis_recipe(recipe) if recipe is not None else None
     chosen = dict(flags)
     set_settings, set_options = _set_kinds(assignments)
@@ -46,6 +54,7 @@ def analysis_request(*, flags: dict[str, Any], given: set[str], recipe: Path | N
     if chosen["analysis_samples"] < 0:
         raise LandscapeError(f"--analysis-samples must be >= 0 (got {chosen['analysis_samples']})")
     names = _pass_names(passes, surface_flags, foreign is not None)
+    _check_declared(names, None if foreign is not None else Path(path))
     values = _pass_values(names, analysis.options if analysis else {}, surface_flags, set_options)
     options = {name: pass_options(name, values[name]) for name in names}
     return AnalysisRequest(rounds, names, options, AnalysisSettings(**chosen), foreign)
@@ -89,6 +98,30 @@ def _pass_names(passes: str | None, surface_flags: dict[str, str], state_dict: b
     if surface_flags:
         return ["surface"]
     return state_dict_passes() if state_dict else default_passes()
+
+
+def _check_declared(names: list[str], path: Path | None) -> None:
+    """Each pass named is declared: one line otherwise, naming the modules the runs' recipes import (not imported
+    without --trust-imports) where they may declare it."""
+    registry = load_passes()
+    unknown = [name for name in names if name not in registry]
+    if not unknown:
+        return
+    hint = ""
+    if path is not None and not imports_trusted():
+        modules = sorted({m for source in _readable_sources(path) for m in source.recipe.imports})
+        if modules:
+            hint = (f"; the runs' recipes import {', '.join(modules)}, which may declare it: pass --trust-imports "
+                    "if you trust that code")
+    raise LandscapeError(f"unknown analysis pass '{unknown[0]}'; choose from: {', '.join(registry.names())}{hint}")
+
+
+def _readable_sources(path: Path) -> list[Any]:
+    """The runs under ``path`` (none where there are none to read: the analysis itself then says why)."""
+    try:
+        return find_sources(path)[0]
+    except LandscapeError:
+        return []
 
 
 def _set_kinds(assignments: tuple[str, ...]) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
