@@ -17,10 +17,10 @@ import landscape
 from landscape.analyze.context import CheckpointContext
 from landscape.analyze.passes.alignment import AlignmentOptions, alignment_pass
 from landscape.analyze.passes.incompatibility import IncompatibilityOptions, incompatibility_pass
-from landscape.analyze.serial import split_result
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
 from landscape.core.errors import LandscapeError
+from landscape.store.results.serial import split_result
 from landscape.train import loop
 
 # The pass and the function do the same float64 arithmetic except F's data: the pass's analysis set is the union

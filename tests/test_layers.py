@@ -118,13 +118,13 @@ def analysed_runs(tmp_path_factory) -> Path:
     return folder
 
 
-# What reading stored results may load of the analysis: the results' names and files (torch comes with
-# landscape.store.run, the read model of a run, and analyze.serial; neither builds a model or reads a data set),
-# and the pass modules, for the names their results are labelled by (each pass's options, needs and summary
-# quantities; the surface options check their grid with the grid's parsers, numpy only). A pass imports its
-# computation inside its function, so none of that is loaded.
-RESULT_FILES = {"landscape.analyze", "landscape.analyze.results", "landscape.analyze.registry",
-                "landscape.analyze.serial", "landscape.analyze.settings"}
+# What reading stored results may load of the analysis: the passes' registry and the analysis settings (the
+# names and defaults results are named against; the result files themselves are landscape.store.results, and
+# torch comes with landscape.store.run, the read model of a run, and store.results.serial; neither builds a
+# model or reads a data set), and the pass modules, for the names their results are labelled by (each pass's
+# options, needs and summary quantities; the surface options check their grid with the grid's parsers, numpy
+# only). A pass imports its computation inside its function, so none of that is loaded.
+RESULT_FILES = {"landscape.analyze", "landscape.analyze.registry", "landscape.analyze.settings"}
 PASS_MODULES = "landscape.analyze.passes"
 GRID_PARSERS = "landscape.measure.surface.grid"
 GRID_PACKAGES = {"landscape.measure", "landscape.measure.surface"}  # docstrings only: the grid parsers' parents
@@ -152,8 +152,9 @@ def test_figures_from_stored_results_load_no_computation_model_or_data_set(analy
     code = {
         "figure": f'''
             from landscape.figures import curves, rundata
-            from landscape.figures.selection import Selection
-            runs = rundata.load_runs({runs!r}, Selection.parse(["split=test"]))
+            from landscape.analyze.passes import RESULT_NAMES
+            from landscape.store.results.selection import Selection
+            runs = rundata.load_runs({runs!r}, Selection.parse(RESULT_NAMES, ["split=test"]))
             assert "split=test" in runs[0].chosen["hessian"].shown, runs[0].chosen
             curves.plot_hessian_summary(runs, {out + ".png"!r})
         ''',
@@ -169,7 +170,7 @@ def test_figures_from_stored_results_load_no_computation_model_or_data_set(analy
     }[what]
     loaded = _loaded_modules(code)
     assert list(Path(tmp_path).glob("out*")), f"{what} wrote nothing"
-    assert {"landscape.analyze.results"} | _pass_modules() <= set(loaded)  # what it reads: the passes' specs
+    assert {"landscape.store.results.names"} | _pass_modules() <= set(loaded)  # what it reads: the passes' specs
     assert "landscape.analyze.catalog" not in loaded
     assert [m for m in loaded if m.startswith(("landscape.models", "landscape.data", "landscape.train"))
             or m == "landscape.config.setup"] == []
@@ -177,7 +178,7 @@ def test_figures_from_stored_results_load_no_computation_model_or_data_set(analy
 
 
 def test_every_code_name_of_the_architecture_document_exists():
-    """A dotted name in backticks that starts with a subpackage (``analyze.results``,
+    """A dotted name in backticks that starts with a subpackage (``store.results``,
     ``store.run.Run``) names a module or an attribute that exists: a move or a rename updates the document."""
     import importlib
 

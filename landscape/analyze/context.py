@@ -42,6 +42,8 @@ class CheckpointContext:
     buffers: dict[str, Tensor] = field(init=False)
     # progress(done, total or None) of the work inside a pass (products, surface cells); set by the scheduler
     progress: Callable[[int, int | None], None] | None = field(init=False, default=None)
+    # the name of the result the running pass computes (its plan's ``Job.result_name``); set by the scheduler
+    result_name: str | None = field(init=False, default=None)
     # client -> F_i, each built once (``client_objective``)
     _client_objectives: dict[int, Objective] = field(init=False, default_factory=dict, repr=False)
     # the layout of the evaluations, settled by the first use of ``objective`` (None before: nothing evaluated)

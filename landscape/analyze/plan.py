@@ -1,5 +1,5 @@
-"""The plan of an analysis: every (run, round, pass) job, with all input checked before work starts
-(``plan``), the rounds a pass cannot run on left out with a note (``skip_unavailable``), who runs
+"""The plan of an analysis: every (run, round, pass) job, with all input checked before work starts and its
+result's settings record and name worked out once (``plan``), the rounds a pass cannot run on left out with a note (``skip_unavailable``), who runs
 which job under torchrun (``split_work``), and what a dry run prints (``format_plan``).
 """
 
@@ -13,24 +13,29 @@ from typing import Any
 
 from landscape.analyze.catalog import load_passes
 from landscape.analyze.context import CheckpointContext
+from landscape.analyze.passes import RESULT_NAMES
 from landscape.analyze.registry import Cost, needs_kept_clients
-from landscape.analyze.results import result_name, settings_record
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import Source, find_sources, select_rounds
 from landscape.analyze.state_dict_source import ForeignModel, StateDictSource, state_dict_sources
 from landscape.config.setup import using_threads
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import partition_problem
+from landscape.store.results.names import settings_record
 
 
 @dataclass(frozen=True)
 class Job:
-    """One (source, round, pass) of a plan, with the pass's options."""
+    """One (source, round, pass) of a plan, with the pass's options, and what its result records of its
+    settings (``settings``, ``job_settings``) and is named (``result_name``: computed here, once, by the plan;
+    the scheduler looks the result up, writes it and reports it under this name)."""
 
     source: Source
     round: int
     name: str
     options: Any
+    settings: dict
+    result_name: str
 
     @property
     def out_dir(self) -> Path:
@@ -41,18 +46,6 @@ class Job:
         """What the pass's options make of it: the pass name, or surface-pca, ... (the results' files are
         named by ``result_name``: this, and the settings that differ from the defaults)."""
         return getattr(self.options, "output_name", self.name)
-
-    def result_name(self, settings: AnalysisSettings) -> str:
-        """The name of this job's result files under these settings (``results.result_name``)."""
-        return result_name(self.name, self.settings_record(settings))
-
-    def settings_record(self, settings: AnalysisSettings) -> dict:
-        """What the job's result records of its settings (``results.settings_record``). Data from a state_dict's
-        data factory is whatever the split: no split is recorded (``data`` in ``inputs_record`` says what it is)."""
-        record = settings_record(settings, self.options)
-        if isinstance(self.source, StateDictSource) and self.source.from_factory:
-            del record["analysis"]["split"]
-        return record
 
     def inputs_record(self, settings: AnalysisSettings) -> dict:
         """What a state_dict's result records of its inputs: the model and data it is keyed by (``inputs``) and
@@ -73,9 +66,27 @@ class Job:
         return self.source.label(self.round) if isinstance(self.source, StateDictSource) else str(self.round)
 
 
-def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any],
+def job_settings(source: Source, options: Any, settings: AnalysisSettings) -> dict:
+    """What a job's result records of its settings (``store.results.names.settings_record``). Data from a
+    state_dict's data factory is whatever the split: no split is recorded (``data`` in ``Job.inputs_record``
+    says what it is)."""
+    record = settings_record(settings, options)
+    if isinstance(source, StateDictSource) and source.from_factory:
+        del record["analysis"]["split"]
+    return record
+
+
+def make_job(source: Source, round: int, name: str, options: Any, settings: AnalysisSettings) -> Job:
+    """The job of pass ``name`` at a checkpoint, with its result's settings record and name, the one place a
+    job's result name is computed (``ResultNames.result_name``)."""
+    record = job_settings(source, options, settings)
+    return Job(source, round, name, options, record, RESULT_NAMES.result_name(name, record))
+
+
+def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any], settings: AnalysisSettings,
          foreign: ForeignModel | None = None) -> list[Job]:
-    """Every (run, round, pass) to do, with all input checked before any work starts. With ``foreign``,
+    """Every (run, round, pass) to do under ``settings``, with all input checked before any work starts, and
+    each job's result settings and name (``make_job``). With ``foreign``,
     ``path`` holds plain state_dicts: ``rounds`` picks files (``StateDictSource.select``: last, all, their names
     or the rounds their names carry); their model and data are checked as the sources are found, and a pass
     that needs clients is refused (``Source.check_pass``)."""
@@ -95,7 +106,7 @@ def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any],
         else:
             chosen = [single_round] if single_round is not None else select_rounds(source, rounds)
         for r in chosen:
-            jobs += [Job(source, r, name, options[name]) for name in passes]
+            jobs += [make_job(source, r, name, options[name], settings) for name in passes]
     return jobs
 
 

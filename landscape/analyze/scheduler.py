@@ -14,16 +14,9 @@ from typing import Any
 
 from landscape.analyze.catalog import load_passes
 from landscape.analyze.context import CheckpointContext
+from landscape.analyze.passes import RESULT_NAMES
 from landscape.analyze.plan import Job, partition_warnings, plan, skip_unavailable, split_work
 from landscape.analyze.registry import PassOutput
-from landscape.analyze.results import (
-    SCHEMA_VERSION,
-    find_result,
-    result_name,
-    settings_diff,
-    settings_text,
-    store_result,
-)
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import file_digest
 from landscape.analyze.state_dict_source import ForeignModel, StateDictSource
@@ -33,6 +26,7 @@ from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 from landscape.store import tracking
 from landscape.store.checkpoints import CheckpointError
+from landscape.store.results.files import SCHEMA_VERSION, find_result, result_record, store_result
 
 
 @dataclass(frozen=True)
@@ -46,22 +40,16 @@ class Computed:
 
 
 def write_output(job: Job, settings: AnalysisSettings, output: PassOutput, computed: Computed) -> None:
-    record = {
-        "pass": job.name,
-        "run": job.source.name,
-        **job.where,  # the round; a state_dict's file (and round only where its name carries one)
-        "checkpoint": str(job.source.checkpoints[job.round]),
-        "checkpoint_sha256": computed.digest,
-        **job.inputs_record(settings),  # a state_dict's model and data, and the data measured in words
-        "settings": job.settings_record(settings),
-        "seconds": computed.seconds,
-        # the last bits depend on these: recorded, not settings
-        "threads": thread_count(settings.threads),
-        **({} if computed.memory_format is None else {"memory_format": computed.memory_format}),
-        "summary": output.summary,
-        "result": output.scalars,
-    }
-    store_result(job.out_dir, job.name, record, output.arrays)
+    """The job's result, written under the name its plan gave it (``Job.result_name``)."""
+    record = result_record(
+        job.name, run=job.source.name,
+        where=job.where,  # the round; a state_dict's file (and round only where its name carries one)
+        checkpoint=str(job.source.checkpoints[job.round]), digest=computed.digest,
+        inputs=job.inputs_record(settings),  # a state_dict's model and data, and the data measured in words
+        settings=job.settings, seconds=computed.seconds,
+        threads=thread_count(settings.threads), memory_format=computed.memory_format,
+        summary=output.summary, result=output.scalars)
+    store_result(job.out_dir, job.result_name, record, output.arrays, RESULT_NAMES)
 
 
 def _inputs_change(recorded: object, inputs: dict) -> str:
@@ -91,8 +79,8 @@ def _recorded_summaries(jobs: list[Job], settings: AnalysisSettings,
     redone: dict[str, list[str]] = {}
     for job in jobs:
         summary = None
-        wanted = job.settings_record(settings)
-        found = None if force else find_result(job.out_dir, job.name, wanted)
+        wanted = job.settings
+        found = None if force else find_result(job.out_dir, job.result_name, job.name, wanted, RESULT_NAMES)
         if found is not None:
             _, recorded = found
             path = job.source.checkpoints[job.round]
@@ -209,11 +197,12 @@ class WorkBar:
 def _run_job(job: Job, contexts: _Contexts, work: WorkBar | None = None) -> tuple[PassOutput, Computed]:
     ctx = contexts.get(job)
     ctx.progress = work.start(job.name) if work is not None else None
+    ctx.result_name = job.result_name
     started = time.perf_counter()
     try:
         output = load_passes().get(job.name).factory(ctx, job.options)
     finally:
-        ctx.progress = None
+        ctx.progress = ctx.result_name = None
         if work is not None:
             work.close()
     layout = None if ctx.memory_format is None else ctx.memory_format.record()
@@ -242,8 +231,7 @@ class _Runner:
         if self.main:
             write_output(self.jobs[i], self.settings, output, computed)
             job = self.jobs[i]  # the summary goes to the run's train.log trackers too
-            name = job.result_name(self.settings)
-            self.tracked.log(job.source, job.round, name, output.summary)
+            self.tracked.log(job.source, job.round, job.result_name, output.summary)
         self.summaries[i] = output.summary
         self.report.computed += 1
         self.bar.update(1)
@@ -324,7 +312,7 @@ def run_analysis(
     time, the work inside a pass would deadlock: a rank would wait in an all-reduce for ranks busy with
     other checkpoints. Every rank returns the same report.
     """
-    jobs, notes = skip_unavailable(plan(path, rounds, passes, options, foreign))
+    jobs, notes = skip_unavailable(plan(path, rounds, passes, options, settings, foreign))
     main = parallel.is_main()
     recorded, redone = parallel.on_main(lambda: _recorded_summaries(jobs, settings, force))
     report = AnalysisReport(notes=notes + redone, data=analysis_data(settings))
@@ -344,7 +332,7 @@ def run_analysis(
         runner.tracked.close()
     if runner.failed:
         raise _failed_files_error(jobs, runner.failed)
-    _fill_report(report, jobs, settings, summaries)
+    _fill_report(report, jobs, summaries)
     report.data = _data_text(jobs, settings)
     return report
 
@@ -365,8 +353,7 @@ def _data_text(jobs: list[Job], settings: AnalysisSettings) -> str:
     return f"{analysis_data(replace(settings, analysis_samples=0), described)}, {whole} (fewer than {n})"
 
 
-def _fill_report(report: AnalysisReport, jobs: list[Job], settings: AnalysisSettings,
-                 summaries: dict[int, dict]) -> None:
+def _fill_report(report: AnalysisReport, jobs: list[Job], summaries: dict[int, dict]) -> None:
     """The report's rows (one per run and round, with the summaries of its jobs, in plan order) and the
     settings of every result name."""
     rows: dict[tuple[str, int], dict] = {}
@@ -375,5 +362,4 @@ def _fill_report(report: AnalysisReport, jobs: list[Job], settings: AnalysisSett
         row.update(summaries.get(i, {}))
     report.rows = list(rows.values())
     for job in jobs:
-        record = job.settings_record(settings)
-        report.settings[result_name(job.name, record)] = settings_text(settings_diff(job.name, record))
+        report.settings[job.result_name] = RESULT_NAMES.settings_text(RESULT_NAMES.settings_diff(job.name, job.settings))

@@ -113,7 +113,7 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
         from landscape.analyze.plan import format_plan, plan, skip_unavailable
 
         jobs, notes = skip_unavailable(plan(path, request.rounds, request.passes, request.options,
-                                            request.foreign))
+                                            request.settings, request.foreign))
         click.echo(format_plan(jobs, request.settings))
         for note in [] if quiet else notes:
             click.echo(f"note: {note}", err=True)

@@ -30,11 +30,12 @@ def compare_command(runs: tuple[Path, ...], out: Path, rho: float | None, quanti
     surfaces-3d.png|pdf, surfaces.html). Reads files only; what a run lacks is named with its command.
     Results of one checkpoint analysed with different settings all stay on disk: --settings picks which are
     read (default: the training split, global data, default options); the lines under the table say which."""
+    from landscape.analyze.passes import RESULT_NAMES
     from landscape.figures.compare import compare, text_table
-    from landscape.figures.selection import Selection
+    from landscape.store.results.selection import Selection
 
     result = compare(list(runs), out, rho=rho, quantity=quantity, directions=directions,
-                     selection=Selection.parse(settings))
+                     selection=Selection.parse(RESULT_NAMES, settings))
     click.echo(text_table(result.header, result.rows))
     for line in result.settings:
         click.echo(line)

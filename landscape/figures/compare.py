@@ -31,7 +31,7 @@ the table (``Comparison.settings``), the panels' caption and their titles say wh
 norm ||x|| (``landscape.figures.surface.data.compare_planes``). A ``--settings`` filter on ``normalization``
 (or a figure recipe's exact settings) is followed as given.
 
-Each quantity is read from results of one set of settings (``landscape.figures.selection``): the defaults
+Each quantity is read from results of one set of settings (``landscape.store.results.selection``): the defaults
 (training split, BN mode eval, the surface's global data), or those a ``Selection`` asks for (``landscape
 compare --settings split=test``); ``Comparison.settings`` says which, and the surface panels are titled with
 the settings they show where those are not the ones asked for.
@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from landscape.analyze.passes import RESULT_NAMES
 from landscape.analyze.registry import Quantity
 from landscape.core.errors import LandscapeError
 from landscape.figures.labels import settings_caption, settings_lines, with_settings
@@ -61,11 +62,11 @@ from landscape.figures.report.data import (
     seed_stat,
 )
 from landscape.figures.rundata import RunData, RunsLike, as_runs, missing_message
-from landscape.figures.selection import Selection
 from landscape.figures.surface import data as surface_data
 from landscape.figures.surface import draw as surfaces
-from landscape.store.directory import surface_result_name
 from landscape.store.fileio import write_text
+from landscape.store.results.names import surface_output_name
+from landscape.store.results.selection import Selection
 
 # The columns the papers compare, by the plain name of report.data.quantities (S_rho is added by radius).
 COLUMNS = ["lambda_max", "trace", "Delta_FI", "mean grad cos"]
@@ -84,12 +85,12 @@ def comparable_surfaces(runs: list[RunData], name: str) -> tuple[list[RunData], 
     them has with one length (euclidean) or reference (filter-reference), and that mode; ``(runs, None)`` when
     there is none, or when the selection names the normalization itself (it is followed as given). The other
     outputs of the copies are read as the runs' selection says; the runs themselves are not changed."""
-    if not runs or name != surface_result_name("random") or _asks_normalization(runs[0].selection):
+    if not runs or name != surface_output_name("random") or _asks_normalization(runs[0].selection):
         return runs, None
     for mode in COMPARABLE:
         picked = []
         for run in runs:
-            selection = Selection(run.selection.filters + (("surface.normalization", mode),))
+            selection = Selection(run.selection.names, run.selection.filters + (("surface.normalization", mode),))
             again = copy.copy(run).select(selection)
             if not again.analysed_rounds(name):
                 break
@@ -297,7 +298,7 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
     """Write ``compare.csv`` and, where the runs have surfaces of these ``directions``, ``surfaces.png|pdf``
     (contours), ``surfaces-3d.png|pdf`` and ``surfaces.html`` under ``out``; return the table and what was
     written. ``selection``: the settings whose results are read (default: the defaults)."""
-    runs = as_runs(runs_in, selection if selection is not None else Selection())
+    runs = as_runs(runs_in, selection if selection is not None else Selection(RESULT_NAMES))
     if len(runs) < 2:
         raise LandscapeError("compare needs at least two runs (run directories or folders of runs)")
     out = Path(out)
@@ -311,7 +312,7 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
     written = [out / "compare.csv"]
     write_text(written[0], buffer.getvalue())
 
-    name = surface_result_name(directions)
+    name = surface_output_name(directions)
     missing += [_no_surface(run, name, directions) for run in runs if not run.analysed_rounds(name)]
     with_surface, drawn, surface_lines = _surfaces(runs, out, name, quantity, missing)
     lines = settings_lines(runs, [q.pass_name for q in shown])

@@ -12,9 +12,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from landscape.analyze.passes import RESULT_NAMES
 from landscape.config.algorithms import algorithm_label
 from landscape.figures.seeds import flat_recipe
-from landscape.figures.selection import Selection, caption
+from landscape.store.results.selection import Selection, caption
 
 # A run is a ``rundata.RunData`` (not imported: rundata imports this module, and the package has no import
 # cycle).
@@ -95,7 +96,7 @@ def settings_caption(runs: Sequence[RunData], output: str) -> str:
 def settings_lines(runs: Sequence[RunData], outputs: Sequence[str]) -> list[str]:
     """Which settings the results read of ``runs`` have: the selection, then each output read with other
     settings than asked (``settings_caption``)."""
-    selection = runs[0].selection if runs else Selection()
+    selection = runs[0].selection if runs else Selection(RESULT_NAMES)
     if selection.exact:
         head = "settings: those the figure recipe analyses with"
     elif selection.filters:

@@ -3,7 +3,7 @@
 The directory is read by the store's one read model of a run (``landscape.store.run.Run``: recipe.toml as
 recorded, the metrics rows of metrics.jsonl without its event rows, and every analysis result, a
 ``PassRecord`` each); a ``RunData`` adds what is the figures' own: the run's label, its colour, its seed group
-and which results it reads (``landscape.figures.selection``). A run that lacks the analysis a figure needs
+and which results it reads (``landscape.store.results.selection``). A run that lacks the analysis a figure needs
 raises a LandscapeError that names the run and the ``landscape analyze`` command to run (``require_passes``).
 Every run keeps one colour in every figure; runs that differ only in their recipe's seed are one group with one
 colour and label (``landscape.figures.seeds``).
@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
+from landscape.analyze.passes import RESULT_NAMES
 from landscape.core.errors import LandscapeError
 from landscape.figures.labels import run_labels
 from landscape.figures.seeds import recipe_groups, without_seed
-from landscape.figures.selection import Chosen, Result, Selection, as_results, choose, settings_label
 from landscape.store.directory import RunDir
+from landscape.store.results.selection import Chosen, Result, Selection, as_results, choose
 from landscape.store.run import PassRecord, Run
 
 
@@ -33,12 +34,12 @@ class RunData:
     the label, the colour index, the seed group, and the results read. ``results`` holds every analysis result
     of every round, whatever its settings; ``analyses`` (round -> output -> result) the ones read, one set of
     settings per output (sharpness, surface, surface-pca, ...) as ``selection`` chooses
-    (``landscape.figures.selection``). ``select`` chooses again."""
+    (``landscape.store.results.selection``). ``select`` chooses again."""
 
     run: Run
     label: str = ""
     index: int = 0  # position in the loaded list: the run's colour
-    selection: Selection = field(default_factory=Selection)
+    selection: Selection = field(default_factory=lambda: Selection(RESULT_NAMES))
     # runs with one group key are seeds of one configuration (landscape.figures.seeds)
     group: str | None = None
     group_label: str = ""  # the label of that configuration (without the seed)
@@ -48,11 +49,11 @@ class RunData:
     _keyed: dict[int, list[Result]] = field(init=False, repr=False)  # what selection reads of each result
 
     def __post_init__(self) -> None:
-        self._keyed = as_results(self.run.records())
+        self._keyed = as_results(self.run.records(), RESULT_NAMES)
         self.select(self.selection)
 
     def select(self, selection: Selection) -> RunData:
-        """Read the results ``selection`` wants (see ``landscape.figures.selection``)."""
+        """Read the results ``selection`` wants (see ``landscape.store.results.selection``)."""
         self.selection = selection
         self.analyses, self.chosen, self.unwanted = choose(self._keyed, selection)
         return self
@@ -90,7 +91,7 @@ class RunData:
                 rounds = ", ".join(map(str, chosen.left_out))
                 there = "; ".join(sorted({text for texts in chosen.left_out.values() for text in texts}))
                 flags = self.selection.analyze_flags(chosen.pass_name)
-                shown = settings_label(chosen.pass_name, chosen.settings)
+                shown = RESULT_NAMES.settings_label(chosen.pass_name, chosen.settings)
                 checkpoints = ",".join(map(str, chosen.left_out))
                 lines.append(f"run {self.name}: {output} of round(s) {rounds} left out, computed there only "
                              f"with {there} (shown: {shown}); "
@@ -193,7 +194,7 @@ def load_runs(paths: str | Path | Run | Sequence[str | Path | Run], selection: S
               ) -> list[RunData]:
     """The runs of run directories (or folders of them), or of ``store.run.Run``s read already (``open_run``),
     each read once by its ``Run``; unique labels. ``selection`` says which settings' results to read
-    (default: ``Selection()``, the defaults)."""
+    (default: ``Selection(RESULT_NAMES)``, the defaults)."""
     if isinstance(paths, (str, Path, Run)):
         paths = [paths]
     found: dict[Path, Run] = {}
@@ -202,7 +203,7 @@ def load_runs(paths: str | Path | Run | Sequence[str | Path | Run], selection: S
             found.setdefault(run.path, run)
     if not found:
         raise LandscapeError("no run directories given")
-    runs = [RunData(run, selection=selection or Selection()) for run in found.values()]
+    runs = [RunData(run, selection=selection or Selection(RESULT_NAMES)) for run in found.values()]
     for i, (run, label) in enumerate(zip(runs, run_labels([r.recipe for r in runs], [r.name for r in runs]))):
         run.label, run.index = label, i
     mark_seed_groups(runs)

@@ -47,14 +47,6 @@ _SET_ASIDE = re.compile(r"^(metrics\.jsonl|partition\.json|round-\d{4,}(\.client
 _CHECKPOINT_FILE = re.compile(r"^round-\d{4,}(\.clients)?\.pt$")
 
 
-def surface_result_name(directions: str) -> str:
-    """The output name of a surface: ``surface`` for the random plane, ``surface-<directions>`` (pca, clients,
-    interpolate) for the others, so they never overwrite one another. It is the file name (without suffix) in
-    ``analysis/round-NNNN/`` at the default settings; ``analyze.results.result_name`` adds the settings off
-    their defaults (``surface@grid-21``), and readers go by what each result records."""
-    return "surface" if directions == "random" else f"surface-{directions}"
-
-
 def _current_row(row: dict) -> dict:
     """A metrics row under today's names (``RunDir.read_metrics``)."""
     if "flatness_distance" not in row or "flatness_distance_to_global" in row:

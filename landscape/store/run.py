@@ -1,11 +1,11 @@
 """The one read model of a run directory (``Run``), shared by the notebook's ``open_run``, the figures, compare,
-the report and the claims; each analysis result it holds is a ``PassRecord`` (``landscape.store.result_records``).
+the report and the claims; each analysis result it holds is a ``PassRecord`` (``landscape.store.results.records``).
 
 A ``Run`` reads each part of the directory once, on first use, and keeps it: the recipe as recorded
 (``recipe_table``) and resolved (``recipe``), the metrics rows and event rows of metrics.jsonl, the
 checkpointed rounds, and every analysis result of every round (``records``: ``analysis/round-NNNN/*.json``,
 whatever its settings, each NPZ opened on first use; ``results``: their numbers as a pandas DataFrame). What
-a result is of (its pass, output and settings) is told by what its JSON records: ``landscape.figures.selection``
+a result is of (its pass, output and settings) is told by what its JSON records: ``landscape.store.results.selection``
 reads that, this module only the files. A model, the data sets and the partition are built on demand
 (``model``, ``data``, ``partition``, ``client_data``).
 
@@ -32,7 +32,7 @@ import numpy as np
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import Checkpoint, read_partition
 from landscape.store.directory import RunDir
-from landscape.store.result_records import ROUND_DIR, PassRecord, frame, read_results, result_rows
+from landscape.store.results.records import ROUND_DIR, PassRecord, frame, read_results, result_rows
 
 if TYPE_CHECKING:
     import pandas
@@ -123,7 +123,7 @@ class Run:
         list spelt ``0.01,0.05,0.1``). The quantities are each pass's summary quantities (``lambda_max``,
         ``trace``, ``S_rho(0.05)``, ``Delta_D``, ...) and every other number of its result by dotted path
         (``trace.stderr``); arrays (``top.values``, the NPZ's) are left out: ``records()[round]`` and
-        ``PassRecord.value(key)`` read them. No analysis: no rows. ``landscape.store.result_records`` says
+        ``PassRecord.value(key)`` read them. No analysis: no rows. ``landscape.store.results.records`` says
         the rules."""
         return frame(result_rows(self.path.name, self.records()))
 

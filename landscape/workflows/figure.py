@@ -13,7 +13,7 @@ from landscape.workflows.ensure import Notify, ensure_analysis, ensure_run, igno
 if TYPE_CHECKING:
     from landscape.figures.recipe.figure import FigureRecipe
     from landscape.figures.rundata import RunData
-    from landscape.figures.selection import Selection
+    from landscape.store.results.selection import Selection
 
 
 def figure_folder(fig: FigureRecipe, parent: Path) -> Path:
@@ -64,11 +64,12 @@ def figure_training(fig: FigureRecipe, out: Path, device: str) -> dict[str, list
 def figure_selection(fig: FigureRecipe, device: str) -> Selection:
     """The results a figure reads: exactly those of its own analysis settings (other analyses of its runs stay
     on disk)."""
-    from landscape.analyze.results import settings_record
-    from landscape.figures.selection import Selection
+    from landscape.analyze.passes import RESULT_NAMES
+    from landscape.store.results.names import settings_record
+    from landscape.store.results.selection import Selection
 
     settings, options = figure_analysis(fig, device)
-    return Selection(exact={name: settings_record(settings, options[name]) for name in fig.pass_rounds})
+    return Selection(RESULT_NAMES, exact={name: settings_record(settings, options[name]) for name in fig.pass_rounds})
 
 
 def prepare_figure_runs(fig: FigureRecipe, out: Path, *, device: str, progress: bool = False,

@@ -13,12 +13,12 @@ from support.helpers import analyze_args, invoke, no_traceback, one_line_error, 
 
 import landscape
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.results import SCHEMA_VERSION
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
 from landscape.cli import cli
 from landscape.core.errors import LandscapeError
+from landscape.store.results.files import SCHEMA_VERSION
 from landscape.train import loop
 
 

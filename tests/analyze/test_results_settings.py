@@ -15,23 +15,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.helpers import tiny_recipe
 
-from landscape.analyze.passes import PASSES
-from landscape.analyze.results import (
-    NAME_KEY_LIMIT,
-    result_name,
-    settings_diff,
-    settings_record,
-    stored_results,
-    value_text,
-)
+from landscape.analyze.passes import PASSES, RESULT_NAMES
 from landscape.analyze.settings import AnalysisSettings
 from landscape.cli import cli
 from landscape.core.errors import LandscapeError
 from landscape.figures import extract, labels, rundata
 from landscape.figures.compare import compare
 from landscape.figures.report.build import build_report
-from landscape.figures.selection import Selection
+from landscape.store.results.files import stored_results
+from landscape.store.results.names import NAME_KEY_LIMIT, settings_record, value_text
+from landscape.store.results.selection import Selection
 from landscape.train import loop
+
+result_name, settings_diff = RESULT_NAMES.result_name, RESULT_NAMES.settings_diff
 
 SHARP = ["--set", "sharpness.rhos=[0.05]", "--set", "sharpness.steps=1", "--set", "sharpness.adaptive=false",
          "--set", "sharpness.clients=2", "--analysis-samples", "64"]
@@ -197,7 +193,7 @@ def test_compare_reads_the_defaults_and_says_so_and_reads_others_when_asked(runs
     assert "surface read with analysis_samples=64, grid=5" in default.settings  # the global surface, not client 1's
     assert [run.pass_record("surface").value("data") for run in default.runs] == ["global", "global"]
 
-    other = compare(runs, tmp_path / "b", selection=Selection.parse(["split=test"]))
+    other = compare(runs, tmp_path / "b", selection=Selection.parse(RESULT_NAMES, ["split=test"]))
     assert _column(other, "S_rho(0.05)") == test
     assert other.settings[0].startswith("settings: split=test")
     assert any("split=test" in line and line.startswith("sharpness read with") for line in other.settings)
@@ -206,7 +202,7 @@ def test_compare_reads_the_defaults_and_says_so_and_reads_others_when_asked(runs
     assert any("has no surface analysis (it has surface with analysis_samples=64, data=client:1, grid=3; "
                "analysis_samples=64, grid=5)" in line and "--split test" in line for line in other.missing)
 
-    local = compare(runs, tmp_path / "c", selection=Selection.parse(["surface.data=client:1"]))
+    local = compare(runs, tmp_path / "c", selection=Selection.parse(RESULT_NAMES, ["surface.data=client:1"]))
     assert [run.pass_record("surface").value("data") for run in local.runs] == ["client:1", "client:1"]
     assert "surface read with analysis_samples=64, data=client:1, grid=3" in local.settings
     assert _column(local, "S_rho(0.05)") == train
@@ -231,7 +227,7 @@ def test_a_curve_over_rounds_never_mixes_settings(runs):
     rounds, values = extract.global_sharpness_series(loaded, 0.05)
     assert rounds.tolist() == [2, 3]
     assert values.tolist() == [_sharpness_at(run, r, "train") for r in (2, 3)]
-    rounds, values = extract.global_sharpness_series(rundata.load_runs(run, Selection.parse(["split=test"]))[0], 0.05)
+    rounds, values = extract.global_sharpness_series(rundata.load_runs(run, Selection.parse(RESULT_NAMES, ["split=test"]))[0], 0.05)
     assert values.tolist() == [_sharpness_at(run, r, "test") for r in (2, 3)]
 
     # Round 3 analysed only on the test split: the training-split curve leaves it out and says so.
@@ -249,7 +245,7 @@ def test_a_curve_over_rounds_never_mixes_settings(runs):
         if record["pass"] == "sharpness" and record["settings"]["analysis"]["split"] == "test":
             record["settings"]["pass"]["steps"] = 3
             path.write_text(json.dumps(record))
-    loaded = rundata.load_runs(run, Selection.parse(["split=test"]))[0]
+    loaded = rundata.load_runs(run, Selection.parse(RESULT_NAMES, ["split=test"]))[0]
     rounds, _ = extract.global_sharpness_series(loaded, 0.05)
     assert rounds.tolist() == [3]  # the settings with steps=1 (fewer off their defaults)
     assert "steps=1" in labels.settings_caption([loaded], "sharpness")
@@ -259,11 +255,11 @@ def test_a_curve_over_rounds_never_mixes_settings(runs):
 def test_a_figure_recipe_reads_exactly_its_own_settings(runs):
     sharp = pass_options("sharpness", {"rhos": [0.05], "steps": 1, "adaptive": False, "clients": 2})
     wanted = settings_record(AnalysisSettings(split="test", analysis_samples=64, device="cpu"), sharp)
-    loaded = rundata.load_runs(runs / "fedavg", Selection(exact={"sharpness": wanted}))[0]
+    loaded = rundata.load_runs(runs / "fedavg", Selection(RESULT_NAMES, exact={"sharpness": wanted}))[0]
     assert [rec.settings["analysis"]["split"] for rec in loaded.pass_records("sharpness")] == ["test", "test"]
     assert loaded.shown("sharpness") == "" and labels.settings_caption([loaded], "sharpness") == ""
     other = settings_record(AnalysisSettings(split="test", analysis_samples=32), sharp)
-    missing = rundata.load_runs(runs / "fedavg", Selection(exact={"sharpness": other}))[0]
+    missing = rundata.load_runs(runs / "fedavg", Selection(RESULT_NAMES, exact={"sharpness": other}))[0]
     with pytest.raises(LandscapeError, match="--analysis-samples 32"):
         missing.pass_records("sharpness")
 
@@ -282,9 +278,9 @@ def test_an_old_style_file_is_read_by_the_settings_it_records(runs):
     loaded = rundata.load_runs(run)[0]
     assert loaded.analysed_rounds("sharpness") == [2]  # round 3 holds the test split only: not the default
     assert "split=test" in " ".join(loaded.notes())
-    assert rundata.load_runs(run, Selection.parse(["split=test"]))[0].analysed_rounds("sharpness") == [2, 3]
+    assert rundata.load_runs(run, Selection.parse(RESULT_NAMES, ["split=test"]))[0].analysed_rounds("sharpness") == [2, 3]
     with pytest.raises(LandscapeError, match="it has sharpness with .*split=test"):
-        rundata.load_runs(run, Selection.parse(["split=train", "analysis_samples=0"]))[0].pass_records("sharpness")
+        rundata.load_runs(run, Selection.parse(RESULT_NAMES, ["split=train", "analysis_samples=0"]))[0].pass_records("sharpness")
 
     # analyze finds it by what it records (nothing to compute), and the training split goes beside it
     assert "0 computed, 1 already done" in analyze(run, "--passes", "sharpness", "--split", "test", *SHARP).output
@@ -313,7 +309,7 @@ def test_report_names_the_settings_it_shows_and_draws_every_surface(runs):
     page = build_report(runs)
     assert "settings: the defaults where computed" in page
     assert "grid=3" in page and "data=client:1" in page  # the client-1 surface is drawn too, titled by its settings
-    assert build_report(runs, selection=Selection.parse(["split=test"])).count("settings: split=test") == 1
+    assert build_report(runs, selection=Selection.parse(RESULT_NAMES, ["split=test"])).count("settings: split=test") == 1
 
 
 def test_a_surface_of_other_settings_leaves_the_partial_grid_of_another_alone(runs):

@@ -14,7 +14,7 @@ from torch import nn
 import landscape.analyze.surface.compute as surface_module
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.context import CheckpointContext
-from landscape.analyze.results import result_name, same_settings, settings_record
+from landscape.analyze.passes import RESULT_NAMES
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
@@ -27,6 +27,7 @@ from landscape.measure.objective import Objective
 from landscape.measure.surface.evaluation import evaluate_surface
 from landscape.measure.surface.grid import SurfaceGrid, make_axis
 from landscape.store.checkpoints import load_checkpoint
+from landscape.store.results.names import settings_record
 from landscape.train import loop
 
 # ----------------------------------------------------------------------------------------------------------
@@ -50,7 +51,7 @@ def surface(run, **options):
                  options={"surface": pass_options("surface", options)})
     out = run / "analysis" / "round-0004"
     # surface, surface-pca, ... and the settings off their defaults: surface@analysis_samples-400_grid-5
-    name = result_name("surface", settings_record(SETTINGS, pass_options("surface", options)))
+    name = RESULT_NAMES.result_name("surface", settings_record(SETTINGS, pass_options("surface", options)))
     with np.load(out / f"{name}.npz") as f:
         arrays = {k: f[k] for k in f.files}
     return json.loads((out / f"{name}.json").read_text()), arrays
@@ -278,11 +279,11 @@ def test_a_filter_reference_surface_is_normalised_to_the_named_checkpoint(run, c
 
 def test_the_default_normalization_keeps_the_names_and_settings_of_existing_results():
     defaults = settings_record(AnalysisSettings(), pass_options("surface", {}))
-    assert result_name("surface", defaults) == "surface"
+    assert RESULT_NAMES.result_name("surface", defaults) == "surface"
     written_before = {"analysis": defaults["analysis"],
                       "pass": {k: v for k, v in defaults["pass"].items()
                                if k not in ("normalization", "length", "reference")}}
-    assert same_settings("surface", written_before, defaults)
+    assert RESULT_NAMES.same_settings("surface", written_before, defaults)
     assert pass_options("surface", {"normalization": "euclidean", "length": 10}).length == 10.0
 
 

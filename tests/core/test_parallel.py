@@ -209,7 +209,7 @@ def test_shards_are_contiguous_balanced_blocks_in_order(count, ranks):
 
 def test_analysis_work_splits_whole_checkpoints_and_runs_the_rest_together():
     source_a, source_b = object(), object()
-    jobs = [Job(source, r, name, None) for source in (source_a, source_b) for r in (0, 1, 2)
+    jobs = [Job(source, r, name, None, {}, name) for source in (source_a, source_b) for r in (0, 1, 2)
             for name in ("loss", "surface", "hessian")]
     todo = [i for i in range(len(jobs)) if i != 0]  # the first loss result already exists
     queues, together = split_work(jobs, todo, 4)

@@ -246,8 +246,9 @@ def test_side_by_side_planes_say_whether_they_are_one_plane_and_print_each_weigh
 def _fake_run(root, name, algorithm, norm, surfaces):
     """A run directory with only what compare reads: its recipe and surface results (as the pass writes)."""
     from landscape.analyze.catalog import pass_options
-    from landscape.analyze.results import result_name, settings_record
+    from landscape.analyze.passes import RESULT_NAMES
     from landscape.analyze.settings import AnalysisSettings
+    from landscape.store.results.names import settings_record
 
     run = root / name
     out = run / "analysis" / "round-0010"
@@ -259,7 +260,7 @@ def _fake_run(root, name, algorithm, norm, surfaces):
     for options, d1 in surfaces:
         opts = pass_options("surface", options)
         settings = settings_record(AnalysisSettings(), opts)
-        stem = result_name("surface", settings)
+        stem = RESULT_NAMES.result_name("surface", settings)
         values = 1.0 + norm * xs[:, None] ** 2 + ys[None, :] ** 2
         arrays = {"loss": values, "accuracy": 0 * values + 0.5, "x_coords": xs, "y_coords": ys, "d1": d1, "d2": d1[::-1]}
         np.savez(out / f"{stem}.npz", **arrays)

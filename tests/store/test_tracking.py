@@ -18,13 +18,13 @@ import pytest
 from support.helpers import invoke, one_line_error, tiny_recipe
 
 from landscape.analyze.catalog import pass_options
-from landscape.analyze.results import stored_results
 from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.config import recipe as recipes
 from landscape.core.errors import LandscapeError
 from landscape.store import tracking
 from landscape.store.directory import RunDir
+from landscape.store.results.files import stored_results
 from landscape.train import loop
 
 ROOT = Path(__file__).resolve().parents[2]

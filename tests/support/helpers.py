@@ -81,7 +81,7 @@ def tiny_recipe(**changes) -> dict:
 def result_file(folder, pass_name: str):
     """The JSON of the one result of ``pass_name`` in an ``analysis/round-NNNN`` folder (result files are named
     by their settings: ``hessian``, ``hessian@top_k-2_...``)."""
-    from landscape.analyze.results import stored_results
+    from landscape.store.results.files import stored_results
 
     (path,) = [p for p, record in stored_results(folder) if record.get("pass") == pass_name]
     return path

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from landscape.analyze.passes._common import ALL, TRAINING_BATCH, client_objectives, training_batch_size
 from landscape.analyze.registry import CLIENTS, PASSES, Cost, PassOutput, Quantity
-from landscape.analyze.serial import split_result
 from landscape.core.schema import rule
+from landscape.store.results.serial import split_result
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext

@@ -7,8 +7,8 @@ import math
 from typing import TYPE_CHECKING
 
 from landscape.analyze.registry import KEPT_CLIENTS, PASSES, PassOutput, Quantity
-from landscape.analyze.serial import split_result
 from landscape.core.errors import LandscapeError
+from landscape.store.results.serial import split_result
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext

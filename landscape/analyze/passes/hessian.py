@@ -10,9 +10,9 @@ import numpy as np
 
 from landscape.analyze.passes._common import client_objectives
 from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, StoredResult
-from landscape.analyze.serial import split_result
 from landscape.core.errors import LandscapeError
 from landscape.core.schema import rule
+from landscape.store.results.serial import split_result
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext

@@ -10,8 +10,8 @@ import numpy as np
 
 from landscape.analyze.passes._common import ALL, client_objectives
 from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, StoredResult
-from landscape.analyze.serial import split_result
 from landscape.core.schema import rule
+from landscape.store.results.serial import split_result
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext

@@ -30,7 +30,7 @@ from landscape.measure.surface.grid import (
     parse_reference_round,
     parse_span,
 )
-from landscape.store.directory import surface_result_name
+from landscape.store.results.names import surface_output_name
 
 if TYPE_CHECKING:
     from landscape.analyze.context import CheckpointContext
@@ -77,8 +77,8 @@ class SurfaceOptions:
     @property
     def output_name(self) -> str:
         """The output name: surface (random plane) or surface-<directions>; the result files add the settings
-        off their defaults (``results.result_name``)."""
-        return surface_result_name(self.directions)
+        off their defaults (``ResultNames.result_name``)."""
+        return surface_output_name(self.directions)
 
     @property
     def needs_kept_clients(self) -> bool:

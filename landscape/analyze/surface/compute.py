@@ -18,7 +18,6 @@ import numpy as np
 from torch import Tensor
 
 from landscape.analyze.registry import PassOutput
-from landscape.analyze.results import result_name, settings_record
 from landscape.analyze.surface.partial import PARTIAL_SCHEMA, load_partial, save_partial, tensor_digest
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
@@ -207,19 +206,22 @@ def compute_surface(ctx: CheckpointContext, opts: Any) -> PassOutput:
            "checkpoint_sha256": ctx.digest, "analysis": ctx.settings.record(),
            "options": {k: v for k, v in opts.__dict__.items() if k != "save_every"},
            "d1_sha256": tensor_digest(plane.d1), "d2_sha256": None if one_d else tensor_digest(plane.d2)}
-    # One partial grid per result, named as the result is (by its settings): surfaces of other settings
-    # (another grid, data, span) never take over each other's partial grid.
-    partial_name = result_name("surface", settings_record(ctx.settings, opts))
-    partial_path = ctx.source.result_dir(ctx.round) / f"{partial_name}.partial.npz"
-    partial = parallel.on_main(lambda: load_partial(partial_path, key, x_coords, y_coords))  # rank 0 reads it
+    # One partial grid per result, named as the result is (the job's result name, which the scheduler gives
+    # the context): surfaces of other settings (another grid, data, span) never take over each other's partial
+    # grid. A context given no result name (not run by the scheduler) keeps no partial grid.
+    partial_path = (None if ctx.result_name is None
+                    else ctx.source.result_dir(ctx.round) / f"{ctx.result_name}.partial.npz")
+    partial = None if partial_path is None else parallel.on_main(  # rank 0 reads it
+        lambda: load_partial(partial_path, key, x_coords, y_coords))
     grid = evaluate_surface(
         objective, ctx.w, plane.d1, plane.d2, x_coords, y_coords,
         loss=None if partial is None else partial.loss,
         accuracy=None if partial is None else partial.accuracy,
         cells_per_batch=opts.cells_per_batch, save_every=opts.save_every,
-        on_checkpoint=lambda g: save_partial(partial_path, g, key), progress=ctx.progress,
+        on_checkpoint=None if partial_path is None else (lambda g: save_partial(partial_path, g, key)),
+        progress=ctx.progress,
     )
-    if parallel.is_main():
+    if parallel.is_main() and partial_path is not None:
         partial_path.unlink(missing_ok=True)
 
     centre = tuple(int(np.flatnonzero(axis == 0.0)[0]) for axis in

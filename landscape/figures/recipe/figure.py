@@ -71,7 +71,7 @@ from landscape.figures.recipe.tables import (
     TrainTable,
 )
 from landscape.figures.rundata import RunData
-from landscape.store.directory import surface_result_name
+from landscape.store.results.names import surface_output_name
 
 __all__ = ["METRIC_KEYS", "SCALES", "FigureRecipe", "RunRequest", "figure_runs", "load_figure_recipe",
            "parse_figure_recipe", "parse_seeds"]
@@ -125,7 +125,7 @@ class FigureRecipe:
 
     def surface_name(self) -> str:
         """The result name of the figure's surfaces (by the surface pass's directions)."""
-        return surface_result_name(self.pass_options.get("surface", {}).get("directions", "random"))
+        return surface_output_name(self.pass_options.get("surface", {}).get("directions", "random"))
 
     def run(self, run_id: str) -> RunRequest:
         return next(r for r in self.runs if r.id == run_id)

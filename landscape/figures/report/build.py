@@ -21,7 +21,7 @@ table: each cell the mean over the seeds +- its standard error, with a column n;
 it was.
 The plotly figures draw such a group as its mean with a +-SE band (``plots``).
 
-Tables and curves read one set of settings per quantity (``landscape.figures.selection``: the defaults
+Tables and curves read one set of settings per quantity (``landscape.store.results.selection``: the defaults
 unless a ``Selection`` says otherwise), named on the page where they are not the ones asked for; every
 computed surface is drawn, each titled with its settings.
 """
@@ -36,6 +36,7 @@ from typing import Any
 from markupsafe import Markup
 from matplotlib.colors import to_hex
 
+from landscape.analyze.passes import RESULT_NAMES
 from landscape.core.errors import LandscapeError
 from landscape.figures.extract import choose_rho
 from landscape.figures.labels import settings_lines
@@ -59,8 +60,8 @@ from landscape.figures.report.plots import (
 from landscape.figures.report.surfaces import surfaces_section
 from landscape.figures.rundata import RunData, RunsLike, as_runs
 from landscape.figures.seeds import groups
-from landscape.figures.selection import Selection
 from landscape.store.fileio import write_text
+from landscape.store.results.selection import Selection
 
 CURVE_KEYS = [("accuracy", "test_acc"), ("train_loss", "train_loss"),
               ("flatness_distance", "flatness_distance")]
@@ -140,7 +141,7 @@ def build_report(run_dirs: RunsLike, *, title: str = "landscape report",
     """The report's HTML text (see ``write_report``): ``templates/page.html`` filled in."""
     import plotly.offline
 
-    runs = as_runs(run_dirs, selection if selection is not None else Selection())
+    runs = as_runs(run_dirs, selection if selection is not None else Selection(RESULT_NAMES))
     page = Page()
     rho = _common_rho(runs)
     comparison, curves = _comparison(runs, rho), _curves(runs, page)

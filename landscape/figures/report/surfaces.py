@@ -19,12 +19,12 @@ import numpy as np
 from markupsafe import Markup
 from matplotlib.colors import to_hex
 
+from landscape.analyze.passes import RESULT_NAMES
 from landscape.core.errors import LandscapeError
 from landscape.figures.report.data import surface_files
 from landscape.figures.report.parts import Page, note, parts
 from landscape.figures.report.plots import line_surface_figure
 from landscape.figures.rundata import RunData
-from landscape.figures.selection import settings_label
 
 
 def surface_renderer() -> Callable[..., Any] | None:
@@ -58,7 +58,7 @@ def _surface_kind(path: Path) -> list[str]:
             else names.get(kind, path.name))
     try:
         record = json.loads(path.with_suffix(".json").read_text())
-        settings = settings_label("surface", record.get("settings"))
+        settings = RESULT_NAMES.settings_label("surface", record.get("settings"))
     except (OSError, ValueError, AttributeError):
         return [text]
     return [text] if settings == "the defaults" else [text, settings]

@@ -1,7 +1,7 @@
 """Which analysis results a figure, a comparison or a report reads.
 
 A round's results are indexed by what each JSON records, its pass and its settings, never by its file name
-(``landscape.analyze.results.result_name``), so results written before they were named by their settings
+(``names.ResultNames.result_name``), so results written before they were named by their settings
 are read by what they hold. Of the results of one output of a run (``sharpness``, ``surface``,
 ``surface-pca``, ...) ONE set of settings is read, at every round: a curve over rounds never mixes settings.
 
@@ -17,9 +17,9 @@ Rounds analysed only with other settings are left out of the run's curves and na
 ``Chosen.shown`` says which settings are read where they are not the ones asked for (the defaults, or the
 recipe's), for the labels.
 
-Of the analysis it reads names and defaults only: the declared passes' options (``landscape.analyze.passes``,
-which loads no computation) and the analysis settings (``analyze/settings.py``, which imports nothing of
-the analysis).
+What the settings are and their defaults come from the ``ResultNames`` a ``Selection`` is made with (the
+analysis's is ``landscape.analyze.passes.RESULT_NAMES``: the declared passes' options, which load no
+computation, and the analysis settings).
 """
 
 from __future__ import annotations
@@ -30,20 +30,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from landscape.analyze.passes import PASSES  # the declared passes, whose settings results name
-from landscape.analyze.results import (
-    NOT_NAMED,
-    qualified_settings,
-    record_output,
-    record_pass,
-    result_name,
-    settings_diff,
-    settings_text,
-    value_text,
-)
-from landscape.analyze.settings import AnalysisSettings
 from landscape.core.errors import LandscapeError
-from landscape.store.run import PassRecord
+from landscape.store.results.names import NOT_NAMED, ResultNames, record_pass, value_text
+from landscape.store.results.records import PassRecord
 
 # What F is: read at its default unless a filter names it.
 PINNED = ("split", "bn_mode", "surface.data")
@@ -53,12 +42,13 @@ _ANALYZE_FLAGS = {"split": "--split", "analysis_samples": "--analysis-samples", 
 
 
 class Result:
-    """What selection reads of a stored result (a ``store.run.PassRecord``, ``rec``): its pass, output and
+    """What selection reads of a stored result (a ``records.PassRecord``, ``rec``): its pass, output and
     settings as its JSON records them (files written before results were named by their settings carry the
-    pass's name whatever their settings), each worked out on first use."""
+    pass's name whatever their settings), each worked out on first use by ``names``."""
 
-    def __init__(self, rec: PassRecord) -> None:
+    def __init__(self, rec: PassRecord, names: ResultNames) -> None:
         self.rec = rec
+        self.names = names
         self.settings = rec.settings
 
     @cached_property
@@ -67,49 +57,40 @@ class Result:
 
     @cached_property
     def output(self) -> str:
-        """sharpness, surface, surface-pca, ...: what the result is of (``results.output_name``)."""
-        return record_output(self.rec.record, self.rec.path.stem)
+        """sharpness, surface, surface-pca, ...: what the result is of (``ResultNames.output_name``)."""
+        return self.names.record_output(self.rec.record, self.rec.path.stem)
 
     @cached_property
     def qualified(self) -> dict[str, Any]:
-        return qualified_settings(self.pass_name, self.settings)
+        return self.names.qualified_settings(self.pass_name, self.settings)
 
     @cached_property
     def variant(self) -> tuple:
-        return variant_of(self.pass_name, self.settings)
+        return self.names.variant(self.pass_name, self.settings)
 
     @cached_property
     def canonical(self) -> bool:
         """Whether the file has the name its settings give (not a file written before that naming)."""
-        return self.rec.path.stem == result_name(self.pass_name, self.settings)
+        return self.rec.path.stem == self.names.result_name(self.pass_name, self.settings)
 
 
-def as_results(records: Mapping[int, Sequence[PassRecord]]) -> dict[int, list[Result]]:
+def as_results(records: Mapping[int, Sequence[PassRecord]], names: ResultNames) -> dict[int, list[Result]]:
     """Round -> what selection reads of each stored result there (``choose`` takes them)."""
-    return {r: [Result(rec) for rec in recs] for r, recs in records.items()}
-
-
-def _analysis_names() -> set[str]:
-    """The names of the analysis settings a result records (``split``, ``bn_mode``, ...)."""
-    return set(AnalysisSettings().record())
-
-
-def _option_names() -> dict[str, set[str]]:
-    """Pass -> the names of its options."""
-    return {entry.name: set(entry.option_defaults()) for entry in PASSES.entries()}
+    return {r: [Result(rec, names) for rec in recs] for r, recs in records.items()}
 
 
 @dataclass(frozen=True)
 class Selection:
-    """Which settings to read: ``filters`` ((KEY, VALUE): KEY an analysis setting such as ``split``,
-    ``PASS.OPTION`` such as ``surface.grid``, or an option name such as ``grid`` for every pass that has it),
-    or ``exact`` (pass -> the settings record a figure recipe analysed with)."""
+    """Which settings to read, of the settings ``names`` knows: ``filters`` ((KEY, VALUE): KEY an analysis
+    setting such as ``split``, ``PASS.OPTION`` such as ``surface.grid``, or an option name such as ``grid``
+    for every pass that has it), or ``exact`` (pass -> the settings record a figure recipe analysed with)."""
 
+    names: ResultNames
     filters: tuple[tuple[str, Any], ...] = ()
     exact: Mapping[str, dict] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, texts: Iterable[str], flag: str = "--settings") -> Selection:
+    def parse(cls, names: ResultNames, texts: Iterable[str], flag: str = "--settings") -> Selection:
         """From ``KEY=VALUE`` texts (values in TOML, as ``--set`` takes them); unknown keys are refused."""
         from landscape.config.overrides import parse_value
 
@@ -121,9 +102,9 @@ class Selection:
             key = key.strip()
             if not sep or not key:
                 raise LandscapeError(f"{flag} takes KEY=VALUE, e.g. {flag} split=test (got {text!r})")
-            _check_key(key, flag)
+            _check_key(names, key, flag)
             filters.append((key, parse_value(value.strip())))
-        return cls(tuple(filters))
+        return cls(names, tuple(filters))
 
     def describe(self) -> str:
         """'split=test, surface.grid=9'; '' for no filters."""
@@ -133,7 +114,7 @@ class Selection:
         """The qualified settings of a ``pass_name`` result that the filter KEY names."""
         if "." in key:
             return [key] if key.split(".", 1)[0] == pass_name else []
-        if key in _analysis_names():
+        if key in self.names.analysis_names():
             return [key]
         name = f"{pass_name}.{key}"
         return [name] if name in qualified else []
@@ -142,7 +123,7 @@ class Selection:
         """Whether this result has the settings asked for."""
         if self.exact:
             wanted = self.exact.get(rec.pass_name)
-            return wanted is not None and rec.variant == variant_of(rec.pass_name, wanted)
+            return wanted is not None and rec.variant == self.names.variant(rec.pass_name, wanted)
         q = rec.qualified
         named: set[str] = set()
         for key, value in self.filters:
@@ -150,7 +131,7 @@ class Selection:
                 named.add(name)
                 if name not in q or value_text(q[name]) != value_text(value):
                     return False
-        defaults = qualified_settings(rec.pass_name, None)
+        defaults = self.names.qualified_settings(rec.pass_name, None)
         return all(value_text(q[pin]) == value_text(defaults[pin])
                    for pin in PINNED if pin in q and pin in defaults and pin not in named)
 
@@ -162,17 +143,17 @@ class Selection:
         """``landscape analyze`` flags computing the results this selection asks for of ``pass_name``."""
         if self.exact:
             wanted = self.exact.get(pass_name)
-            defaults = qualified_settings(pass_name, None)
-            given = {k: v for k, v in qualified_settings(pass_name, wanted).items()
+            defaults = self.names.qualified_settings(pass_name, None)
+            given = {k: v for k, v in self.names.qualified_settings(pass_name, wanted).items()
                      if k not in defaults or value_text(v) != value_text(defaults[k])}
         else:
-            options = _option_names().get(pass_name, set())
+            options = self.names.option_names().get(pass_name, set())
             given = {}
             for key, value in self.filters:
                 if "." in key:
                     if key.split(".", 1)[0] == pass_name:
                         given[key] = value
-                elif key in _analysis_names():
+                elif key in self.names.analysis_names():
                     given[key] = value
                 elif key in options:
                     given[f"{pass_name}.{key}"] = value
@@ -186,9 +167,9 @@ class Selection:
         return " ".join(flags)
 
 
-def _check_key(key: str, flag: str) -> None:
-    analysis = _analysis_names()
-    options = _option_names()
+def _check_key(names: ResultNames, key: str, flag: str) -> None:
+    analysis = names.analysis_names()
+    options = names.option_names()
     where = (f"{flag} keys are the analysis settings ({', '.join(sorted(analysis - NOT_NAMED))}), "
              "PASS.OPTION (e.g. surface.grid) or an option name (e.g. grid)")
     if key in NOT_NAMED or any(f"{p}.{key}" in NOT_NAMED for p in options):
@@ -204,11 +185,6 @@ def _check_key(key: str, flag: str) -> None:
         raise LandscapeError(f"{flag} {key}: unknown setting; {where}")
 
 
-def variant_of(pass_name: str, settings: Any) -> tuple:
-    """A hashable key of a result's settings: equal for results that differ in ``NOT_NAMED`` only."""
-    return (pass_name, tuple(sorted((k, value_text(v)) for k, v in qualified_settings(pass_name, settings).items())))
-
-
 @dataclass
 class Chosen:
     """The results of one output of a run read at every round, all of one set of settings."""
@@ -221,11 +197,6 @@ class Chosen:
     left_out: dict[int, list[str]] = field(default_factory=dict)  # round -> settings there (not read)
 
 
-def settings_label(pass_name: str, settings: Any) -> str:
-    """'split=test' (the settings off their defaults) or 'the defaults'."""
-    return settings_text(settings_diff(pass_name, settings)) or "the defaults"
-
-
 def choose(results: Mapping[int, Sequence[Result]], selection: Selection
            ) -> tuple[dict[int, dict[str, PassRecord]], dict[str, Chosen], dict[str, list[str]]]:
     """(round -> output -> result read, output -> Chosen, output -> settings of the results there that the
@@ -234,7 +205,8 @@ def choose(results: Mapping[int, Sequence[Result]], selection: Selection
     everything: dict[str, dict[int, set[str]]] = {}
     for r in sorted(results):
         for rec in results[r]:
-            everything.setdefault(rec.output, {}).setdefault(r, set()).add(settings_label(rec.pass_name, rec.settings))
+            everything.setdefault(rec.output, {}).setdefault(r, set()).add(
+                selection.names.settings_label(rec.pass_name, rec.settings))
             if not selection.wants(rec):
                 continue
             slot = variants.setdefault(rec.output, {}).setdefault(rec.variant, {})
@@ -243,14 +215,15 @@ def choose(results: Mapping[int, Sequence[Result]], selection: Selection
 
     def rank(item: tuple[tuple, dict[int, Result]]) -> tuple:
         rec = next(iter(item[1].values()))
-        diff = settings_diff(rec.pass_name, rec.settings)
-        return bool(diff), -len(item[1]), len(diff), settings_text(diff)
+        diff = selection.names.settings_diff(rec.pass_name, rec.settings)
+        return bool(diff), -len(item[1]), len(diff), selection.names.settings_text(diff)
 
     chosen: dict[str, Chosen] = {}
     for output, found in variants.items():
         _, records = min(found.items(), key=rank)
         first = next(iter(records.values()))
-        shown = settings_text(settings_diff(first.pass_name, first.settings, selection.reference(first.pass_name)))
+        shown = selection.names.settings_text(
+            selection.names.settings_diff(first.pass_name, first.settings, selection.reference(first.pass_name)))
         left = {r: sorted(labels) for r, labels in everything[output].items() if r not in records}
         chosen[output] = Chosen(output, first.pass_name, {r: records[r].rec for r in sorted(records)},
                                 first.settings, shown, left)
