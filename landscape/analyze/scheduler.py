@@ -31,6 +31,7 @@ from landscape.analyze.summary import AnalysisReport, analysis_data
 from landscape.config.setup import thread_count, using_threads
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import Rounds
 from landscape.store import tracking
 from landscape.store.checkpoints import CheckpointError
 
@@ -300,7 +301,7 @@ class _Runner:
 def run_analysis(
     path: Path,
     *,
-    rounds: str = "last",
+    rounds: Rounds | str = "last",
     passes: list[str],
     settings: AnalysisSettings,
     options: dict[str, Any],
