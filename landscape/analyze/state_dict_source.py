@@ -165,7 +165,7 @@ class StateDictSource(Source):
         return self._named(str(spec))
 
     def _named(self, spec: str) -> list[int]:
-        """The files a comma list of their labels, names or rounds names (a digit text is a file's label
+        """The files a comma list of their labels, names or rounds picks (a digit text is a file's label
         before it is a round: a file named 3.pt among others without rounds)."""
         wanted = [part.strip() for part in spec.split(",") if part.strip()]
         if not wanted:
