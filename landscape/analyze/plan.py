@@ -20,6 +20,7 @@ from landscape.analyze.source import Source, find_sources, select_rounds
 from landscape.analyze.state_dict_source import ForeignModel, StateDictSource, state_dict_sources
 from landscape.config.setup import using_threads
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import Rounds
 from landscape.store.checkpoints import partition_problem
 from landscape.store.results.names import settings_record
 
@@ -83,13 +84,15 @@ def make_job(source: Source, round: int, name: str, options: Any, settings: Anal
     return Job(source, round, name, options, record, RESULT_NAMES.result_name(name, record))
 
 
-def plan(path: Path, rounds: str, passes: list[str], options: dict[str, Any], settings: AnalysisSettings,
+def plan(path: Path, rounds: Rounds | str, passes: list[str], options: dict[str, Any], settings: AnalysisSettings,
          foreign: ForeignModel | None = None) -> list[Job]:
     """Every (run, round, pass) to do under ``settings``, with all input checked before any work starts, and
-    each job's result settings and name (``make_job``). With ``foreign``,
-    ``path`` holds plain state_dicts: ``rounds`` picks files (``StateDictSource.select``: last, all, their names
-    or the rounds their names carry); their model and data are checked as the sources are found, and a pass
-    that needs clients is refused (``Source.check_pass``)."""
+    each job's result settings and name (``make_job``). ``rounds``: the checkpoints (a ``Rounds``, or its
+    text). With ``foreign``, ``path`` holds plain state_dicts: ``rounds`` picks files (``StateDictSource.select``:
+    a ``Rounds``, or a comma list of their names and the rounds their names carry); their model and data are
+    checked as the sources are found, and a pass that needs clients is refused (``Source.check_pass``)."""
+    if foreign is None:
+        rounds = Rounds.parse(rounds, "--checkpoints")
     registry = load_passes()
     for name in passes:
         registry.get(name)

@@ -1,7 +1,7 @@
 """Analysis recipes (``analyze/*.toml``): which passes, on which rounds, with which settings and options.
 
 ```
-rounds = "all"                       # last, all, or a comma list
+rounds = "all"                       # last, last N, all, a round or a list of rounds (``core.rounds``)
 passes = ["loss", "hessian", "sharpness"]
 [settings]                           # shared by every pass: split, analysis_samples, bn_mode, batch_size,
 analysis_samples = 500               #   seed, dtype, hvp, backend, device
@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from landscape.analyze.passes import PASSES
 from landscape.analyze.settings import AnalysisSettings
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import Rounds
 from landscape.core.schema import load, read_toml, rule, unknown_key_message
 
 
@@ -30,7 +31,7 @@ from landscape.core.schema import load, read_toml, rule, unknown_key_message
 class RecipeKeys:
     """The top-level keys of an analysis recipe (besides a table per pass)."""
 
-    rounds: str = ""  # last, all or a comma list ("": every checkpoint --checkpoints names); 3 is "3"
+    rounds: Any = ""  # a ``Rounds`` (last, last N, all, a round or a list of rounds); "": --checkpoints decides
     passes: Annotated[tuple[str, ...], rule(min_length=1)] = ()  # (): the default passes
     settings: dict = field(default_factory=dict)  # checked as AnalysisSettings
     title: str = ""
@@ -39,7 +40,7 @@ class RecipeKeys:
 @dataclass(frozen=True)
 class AnalysisRecipe:
     path: Path
-    rounds: str | None = None
+    rounds: Rounds | str | None = None  # text: a comma list of plain state_dicts' names (``_rounds``)
     passes: tuple[str, ...] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -62,10 +63,7 @@ def _checked(path: Path, raw: dict[str, Any]) -> AnalysisRecipe:
     for key in raw:
         if key not in top and key not in names:
             raise LandscapeError(unknown_key_message(key, [*top, *names], "top-level", "analysis recipe key"))
-    given = {k: v for k, v in raw.items() if k in top}
-    if type(given.get("rounds")) is int:  # rounds = 3: the round 3
-        given["rounds"] = str(given["rounds"])
-    keys = load(RecipeKeys, given, noun="analysis recipe key")
+    keys = load(RecipeKeys, {k: v for k, v in raw.items() if k in top}, noun="analysis recipe key")
     for name in keys.passes:
         PASSES.get(name)  # an unknown pass: one line naming the passes
     load(AnalysisSettings, keys.settings, "settings", noun="analysis setting")
@@ -74,4 +72,18 @@ def _checked(path: Path, raw: dict[str, Any]) -> AnalysisRecipe:
         if name in raw:
             PASSES.get(name).make_options(raw[name])
             options[name] = dict(raw[name])
-    return AnalysisRecipe(path, keys.rounds or None, keys.passes or None, dict(keys.settings), options)
+    return AnalysisRecipe(path, _rounds(keys.rounds), keys.passes or None, dict(keys.settings), options)
+
+
+def _rounds(value: Any) -> Rounds | str | None:
+    """The recipe's rounds: a ``Rounds``; None where it gives none (""); a text that is no ``Rounds`` is kept
+    as a comma list of plain state_dicts' names (``StateDictSource.select``; a run refuses it,
+    ``workflows.analysis``); anything else is one line naming the grammar."""
+    if value == "":
+        return None
+    try:
+        return Rounds.parse(value)
+    except LandscapeError:
+        if isinstance(value, str) and value.strip(", "):
+            return value
+        raise

@@ -24,6 +24,7 @@ from landscape.analyze.summary import AnalysisReport, analysis_data
 from landscape.config.setup import thread_count, using_threads
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import Rounds
 from landscape.store import tracking
 from landscape.store.checkpoints import CheckpointError
 from landscape.store.results.files import SCHEMA_VERSION, find_result, result_record, store_result
@@ -288,7 +289,7 @@ class _Runner:
 def run_analysis(
     path: Path,
     *,
-    rounds: str = "last",
+    rounds: Rounds | str = "last",
     passes: list[str],
     settings: AnalysisSettings,
     options: dict[str, Any],

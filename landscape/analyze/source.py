@@ -1,5 +1,6 @@
 """The source of an analysis: a run directory, or a loose folder of checkpoints carrying their recipe
-(``Source``), and how sources and their rounds are found from a path (``find_sources``, ``select_rounds``).
+(``Source``), and how sources and their rounds are found from a path (``find_sources``, ``select_rounds``, which
+takes a ``core.rounds.Rounds``).
 
 ``find_sources`` turns the path given to ``landscape analyze`` (a run directory, a folder of runs, a run's
 ``checkpoints/`` folder, a loose folder of checkpoints, or one checkpoint file) into sources and rounds.
@@ -23,6 +24,7 @@ from landscape.config import recipe as recipes
 from landscape.config.recipe import Recipe
 from landscape.config.setup import DataSetup, build_module, prepare_data, torch_dtype
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import Rounds, RoundsUnavailable
 from landscape.store.checkpoints import Checkpoint, load_checkpoint
 from landscape.store.directory import RunDir
 from landscape.store.run import Run
@@ -175,27 +177,19 @@ def find_sources(path: Path) -> tuple[list[Source], int | None]:
     )
 
 
-def select_rounds(source: Source, spec: str) -> list[int]:
-    """``last``, ``all`` or a comma list of rounds; each must have a checkpoint."""
+def select_rounds(source: Source, rounds: Rounds | str) -> list[int]:
+    """The checkpoints ``rounds`` picks (``Rounds``: last, last N, all, a round or a list of rounds) of a
+    source; each listed round must have a checkpoint."""
+    rounds = Rounds.parse(rounds, "--checkpoints")
     available = sorted(source.checkpoints)
     if not available:
         raise LandscapeError(f"{source.name} has no checkpoints to analyse")
-    if spec == "last":
-        return [available[-1]]
-    if spec == "all":
-        return available
     try:
-        wanted = [int(r) for r in spec.split(",") if r.strip()]
-    except ValueError:
-        raise LandscapeError(f"the checkpoints to analyse (--checkpoints; rounds in a recipe) are last, all or a comma "
-                             f"list of round numbers (got '{spec}')") from None
-    missing = [r for r in wanted if r not in source.checkpoints]
-    if missing:
-        raise LandscapeError(
-            f"round {missing[0]} has no checkpoint in {source.name}; checkpointed rounds: "
-            + ", ".join(map(str, available))
-        )
-    return wanted
+        return rounds.select(available)
+    except RoundsUnavailable as e:
+        what = (f"round {e.lacking[0]} has no checkpoint in {source.name}" if e.lacking else
+                f"--checkpoints {rounds} asks for {e.asked} checkpoints; {source.name} has {len(available)}")
+        raise LandscapeError(f"{what}; checkpointed rounds: {', '.join(map(str, available))}") from None
 
 
 def file_digest(path: Path) -> str:

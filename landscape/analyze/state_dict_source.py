@@ -30,6 +30,7 @@ from landscape.analyze.source import Source
 from landscape.config.setup import DataSetup
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
+from landscape.core.rounds import LISTED, Rounds
 from landscape.measure.analysis_data import AnalysisData, as_data, check_model_data
 from landscape.store.checkpoints import Checkpoint, load_state_dict_file
 
@@ -147,12 +148,25 @@ class StateDictSource(Source):
         where the files' names carry rounds (``file_rounds``)."""
         return {"file": self.label(key), **({"round": self.rounds[key]} if key in self.rounds else {})}
 
-    def select(self, spec: str) -> list[int]:
-        """``--checkpoints`` of these files: ``last`` (the last by round where their names carry rounds, else by
-        name), ``all``, or a comma list of their labels (or names) or of the rounds their names carry."""
-        keys = list(self.checkpoints)
-        if spec in ("last", "all"):
-            return keys[-1:] if spec == "last" else keys
+    def select(self, spec: Rounds | str) -> list[int]:
+        """``--checkpoints`` of these files: a ``Rounds`` (``last``: the last by round where their names carry
+        rounds, else by name; ``last N``; ``all``; a round or a list of rounds, each a file's name or the round
+        its name carries), or, this source's own extension of that grammar, a comma list of the files' labels (or
+        names) and rounds (``mlp-r2,10``)."""
+        if isinstance(spec, str):
+            try:
+                spec = Rounds.parse(spec)
+            except LandscapeError:
+                return self._named(spec)
+        if spec.kind != LISTED:  # the keys are the files' places in their order
+            if not spec.covered_by(self.checkpoints):
+                raise LandscapeError(f"--checkpoints {spec} asks for {spec.count} files; {self._files_text()}")
+            return spec.select(self.checkpoints)
+        return self._named(str(spec))
+
+    def _named(self, spec: str) -> list[int]:
+        """The files a comma list of their labels, names or rounds picks (a digit text is a file's label
+        before it is a round: a file named 3.pt among others without rounds)."""
         wanted = [part.strip() for part in spec.split(",") if part.strip()]
         if not wanted:
             raise LandscapeError(f"--checkpoints {spec!r} names no file; {self._files_text()}")

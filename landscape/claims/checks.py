@@ -65,6 +65,7 @@ from landscape.claims.statistics import (
     sign_flip_p,
 )
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import ALL, LAST, Rounds
 from landscape.figures.rundata import RunData
 from landscape.figures.seeds import mean_se
 
@@ -281,12 +282,14 @@ def _finite(value: float | None) -> float | str | None:
     return value if value is None or math.isfinite(value) else ("inf" if value > 0 else "-inf")
 
 
-def _rounds_text(rounds: str | int | tuple[int, ...]) -> str:
-    if isinstance(rounds, str):
-        return f"{rounds} rounds" if rounds.startswith("last ") else f"{rounds} round" + ("s" if rounds == "all" else "")
-    if isinstance(rounds, int):
-        return f"round {rounds}"
-    return "rounds " + ",".join(map(str, rounds))
+def _rounds_text(rounds: Rounds) -> str:
+    """A comparison's rounds in words: "last round", "last 5 rounds", "all rounds", "round 3" (written as one
+    round), "rounds 2,3"."""
+    if rounds.kind == LAST:
+        return "last round" if rounds.count == 1 else f"last {rounds.count} rounds"
+    if rounds.kind == ALL:
+        return "all rounds"
+    return f"round {rounds.written}" if rounds.written.isdigit() else f"rounds {rounds}"
 
 
 def _span(rounds: Sequence[int]) -> str:

@@ -16,12 +16,12 @@ import numpy as np
 from landscape.analyze.registry import Quantity
 from landscape.claims.statistics import MAX_SEEDS
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import Rounds, RoundsUnavailable
 from landscape.core.schema import load, read_toml, rule
 from landscape.figures.report.data import quantities
 from landscape.figures.rundata import RunData
 
 DEFAULT_TAU = 0.5  # nats above the centre's loss: the level set whose area ``surface width`` measures
-LAST_N = re.compile(r"^last\s+(\d+)$")
 SURFACE_WIDTH = "surface width"
 _RHO = re.compile(r"^(adaptive )?S_rho\(([^)]+)\)$")
 # Quantities free of the scale of the weights and of the clients' updates ("relative" in a claim's
@@ -34,9 +34,9 @@ RELATIVE = frozenset({
 _TEXT = rule(pattern=r"\S", text="must be a non-empty string")
 _RUN_ID = rule(min_length=1, text="must name a run id of the figure recipe")
 _POSITIVE = rule(gt=0, text="must be a positive number")
-# The rounds a comparison averages: "last", "last N", "all", a round or a list of rounds (a union that the
-# schema leaves to ``_rounds``, which names them all in its message).
-Rounds = Any
+# The rounds a comparison averages, as the file writes them: parsed by ``Rounds.parse`` (``core.rounds``: "last",
+# "last N", "all", a round or a list of rounds), which names the grammar in its message.
+RoundsText = Any
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class CompareTable:
     lower: Annotated[str, _RUN_ID]
     higher: Annotated[str, _RUN_ID]
     quantity: str | None = None
-    rounds: Rounds = None
+    rounds: RoundsText = None
     tau: Annotated[float | None, _POSITIVE] = None
 
 
@@ -64,7 +64,7 @@ class ClaimFile:
     hypothesis: bool = False
     seeds: tuple[Annotated[int, rule(ge=0)], ...] = (0,)
     quantity: str | None = None
-    rounds: Rounds = None
+    rounds: RoundsText = None
     level: Annotated[float, rule(gt=0, lt=0.5, text="must be a positive number below 0.5")] = 0.05
     tau: Annotated[float, _POSITIVE] = DEFAULT_TAU
     compare: tuple[CompareTable, ...] = ()
@@ -72,13 +72,17 @@ class ClaimFile:
 
 @dataclass(frozen=True)
 class Comparison:
-    """``lower`` should have the lower ``quantity`` than ``higher`` (run ids of the claim's figure recipe)."""
+    """``lower`` should have the lower ``quantity`` than ``higher`` (run ids of the claim's figure recipe), over
+    ``rounds`` (a ``Rounds``; its text, a round or a list of rounds is parsed)."""
 
     lower: str
     higher: str
     quantity: str
-    rounds: str | int | tuple[int, ...]
+    rounds: Rounds
     tau: float = DEFAULT_TAU
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rounds", Rounds.parse(self.rounds))
 
     @property
     def text(self) -> str:
@@ -102,22 +106,6 @@ class Claim:
         for c in self.comparisons:
             ids += [i for i in (c.lower, c.higher) if i not in ids]
         return ids
-
-
-def _rounds(value: Any, where: str) -> str | int | tuple[int, ...]:
-    value = list(value) if isinstance(value, tuple) else value  # as TOML gave it (the schema freezes lists)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                 for v in value):
-        return tuple(value)
-    if isinstance(value, str):
-        text = " ".join(value.split())
-        match = LAST_N.match(text)
-        if text in ("last", "all") or (match and int(match.group(1)) >= 1):
-            return text
-    raise LandscapeError(f"{where}: rounds must be \"last\", \"last N\", \"all\", a round or a list of rounds "
-                         f"(got {value!r})")
 
 
 def load_claim(path: str | Path, seeds: Sequence[int] | None = None) -> Claim:
@@ -160,7 +148,7 @@ def _comparison(entry: CompareTable, i: int, file: ClaimFile, path: Path) -> Com
     rounds = entry.rounds if entry.rounds is not None else file.rounds
     if rounds is None:
         raise LandscapeError(f"{where}: no rounds (set `rounds` in the comparison or at the top)")
-    comparison = Comparison(entry.lower, entry.higher, quantity, _rounds(rounds, where),
+    comparison = Comparison(entry.lower, entry.higher, quantity, Rounds.parse(rounds, f"{where}: rounds"),
                             file.tau if entry.tau is None else entry.tau)
     _check_quantity(quantity, where)
     return comparison
@@ -219,23 +207,14 @@ def scale_of(quantity: str) -> str:
 _QUANTITIES = {q.text: q for q in quantities([])}
 
 
-def _rounds_shown(rounds: str | int | tuple[int, ...]) -> str:
-    return repr(list(rounds)) if isinstance(rounds, tuple) else repr(rounds)
-
-
-def chosen_rounds(rounds: str | int | tuple[int, ...], have: Sequence[int]) -> list[int] | None:
+def chosen_rounds(rounds: Rounds | str | int | tuple[int, ...], have: Sequence[int]) -> list[int] | None:
     """The rounds a comparison averages of those a run has (``have``), None when it lacks some."""
-    have = sorted(have)
-    if rounds == "all":
-        return have or None
-    if isinstance(rounds, str):  # "last" or "last N"
-        n = 1 if rounds == "last" else int(LAST_N.match(rounds).group(1))
-        return have[-n:] if len(have) >= n else None
-    wanted = [rounds] if isinstance(rounds, int) else list(rounds)
-    return wanted if all(r in have for r in wanted) else None
+    rounds = Rounds.parse(rounds)
+    return rounds.select(have) if rounds.covered_by(have) else None
 
 
-def compared_rounds(comparison: Comparison, train: Any, pass_rounds: Mapping[str, str]) -> tuple[list[int], str]:
+def compared_rounds(comparison: Comparison, train: Any, pass_rounds: Mapping[str, Rounds]
+                    ) -> tuple[list[int], str]:
     """The rounds at which a run with the training settings ``train`` has the comparison's quantity (a
     metrics.jsonl key at the rounds that log it, an analysis quantity at the rounds the figure analyses its
     pass at: ``figure_rounds``), and why these."""
@@ -258,7 +237,7 @@ def compared_rounds(comparison: Comparison, train: Any, pass_rounds: Mapping[str
 
 
 def check_rounds(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, Any]]],
-                 pass_rounds: Mapping[str, str]) -> None:
+                 pass_rounds: Mapping[str, Rounds]) -> None:
     """Every comparison's rounds exist in every run it compares, before anything is trained: a metrics.jsonl
     key at the rounds that log it (``figure_rounds.logged_rounds``), an analysis quantity at the rounds the
     figure analyses its pass at (``pass_rounds``, ``figure_rounds.analysed_rounds``). ``trained``: run id ->
@@ -273,7 +252,7 @@ def check_rounds(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, 
                 if chosen_rounds(comparison.rounds, have) is None:
                     which = run_id if seed is None else f"{run_id} seed {seed}"
                     raise LandscapeError(f"{claim.path}: [[compare]] {i}: rounds "
-                                         f"{_rounds_shown(comparison.rounds)}: run {which} has "
+                                         f"{comparison.rounds.written}: run {which} has "
                                          f"{comparison.quantity} at {round_list(have)} ({why})")
 
 
@@ -287,25 +266,18 @@ def check_run_ids(claim: Claim, known: Sequence[str]) -> None:
 
 # -- one number per run -----------------------------------------------------------------------------------------
 
-def _pick(rounds_have: Sequence[int], spec: str | int | tuple[int, ...], run: RunData, what: str) -> list[int]:
+def _pick(rounds_have: Sequence[int], spec: Rounds, run: RunData, what: str) -> list[int]:
     have = sorted(rounds_have)
     if not have:
         raise LandscapeError(f"run {run.path} has no {what}")
-    if spec == "all":
-        return have
-    if spec == "last":
-        return have[-1:]
-    if isinstance(spec, str):
-        n = int(LAST_N.match(spec).group(1))  # checked by _rounds
-        if len(have) < n:
-            raise LandscapeError(f"run {run.path} has {what} at {len(have)} round(s), the claim asks for the last {n}")
-        return have[-n:]
-    wanted = [spec] if isinstance(spec, int) else list(spec)
-    lacking = [r for r in wanted if r not in have]
-    if lacking:
-        raise LandscapeError(f"run {run.path} has no {what} at round(s) {', '.join(map(str, lacking))} "
-                             f"(it has {', '.join(map(str, have))})")
-    return wanted
+    try:
+        return spec.select(have)
+    except RoundsUnavailable as e:
+        if e.lacking:
+            raise LandscapeError(f"run {run.path} has no {what} at round(s) {', '.join(map(str, e.lacking))} "
+                                 f"(it has {', '.join(map(str, have))})") from None
+        raise LandscapeError(f"run {run.path} has {what} at {len(have)} round(s), the claim asks for the last "
+                             f"{e.asked}") from None
 
 
 def surface_width(loss: np.ndarray, x: np.ndarray, y: np.ndarray, tau: float) -> float:
@@ -336,9 +308,11 @@ def _analysis_value(run: RunData, quantity: str, round: int, tau: float) -> floa
     return float(value)
 
 
-def run_value(run: RunData, quantity: str, rounds: str | int | tuple[int, ...], tau: float = DEFAULT_TAU
+def run_value(run: RunData, quantity: str, rounds: Rounds | str | int | tuple[int, ...], tau: float = DEFAULT_TAU
               ) -> tuple[float, list[int]]:
-    """The run's number for ``quantity``: its mean over the chosen rounds, and those rounds."""
+    """The run's number for ``quantity``: its mean over the chosen rounds (a ``Rounds``, or what it parses), and
+    those rounds."""
+    rounds = Rounds.parse(rounds)
     output = analysis_output(quantity)
     if output is None:
         if not run.has_metric(quantity):

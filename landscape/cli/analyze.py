@@ -25,8 +25,9 @@ def _no_rounds_on_analyze(ctx: click.Context, param: click.Parameter, value: str
 @click.argument("path", type=click.Path(path_type=Path))
 @click.argument("analysis_recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--checkpoints", default="last", show_default=True,
-              help="the checkpoints to analyse: last, all, or a comma list of their rounds (10,20); of plain "
-                   "state_dicts (every file unless given), also of their file names")
+              help="the checkpoints to analyse: last, all, or a comma list of their rounds (10,20), or last N "
+                   "(the grammar of rounds); of plain state_dicts (every file unless given), also of their file "
+                   "names")
 @click.option("--rounds", hidden=True, expose_value=False, callback=_no_rounds_on_analyze)
 @click.option("--passes", default=None,
               help="comma list of passes [default: all but surface; see `landscape list`]")

@@ -15,14 +15,16 @@ from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import find_sources
 from landscape.core.errors import LandscapeError, shown
 from landscape.core.imports import imports_trusted
+from landscape.core.rounds import ALL, Rounds
 
 
 @dataclass(frozen=True)
 class AnalysisRequest:
-    """What one analysis runs: the checkpoints (``rounds``: last, all or a comma list), the passes in order, each
-    pass's checked options, the settings, and the model and data of plain state_dicts (``foreign``, or None)."""
+    """What one analysis runs: the checkpoints (``rounds``: a ``Rounds``; of plain state_dicts also a comma list of
+    their names, ``StateDictSource.select``), the passes in order, each pass's checked options, the settings, and
+    the model and data of plain state_dicts (``foreign``, or None)."""
 
-    rounds: str
+    rounds: Rounds | str
     passes: list[str]
     options: dict[str, Any]
     settings: AnalysisSettings
@@ -60,14 +62,23 @@ def analysis_request(*, path: Path, flags: dict[str, Any], given: set[str], reci
     return AnalysisRequest(rounds, names, options, AnalysisSettings(**chosen), foreign)
 
 
-def _checkpoints(flag: str, given: bool, recipe: Any, state_dict: bool) -> str:
-    """The checkpoints to analyse: --checkpoints where given, else the analysis recipe's rounds, else last (every
-    file of plain state_dicts: a folder of them is analysed whole unless --checkpoints picks some)."""
+def _checkpoints(flag: str, given: bool, recipe: Any, state_dict: bool) -> Rounds | str:
+    """The checkpoints to analyse, parsed here (``Rounds``): --checkpoints where given, else the analysis recipe's
+    rounds, else last (every file of plain state_dicts: a folder of them is analysed whole unless --checkpoints
+    picks some). Of plain state_dicts, a spec that is no ``Rounds`` stays text: a comma list of the files'
+    names, checked against the files (``StateDictSource.select``); a run refuses it in one line."""
     if given:
-        return flag
-    if recipe is not None and recipe.rounds is not None:
-        return recipe.rounds
-    return "all" if state_dict else flag
+        spec, where = flag, "--checkpoints"
+    elif recipe is not None and recipe.rounds is not None:
+        spec, where = recipe.rounds, f"{recipe.path}: rounds"
+    else:
+        return Rounds(ALL) if state_dict else Rounds.parse(flag, "--checkpoints")
+    try:
+        return Rounds.parse(spec, where)
+    except LandscapeError:
+        if state_dict:
+            return spec
+        raise
 
 
 def _state_dict_model(model_spec: str | None, dataset_spec: str | None) -> Any:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import Rounds
 from landscape.workflows.ensure import Notify, ensure_analysis, ignore
 from landscape.workflows.figure import (
     figure_analysis,
@@ -39,7 +40,7 @@ def swa_snapshots(train: Any, round: int) -> list[int]:
 
 
 def check_swa_snapshots(claim: Claim, trained: Mapping[str, Sequence[tuple[int | None, Any]]],
-                        pass_rounds: Mapping[str, str]) -> None:
+                        pass_rounds: Mapping[str, Rounds]) -> None:
     """One line naming the first comparison that reads an SWA run (``train.swa``) at a round where it averages
     fewer than ``MIN_SWA_SNAPSHOTS`` snapshots."""
     from landscape.claims.files import chosen_rounds, compared_rounds

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from landscape.config.recipe import Recipe
+    from landscape.core.rounds import Rounds
 
 # receives a workflow's progress lines and notes (the CLI prints them on stderr)
 Notify = Callable[[str], None]
@@ -33,7 +34,7 @@ def ensure_run(recipe: Recipe, path: Path, *, progress: bool = False, notify: No
         loop.resume_run(path, rounds=recipe.train.rounds, progress=progress, threads=recipe.train.threads)
 
 
-def ensure_analysis(paths: list[Path], pass_rounds: dict[str, str], settings: Any, options: dict[str, Any], *,
+def ensure_analysis(paths: list[Path], pass_rounds: dict[str, Rounds], settings: Any, options: dict[str, Any], *,
                     progress: bool = False) -> None:
     """Analyse each run of ``paths`` with each pass at its rounds (``pass_rounds``), its options and the
     analysis ``settings``; what is already computed with the same settings is skipped."""

@@ -19,6 +19,7 @@ from landscape.analyze.passes import PASSES, RESULT_NAMES
 from landscape.analyze.settings import AnalysisSettings
 from landscape.cli import cli
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import LAST, LISTED, Rounds
 from landscape.figures import extract, labels, rundata
 from landscape.figures.compare import compare
 from landscape.figures.report.build import build_report
@@ -363,7 +364,7 @@ def test_an_analysis_recipe_keeps_its_values_as_given_for_the_flags_to_win_over(
 
     path = Path(__file__).resolve().parents[2] / "analyze" / "quick.toml"
     recipe = load_analysis_recipe(path)
-    assert recipe.rounds == "last" and recipe.settings == {"analysis_samples": 500}
+    assert recipe.rounds == Rounds(LAST) and recipe.settings == {"analysis_samples": 500}
     assert recipe.options["sharpness"] == {"rhos": [0.05], "starts": 4, "adaptive": False, "clients": 4}
 
 
@@ -372,4 +373,4 @@ def test_rounds_given_as_a_number_is_that_round(tmp_path):
 
     (tmp_path / "a.toml").write_text('rounds = 3\n[surface]\ngrid = 41\n')
     recipe = load_analysis_recipe(tmp_path / "a.toml")
-    assert recipe.rounds == "3" and recipe.passes is None and recipe.options == {"surface": {"grid": 41}}
+    assert recipe.rounds == Rounds(LISTED, listed=(3,)) and recipe.passes is None and recipe.options == {"surface": {"grid": 41}}

@@ -135,6 +135,8 @@ def test_files_whose_names_carry_no_round_have_none(tmp_path, lab):
     (["mlp-r1.pt", "mlp-r2.pt", "mlp-r10.pt"], "all", ["mlp-r1", "mlp-r2", "mlp-r10"]),
     (["mlp-r1.pt", "mlp-r2.pt", "mlp-r10.pt"], "mlp-r2", ["mlp-r2"]),
     (["mlp-r1.pt", "mlp-r2.pt", "mlp-r10.pt"], "10,mlp-r1.pt", ["mlp-r1", "mlp-r10"]),
+    (["mlp-r1.pt", "mlp-r2.pt", "mlp-r10.pt"], "last 2", ["mlp-r2", "mlp-r10"]),
+    (["mlp-r1.pt", "mlp-r2.pt", "mlp-r10.pt"], "2, 10", ["mlp-r2", "mlp-r10"]),
     (["b.pt", "a.pt"], "last", ["b"]),
     (["b.pt", "a.pt"], "a", ["a"]),
 ])
@@ -150,6 +152,7 @@ def test_checkpoints_pick_the_files_of_a_folder_of_state_dicts(tmp_path, lab, na
     (["mlp-r1.pt", "mlp-r2.pt"], "7", "its files: mlp-r1 (round 1), mlp-r2 (round 2)"),
     (["b.pt", "a.pt"], "1", "its files: a, b (give last, all, or a comma list of their names)"),  # never a place
     (["b.pt", "a.pt"], "a,nosuch", "has no file 'nosuch'"),
+    (["b.pt", "a.pt"], "last 3", "--checkpoints last 3 asks for 3 files; its files: a, b (give last, all"),
 ])
 def test_an_unknown_checkpoint_of_state_dicts_is_one_line_naming_the_files(tmp_path, lab, names, spec, named):
     folder = _states(tmp_path / "states", names, __import__(lab))

@@ -13,6 +13,7 @@ import pytest
 from landscape.claims import checks as claims
 from landscape.claims import table as claims_table
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import ALL, LAST, LISTED, Rounds
 from landscape.figures.rundata import RunData
 from landscape.store.run import Run
 
@@ -72,6 +73,19 @@ def test_run_value_averages_the_chosen_rounds(tmp_path):
         claims.run_value(run, "no_such_key", "last")
     with pytest.raises(LandscapeError, match="no hessian analysis"):
         claims.run_value(run, "lambda_max", "last")
+
+
+def test_a_claim_s_rounds_take_the_one_grammar_of_rounds(tmp_path):
+    run = fake_run(tmp_path, 0, [5.0, 4.0, 3.0, 2.0, 1.0])
+    assert claims.run_value(run, "flatness_distance", "1, 5") == (pytest.approx(3.0), [1, 5])  # a comma list too
+    with pytest.raises(LandscapeError, match=r"has no flatness_distance in metrics.jsonl at round\(s\) 6, 7 "):
+        claims.run_value(run, "flatness_distance", "6,7,1")
+    body = '[[compare]]\nlower = "a"\nhigher = "b"\nquantity = "flatness_distance"\nrounds = {}\n'
+    read = [claims.load_claim(claim_file(tmp_path, body.format(r))).comparisons[0].rounds
+            for r in ('"2,3"', "[2, 3]", "3", '"last  2"')]
+    assert read == [Rounds(LISTED, listed=(2, 3))] * 2 + [Rounds(LISTED, listed=(3,)), Rounds(LAST, count=2)]
+    # in the table as written: one round, a list, the last N
+    assert [claims._rounds_text(r) for r in read] == ["rounds 2,3", "rounds 2,3", "round 3", "last 2 rounds"]
 
 
 def test_surface_width_is_the_area_of_the_level_set():
@@ -456,7 +470,7 @@ def test_claims_read_set_as_figures_does(tmp_path):
 
     fig = planned("train.rounds=4", "analyze.analysis_samples=32", "hessian.top_k=2", "hessian.rounds=all")
     assert fig.forced == {"train.rounds": 4} and fig.settings["analysis_samples"] == 32
-    assert fig.pass_options["hessian"]["top_k"] == 2 and fig.pass_rounds == {"hessian": "all"}
+    assert fig.pass_options["hessian"]["top_k"] == 2 and fig.pass_rounds == {"hessian": Rounds(ALL)}
     for assignment, message in (("surface.grid=3", "--set surface.grid: this figure runs no surface pass"),
                                 ("analyze.colour=1", "--set analyze.colour: unknown analysis setting 'analyze.colour'"),
                                 ("analyze.split=3", "--set analyze.split: analyze.split must be a string (got 3)"),

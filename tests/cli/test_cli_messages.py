@@ -85,6 +85,11 @@ BEFORE_TRAINING = [
      "fig.toml: analyze.hessian.rounds: round 999 is not a checkpoint of run avg (checkpoints at rounds 0, 2, 3"),
     (HESSIAN_PLOT.format(rounds="rounds = [0, 1]"), None,
      "fig.toml: analyze.hessian.rounds: round 1 is not a checkpoint of run avg (checkpoints at rounds 0, 2, 3;"),
+    (HESSIAN_PLOT.format(rounds='rounds = "last 4"'), None,
+     "fig.toml: analyze.hessian.rounds: last 4 asks for 4 checkpoints, more than those of run avg (checkpoints at "
+     "rounds 0, 2, 3;"),
+    ('[[plots]]\nkind = "accuracy"\n', 'quantity = "test_acc"\nrounds = "2, 9"\n',
+     "c.toml: [[compare]] 1: rounds '2, 9': run sam seed 0 has test_acc at rounds 2, 3 (train.rounds = 3)"),
     ('[[plots]]\nkind = "accuracy"\n', 'quantity = "lambda_mx"\nrounds = "last"\n',
      "c.toml: [[compare]] 1: quantity 'lambda_mx' is neither a metrics.jsonl key (lr, train_loss, "),
     ('[[plots]]\nkind = "accuracy"\n', 'quantity = "test_acc"\nrounds = [999]\n',

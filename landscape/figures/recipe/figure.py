@@ -22,7 +22,8 @@ recipe's ``scale`` key, or ``landscape figures --scale``, picks one, and that ta
 
     [analyze]                             # analysis settings (those of `landscape analyze`)
     analysis_samples = 0
-    [analyze.surface]                     # a pass's options, and the rounds it analyses (last, all, 10,20)
+    [analyze.surface]                     # a pass's options, and the rounds it analyses (core.rounds: last,
+                                          # last N, all, a round or a list of rounds: 10,20 or [10, 20])
     grid = "21"
 
     [[plots]]                             # what is drawn: a kind (its options: figures/plot_kinds.py), the file
@@ -59,6 +60,7 @@ from typing import Any
 
 from landscape.config.overrides import ANALYSIS_SETTING, PASS_OPTION, classify_assignment, parse_assignment
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import ALL, LAST, Rounds
 from landscape.core.schema import load, read_toml
 from landscape.figures.book import PlotSpec
 from landscape.figures.plot_kinds import METRIC_KEYS, PLOT_KINDS
@@ -101,7 +103,7 @@ class FigureRecipe:
     runs: list[RunRequest]
     settings: dict[str, Any]  # analysis settings
     pass_options: dict[str, dict[str, Any]]  # pass -> its options (from [analyze.<pass>])
-    pass_rounds: dict[str, str]  # pass -> rounds to analyse
+    pass_rounds: dict[str, Rounds]  # pass -> rounds to analyse
     plots: list[PlotSpec] = field(default_factory=list)
     forced: dict[str, Any] = field(default_factory=dict)  # training keys from --set, over every run's own
     seeds: list[int] | None = None  # each run once per seed (None: once, with its own seed)
@@ -167,7 +169,7 @@ class FigureRecipe:
         if not option:
             raise LandscapeError(f"--set {key}: give {name}.<option>=VALUE")
         if option == "rounds":
-            self.pass_rounds[name] = _rounds_text(value, f"--set {key}")
+            self.pass_rounds[name] = Rounds.parse(value, f"--set {key}")
         else:
             self.pass_options.setdefault(name, {})[option] = value
 
@@ -223,15 +225,6 @@ def parse_seeds(text: str, what: str = "--seeds") -> list[int]:
         shown = text if text.isprintable() else repr(text)
         raise LandscapeError(f"{what} takes a comma list of seeds such as 0,1,2 (got {shown})")
     return _seeds([int(p) for p in parts], what)
-
-
-def _rounds_text(value: Any, what: str) -> str:
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                 for v in value):
-        return ",".join(str(v) for v in value)
-    if isinstance(value, str) and (value in ("last", "all") or re.fullmatch(r"\d+(,\d+)*", value)):
-        return value
-    raise LandscapeError(f"{what} must be last, all, a comma list of rounds or a list of rounds (got {value!r})")
 
 
 def load_figure_recipe(path: str | Path, scale: str | None = None) -> FigureRecipe:
@@ -322,21 +315,21 @@ def _analysis_settings(values: dict[str, Any], what: str) -> dict[str, Any]:
 
 
 def _analysis(analyze: dict[str, Any], plots: list[PlotSpec], path: Path
-              ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, str]]:
+              ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Rounds]]:
     """The [analyze] table: its settings, each pass's options, and the rounds each pass analyses (those its
     plots need, "all" over "last"; a pass's ``rounds`` key over them; "last" for a pass no plot reads)."""
     settings = _analysis_settings({k: v for k, v in analyze.items() if not isinstance(v, dict)}, str(path))
     pass_options = {name: _thawed(values) for name, values in analyze.items() if isinstance(values, dict)}
-    pass_rounds: dict[str, str] = {}
+    pass_rounds: dict[str, Rounds] = {}
     for plot in plots:
         for pass_name, rounds in PLOT_KINDS.get(plot.kind).passes.items():
-            if pass_rounds.get(pass_name) != "all":
-                pass_rounds[pass_name] = rounds
+            if pass_rounds.get(pass_name) != Rounds(ALL):
+                pass_rounds[pass_name] = Rounds.parse(rounds, f"plot kind {plot.kind}: {pass_name} rounds")
     for pass_name, values in pass_options.items():
         if "rounds" in values:
-            pass_rounds[pass_name] = _rounds_text(values.pop("rounds"), f"{path}: analyze.{pass_name}.rounds")
+            pass_rounds[pass_name] = Rounds.parse(values.pop("rounds"), f"{path}: analyze.{pass_name}.rounds")
         elif pass_name not in pass_rounds:
-            pass_rounds[pass_name] = "last"
+            pass_rounds[pass_name] = Rounds(LAST)
     return settings, pass_options, pass_rounds
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import Rounds, RoundsUnavailable
 from landscape.figures.recipe.figure import FigureRecipe
 
 EVAL_KEYS = ("test_loss", "test_acc")  # logged every train.eval_every rounds and at the last one
@@ -33,16 +34,14 @@ def checkpoint_rounds(train: Any) -> list[int]:
     return sorted({0, train.rounds, *every})
 
 
-def analysed_rounds(pass_name: str, spec: str, train: Any) -> list[int]:
-    """The rounds at which a figure's ``pass_name`` (rounds ``spec``: last, all or a comma list) has results
-    in a run trained with ``train``: the chosen checkpoints; for a pass that reads kept client models
+def analysed_rounds(pass_name: str, spec: Rounds | str, train: Any) -> list[int]:
+    """The rounds at which a figure's ``pass_name`` (rounds ``spec``, a ``Rounds``) has results in a run trained
+    with ``train``: the chosen checkpoints it has (``Rounds.among``); for a pass that reads kept client models
     (flatness) those that have them (none without ``train.keep_clients``, never round 0)."""
     from landscape.analyze.passes import PASSES
     from landscape.analyze.registry import KEPT_CLIENTS
 
-    have = checkpoint_rounds(train)
-    chosen = have[-1:] if spec == "last" else have if spec == "all" else [
-        r for r in map(int, spec.split(",")) if r in have]
+    chosen = Rounds.parse(spec, f"analyze.{pass_name}.rounds").among(checkpoint_rounds(train))
     if KEPT_CLIENTS in PASSES.get(pass_name).needs:  # the flatness pass: the round's kept clients
         chosen = [r for r in chosen if r > 0] if train.keep_clients else []
     return chosen
@@ -60,19 +59,20 @@ def round_list(rounds: Sequence[int]) -> str:
 
 
 def check_pass_rounds(recipe: FigureRecipe, trained: dict[str, list[tuple[int | None, Any]]]) -> None:
-    """Each round a pass of the figure is to analyse (a list of rounds) is a checkpoint of every run: one line
-    naming the recipe, the pass, the round and the run's checkpoints otherwise. ``trained``: run id -> (seed,
-    training settings) of each of its runs."""
+    """The rounds each pass of the figure is to analyse are checkpoints of every run (``Rounds.select``: each
+    listed round, or as many as ``last N`` asks for): one line naming the recipe, the pass, the round and the
+    run's checkpoints otherwise. ``trained``: run id -> (seed, training settings) of each of its runs."""
     for pass_name, spec in recipe.pass_rounds.items():
-        if spec in ("last", "all"):
-            continue
         for run_id, entries in trained.items():
             for seed, train in entries:
                 have = checkpoint_rounds(train)
-                missing = [r for r in map(int, spec.split(",")) if r not in have]
-                if missing:
+                try:
+                    spec.select(have)
+                except RoundsUnavailable as e:
                     which = run_id if seed is None else f"{run_id} seed {seed}"
+                    what = (f"round {e.lacking[0]} is not a checkpoint" if e.lacking else
+                            f"{spec} asks for {e.asked} checkpoints, more than those")
                     raise LandscapeError(
-                        f"{recipe.path}: analyze.{pass_name}.rounds: round {missing[0]} is not a checkpoint "
-                        f"of run {which} (checkpoints at {round_list(have)}; train.rounds = {train.rounds}, "
-                        f"train.checkpoint_every = {train.checkpoint_every})")
+                        f"{recipe.path}: analyze.{pass_name}.rounds: {what} of run {which} (checkpoints at "
+                        f"{round_list(have)}; train.rounds = {train.rounds}, "
+                        f"train.checkpoint_every = {train.checkpoint_every})") from None
