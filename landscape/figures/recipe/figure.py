@@ -4,7 +4,9 @@ analyses and its plots.
 A figure recipe names its runs as changes to one training recipe, the analysis passes (with options and the
 rounds to analyse) and one or more plots. Everything that depends on the scale sits in a ``[digits]`` table
 (the default: minutes on a laptop CPU) and a ``[paper]`` table (the papers' setting, GPU scale); the
-recipe's ``scale`` key, or ``landscape figures --scale``, picks one, and that table is merged over the rest::
+recipe's ``scale`` key, or ``landscape figures --scale``, picks one, and that table is merged over the rest (a
+recipe without a table for a scale other than its own is drawn at its own scale only: asking for the other is
+refused)::
 
     name = "fednsam-fig1-surfaces"
     title = "Loss surfaces of FedSAM and FedNSAM"
@@ -226,12 +228,15 @@ def parse_seeds(text: str, what: str = "--seeds") -> list[int]:
 
 
 def _rounds_text(value: Any, what: str) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:  # one round (--set x.rounds=15)
+        return str(value)
     if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                  for v in value):
         return ",".join(str(v) for v in value)
     if isinstance(value, str) and (value in ("last", "all") or re.fullmatch(r"\d+(,\d+)*", value)):
         return value
-    raise LandscapeError(f"{what} must be last, all, a comma list of rounds or a list of rounds (got {value!r})")
+    raise LandscapeError(f"{what} must be last, all, a round, a comma list of rounds or a list of rounds "
+                         f"(got {value!r})")
 
 
 def load_figure_recipe(path: str | Path, scale: str | None = None) -> FigureRecipe:
@@ -259,6 +264,8 @@ def _at_scale(raw: dict, path: Path, scale: str | None) -> tuple[str, FigureTabl
     chosen = scale or top.scale
     if chosen not in SCALES:
         raise LandscapeError(f"{path}: scale must be one of {', '.join(SCALES)} (got {chosen!r})")
+    if chosen != top.scale and chosen not in raw:
+        raise LandscapeError(f"{path}: no [{chosen}] table: this figure is drawn at {top.scale} scale only")
     merged = _merge({k: v for k, v in raw.items() if k not in ("scale", *SCALES)}, raw.get(chosen, {}))
     merged.setdefault("name", path.stem)
     return chosen, _load(FigureTables, merged, str(path))
