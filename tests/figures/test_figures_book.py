@@ -305,7 +305,7 @@ def test_a_set_key_is_classified_by_its_first_part():
     assert recipe_overrides.classify_assignment("colour.x", passes, "figures") == recipe_overrides.RECIPE_KEY
 
 
-ELSEWHERE = "landscape analyze, landscape figures or landscape claims"
+ELSEWHERE = "landscape analyze, landscape figures, landscape claims or landscape demo"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -314,8 +314,8 @@ ELSEWHERE = "landscape analyze, landscape figures or landscape claims"
     (["train", "--set", "analyze.analysis_samples=500", "--dry-run"],
      f"--set analyze.analysis_samples is an analysis setting: give it to {ELSEWHERE}"),
     (["analyze", "no-run", "--set", "train.rounds=10", "--dry-run"],
-     "--set train.rounds is a training recipe key: give it to landscape train, landscape figures or landscape "
-     "claims"),
+     "--set train.rounds is a training recipe key: give it to landscape train, landscape figures, landscape "
+     "claims or landscape demo"),
     (["analyze", "no-run", "--set", "seed=3", "--dry-run"], "--set seed is a training recipe key: give it to "),
     (["analyze", "no-run", "--set", "hesian.top_k=3", "--dry-run"],
      "--set hesian.top_k: 'hesian' is neither analyze (analyze.<setting>) nor a pass (alignment, "),
