@@ -74,7 +74,7 @@ class Table:
 REGISTRY: dict[str, Table] = {
     "demo": Table((PY, "-m", "landscape", "demo", "--out", "runs/demo"),
                   "what `landscape demo` (= `make demo` after the install) prints, its wall time and memory",
-                  images={"runs/demo/figures/surfaces.png": "docs/images/demo-surfaces.png"}, fenced=True,
+                  images={"runs/demo/surfaces.png": "docs/images/demo-surfaces.png"}, fenced=True,
                   elsewhere=True),
     "train-digits": Table((PY, "benchmarks/train_digits.py"), "FedAvg on digits over 5 seeds",
                           fresh="runs/publish-train-digits"),

@@ -16,10 +16,10 @@ Small settings. ``LANDSCAPE_README_SMALL`` (default 1) runs the commands that ta
 settings: ``SMALL`` maps such a command's exact text to the command the test runs instead, with a comment
 above each entry saying what is shrunk (mostly flags appended or replaced: fewer rounds, one local step, a
 100-sample analysis set, small pass options, a 5x5 surface grid). The package never reads the variable: only
-this file does. ``runs/demo`` is trained by ``landscape train`` with the demo's runs (names, partition, 30
-rounds, checkpoints every 10) but one local step per round and a small analysis, rather than by ``landscape
-demo`` (minutes alone; tests/workflows checks what the demo trains); so the pages' paths and rounds
-(runs/demo/..., round 30) stay as printed and nothing is rewritten. LANDSCAPE_README_SMALL=0 runs every
+this file does. ``runs/demo`` is made by ``landscape demo`` shrunk with ``--set`` as any figure recipe is
+(its runs, 30 rounds and checkpoints every 10, but one local step per round and a small analysis: minutes
+alone as printed); so the pages' paths and rounds (runs/demo/runs/..., round 30) stay as printed and nothing is
+rewritten. LANDSCAPE_README_SMALL=0 runs every
 command as printed (``landscape demo`` included): tens of minutes.
 
 Skipped, by exact text with the reason (``SKIP``): what installs (make demo / make test, pip install), serves
@@ -83,10 +83,10 @@ def analyze_small(passes: str = ",".join(PASS_SMALL), clients: bool = True) -> s
 # the same for a figure recipe: its runs one round of one local step, the analysis on 100 samples (the options of
 # the passes it runs are added per figure below)
 FIGURE_SMALL = "--set train.rounds=1 --set train.local_steps=1 --set analyze.analysis_samples=100 --quiet"
-# the demo's runs (names, partition, rounds and checkpoints of `landscape demo`) with one local step per round
-DEMO_SMALL = ("landscape train --algorithm fedavg,fedsam,fednsam --partition dirichlet-client-reuse --alpha 0.1"
-              " --local-steps 1 --keep-clients --out runs/demo --quiet && landscape analyze runs/demo"
-              " --passes loss,hessian,flatness " + analyze_small("loss,hessian,flatness"))
+# the demo (figures/demo.toml, its 30 rounds and checkpoints) shrunk as any figure recipe is: one local step per
+# round, 100 analysis samples, a 5x5 surface and the quick options of every pass
+DEMO_SMALL = ("landscape demo --out runs/demo --set train.local_steps=1 --set analyze.analysis_samples=100"
+              " --set surface.grid=5 " + " ".join(PASS_SMALL.values()).replace("  ", " ") + " --quiet")
 
 STATE_DICTS = """
 import torch
@@ -257,7 +257,7 @@ PRELUDE = {
 import torch
 import landscape
 from torch.utils.data import DataLoader, TensorDataset
-runs = "runs/demo/digits-{}-dirr0.1-cnn-c20-s0"
+runs = "runs/demo/runs/{}"
 model = global_model = landscape.open_run(runs.format("fedavg")).model()
 client_a, client_b = (landscape.open_run(runs.format(name)).model() for name in ("fedsam", "fednsam"))
 train, _ = landscape.open_run(runs.format("fedavg")).data()

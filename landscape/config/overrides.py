@@ -114,6 +114,7 @@ SET_KINDS = {  # the kinds of --set key each command takes
     "analyze": (ANALYSIS_SETTING, PASS_OPTION),
     "figures": (RECIPE_KEY, ANALYSIS_SETTING, PASS_OPTION),
     "claims": (RECIPE_KEY, ANALYSIS_SETTING, PASS_OPTION),
+    "demo": (RECIPE_KEY, ANALYSIS_SETTING, PASS_OPTION),
 }
 
 

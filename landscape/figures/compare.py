@@ -249,10 +249,10 @@ def _lacking(runs: list[RunData], shown: list[Quantity]) -> list[str]:
     return missing
 
 
-def _surfaces(runs: list[RunData], out: Path, name: str, quantity: str, missing: list[str]
+def _surfaces(runs: list[RunData], out: Path, name: str, quantity: str, missing: list[str], draw: bool = True
               ) -> tuple[list[RunData], list[Path], list[str]]:
-    """Draw the runs' surfaces ``name`` side by side: (the runs drawn, the files written, the line saying
-    which planes they are); what is missing is added to ``missing``."""
+    """Draw the runs' surfaces ``name`` side by side (``draw`` False: only read them): (the runs drawn, the
+    files written, the line saying which planes they are); what is missing is added to ``missing``."""
     with_surface = [run for run in runs if run.analysed_rounds(name)]
     if not with_surface:
         return [], [], []
@@ -272,6 +272,8 @@ def _surfaces(runs: list[RunData], out: Path, name: str, quantity: str, missing:
                            f"{COMPARABLE_HINT}` (or normalization=euclidean with a length) for each run")
     if flat:
         missing.append(f"{', '.join(map(str, flat))}: 1D surfaces; compare draws 2D ones")
+        return with_surface, [], lines
+    if not draw:
         return with_surface, [], lines
     written = []
     for kind, stem in (("contour", "surfaces"), ("3d", "surfaces-3d")):
@@ -294,10 +296,12 @@ def _no_surface(run: RunData, name: str, directions: str) -> str:
 
 
 def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, quantity: str = "loss",
-            directions: str = "random", selection: Selection | None = None) -> Comparison:
-    """Write ``compare.csv`` and, where the runs have surfaces of these ``directions``, ``surfaces.png|pdf``
-    (contours), ``surfaces-3d.png|pdf`` and ``surfaces.html`` under ``out``; return the table and what was
-    written. ``selection``: the settings whose results are read (default: the defaults)."""
+            directions: str = "random", selection: Selection | None = None,
+            draw_surfaces: bool = True) -> Comparison:
+    """Write ``compare.csv`` and, where the runs have surfaces of these ``directions`` (and ``draw_surfaces``:
+    the demo's figure recipe draws its own), ``surfaces.png|pdf`` (contours), ``surfaces-3d.png|pdf`` and
+    ``surfaces.html`` under ``out``; return the table and what was written. ``selection``: the settings whose
+    results are read (default: the defaults)."""
     runs = as_runs(runs_in, selection if selection is not None else Selection(RESULT_NAMES))
     if len(runs) < 2:
         raise LandscapeError("compare needs at least two runs (run directories or folders of runs)")
@@ -314,7 +318,7 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
 
     name = surface_output_name(directions)
     missing += [_no_surface(run, name, directions) for run in runs if not run.analysed_rounds(name)]
-    with_surface, drawn, surface_lines = _surfaces(runs, out, name, quantity, missing)
+    with_surface, drawn, surface_lines = _surfaces(runs, out, name, quantity, missing, draw_surfaces)
     lines = settings_lines(runs, [q.pass_name for q in shown])
     caption = settings_caption(with_surface, name)
     if caption:

@@ -1,86 +1,95 @@
-"""The demo workflow: the shipped recipe train/digits-fedavg.toml for FedAvg, FedSAM and FedNSAM, analysed
-(every pass and a loss surface), the comparison figures and the HTML report."""
+"""The demo workflow: the shipped figure recipe figures/demo.toml (FedAvg, FedSAM and FedNSAM trained by
+train/digits-fedavg.toml, analysed by every pass and a loss surface, drawn) made by the figure workflow, as
+any figure recipe is; then the demo's two steps that a figure recipe does not express: the comparison table
+(``figures.compare``: printed, and compare.csv) and the HTML report."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
-from landscape.workflows.ensure import Notify, ensure_run, ignore
+from landscape.workflows.ensure import Notify, ensure_analysis, ignore
 
 if TYPE_CHECKING:
     from landscape.analyze.summary import AnalysisReport
     from landscape.figures.compare import Comparison
+    from landscape.figures.recipe.figure import FigureRecipe
 
-# The recipe the demo trains: the repository's train/ folder, next to the package.
-DEMO_RECIPE = Path(__file__).resolve().parents[2] / "train" / "digits-fedavg.toml"
-# The demo's changes to it: client models kept (the flatness and alignment passes read them), on the CPU.
-_DEMO_OVERRIDES: list[tuple[str, Any]] = [("train.keep_clients", True), ("train.device", "cpu")]
-_DEMO_ALGORITHMS = ["fedavg", "fedsam", "fednsam"]
-# one plane for the three runs (filter-normalised to their shared initial model): their surfaces compare
-# basins
-_DEMO_SURFACE = {"directions": "random", "grid": "21", "span": "-1:1", "normalization": "filter-reference",
-                 "reference": "round:0"}
-# pass options other than the defaults (the tests make them cheap). S_rho from 4 starts (the centre's, SAM's
-# direction, and 3 random points), half the default's 8: enough for a second start to confirm the maximum or
-# to show that the starts disagree (the summary prints an unconfirmed S_rho as ">=").
-_DEMO_PASS_OPTIONS: dict[str, dict] = {"sharpness": {"starts": 4}}
-_DEMO_CURVE_ROUNDS = "10,20"  # checkpoints before the last (30) where the demo also computes S_rho
+# The demo's figure recipe: the repository's figures/ folder, next to the package.
+DEMO_FIGURE = Path(__file__).resolve().parents[2] / "figures" / "demo.toml"
+DEVICE = "cpu"  # the demo trains and analyses on the CPU (minutes), whatever the machine has
 
 
 class Demo(NamedTuple):
-    """What the demo made: its run directories, the figures folder, the analysis (every row, as
-    ``landscape analyze`` summarises it), the comparison of the three runs and the report's path."""
+    """What the demo made: its run directories, the folder of its files (figures, compare.csv), the figure
+    files written, the analysis (every row, as ``landscape analyze`` summarises it), the comparison of the
+    three runs and the report's path."""
 
     paths: list[Path]
     figures: Path
+    written: list[Path]
     analysis: AnalysisReport
     comparison: Comparison
     report: Path
 
 
-def run_demo(out: Path, *, progress: bool = False, notify: Notify = ignore) -> Demo:
-    """Train (make-like: finished runs are reused), analyse and draw the demo into ``out``."""
-    from landscape.analyze.catalog import default_passes, pass_options
-    from landscape.analyze.scheduler import run_analysis
-    from landscape.analyze.settings import AnalysisSettings
+def demo_recipe(assignments: Sequence[str] = ()) -> FigureRecipe:
+    """The demo's figure recipe, read and checked, with ``--set KEY=VALUE`` texts applied as ``landscape
+    figures`` applies them (a training key for every run, ``analyze.<setting>``, ``<pass>.<option>``)."""
+    from landscape.figures.recipe.figure import load_figure_recipe
+
+    if not DEMO_FIGURE.is_file():
+        raise LandscapeError(f"the demo's figure recipe {DEMO_FIGURE} is missing (the demo runs from a checkout "
+                             "of the repository)")
+    fig = load_figure_recipe(DEMO_FIGURE)
+    fig.apply_sets(assignments, "demo")
+    return fig
+
+
+def run_demo(out: Path, *, assignments: Sequence[str] = (), progress: bool = False,
+             notify: Notify = ignore) -> Demo:
+    """Make the demo's figure recipe into ``out`` (make-like: finished runs and analyses are reused; runs in
+    ``out/runs/<id>``, figures in ``out``), then its comparison table and report."""
     from landscape.analyze.summary import AnalysisReport, analysis_data
-    from landscape.config import overrides as recipe_overrides
+    from landscape.workflows.figure import figure_analysis, figure_selection, make_figure
 
-    if not DEMO_RECIPE.is_file():
-        raise LandscapeError(f"the demo's recipe {DEMO_RECIPE} is missing (the demo runs from a checkout of "
-                             "the repository)")
-    runs = recipe_overrides.build_sweep(DEMO_RECIPE, _DEMO_OVERRIDES, {"algorithm.name": _DEMO_ALGORITHMS})
-    paths = [out / recipe_overrides.sweep_run_name(recipe, swept) for recipe, swept in runs]
-    for (recipe, _), path in zip(runs, paths):
-        ensure_run(recipe, path, progress=progress, notify=notify)
-    names = [*default_passes(), "surface"]
-    options = {name: pass_options(name, _DEMO_PASS_OPTIONS.get(name, {})) for name in names}
-    options["surface"] = pass_options("surface", _DEMO_SURFACE)
-    settings = AnalysisSettings(device="cpu")
-    rows = []
-    for path in paths:
-        last = run_analysis(path, passes=names, settings=settings, options=options, progress=progress).rows
-        # S_rho at the earlier checkpoints too: the sharpness curve of the flatness-sharpness figure
-        earlier = run_analysis(path, rounds=_DEMO_CURVE_ROUNDS, passes=["sharpness"], settings=settings,
-                               options={"sharpness": options["sharpness"]}, progress=progress).rows
-        rows += sorted(earlier + last, key=lambda row: row.get("round", 0))
-    figures = out / "figures"
-    comparison, report = parallel.on_main(lambda: _draw(paths, figures, out / "report.html"))
-    return Demo(paths, figures, AnalysisReport(rows=rows, data=analysis_data(settings)), comparison, report)
+    fig = demo_recipe(assignments)
+    written = make_figure(fig, out, device=DEVICE, progress=progress, notify=notify)
+    paths = [path for entries in fig.seed_runs(out).values() for _, path in entries]
+    settings, options = figure_analysis(fig, DEVICE)
+    # every result is on disk now: the reports only read their summaries
+    reports = ensure_analysis(paths, _in_pass_order(fig.pass_rounds), settings, options)
+    selection = figure_selection(fig, DEVICE)
+
+    def extra_steps() -> tuple[Comparison, Path]:
+        from landscape.figures.compare import compare
+        from landscape.figures.report.build import write_report
+
+        comparison = compare(paths, out, selection=selection, draw_surfaces=False)
+        return comparison, write_report(paths, out / "report.html", title=fig.title, selection=selection)
+
+    comparison, report = parallel.on_main(extra_steps)
+    rows = _rows(reports, [path.name for path in paths])
+    return Demo(paths, out, written, AnalysisReport(rows=rows, data=analysis_data(settings)), comparison, report)
 
 
-def _draw(paths: list[Path], figures: Path, report: Path) -> tuple[Comparison, Path]:
-    """The comparison (the three surfaces on one scale, the table), four more figures and the report."""
-    from landscape.figures import curves
-    from landscape.figures.compare import compare
-    from landscape.figures.report.build import write_report
+def _in_pass_order(pass_rounds: dict[str, str]) -> dict[str, str]:
+    """The passes as ``landscape analyze`` orders them: its default passes in their order, then the others."""
+    from landscape.analyze.catalog import default_passes
 
-    comparison = compare(paths, figures)
-    curves.plot_accuracy(paths, figures / "accuracy.png")
-    curves.plot_flatness_and_sharpness(paths, figures / "flatness-sharpness.png")
-    curves.plot_hessian_summary(paths, figures / "hessian.png")
-    curves.plot_alignment_heatmaps(paths, figures / "alignment.png")
-    return comparison, write_report(paths, report, title="landscape demo: FedAvg, FedSAM, FedNSAM on digits")
+    order = default_passes()
+    return dict(sorted(pass_rounds.items(), key=lambda item: order.index(item[0]) if item[0] in order
+                       else len(order)))
+
+
+def _rows(reports: list[AnalysisReport], runs: list[str]) -> list[dict]:
+    """One row per (run, round) with the summaries of every pass, as one analysis of them all gives them:
+    the runs in order, each by round."""
+    merged: dict[tuple, dict] = {}
+    for report in reports:
+        for row in report.rows:
+            merged.setdefault((row.get("run"), row.get("round")), {}).update(row)
+    return sorted(merged.values(), key=lambda row: (runs.index(row["run"]), row.get("round", 0)))

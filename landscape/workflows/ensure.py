@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from landscape.analyze.summary import AnalysisReport
     from landscape.config.recipe import Recipe
     from landscape.core.rounds import Rounds
 
@@ -35,12 +36,12 @@ def ensure_run(recipe: Recipe, path: Path, *, progress: bool = False, notify: No
 
 
 def ensure_analysis(paths: list[Path], pass_rounds: dict[str, Rounds], settings: Any, options: dict[str, Any], *,
-                    progress: bool = False) -> None:
+                    progress: bool = False) -> list[AnalysisReport]:
     """Analyse each run of ``paths`` with each pass at its rounds (``pass_rounds``), its options and the
-    analysis ``settings``; what is already computed with the same settings is skipped."""
+    analysis ``settings``; what is already computed with the same settings is skipped (its summary read).
+    Returns the report of each run and pass, in that order."""
     from landscape.analyze.scheduler import run_analysis
 
-    for path in paths:
-        for name, rounds in pass_rounds.items():
-            run_analysis(path, rounds=rounds, passes=[name], settings=settings, options={name: options[name]},
+    return [run_analysis(path, rounds=rounds, passes=[name], settings=settings, options={name: options[name]},
                          progress=progress)
+            for path in paths for name, rounds in pass_rounds.items()]

@@ -252,37 +252,54 @@ def test_real_subprocess(tmp_path):
     assert "Traceback" not in bad.stderr and not (tmp_path / "x").exists()
 
 
-@pytest.mark.slow  # the demo's three runs, analysed and drawn (about 2 min)
-def test_demo_and_report(tmp_path, monkeypatch):
-    import landscape.workflows.demo as demo_module
+# The demo shrunk as any figure recipe is: --set over figures/demo.toml (4 clients, 2 rounds, a 3x3 surface, cheap
+# pass options), S_rho at both rounds as the recipe's 10,20,30 at full size
+DEMO_TINY = ["partition.clients=4", "train.rounds=2", "train.local_steps=2", "train.checkpoint_every=1",
+             "surface.grid=3", "sharpness.rounds=1,2", "sharpness.clients=2", "sharpness.steps=1",
+             "sharpness.adaptive=false", "hessian.clients=2", "hessian.trace_hvps=6", "hessian.density_steps=5",
+             "hessian.density_runs=1", "hessian.top_k=2", "incompatibility.clients=2", "incompatibility.batches=2",
+             "alignment.clients=2", "alignment.batches=2", "loss.clients=2"]
 
-    tiny = demo_module._DEMO_OVERRIDES  # over train/digits-fedavg.toml's keys
-    monkeypatch.setattr(demo_module, "_DEMO_OVERRIDES", [*tiny, ("partition.clients", 4), ("train.rounds", 2),
-                                                         ("train.local_steps", 2), ("train.checkpoint_every", 1)])
-    monkeypatch.setattr(demo_module, "_DEMO_SURFACE", {"directions": "random", "grid": "3", "span": "-1:1"})
-    monkeypatch.setattr(demo_module, "_DEMO_CURVE_ROUNDS", "1")
-    monkeypatch.setattr(demo_module, "_DEMO_PASS_OPTIONS", {
-        "hessian": {"clients": 2, "trace_hvps": 6, "density_steps": 5, "density_runs": 1, "top_k": 2},
-        "sharpness": {"clients": 2, "steps": 1, "adaptive": False}, "incompatibility": {"clients": 2, "batches": 2},
-        "alignment": {"clients": 2, "batches": 2}, "loss": {"clients": 2}})
-    result = invoke("demo", "-o", tmp_path / "demo", "--quiet")
+
+@pytest.mark.slow  # the demo's three runs, analysed and drawn (about 1 min)
+def test_demo_and_report(tmp_path):
+    sets = [arg for text in DEMO_TINY for arg in ("--set", text)]
+    result = invoke("demo", "-o", tmp_path / "demo", "--quiet", *sets)
     assert result.exit_code == 0, result.output
     assert ": new" not in result.output and "%|" not in result.output  # --quiet: no progress lines or bars
     for name in ("surfaces", "surfaces-3d", "accuracy", "flatness-sharpness", "hessian", "alignment"):
-        assert (tmp_path / "demo" / "figures" / f"{name}.png").stat().st_size > 1000
+        assert (tmp_path / "demo" / f"{name}.png").stat().st_size > 1000
+    assert (tmp_path / "demo" / "compare.csv").is_file()
     assert "lambda_max" in result.output and "mean grad cos" in result.output  # the comparison table
-    for run in (tmp_path / "demo").glob("digits-*"):  # S_rho at an earlier checkpoint too: a curve, not a point
+    runs = sorted(p for p in (tmp_path / "demo" / "runs").iterdir() if p.is_dir())
+    assert [run.name for run in runs] == ["fedavg", "fednsam", "fedsam"]  # the recipe's run ids
+    for run in runs:  # S_rho at an earlier checkpoint too: a curve, not a point
         assert {p.parent.name for p in run.glob("analysis/round-*/sharpness*.json")} == {"round-0001", "round-0002"}
     html = (tmp_path / "demo" / "report.html").read_text()
-    assert html.count("Plotly.newPlot") >= 3 and "digits-fednsam" in html
+    assert html.count("Plotly.newPlot") >= 3 and "fednsam" in html
     assert f"report:  {tmp_path / 'demo' / 'report.html'}" in result.output
-    again = invoke("demo", "--out", tmp_path / "demo")  # finished steps are reused (the lines say so)
+    assert f"runs:    {tmp_path / 'demo' / 'runs' / 'fedavg'}, " in result.output
+    again = invoke("demo", "--out", tmp_path / "demo", *sets)  # finished steps are reused (the lines say so)
     assert again.exit_code == 0 and again.output.count(": done") == 3
-    report = invoke("report", tmp_path / "demo" / "digits-fedsam-dirr0.1-cnn-c4-s0", "-o", tmp_path / "r.html")
+    def table(output: str) -> list[str]:  # the comparison table and what follows it
+        lines = output.strip().splitlines()
+        return lines[next(k for k, line in enumerate(lines) if line.startswith("run ") and "directory" in line):]
+
+    assert table(again.output) == table(result.output)  # the same table, read again
+    report = invoke("report", tmp_path / "demo" / "runs" / "fedsam", "-o", tmp_path / "r.html")
     assert report.exit_code == 0 and (tmp_path / "r.html").stat().st_size > 100_000
     missing = invoke("report", tmp_path / "nope", "-o", tmp_path / "x.html")
     assert missing.exit_code != 0 and missing.output.strip() == f"error: {tmp_path / 'nope'} is not a directory " \
         "(give run directories or folders of runs)"
+
+
+def test_demo_refuses_a_bad_set_in_one_line_before_training(tmp_path):
+    result = invoke("demo", "-o", tmp_path / "demo", "--set", "sharpness.rounds=15")
+    assert result.exit_code == 1 and not (tmp_path / "demo").exists()
+    assert result.output.strip().startswith("error: ") and len(result.output.strip().splitlines()) == 1
+    assert "demo.toml: analyze.sharpness.rounds: round 15 is not a checkpoint of run fedavg" in result.output
+    unknown = invoke("demo", "-o", tmp_path / "demo", "--set", "trace.k=1")
+    assert unknown.exit_code == 1 and len(unknown.output.strip().splitlines()) == 1, unknown.output
 
 
 # ----------------------------------------------------------------------------------------------------------

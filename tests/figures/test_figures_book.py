@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -38,14 +39,17 @@ TINY_PASSES = {
     "sharpness": ["sharpness.steps=1", "sharpness.clients=2"],
     "incompatibility": ["incompatibility.clients=2", "incompatibility.batches=2"],
     "alignment": ["alignment.batches=2"],
+    "loss": ["loss.clients=2"],
+    "flatness": [],
 }
 
 
 def tiny_sets(fig: figure_recipe.FigureRecipe) -> list[str]:
-    args = []
-    for text in TINY_TRAIN + [s for name in fig.pass_rounds for s in TINY_PASSES[name]]:
-        args += ["--set", text]
-    return args
+    """TINY_TRAIN and the tiny options of the figure's passes; rounds a recipe names (10,20,30) become the tiny
+    runs' two."""
+    texts = TINY_TRAIN + [s for name in fig.pass_rounds for s in TINY_PASSES[name]]
+    texts += [f"{name}.rounds=1,2" for name, rounds in fig.pass_rounds.items() if rounds not in ("last", "all")]
+    return [arg for text in texts for arg in ("--set", text)]
 
 
 def write(tmp_path: Path, text: str, name: str = "fig.toml") -> Path:
@@ -81,12 +85,17 @@ set = { "partition.clients" = 8, "train.rounds" = 3 }
 def test_the_paper_figures_are_there():
     names = {p.stem for p in FIGURE_RECIPES}
     assert names == {"fednsam-fig1-surfaces", "fednsam-fig2-flatness", "fedsam-hessian", "fedvssam-incompatibility",
-                     "alignment", "accuracy", "fedvssam-heterogeneity", "global-guidance-flatness"}
+                     "alignment", "accuracy", "fedvssam-heterogeneity", "global-guidance-flatness", "demo"}
 
 
 @pytest.mark.parametrize("path", FIGURE_RECIPES, ids=lambda p: p.stem)
 @pytest.mark.parametrize("scale", ["digits", "paper"])
 def test_every_figure_recipe_builds_its_runs_at_both_scales(path, scale):
+    if scale not in tomllib.loads(path.read_text()) and scale != "digits":  # the demo: digits only
+        with pytest.raises(LandscapeError, match=rf"^{re.escape(str(path))}: no \[{scale}\] table: this figure "
+                                                 "is drawn at digits scale only$"):
+            figure_recipe.load_figure_recipe(path, scale)
+        return
     fig = figure_recipe.load_figure_recipe(path, scale)
     assert fig.scale == scale and fig.name == path.stem
     built = [recipe_overrides.build(fig.train_recipe, fig.overrides(run)) for run in fig.runs]
@@ -112,6 +121,18 @@ def test_every_figure_recipe_renders(path, tmp_path):
         if html.is_file():
             assert "Plotly.newPlot" in html.read_text() and "<script src=\"http" not in html.read_text()
     assert sorted(p.name for p in (tmp_path / "runs").iterdir() if p.is_dir()) == sorted(r.id for r in fig.runs)
+
+
+def test_a_scale_without_its_table_is_refused_unless_it_is_the_recipes_own(tmp_path):
+    digits_only = write(tmp_path, BASE.split("[paper.train]")[0], "digits-only.toml")
+    assert figure_recipe.load_figure_recipe(digits_only).scale == "digits"
+    with pytest.raises(LandscapeError, match=r"digits-only.toml: no \[paper\] table: this figure is drawn at digits "
+                                             r"scale only$"):
+        figure_recipe.load_figure_recipe(digits_only, "paper")
+    result = invoke("figures", digits_only, "--scale", "paper", "--dry-run")
+    assert result.exit_code == 1 and result.output.count("\n") == 1 and "no [paper] table" in result.output
+    own = write(tmp_path, 'scale = "paper"\n' + BASE.split("[digits.train]")[0], "paper-only.toml")
+    assert figure_recipe.load_figure_recipe(own).scale == "paper"  # its own scale needs no table
 
 
 # -- make-like: reuse, resume, retrain -------------------------------------------------------------------
@@ -284,7 +305,7 @@ def test_a_set_key_is_classified_by_its_first_part():
     assert recipe_overrides.classify_assignment("colour.x", passes, "figures") == recipe_overrides.RECIPE_KEY
 
 
-ELSEWHERE = "landscape analyze, landscape figures or landscape claims"
+ELSEWHERE = "landscape analyze, landscape figures, landscape claims or landscape demo"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -293,8 +314,8 @@ ELSEWHERE = "landscape analyze, landscape figures or landscape claims"
     (["train", "--set", "analyze.analysis_samples=500", "--dry-run"],
      f"--set analyze.analysis_samples is an analysis setting: give it to {ELSEWHERE}"),
     (["analyze", "no-run", "--set", "train.rounds=10", "--dry-run"],
-     "--set train.rounds is a training recipe key: give it to landscape train, landscape figures or landscape "
-     "claims"),
+     "--set train.rounds is a training recipe key: give it to landscape train, landscape figures, landscape "
+     "claims or landscape demo"),
     (["analyze", "no-run", "--set", "seed=3", "--dry-run"], "--set seed is a training recipe key: give it to "),
     (["analyze", "no-run", "--set", "hesian.top_k=3", "--dry-run"],
      "--set hesian.top_k: 'hesian' is neither analyze (analyze.<setting>) nor a pass (alignment, "),

@@ -288,6 +288,9 @@ def test_compare_draws_one_plane_for_every_run_where_every_run_has_it(tmp_path, 
     line = next(text for text in result.settings if text.startswith("surfaces: "))
     assert "one plane for every model (identical d1, d2)" in line and "= 10, " in line and "= 16.6" in line
     assert not any("filter-normalised to each model" in m for m in result.missing)
+    table_only = compare([a, b], tmp_path / "cmp-table", draw_surfaces=False)  # the demo: its recipe draws them
+    assert table_only.written == [tmp_path / "cmp-table" / "compare.csv"]
+    assert table_only.settings == result.settings and table_only.rows == result.rows
 
     (b / "analysis" / "round-0010" / "surface@length-2_normalization-euclidean.json").unlink()
     result = compare([a, b], tmp_path / "cmp2")

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from support.helpers import assert_same_values, invoke, metrics_without_time, snapshot, tiny_recipe
 
+from landscape.analyze.catalog import default_passes
 from landscape.config import overrides as recipe_overrides
 from landscape.config import recipe as recipes
+from landscape.core.errors import LandscapeError
 from landscape.figures.recipe import figure as figure_recipe
 from landscape.workflows import claims, demo, figure, sweep
 from landscape.workflows.ensure import ensure_run
@@ -101,13 +104,29 @@ def test_claims_are_planned_from_python_as_the_claims_command_plans_them(tmp_pat
     assert f"in {work.out}, seeds 0,1: {', '.join(work.claim.run_ids())}" in result.output
 
 
-def test_the_demo_trains_the_shipped_recipe_with_its_few_changes():
-    algorithms = {"algorithm.name": demo._DEMO_ALGORITHMS}
-    runs = recipe_overrides.build_sweep(demo.DEMO_RECIPE, demo._DEMO_OVERRIDES, algorithms)
-    assert demo.DEMO_RECIPE == ROOT / "train" / "digits-fedavg.toml"
-    assert [recipe_overrides.sweep_run_name(recipe, swept) for recipe, swept in runs] == [
-        f"digits-{name}-dirr0.1-cnn-c20-s0" for name in ("fedavg", "fedsam", "fednsam")]
-    assert all(recipe.train.keep_clients and recipe.train.device == "cpu" for recipe, _ in runs)
-    fedavg = runs[0][0].with_values({"train.keep_clients": False, "train.device": "auto"})
+def test_the_demo_is_a_figure_recipe_training_the_shipped_recipe_with_its_few_changes(tmp_path):
+    fig = demo.demo_recipe()
+    assert demo.DEMO_FIGURE == ROOT / "figures" / "demo.toml" and fig.train_recipe == ROOT / "train" / "digits-fedavg.toml"
+    plan = figure.figure_plan(fig, tmp_path, demo.DEVICE)
+    assert {run_id: [path for _, _, path in entries] for run_id, entries in plan.items()} == {
+        name: [tmp_path / "runs" / name] for name in ("fedavg", "fedsam", "fednsam")}
+    recipes = [entries[0][1] for entries in plan.values()]
+    assert [r.algorithm.name for r in recipes] == ["fedavg", "fedsam", "fednsam"]
+    assert all(r.train.keep_clients and r.train.device == "cpu" for r in recipes)
+    fedavg = recipes[0].with_values({"train.keep_clients": False, "train.device": "auto"})
     # the shipped recipe, but for the demo's two changes
-    assert fedavg == recipe_overrides.build(demo.DEMO_RECIPE)
+    assert fedavg == recipe_overrides.build(fig.train_recipe)
+    # every pass of `landscape analyze` at the last round and a surface; S_rho at 10, 20 and 30 (its curve)
+    assert fig.pass_rounds == {"surface": "last", "sharpness": "10,20,30", "hessian": "last", "alignment": "last",
+                               "flatness": "last", "incompatibility": "last", "loss": "last"}
+    assert set(fig.pass_rounds) == {*default_passes(), "surface"}
+    assert [plot.file for plot in fig.plots] == ["surfaces", "surfaces-3d", "accuracy", "flatness-sharpness",
+                                                 "hessian", "alignment"]
+
+
+def test_the_demo_is_shrunk_as_any_figure_recipe_is():
+    fig = demo.demo_recipe(["train.rounds=4", "sharpness.rounds=2,4", "surface.grid=5", "analyze.analysis_samples=50"])
+    assert fig.forced == {"train.rounds": 4} and fig.pass_rounds["sharpness"] == "2,4"
+    assert fig.pass_options["surface"]["grid"] == 5 and fig.settings == {"analysis_samples": 50}
+    with pytest.raises(LandscapeError, match=r"^--set hessian: give hessian.<option>=VALUE$"):
+        demo.demo_recipe(["hessian=1"])

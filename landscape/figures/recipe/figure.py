@@ -4,7 +4,9 @@ analyses and its plots.
 A figure recipe names its runs as changes to one training recipe, the analysis passes (with options and the
 rounds to analyse) and one or more plots. Everything that depends on the scale sits in a ``[digits]`` table
 (the default: minutes on a laptop CPU) and a ``[paper]`` table (the papers' setting, GPU scale); the
-recipe's ``scale`` key, or ``landscape figures --scale``, picks one, and that table is merged over the rest::
+recipe's ``scale`` key, or ``landscape figures --scale``, picks one, and that table is merged over the rest (a
+recipe without a table for a scale other than its own is drawn at its own scale only: asking for the other is
+refused)::
 
     name = "fednsam-fig1-surfaces"
     title = "Loss surfaces of FedSAM and FedNSAM"
@@ -252,6 +254,8 @@ def _at_scale(raw: dict, path: Path, scale: str | None) -> tuple[str, FigureTabl
     chosen = scale or top.scale
     if chosen not in SCALES:
         raise LandscapeError(f"{path}: scale must be one of {', '.join(SCALES)} (got {chosen!r})")
+    if chosen != top.scale and chosen not in raw:
+        raise LandscapeError(f"{path}: no [{chosen}] table: this figure is drawn at {top.scale} scale only")
     merged = _merge({k: v for k, v in raw.items() if k not in ("scale", *SCALES)}, raw.get(chosen, {}))
     merged.setdefault("name", path.stem)
     return chosen, _load(FigureTables, merged, str(path))
