@@ -13,6 +13,7 @@ from landscape.analyze.catalog import default_passes
 from landscape.config import overrides as recipe_overrides
 from landscape.config import recipe as recipes
 from landscape.core.errors import LandscapeError
+from landscape.core.rounds import Rounds
 from landscape.figures.recipe import figure as figure_recipe
 from landscape.workflows import claims, demo, figure, sweep
 from landscape.workflows.ensure import ensure_run
@@ -117,8 +118,9 @@ def test_the_demo_is_a_figure_recipe_training_the_shipped_recipe_with_its_few_ch
     # the shipped recipe, but for the demo's two changes
     assert fedavg == recipe_overrides.build(fig.train_recipe)
     # every pass of `landscape analyze` at the last round and a surface; S_rho at 10, 20 and 30 (its curve)
-    assert fig.pass_rounds == {"surface": "last", "sharpness": "10,20,30", "hessian": "last", "alignment": "last",
-                               "flatness": "last", "incompatibility": "last", "loss": "last"}
+    last = Rounds.parse("last")
+    assert fig.pass_rounds == {"surface": last, "sharpness": Rounds.parse("10,20,30"), "hessian": last,
+                               "alignment": last, "flatness": last, "incompatibility": last, "loss": last}
     assert set(fig.pass_rounds) == {*default_passes(), "surface"}
     assert [plot.file for plot in fig.plots] == ["surfaces", "surfaces-3d", "accuracy", "flatness-sharpness",
                                                  "hessian", "alignment"]
@@ -126,7 +128,7 @@ def test_the_demo_is_a_figure_recipe_training_the_shipped_recipe_with_its_few_ch
 
 def test_the_demo_is_shrunk_as_any_figure_recipe_is():
     fig = demo.demo_recipe(["train.rounds=4", "sharpness.rounds=2,4", "surface.grid=5", "analyze.analysis_samples=50"])
-    assert fig.forced == {"train.rounds": 4} and fig.pass_rounds["sharpness"] == "2,4"
+    assert fig.forced == {"train.rounds": 4} and fig.pass_rounds["sharpness"] == Rounds.parse("2,4")
     assert fig.pass_options["surface"]["grid"] == 5 and fig.settings == {"analysis_samples": 50}
     with pytest.raises(LandscapeError, match=r"^--set hessian: give hessian.<option>=VALUE$"):
         demo.demo_recipe(["hessian=1"])
