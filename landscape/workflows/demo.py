@@ -15,6 +15,7 @@ from landscape.workflows.ensure import Notify, ensure_analysis, ignore
 
 if TYPE_CHECKING:
     from landscape.analyze.summary import AnalysisReport
+    from landscape.core.rounds import Rounds
     from landscape.figures.compare import Comparison
     from landscape.figures.recipe.figure import FigureRecipe
 
@@ -76,7 +77,7 @@ def run_demo(out: Path, *, assignments: Sequence[str] = (), progress: bool = Fal
     return Demo(paths, out, written, AnalysisReport(rows=rows, data=analysis_data(settings)), comparison, report)
 
 
-def _in_pass_order(pass_rounds: dict[str, str]) -> dict[str, str]:
+def _in_pass_order(pass_rounds: dict[str, Rounds]) -> dict[str, Rounds]:
     """The passes as ``landscape analyze`` orders them: its default passes in their order, then the others."""
     from landscape.analyze.catalog import default_passes
 
