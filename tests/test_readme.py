@@ -179,13 +179,13 @@ XFAIL: dict[str, str] = {}
 
 # Small settings (LANDSCAPE_README_SMALL=1): exact text -> the command run instead.
 SMALL = {
-    # 2 rounds instead of 30
+    # 2 rounds of one local step instead of 30 of 5 epochs
     "landscape train --algorithm fedavg --dataset digits --partition dirichlet-client-reuse --alpha 0.1"
     " --clients 20"
     " --participation 0.25 --rounds 30":
         "landscape train --algorithm fedavg --dataset digits --partition dirichlet-client-reuse --alpha 0.1"
         " --clients 20"
-        " --participation 0.25 --rounds 2",
+        " --participation 0.25 --rounds 2 --local-steps 1",
     # 2 rounds of one local step instead of the recipe's 30 rounds of 5 epochs
     "landscape train train/digits-fedavg.toml --set train.weight_decay=1e-3 --out runs/wd":
         "landscape train train/digits-fedavg.toml --set train.weight_decay=1e-3 --out runs/wd --rounds 2"

@@ -258,7 +258,7 @@ DEMO_TINY = ["partition.clients=4", "train.rounds=2", "train.local_steps=2", "tr
              "surface.grid=3", "sharpness.rounds=1,2", "sharpness.clients=2", "sharpness.steps=1",
              "sharpness.adaptive=false", "hessian.clients=2", "hessian.trace_hvps=6", "hessian.density_steps=5",
              "hessian.density_runs=1", "hessian.top_k=2", "incompatibility.clients=2", "incompatibility.batches=2",
-             "alignment.clients=2", "alignment.batches=2", "loss.clients=2"]
+             "alignment.clients=2", "alignment.batches=2", "loss.clients=2", "analyze.analysis_samples=100"]
 
 
 @pytest.mark.slow  # the demo's three runs, analysed and drawn (about 1 min)
