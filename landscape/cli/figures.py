@@ -51,14 +51,14 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
     fig = figure_recipe.load_figure_recipe(recipe_file, scale)
     for text in assignments:
         check_printable("--set", text)
-    fig.apply_sets(assignments, "figures")
+    fig = fig.with_sets(assignments, "figures")
     if run_paths and fig.forced:
         raise LandscapeError("--set of training keys needs the recipe's runs; with --runs nothing is trained")
     if seeds is not None:
         if run_paths:
             raise LandscapeError("--seeds needs the recipe's runs; with --runs nothing is trained (runs "
                                  "given that differ only in their seed are aggregated as they are)")
-        fig.set_seeds(figure_recipe.parse_seeds(seeds, "--seeds"))
+        fig = fig.with_seeds(figure_recipe.parse_seeds(seeds, "--seeds"))
     out = out if out is not None else figure.figure_folder(fig, Path("runs/figures"))
     if dry_run:
         given = figure.check_figure(fig, out, device=device, run_paths=run_paths)

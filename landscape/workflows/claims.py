@@ -131,11 +131,9 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
     work = []
     for path in claim_files:
         claim = claims.load_claim(path, seeds)
-        fig = figure_recipe.load_figure_recipe(claim.figure, scale)
-        fig.apply_sets(assignments, "claims")
-        fig.set_seeds(list(claim.seeds))
+        fig = figure_recipe.load_figure_recipe(claim.figure, scale).with_sets(assignments, "claims")
+        fig = fig.with_seeds(list(claim.seeds))
         claims.check_run_ids(claim, [spec.id for spec in fig.runs])
-        fig.runs = [spec for spec in fig.runs if spec.id in claim.run_ids()]  # only the runs it compares
         needed = set()
         for comparison in claim.comparisons:
             output = claims.analysis_output(comparison.quantity)
@@ -143,13 +141,13 @@ def plan_claims(claim_files: Sequence[Path], *, figures_out: Path, seeds: list[i
                 raise LandscapeError(f"{path}: {comparison.quantity} needs the {output} pass, which "
                                      f"{claim.figure.name} does not run")
             needed |= {output} - {None}
-        # only the passes it reads (with the figure's options and rounds, so `landscape figures` reuses them)
-        fig.pass_rounds = {name: rounds for name, rounds in fig.pass_rounds.items() if name in needed}
-        fig.pass_options = {name: opts for name, opts in fig.pass_options.items() if name in needed}
+        # only the runs it compares and the passes it reads (with the figure's options and rounds, so
+        # `landscape figures` reuses them)
+        fig = fig.only(runs=claim.run_ids(), passes=sorted(needed))
         fig_out = figure_folder(fig, figures_out)
         given = given_runs(claim, runs)
         unknown -= set(given)
-        fig.runs = [spec for spec in fig.runs if spec.id not in given]  # the others it trains
+        fig = fig.only(runs=[spec.id for spec in fig.runs if spec.id not in given])  # the others it trains
         trained = figure_training(fig, fig_out, device)  # its rounds exist in the runs it will train or has
         trained.update({run_id: [(seed, train) for seed, train, _ in entries] for run_id, entries in given.items()})
         figure_rounds.check_pass_rounds(fig, trained)

@@ -45,9 +45,7 @@ def demo_recipe(assignments: Sequence[str] = ()) -> FigureRecipe:
     if not DEMO_FIGURE.is_file():
         raise LandscapeError(f"the demo's figure recipe {DEMO_FIGURE} is missing (the demo runs from a checkout "
                              "of the repository)")
-    fig = load_figure_recipe(DEMO_FIGURE)
-    fig.apply_sets(assignments, "demo")
-    return fig
+    return load_figure_recipe(DEMO_FIGURE).with_sets(assignments, "demo")
 
 
 def run_demo(out: Path, *, assignments: Sequence[str] = (), progress: bool = False,

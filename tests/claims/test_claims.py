@@ -473,7 +473,7 @@ def test_claims_read_set_as_figures_does(tmp_path):
     assert fig.pass_options["hessian"]["top_k"] == 2 and fig.pass_rounds == {"hessian": Rounds(ALL)}
     for assignment, message in (("surface.grid=3", "--set surface.grid: this figure runs no surface pass"),
                                 ("analyze.colour=1", "--set analyze.colour: unknown analysis setting 'analyze.colour'"),
-                                ("analyze.split=3", "--set analyze.split: analyze.split must be a string (got 3)"),
+                                ("analyze.split=3", "--set analyze.split: analyze.split must be one of train, test (got 3)"),
                                 ("train.lrr=1", "unknown recipe key 'train.lrr'")):
         with pytest.raises(LandscapeError, match=re.escape(message)) as e:
             planned(assignment)

@@ -206,7 +206,7 @@ def test_dry_run_and_scale_switch(tmp_path):
     (('label = "FedAvg"', 'label = 3'), "runs[0].label must be a string (got 3)"),
     (("", 'scale = "huge"\n'), "scale must be one of digits, paper"),
     (("", '[train]\nrecipe = "nope.toml"\n'), "train.recipe 'nope.toml' not found"),
-    (("", "[analyze]\nsplit = 3\n"), "analyze.split must be a string (got 3)"),
+    (("", "[analyze]\nsplit = 3\n"), "analyze.split must be one of train, test (got 3)"),
     (("", "[analyze]\nwhatever = 3\n"), "unknown analysis setting 'analyze.whatever'; allowed in [analyze]: split"),
     (("", "[paper.trian]\nrecipe = 1\n"), "unknown figure recipe key 'paper.trian'; allowed in [paper]: name, "
                                           "title, seeds, train, runs, analyze, plots; did you mean 'paper.train'?"),
@@ -484,3 +484,20 @@ def test_fuzz_figure_recipes_are_read_or_refused_in_one_line(tmp_path_factory, r
         assert str(e) and "\n" not in str(e)
         return
     assert fig.runs and fig.plots and all(set(p.runs) <= {r.id for r in fig.runs} for p in fig.plots)
+
+
+def test_a_figure_recipe_is_frozen_and_its_changes_are_copies():
+    fig = figure_recipe.load_figure_recipe(ROOT / "figures" / "fedsam-hessian.toml")
+    changed = fig.with_sets(["hessian.top_k=2", "analyze.analysis_samples=32", "train.rounds=4",
+                             "hessian.rounds=all"], "figures")
+    assert changed.pass_options["hessian"]["top_k"] == 2 and changed.settings["analysis_samples"] == 32
+    assert changed.forced == {"train.rounds": 4} and str(changed.pass_rounds["hessian"]) != str(
+        fig.pass_rounds["hessian"])
+    # the recipe read is as it was
+    assert fig.pass_options["hessian"]["top_k"] == 5 and fig.settings["analysis_samples"] == 1000
+    assert fig.forced == {} and fig.with_seeds([1, 2]).seeds == [1, 2] and fig.seeds != [1, 2]
+    with pytest.raises(AttributeError):  # dataclasses.FrozenInstanceError
+        fig.runs = []
+    first = fig.runs[0].id
+    assert [spec.id for spec in fig.only(runs=[first]).runs] == [first] and len(fig.runs) > 1
+    assert list(fig.only(passes=[]).pass_rounds) == [] and list(fig.pass_rounds) == ["hessian"]

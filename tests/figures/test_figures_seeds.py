@@ -147,7 +147,7 @@ def test_a_figure_recipe_with_seeds_expands_into_one_run_per_seed(tmp_path):
     assert fig.overrides(fig.run("b"), 1)[-1] == ("seed", 1)  # over the run's own seed = 7
     # the scale table's seeds, merged
     assert figure_recipe.load_figure_recipe(path, "paper").seeds == [3, 4, 5]
-    fig.set_seeds([4])
+    fig = fig.with_seeds([4])
     assert [p.name for _, p in fig.seed_runs(tmp_path)["a"]] == ["a-seed4"]
     plain = tmp_path / "plain.toml"
     plain.write_text(RECIPE.replace("seeds = [0, 1]\n", "").replace("[paper]\nseeds = [3, 4, 5]\n", ""))

@@ -56,20 +56,20 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from landscape.analyze.settings import AnalysisSettings
 from landscape.config.overrides import ANALYSIS_SETTING, PASS_OPTION, classify_assignment, parse_assignment
 from landscape.core.errors import LandscapeError
 from landscape.core.rounds import ALL, LAST, Rounds
-from landscape.core.schema import load, read_toml
+from landscape.core.schema import load, read_toml, unknown_key_message
 from landscape.figures.book import PlotSpec
 from landscape.figures.plot_kinds import METRIC_KEYS, PLOT_KINDS
 from landscape.figures.recipe.tables import (
     SCALES,
     SEED_MAX,
-    AnalysisKeys,
     FigureFile,
     FigureTables,
     TrainTable,
@@ -94,8 +94,11 @@ class RunRequest:
     set: dict[str, Any]
 
 
-@dataclass
+@dataclass(frozen=True)
 class FigureRecipe:
+    """A figure recipe read and checked (``load_figure_recipe``): frozen; ``with_sets``, ``with_seeds`` and
+    ``only`` return a changed copy (the command line's ``--set`` and ``--seeds``, a claim's runs and passes)."""
+
     path: Path
     name: str
     title: str
@@ -110,9 +113,19 @@ class FigureRecipe:
     forced: dict[str, Any] = field(default_factory=dict)  # training keys from --set, over every run's own
     seeds: list[int] | None = None  # each run once per seed (None: once, with its own seed)
 
-    def set_seeds(self, seeds: list[int] | None) -> None:
-        """Train every run once per seed (``landscape figures --seeds`` over the recipe's ``seeds``)."""
-        self.seeds = None if seeds is None else _seeds(seeds, "--seeds")
+    def with_seeds(self, seeds: list[int] | None) -> FigureRecipe:
+        """The recipe with every run trained once per seed (``landscape figures --seeds`` over the recipe's
+        ``seeds``)."""
+        return replace(self, seeds=None if seeds is None else _seeds(seeds, "--seeds"))
+
+    def only(self, runs: Sequence[str] | None = None, passes: Sequence[str] | None = None) -> FigureRecipe:
+        """The recipe with only these run ids and passes (their options and rounds as they are): what a claim
+        trains and reads of its figure."""
+        keep_runs = [spec for spec in self.runs if runs is None or spec.id in runs]
+        keep = (lambda name: True) if passes is None else (lambda name: name in passes)
+        return replace(self, runs=keep_runs,
+                       pass_rounds={name: r for name, r in self.pass_rounds.items() if keep(name)},
+                       pass_options={name: o for name, o in self.pass_options.items() if keep(name)})
 
     def seed_runs(self, out: Path) -> dict[str, list[tuple[int | None, Path]]]:
         """Run id -> its (seed, run directory) under the figure's folder ``out``, in order: ``(None,
@@ -143,37 +156,35 @@ class FigureRecipe:
         keys = list(self.train_set.items()) + list(run.set.items()) + list(self.forced.items())
         return keys + ([("seed", seed)] if seed is not None else [])
 
-    def apply_sets(self, assignments: Sequence[str], command: str) -> None:
-        """The ``--set KEY=VALUE`` texts of ``landscape figures`` or ``landscape claims`` (``command``), each read
-        by the one grammar of every command (``overrides.classify_assignment``) and applied by ``assign``."""
+    def with_sets(self, assignments: Sequence[str], command: str) -> FigureRecipe:
+        """The recipe with the ``--set KEY=VALUE`` texts of ``landscape figures``, ``claims`` or ``demo``
+        (``command``) applied, each read by the one grammar of every command (``overrides.classify_assignment``):
+        an analysis setting (``analyze.<setting>``), an option of a pass this figure runs (``<pass>.rounds``
+        too), or a training recipe key (every run's, over its own keys)."""
         from landscape.analyze.catalog import load_passes
 
+        settings, forced = dict(self.settings), dict(self.forced)
+        options = {name: dict(values) for name, values in self.pass_options.items()}
+        rounds = dict(self.pass_rounds)
         for text in assignments:
             key, value = parse_assignment(text)
-            self.assign(key, value, classify_assignment(key, load_passes().names, command))
-
-    def assign(self, key: str, value: Any, kind: str) -> None:
-        """A command-line ``--set`` of the kind ``recipe_overrides.check_assignment`` found: an analysis setting
-        (``analyze.<setting>``), an option of a pass this figure runs (``<pass>.rounds`` too), or a training
-        recipe key (every run's, over its own keys)."""
-        head, _, rest = key.partition(".")
-        if kind == ANALYSIS_SETTING:
-            self.settings = _analysis_settings({**self.settings, rest: value}, f"--set {key}")
-        elif kind == PASS_OPTION:
-            self._assign_pass(head, rest, key, value)
-        else:
-            self.forced[key] = value
-
-    def _assign_pass(self, name: str, option: str, key: str, value: Any) -> None:
-        if name not in self.pass_rounds:
-            raise LandscapeError(f"--set {key}: this figure runs no {name} pass (it runs "
-                                 f"{', '.join(self.pass_rounds) or 'none'})")
-        if not option:
-            raise LandscapeError(f"--set {key}: give {name}.<option>=VALUE")
-        if option == "rounds":
-            self.pass_rounds[name] = Rounds.parse(value, f"--set {key}")
-        else:
-            self.pass_options.setdefault(name, {})[option] = value
+            kind = classify_assignment(key, load_passes().names, command)
+            head, _, rest = key.partition(".")
+            if kind == ANALYSIS_SETTING:
+                settings = _analysis_settings({**settings, rest: value}, f"--set {key}")
+            elif kind == PASS_OPTION:
+                if head not in rounds:
+                    raise LandscapeError(f"--set {key}: this figure runs no {head} pass (it runs "
+                                         f"{', '.join(rounds) or 'none'})")
+                if not rest:
+                    raise LandscapeError(f"--set {key}: give {head}.<option>=VALUE")
+                if rest == "rounds":
+                    rounds[head] = Rounds.parse(value, f"--set {key}")
+                else:
+                    options.setdefault(head, {})[rest] = value
+            else:
+                forced[key] = value
+        return replace(self, settings=settings, forced=forced, pass_options=options, pass_rounds=rounds)
 
 
 def _names(keys: Sequence[Any]) -> str:
@@ -312,10 +323,20 @@ def _plot(entry: dict[str, Any], k: int, name: str, ids: list[str], path: Path) 
     return PlotSpec(kind, file, tuple(options.runs or ids), options, options.title or "")
 
 
+# The analysis settings a figure recipe may hold: those that change its numbers (the device, the backend, the
+# threads and the memory layout are the command line's).
+RECIPE_SETTINGS = ("split", "analysis_samples", "bn_mode", "hvp", "dtype", "seed", "batch_size")
+
+
 def _analysis_settings(values: dict[str, Any], what: str) -> dict[str, Any]:
-    """The analysis settings given (an [analyze] table's, or with a --set), checked by ``AnalysisKeys``."""
-    given = _load(AnalysisKeys, values, what, "analyze", "analysis setting")
-    return {key: value for key, value in asdict(given).items() if value is not None}
+    """The analysis settings given (an [analyze] table's, or with a --set): one of ``RECIPE_SETTINGS`` each,
+    checked by ``AnalysisSettings``' own schema (kinds, choices, ranges) before anything is trained."""
+    unknown = [key for key in values if key not in RECIPE_SETTINGS]
+    if unknown:
+        raise LandscapeError(f"{what}: " + unknown_key_message(f"analyze.{unknown[0]}", list(RECIPE_SETTINGS),
+                                                               "in [analyze]", "analysis setting"))
+    checked = _load(AnalysisSettings, values, what, "analyze", "analysis setting")
+    return {key: getattr(checked, key) for key in values}
 
 
 def _analysis(analyze: dict[str, Any], plots: list[PlotSpec], path: Path

@@ -40,24 +40,10 @@ class RunTable:
 
 
 @dataclass(frozen=True)
-class AnalysisKeys:
-    """The analysis settings an ``[analyze]`` table may hold, beside its ``[analyze.<pass>]`` tables (their
-    choices and ranges are ``landscape.analyze.settings.AnalysisSettings``', checked before anything is
-    trained)."""
-
-    split: str | None = None
-    analysis_samples: int | None = None
-    bn_mode: str | None = None
-    hvp: str | None = None
-    dtype: str | None = None
-    seed: int | None = None
-    batch_size: int | None = None
-
-
-@dataclass(frozen=True)
 class FigureTables:
     """A figure recipe at one scale: its top level with the scale's table merged over it. ``analyze`` holds
-    the analysis settings (``AnalysisKeys``) and a table of options per pass; each of ``plots`` is checked
+    the analysis settings (``figure.RECIPE_SETTINGS``, checked by ``AnalysisSettings``) and a table of options per
+    pass; each of ``plots`` is checked
     by its kind's options (``landscape.figures.plot_kinds``)."""
 
     name: Annotated[str, _NAME]
