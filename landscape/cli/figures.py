@@ -61,7 +61,7 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
         fig = fig.with_seeds(figure_recipe.parse_seeds(seeds, "--seeds"))
     out = out if out is not None else figure.figure_folder(fig, Path("runs/figures"))
     if dry_run:
-        given = figure.check_figure(fig, out, device=device, run_paths=run_paths)
+        _, given = figure.check_figure(fig, out, device=device, run_paths=run_paths)
         if run_paths:
             _print_given(fig, given, out)
         else:

@@ -16,7 +16,6 @@ from landscape.workflows.ensure import Notify, ensure_analysis, ignore
 from landscape.workflows.figure import (
     figure_analysis,
     figure_folder,
-    figure_selection,
     figure_training,
     prepare_figure_runs,
 )
@@ -175,13 +174,14 @@ def check_claims(work: Sequence[ClaimWork], out: Path, *, device: str = "auto", 
     results = []
     for claim, fig, fig_out, given in work:
         notify(f"claim {claim.name}: runs of {claim.figure.name} in {fig_out}")
-        by_id = prepare_figure_runs(fig, fig_out, device=device, progress=progress, notify=notify) if fig.runs else {}
+        analysis = figure_analysis(fig, device)
+        by_id = prepare_figure_runs(fig, fig_out, device=device, analysis=analysis, progress=progress,
+                                    notify=notify) if fig.runs else {}
         if given:  # the runs given for some of its ids: analysed where they lack the figure's results
-            settings, options = figure_analysis(fig, device)
-            ensure_analysis([path for paths in given.values() for path in paths], fig.pass_rounds, settings, options,
-                            progress=progress)
+            ensure_analysis([path for paths in given.values() for path in paths], fig.pass_rounds, analysis.settings,
+                            analysis.options, progress=progress)
             by_id.update(given)
-        selection = figure_selection(fig, device)
+        selection = analysis.selection
         wanted = {run_id: by_id[run_id] for run_id in claim.run_ids()}
         loaded = iter(load_runs([p for paths in wanted.values() for p in paths], selection))
         runs: dict[str, Any] = {run_id: [next(loaded) for _ in paths] for run_id, paths in wanted.items()}

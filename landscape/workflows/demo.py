@@ -53,15 +53,15 @@ def run_demo(out: Path, *, assignments: Sequence[str] = (), progress: bool = Fal
     """Make the demo's figure recipe into ``out`` (make-like: finished runs and analyses are reused; runs in
     ``out/runs/<id>``, figures in ``out``), then its comparison table and report."""
     from landscape.analyze.summary import AnalysisReport, analysis_data
-    from landscape.workflows.figure import figure_analysis, figure_selection, make_figure
+    from landscape.workflows.figure import figure_analysis, make_figure
 
     fig = demo_recipe(assignments)
     written = make_figure(fig, out, device=DEVICE, progress=progress, notify=notify)
     paths = [path for entries in fig.seed_runs(out).values() for _, path in entries]
-    settings, options = figure_analysis(fig, DEVICE)
+    analysis = figure_analysis(fig, DEVICE)
+    settings, selection = analysis.settings, analysis.selection
     # every result is on disk now: the reports only read their summaries
-    reports = ensure_analysis(paths, _in_pass_order(fig.pass_rounds), settings, options)
-    selection = figure_selection(fig, DEVICE)
+    reports = ensure_analysis(paths, _in_pass_order(fig.pass_rounds), settings, analysis.options)
 
     def extra_steps() -> tuple[Comparison, Path]:
         from landscape.figures.compare import compare

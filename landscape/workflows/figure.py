@@ -3,6 +3,7 @@ analysed where that is missing (make-like), then its plots drawn from the files.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +23,24 @@ def figure_folder(fig: FigureRecipe, parent: Path) -> Path:
     return parent / (fig.name + ("-paper" if fig.scale == "paper" else ""))
 
 
-def figure_analysis(fig: FigureRecipe, device: str) -> tuple[Any, dict[str, Any]]:
-    """A figure recipe's analysis settings and each of its passes' options, checked."""
+@dataclass(frozen=True)
+class FigureAnalysis:
+    """A figure's analysis, derived once from its recipe (``figure_analysis``): the analysis settings, each pass's
+    checked options, and the results the figure reads (``selection``: exactly those of its own settings; other
+    analyses of its runs stay on disk)."""
+
+    settings: Any
+    options: dict[str, Any]
+    selection: Selection
+
+
+def figure_analysis(fig: FigureRecipe, device: str) -> FigureAnalysis:
+    """A figure recipe's analysis settings and each of its passes' options, checked, and the results it reads."""
     from landscape.analyze.catalog import pass_options
+    from landscape.analyze.passes import RESULT_NAMES
     from landscape.analyze.settings import AnalysisSettings
+    from landscape.store.results.names import settings_record
+    from landscape.store.results.selection import Selection
 
     try:
         settings = AnalysisSettings(device=device, **fig.settings)
@@ -38,7 +53,8 @@ def figure_analysis(fig: FigureRecipe, device: str) -> tuple[Any, dict[str, Any]
     unknown = sorted(set(fig.pass_options) - set(passes))
     if unknown:
         raise LandscapeError(f"{fig.path}: options for pass(es) {', '.join(unknown)} that no plot reads")
-    return settings, options
+    selection = Selection(RESULT_NAMES, exact={name: settings_record(settings, options[name]) for name in passes})
+    return FigureAnalysis(settings, options, selection)
 
 
 def figure_plan(fig: FigureRecipe, out: Path, device: str) -> dict[str, list[tuple[int | None, Any, Path]]]:
@@ -61,46 +77,36 @@ def figure_training(fig: FigureRecipe, out: Path, device: str) -> dict[str, list
             for run_id, entries in figure_plan(fig, out, device).items()}
 
 
-def figure_selection(fig: FigureRecipe, device: str) -> Selection:
-    """The results a figure reads: exactly those of its own analysis settings (other analyses of its runs stay
-    on disk)."""
-    from landscape.analyze.passes import RESULT_NAMES
-    from landscape.store.results.names import settings_record
-    from landscape.store.results.selection import Selection
-
-    settings, options = figure_analysis(fig, device)
-    return Selection(RESULT_NAMES, exact={name: settings_record(settings, options[name]) for name in fig.pass_rounds})
-
-
-def prepare_figure_runs(fig: FigureRecipe, out: Path, *, device: str, progress: bool = False,
-                        notify: Notify = ignore) -> dict[str, list[Path]]:
+def prepare_figure_runs(fig: FigureRecipe, out: Path, *, device: str, analysis: FigureAnalysis | None = None,
+                        progress: bool = False, notify: Notify = ignore) -> dict[str, list[Path]]:
     """Train and analyse what a figure recipe needs and is missing, make-like: its runs under ``out/runs``
-    (one per seed when it has seeds), then each pass at its rounds with the recipe's settings. Returns run
-    id -> its run directories, in the recipe's order (seeds in order)."""
-    settings, options = figure_analysis(fig, device)
+    (one per seed when it has seeds), then each pass at its rounds with the recipe's settings (``analysis``,
+    derived here when not given). Returns run id -> its run directories, in the recipe's order (seeds in
+    order)."""
+    analysis = analysis if analysis is not None else figure_analysis(fig, device)
     plan = figure_plan(fig, out, device)
     for entries in plan.values():
         for _, run_recipe, path in entries:
             ensure_run(run_recipe, path, progress=progress, notify=notify)
     found = {run_id: [path for _, _, path in entries] for run_id, entries in plan.items()}
-    ensure_analysis([path for paths in found.values() for path in paths], fig.pass_rounds, settings, options,
-                    progress=progress)
+    ensure_analysis([path for paths in found.values() for path in paths], fig.pass_rounds, analysis.settings,
+                    analysis.options, progress=progress)
     return found
 
 
 def check_figure(fig: FigureRecipe, out: Path, *, device: str,
-                 run_paths: tuple[Path, ...] = ()) -> list[RunData]:
-    """Everything checked before anything is trained: the analysis settings and pass options, and either the
-    given runs (``run_paths``: returned, read) or that each round the figure analyses is a checkpoint its own
-    runs will have (returns [])."""
+                 run_paths: tuple[Path, ...] = ()) -> tuple[FigureAnalysis, list[RunData]]:
+    """Everything checked before anything is trained: the analysis settings and pass options (returned, as the
+    figure's analysis), and either the given runs (``run_paths``: returned, read) or that each round the
+    figure analyses is a checkpoint its own runs will have (no runs returned)."""
     from landscape.figures.recipe import rounds as figure_rounds
     from landscape.figures.rundata import load_runs
 
-    figure_analysis(fig, device)
+    analysis = figure_analysis(fig, device)
     if run_paths:
-        return load_runs(list(run_paths))
+        return analysis, load_runs(list(run_paths))
     figure_rounds.check_pass_rounds(fig, figure_training(fig, out, device))
-    return []
+    return analysis, []
 
 
 def make_figure(fig: FigureRecipe, out: Path, *, device: str = "auto", run_paths: tuple[Path, ...] = (),
@@ -108,17 +114,15 @@ def make_figure(fig: FigureRecipe, out: Path, *, device: str = "auto", run_paths
     """Draw a figure recipe into ``out``: train and analyse its runs where that is missing, or with
     ``run_paths`` analyse those runs where they lack the figure's results and draw every plot over all of
     them. Returns the files written (rank 0 draws under torchrun; every rank returns them)."""
-    given = check_figure(fig, out, device=device, run_paths=run_paths)
+    analysis, given = check_figure(fig, out, device=device, run_paths=run_paths)
     if run_paths:
-        settings, options = figure_analysis(fig, device)
         paths = [run.path for run in given]
-        ensure_analysis(paths, fig.pass_rounds, settings, options, progress=progress)
+        ensure_analysis(paths, fig.pass_rounds, analysis.settings, analysis.options, progress=progress)
         by_id = None
     else:
-        by_id = prepare_figure_runs(fig, out, device=device, progress=progress, notify=notify)
+        by_id = prepare_figure_runs(fig, out, device=device, analysis=analysis, progress=progress, notify=notify)
         paths = [path for of_id in by_id.values() for path in of_id]
-    selection = figure_selection(fig, device)  # read after the analysis above: its own settings' results
-    return parallel.on_main(lambda: _draw(fig, out, paths, by_id, selection, notify))
+    return parallel.on_main(lambda: _draw(fig, out, paths, by_id, analysis.selection, notify))
 
 
 def _draw(fig: FigureRecipe, out: Path, paths: list[Path], by_id: dict[str, list[Path]] | None,
