@@ -15,7 +15,7 @@ import plotly.offline
 import pytest
 import torch
 from markupsafe import escape
-from support.helpers import result_file, tiny_recipe
+from support.helpers import result_file, shared_folder, tiny_recipe
 
 from landscape.analyze.catalog import pass_options
 from landscape.analyze.scheduler import run_analysis
@@ -31,10 +31,9 @@ ANALYSIS_PLOTS = {"global_sharpness", "spectral_density", "incompatibility", "gr
 CURVE_PLOTS = {"accuracy", "train_loss", "flatness_distance"}
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    """A tiny FedAvg run analysed at rounds 2 and 3 by every pass the report shows."""
-    path = tmp_path_factory.mktemp("report") / "run"
+def _analysed_run(folder: Path) -> None:
+    """A tiny FedAvg run, ``folder/run``, analysed at rounds 2 and 3 by every pass the report shows."""
+    path = folder / "run"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: one thread is several times faster on a busy machine
     try:
@@ -46,7 +45,13 @@ def run(tmp_path_factory) -> Path:
                      settings=AnalysisSettings(device="cpu", analysis_samples=100), progress=False)
     finally:
         torch.set_num_threads(threads)
-    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """The analysed FedAvg run (``_analysed_run``), made once per test session for this file and the browser
+    test's; read-only (a test that writes copies it)."""
+    return shared_folder(tmp_path_factory, "report-run", _analysed_run) / "run"
 
 
 @pytest.fixture(scope="module")
