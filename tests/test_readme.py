@@ -12,6 +12,11 @@ runs; ``runs/x``: a FedSAM run with kept clients and checkpoints at rounds 0, 10
 each command in order, so a later command sees what an earlier one wrote (the analyze guide's examples read
 the runs the train guide's examples made).
 
+Each command is a process of its own. A ``landscape`` command that is one simple command (bash expands its words)
+and every Python block start from a warm launcher (tests/support/warm.py): a process with torch and the package
+imported once, forked per command, so that ~50 commands do not each spend seconds importing and tearing down
+torch. Everything else (pipes, ``&&``, cp, ``python script.py``) runs in bash as printed.
+
 Small settings. ``LANDSCAPE_README_SMALL`` (default 1) runs the commands that take minutes with small
 settings: ``SMALL`` maps such a command's exact text to the command the test runs instead, with a comment
 above each entry saying what is shrunk (mostly flags appended or replaced: fewer rounds, one local step, a
@@ -46,6 +51,7 @@ from pathlib import Path
 
 import pytest
 import yaml  # PyYAML: mkdocs (in the test extra) depends on it
+from support.warm import WarmLauncher
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -56,13 +62,14 @@ SHELL_TAGS = {"bash", "sh", "shell", "console"}
 SMALL_MODE = os.environ.get("LANDSCAPE_README_SMALL", "1") != "0"
 TIMEOUT_S = 900 if SMALL_MODE else 7200
 
-# the pass options of a quick analysis: top-2 eigenvalues, few probes, one sharpness radius from one start, 2
-# clients for the client-level metrics; analyze refuses options of passes it does not run, so each command
-# below appends those of its passes, with 100 samples
+# the pass options of a quick analysis: top-2 eigenvalues to a 5% residual, few probes, one sharpness radius from
+# one start, 2 clients for the client-level metrics (none for the clients' lambda_max: half the pass's products);
+# analyze refuses options of passes it does not run, so each command below appends those of its passes, with 100
+# samples
 PASS_SMALL = {
     "loss": "--set loss.clients=2",
-    "hessian": "--set hessian.top_k=2 --set hessian.trace_hvps=6 --set hessian.density_runs=1"
-               " --set hessian.density_steps=4 --set hessian.clients=2",
+    "hessian": "--set hessian.top_k=2 --set hessian.tol=0.05 --set hessian.trace_hvps=6 --set hessian.density_runs=1"
+               " --set hessian.density_steps=4 --set hessian.clients=-1",
     "sharpness": "--set sharpness.rhos=[0.05] --set sharpness.steps=3 --set sharpness.starts=1"
                  " --set sharpness.adaptive=false --set sharpness.clients=2",
     "flatness": "",
@@ -76,7 +83,7 @@ def analyze_small(passes: str = ",".join(PASS_SMALL), clients: bool = True) -> s
     ``clients`` options left out."""
     flags = " ".join(PASS_SMALL[name] for name in passes.split(","))
     if not clients:
-        flags = re.sub(r" ?--set \w+\.clients=\d+", "", flags)
+        flags = re.sub(r" ?--set \w+\.clients=-?\d+", "", flags)
     return f"--analysis-samples 100 {flags} --quiet"
 
 
@@ -374,14 +381,40 @@ def environment(workspace: Path) -> dict:
     return env
 
 
-def run_shell(command: str, workspace: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", command], cwd=workspace, env=environment(workspace),
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+# what makes a command more than one simple command for bash: several commands, redirections, substitutions
+CONTROL = set("|&;<>()`\n")
 
 
-def run_python(code: str, workspace: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=workspace, env=environment(workspace),
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+def console_argv(command: str, workspace: Path) -> tuple[list[str], dict] | None:
+    """A ``landscape`` command that is one simple command, as the words bash passes it (bash itself expands
+    the quotes, globs, braces and variables, by printing them) and the PYTHONPATH it assigns before it, if any;
+    else None: bash runs the command."""
+    if CONTROL & set(command):
+        return None
+    printed = subprocess.run(["bash", "-c", f"printf '%s\\0' {command}"], cwd=workspace,
+                             env=environment(workspace), capture_output=True, text=True, check=True).stdout
+    words, assigned = printed.split("\0")[:-1], {}
+    while words and words[0].startswith("PYTHONPATH="):
+        assigned["PYTHONPATH"] = words.pop(0).removeprefix("PYTHONPATH=")
+    return (words, assigned) if words and words[0] == "landscape" else None
+
+
+@dataclass
+class Workspace:
+    """The commands' folder and the warm launcher that runs its ``landscape`` commands and Python blocks
+    (tests/support/warm.py: one process with the heavy modules imported, a forked child per command)."""
+    folder: Path
+    launcher: WarmLauncher
+
+    def shell(self, command: str) -> subprocess.CompletedProcess:
+        simple = console_argv(command, self.folder)
+        if simple is not None:
+            return self.launcher.console_script(*simple)
+        return subprocess.run(["bash", "-c", command], cwd=self.folder, env=environment(self.folder),
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+
+    def python(self, code: str) -> subprocess.CompletedProcess:
+        return self.launcher.python(code)
 
 
 def check(result: subprocess.CompletedProcess, what: str) -> None:
@@ -391,7 +424,7 @@ def check(result: subprocess.CompletedProcess, what: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
+def workspace(tmp_path_factory):
     """The recipe folders copied, the pages' placeholders made real (``SETUP``)."""
     folder = tmp_path_factory.mktemp("readme")
     for name in RECIPE_FOLDERS:
@@ -400,9 +433,13 @@ def workspace(tmp_path_factory) -> Path:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(body, encoding="utf-8")
     (folder / "home").mkdir()
-    for command in SETUP:
-        check(run_shell(command, folder), f"setup: {command}")
-    return folder
+    space = Workspace(folder, WarmLauncher(folder, environment(folder), TIMEOUT_S))
+    try:
+        for command in SETUP:
+            check(space.shell(command), f"setup: {command}")
+        yield space
+    finally:
+        space.launcher.close()
 
 
 def command_params():
@@ -423,10 +460,10 @@ def test_readme_runs_as_printed(command: Command, request):
     workspace = request.getfixturevalue("workspace")
     if command.kind == "python":
         code = PRELUDE.get(command.key, "") + "\n" + command.text
-        check(run_python(code, workspace), f"{command.where}: python block")
+        check(workspace.python(code), f"{command.where}: python block")
         return
     text = SMALL.get(command.text, command.text) if SMALL_MODE else command.text
-    check(run_shell(text, workspace), f"{command.where}: {text}")
+    check(workspace.shell(text), f"{command.where}: {text}")
 
 
 def test_the_pages_are_the_readme_then_the_nav_without_reference_and_results():

@@ -147,7 +147,7 @@ def test_every_pass_leaves_the_model_untouched(trained):
     PASSES = load_passes()
 
     sources, _ = find_sources(trained)
-    ctx = CheckpointContext(sources[0], 4, AnalysisSettings(device="cpu"))
+    ctx = CheckpointContext(sources[0], 4, AnalysisSettings(device="cpu", analysis_samples=200))  # 4x faster
     module = ctx.flat.module
     module.train()
     before = {k: v.clone() for k, v in module.state_dict().items()}
@@ -164,17 +164,20 @@ def test_every_pass_leaves_the_model_untouched(trained):
 
 
 def test_default_passes_write_their_files(run_copy):
-    result = analyze(run_copy, "--set", "hessian.trace_hvps=6", "--set", "hessian.density_steps=5",
+    result = analyze(run_copy, "--analysis-samples", "200", "--set", "hessian.trace_hvps=6", "--set", "hessian.density_steps=5",
                      "--set", "sharpness.steps=2", "--set", "incompatibility.batches=2", "--set", "alignment.batches=2")
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in (run_copy / "analysis" / "round-0004").iterdir())
-    # results are named by their settings: the pass's name, then the options off their defaults
-    for name in ("alignment@batches-2", "flatness", "hessian@density_steps-5_trace_hvps-6",
-                 "incompatibility@batches-2", "loss", "sharpness@steps-2"):
-        assert f"{name}.json" in written
-    assert "hessian@density_steps-5_trace_hvps-6.npz" in written
-    hessian = json.loads((run_copy / "analysis" / "round-0004" / "hessian@density_steps-5_trace_hvps-6.json")
-                         .read_text())
+    # results are named by their settings: the pass's name, then the settings off their defaults (the analysis's
+    # and the pass's, in name order)
+    for name in ("alignment@analysis_samples-200_batches-2", "flatness@analysis_samples-200",
+                 "hessian@analysis_samples-200_density_steps-5_trace_hvps-6",
+                 "incompatibility@analysis_samples-200_batches-2", "loss@analysis_samples-200",
+                 "sharpness@analysis_samples-200_steps-2"):
+        assert f"{name}.json" in written, written
+    hessian_name = "hessian@analysis_samples-200_density_steps-5_trace_hvps-6"
+    assert f"{hessian_name}.npz" in written
+    hessian = json.loads((run_copy / "analysis" / "round-0004" / f"{hessian_name}.json").read_text())
     assert len(hessian["result"]["top"]["values"]) == 5 and hessian["result"]["hvp_count"] > 0
     assert hessian["summary"]["lambda_max"] == hessian["result"]["top"]["values"][0]
     for column in ("lambda_max", "trace", "Delta_D", "Delta_FI", "mean_grad_cos", "acc"):
@@ -189,10 +192,11 @@ def test_flatness_without_kept_clients_says_how_to_get_them(tmp_path):
 
 
 def test_pyhessian_backend_cross_check(run_copy):
-    result = analyze(run_copy, "--passes", "hessian", "--backend", "pyhessian", "--set", "hessian.clients=-1",
+    result = analyze(run_copy, "--passes", "hessian", "--backend", "pyhessian", "--analysis-samples", "200",
+                     "--set", "hessian.clients=-1",
                      "--set", "hessian.trace_hvps=6", "--set", "hessian.density_steps=5")
     assert result.exit_code == 0, result.output
-    (path,) = (run_copy / "analysis" / "round-0004").glob("hessian@backend-pyhessian_*.json")
+    (path,) = (run_copy / "analysis" / "round-0004").glob("hessian@*backend-pyhessian_*.json")
     summary = json.loads(path.read_text())["summary"]
     assert summary["pyhessian_lambda_max"] == pytest.approx(summary["lambda_max"], rel=0.01)
 

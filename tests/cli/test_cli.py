@@ -14,6 +14,8 @@ import landscape
 from landscape import __version__
 from landscape.cli import cli
 from landscape.cli.train import _RECIPE_FLAGS
+from landscape.figures.recipe.figure import load_figure_recipe
+from landscape.workflows.demo import DEMO_FIGURE
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -269,6 +271,14 @@ def test_demo_and_report(tmp_path):
     assert ": new" not in result.output and "%|" not in result.output  # --quiet: no progress lines or bars
     for name in ("surfaces", "surfaces-3d", "accuracy", "flatness-sharpness", "hessian", "alignment"):
         assert (tmp_path / "demo" / f"{name}.png").stat().st_size > 1000
+    demo = load_figure_recipe(DEMO_FIGURE)
+    for plot in demo.plots:  # as tests/figures/test_figures_book.py checks every other figure recipe's files
+        for suffix in (".png", ".pdf"):
+            assert (tmp_path / "demo" / f"{plot.file}{suffix}").stat().st_size > 5000, plot.file
+        html = tmp_path / "demo" / f"{plot.file}.html"
+        assert html.is_file() == (plot.kind in ("surfaces", "surfaces-3d"))
+        if html.is_file():
+            assert "Plotly.newPlot" in html.read_text() and "<script src=\"http" not in html.read_text()
     assert (tmp_path / "demo" / "compare.csv").is_file()
     assert "lambda_max" in result.output and "mean grad cos" in result.output  # the comparison table
     runs = sorted(p for p in (tmp_path / "demo" / "runs").iterdir() if p.is_dir())
