@@ -1,7 +1,8 @@
 """The extend guide's worked example, from the guide's own text: its module blocks (``# mylab_ext/<name>.py``)
-written into a temporary package as printed, its last block (``# use.py``) run there in a fresh interpreter; the
-algorithm trains, the pass's result equals the norm computed from each checkpoint, the plot kind draws, and
-FedAvgM with beta = 0 is FedAvg bit for bit (its reduction to a known rule)."""
+written into a temporary package as printed, its last block (``# use.py``) run there in a fresh interpreter
+(forked from a warm launcher); the algorithm trains, the pass's result equals the norm computed from each
+checkpoint, the plot kind draws, and FedAvgM with beta = 0 is FedAvg bit for bit (its reduction to a known
+rule)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 import torch
 from support.helpers import ROOT
+from support.warm import WarmLauncher
 
 from landscape.store.directory import RunDir
 
@@ -31,14 +33,21 @@ def guide_blocks() -> dict[str, str]:
     return named
 
 
-def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT)]), "MPLBACKEND": "Agg",
-           "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    """A fresh interpreter per block, forked from a warm launcher (tests/support/warm.py) that has torch and the
+    package imported but none of the guide's modules."""
+    env = {**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+    warm = WarmLauncher(tmp_path_factory.mktemp("extend"), env, timeout=600)
+    yield warm
+    warm.close()
 
 
-def test_the_worked_example_runs_as_printed_and_measures_what_it_says(tmp_path):
+def run_python(launcher: WarmLauncher, code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return launcher.python(code, cwd=cwd, pythonpath=os.pathsep.join([str(cwd), str(ROOT)]))
+
+
+def test_the_worked_example_runs_as_printed_and_measures_what_it_says(launcher, tmp_path):
     blocks = guide_blocks()
     assert sorted(blocks) == ["mylab_ext/fedavgm.py", "mylab_ext/norm_plot.py", "mylab_ext/weight_norm.py",
                               "use.py"]
@@ -46,7 +55,7 @@ def test_the_worked_example_runs_as_printed_and_measures_what_it_says(tmp_path):
         if name.startswith("mylab_ext/"):
             (tmp_path / name).parent.mkdir(exist_ok=True)
             (tmp_path / name).write_text(text)
-    done = run_python(blocks["use.py"], tmp_path)
+    done = run_python(launcher, blocks["use.py"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = [Path(line) for line in done.stdout.split()]
     assert [p.name for p in figures] == ["weight-norm.png", "weight-norm.pdf"]
@@ -62,7 +71,7 @@ def test_the_worked_example_runs_as_printed_and_measures_what_it_says(tmp_path):
         assert abs(json.loads(result.read_text())["result"]["norm"] - float(expected)) <= 1e-6 * float(expected)
 
 
-def test_fedavgm_with_no_momentum_is_fedavg_bit_for_bit(tmp_path):
+def test_fedavgm_with_no_momentum_is_fedavg_bit_for_bit(launcher, tmp_path):
     blocks = guide_blocks()
     (tmp_path / "mylab_ext").mkdir()
     (tmp_path / "mylab_ext" / "fedavgm.py").write_text(blocks["mylab_ext/fedavgm.py"])
@@ -78,6 +87,6 @@ def test_fedavgm_with_no_momentum_is_fedavg_bit_for_bit(tmp_path):
         "a = torch.load('a/checkpoints/round-0003.pt', weights_only=True)['model']\n"
         "print(all(torch.equal(m[k], a[k]) for k in a) and m.keys() == a.keys())\n"
     )
-    done = run_python(code, tmp_path)
+    done = run_python(launcher, code, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "True"

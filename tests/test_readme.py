@@ -12,10 +12,10 @@ runs; ``runs/x``: a FedSAM run with kept clients and checkpoints at rounds 0, 10
 each command in order, so a later command sees what an earlier one wrote (the analyze guide's examples read
 the runs the train guide's examples made).
 
-Each command is a process of its own. A ``landscape`` command that is one simple command (bash expands its words)
-and every Python block start from a warm launcher (tests/support/warm.py): a process with torch and the package
-imported once, forked per command, so that ~50 commands do not each spend seconds importing and tearing down
-torch. Everything else (pipes, ``&&``, cp, ``python script.py``) runs in bash as printed.
+Each command is a process of its own. A ``landscape`` or ``python FILE.py`` command that is one simple command
+(bash expands its words) and every Python block start from a warm launcher (tests/support/warm.py): a process with
+torch and the package imported once, forked per command, so that ~50 commands do not each spend seconds importing
+and tearing down torch. Everything else (pipes, ``&&``, cp) runs in bash as printed.
 
 Small settings. ``LANDSCAPE_README_SMALL`` (default 1) runs the commands that take minutes with small
 settings: ``SMALL`` maps such a command's exact text to the command the test runs instead, with a comment
@@ -385,10 +385,10 @@ def environment(workspace: Path) -> dict:
 CONTROL = set("|&;<>()`\n")
 
 
-def console_argv(command: str, workspace: Path) -> tuple[list[str], dict] | None:
-    """A ``landscape`` command that is one simple command, as the words bash passes it (bash itself expands
-    the quotes, globs, braces and variables, by printing them) and the PYTHONPATH it assigns before it, if any;
-    else None: bash runs the command."""
+def simple_command(command: str, workspace: Path) -> tuple[list[str], dict] | None:
+    """A command that is one simple command, as the words bash passes it (bash itself expands the quotes, globs,
+    braces and variables, by printing them) and the PYTHONPATH it assigns before them, if any; None when it is
+    more than that (bash runs it)."""
     if CONTROL & set(command):
         return None
     printed = subprocess.run(["bash", "-c", f"printf '%s\\0' {command}"], cwd=workspace,
@@ -396,7 +396,7 @@ def console_argv(command: str, workspace: Path) -> tuple[list[str], dict] | None
     words, assigned = printed.split("\0")[:-1], {}
     while words and words[0].startswith("PYTHONPATH="):
         assigned["PYTHONPATH"] = words.pop(0).removeprefix("PYTHONPATH=")
-    return (words, assigned) if words and words[0] == "landscape" else None
+    return (words, assigned) if words else None
 
 
 @dataclass
@@ -407,9 +407,11 @@ class Workspace:
     launcher: WarmLauncher
 
     def shell(self, command: str) -> subprocess.CompletedProcess:
-        simple = console_argv(command, self.folder)
-        if simple is not None:
-            return self.launcher.console_script(*simple)
+        words, assigned = simple_command(command, self.folder) or ([""], {})
+        if words[0] == "landscape":
+            return self.launcher.console_script(words, assigned)
+        if words[0] == "python" and len(words) > 1 and words[1].endswith(".py") and not assigned:
+            return self.launcher.script(words[1], words[2:])
         return subprocess.run(["bash", "-c", command], cwd=self.folder, env=environment(self.folder),
                               capture_output=True, text=True, timeout=TIMEOUT_S)
 

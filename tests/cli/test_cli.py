@@ -247,11 +247,8 @@ def test_real_subprocess(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "round" in done.stderr  # the progress bar
     assert (out / "checkpoints" / "round-0002.pt").is_file()
-    bad = subprocess.run([sys.executable, "-m", "landscape", "train", "--alpha", "0", "--out", str(tmp_path / "x")],
-                         capture_output=True, text=True, env=env, timeout=300, check=False)
-    assert bad.returncode == 1
-    assert bad.stderr.strip() == "error: partition.alpha must be > 0 (got 0.0)"
-    assert "Traceback" not in bad.stderr and not (tmp_path / "x").exists()
+    # a bad value's one-line error and exit status 1 are checked in-process (BAD_INPUT above); the
+    # way out of the process is the same as for a good one
 
 
 # The demo shrunk as any figure recipe is: --set over figures/demo.toml (4 clients, 2 rounds, a 3x3 surface, cheap

@@ -2,6 +2,7 @@
 
 import torch
 import torch.nn.functional as F
+from support.problems import narrow_resnet18
 
 from landscape.core.flat import FlatModel
 from landscape.measure.analysis_data import AnalysisData
@@ -11,7 +12,7 @@ from landscape.models import build_model
 
 def _setup(norm="bn", n=40, batch=16, dtype=torch.float64):
     torch.manual_seed(0)
-    module = build_model("resnet18", (3, 8, 8), 5, {"norm": norm}).to(dtype) if norm else None
+    module = narrow_resnet18(3, 5, norm).to(dtype) if norm else None
     if module is None:
         module = build_model("cnn", (1, 8, 8), 10).to(dtype)
     shape = (n, 3, 8, 8) if norm else (n, 1, 8, 8)

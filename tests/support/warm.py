@@ -11,9 +11,10 @@ forks a child per command. Each child is a process of its own as before, and it 
   (``landscape = landscape.cli:main``), ``sys.argv[0]`` the script's path and ``sys.path[0]`` its folder, exactly
   as the script sets them (so the current folder is not searched, as for the installed command);
 - a Python block: compiled as ``<string>`` and run in ``__main__`` with ``sys.path[0] == ""`` and
-  ``sys.argv == ["-c"]``, as ``python -c`` does;
+  ``sys.argv == ["-c"]``, as ``python -c`` does; a script (``python FILE ARGS``) run as ``__main__`` with its
+  folder as ``sys.path[0]`` and ``sys.argv == [FILE, ARGS...]``, as ``python FILE`` does;
 - ``PYTHONPATH=...`` before a command: set in the environment and its folders put after ``sys.path[0]``, as
-  the interpreter puts them;
+  the interpreter puts them; a request's own folder (``cwd``) is changed to before anything runs;
 - stdout and stderr go to files of their own, stdin is /dev/null, and the child ends as an interpreter ends
   (exit functions run, a traceback and exit status 1 on an uncaught exception, ``SystemExit``'s code).
 
@@ -68,7 +69,7 @@ def serve():
             else:
                 time.sleep(0.01)
         print(json.dumps({"returncode": os.waitstatus_to_exitcode(status), "timed_out": timed_out}), flush=True)
-    sys.exit(0)
+    os._exit(0)  # stdin closed: done (the launcher itself has nothing to write or clean)
 
 
 def child(request):
@@ -81,6 +82,8 @@ def child(request):
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(out, fd)
         os.close(out)
+    if request.get("cwd") is not None:
+        os.chdir(request["cwd"])
     if request.get("pythonpath") is not None:  # as the interpreter reads PYTHONPATH: after sys.path[0]
         os.environ["PYTHONPATH"] = request["pythonpath"]
         sys.path[1:1] = [os.path.abspath(p) for p in request["pythonpath"].split(os.pathsep) if p]
@@ -88,6 +91,12 @@ def child(request):
         (script,) = entry_points(group="console_scripts", name=request["argv"][0])
         sys.argv = [os.path.join(scripts, request["argv"][0]), *request["argv"][1:]]
         sys.exit(script.load()())
+    if "script" in request:  # python FILE ARGS...
+        import runpy
+        sys.argv = [request["script"], *request["args"]]
+        sys.path[0] = os.path.dirname(os.path.abspath(request["script"]))
+        runpy.run_path(request["script"], run_name="__main__")
+        return
     sys.argv, sys.path[0] = ["-c"], ""  # python -c
     code = compile(request["code"], "<string>", "exec")
     namespace = sys.modules["__main__"].__dict__
@@ -163,9 +172,15 @@ class WarmLauncher:
             raise ValueError(f"only PYTHONPATH can be assigned, not {sorted(assigned)}")
         return self._run(argv, {"argv": argv, "pythonpath": (assigned or {}).get("PYTHONPATH")})
 
-    def python(self, code: str) -> subprocess.CompletedProcess:
-        """``code`` as ``python -c`` runs it."""
-        return self._run([sys.executable, "-c", code], {"code": code})
+    def python(self, code: str, cwd: Path | None = None, pythonpath: str | None = None) -> subprocess.CompletedProcess:
+        """``code`` as ``python -c`` runs it, in ``cwd`` (the launcher's folder if None) with ``pythonpath`` as
+        PYTHONPATH (as in :meth:`console_script`)."""
+        return self._run([sys.executable, "-c", code], {"code": code, "pythonpath": pythonpath,
+                                                         "cwd": None if cwd is None else str(cwd)})
+
+    def script(self, path: str, args: list[str]) -> subprocess.CompletedProcess:
+        """``python path args...``: the file run as ``__main__`` with its folder first on ``sys.path``."""
+        return self._run([sys.executable, path, *args], {"script": path, "args": args})
 
     def close(self) -> None:
         self.process.stdin.close()
