@@ -71,8 +71,9 @@ def test_no_import_cycles():
 def _loaded_modules(code: str) -> list[str]:
     """The modules of the package (and torch) that a fresh interpreter holds after running ``code``."""
     code = textwrap.dedent(code) + textwrap.dedent('''
-        import json, sys
-        print(json.dumps(sorted(m for m in sys.modules if m.startswith("landscape") or m == "torch")))
+        import json, os, sys
+        print(json.dumps(sorted(m for m in sys.modules if m.startswith("landscape") or m == "torch")), flush=True)
+        os._exit(0)  # printed: the interpreter's teardown (a second with torch loaded) tells nothing
     ''')
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           check=False)

@@ -163,7 +163,8 @@ def test_nothing_imports_the_trackers_unless_a_recipe_asks(tmp_path):
         "run_analysis(run, passes=['loss'], settings=AnalysisSettings(device='cpu', analysis_samples=100),\n"
         "             options={'loss': pass_options('loss', {})}, progress=False)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'wandb')\n"
-        "             or m.startswith('torch.utils.tensorboard')))\n"
+        "             or m.startswith('torch.utils.tensorboard')), flush=True)\n"
+        "import os; os._exit(0)  # printed: the interpreter's teardown tells nothing\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code, str(recipe_file), str(tmp_path / "run")], env=env,
