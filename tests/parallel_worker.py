@@ -1,8 +1,11 @@
 """Run by tests/core/test_parallel.py under ``torchrun --standalone --nproc-per-node 2`` (gloo, CPU).
 
-    torchrun --standalone --nproc-per-node 2 tests/parallel_worker.py OUT RUN_DIR
+    torchrun --standalone --nproc-per-node 2 tests/parallel_worker.py OUT RUN_DIR [RESUME ROUNDS COPIES...]
 
-Checks the collectives of ``landscape.core.parallel`` on the spot (a failed assertion ends the rank, and torchrun
+With RESUME, it first continues the training run RESUME to ROUNDS rounds on the 2 ranks, as
+``torchrun -m landscape train --resume RESUME --rounds ROUNDS`` does (the command line's own entry, in this
+process: one launch instead of two), and rank 0 copies the resumed run into each of COPIES (RUN_DIR among them).
+Then it checks the collectives of ``landscape.core.parallel`` on the spot (a failed assertion ends the rank, and torchrun
 with an error), then computes, with the work split across the ranks, what the test compares with a single
 process: a Hessian-vector product (``hvp.pt``), a resumed surface grid (``surface.npz``) and
 ``run_analysis`` over RUN_DIR (written into RUN_DIR by rank 0). ``problem()`` builds the same model, data,
@@ -11,6 +14,7 @@ vectors and directions in the worker and in the test.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -96,6 +100,16 @@ def main() -> None:
 
     out, run = Path(sys.argv[1]), Path(sys.argv[2])
     with parallel.session():
+        if len(sys.argv) > 3:
+            resume, rounds, copies = sys.argv[3], sys.argv[4], sys.argv[5:]
+            from landscape.cli import cli
+
+            cli.main(["train", "--resume", resume, "--rounds", rounds, "--quiet"], prog_name="landscape",
+                     standalone_mode=False)
+            if parallel.is_main():
+                for copy in copies:
+                    shutil.copytree(resume, copy)
+            parallel.barrier()
         check_collectives()
         p = problem()
         products = {backend: HessianOperator(p["objective"], p["w"], backend).matmat(p["vectors"])

@@ -1,16 +1,16 @@
 """torch.distributed: 2 gloo ranks on CPU (torchrun) give the single-process numbers; the helpers in one
 process; mixed precision and torch.compile in the training loop; streamed analysis data.
 
-The distributed runs are three torchrun launches shared by the tests (module fixtures): a training sweep
-(SCAFFOLD, FedSAM, dynamic-radius SAM) through `torchrun -m landscape train`, its resume to one more round,
-and tests/parallel_worker.py (collectives, HVP, a resumed surface grid, run_analysis over checkpoints).
+The distributed runs are two torchrun launches shared by the tests (module fixtures): a training sweep
+(SCAFFOLD, FedSAM, dynamic-radius SAM) through `torchrun -m landscape train`, then tests/parallel_worker.py: the
+SCAFFOLD run resumed to one more round through the command line's entry, then collectives, HVP, a resumed surface
+grid, run_analysis over checkpoints.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,12 +70,11 @@ def run_name(algorithm: str) -> str:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, one_thread):
-    """The sweep trained by 2 ranks (2 rounds; SCAFFOLD resumed by 2 ranks to a 3rd) and by one process."""
+    """The sweep trained by 2 ranks (2 rounds; SCAFFOLD is resumed to a 3rd by the ``worker`` launch) and by one
+    process (SCAFFOLD for 3 rounds)."""
     root = tmp_path_factory.mktemp("parallel")
     done = torchrun("-m", "landscape", "train", "--algorithm", ",".join(ALGORITHMS), *TRAIN_FLAGS,
                     "--out", str(root / "ranks"), "--quiet", cwd=root)
-    torchrun("-m", "landscape", "train", "--resume", str(root / "ranks" / run_name("scaffold")), "--rounds", "3",
-             "--quiet", cwd=root)
     for algorithm in ALGORITHMS:
         rounds = 3 if algorithm == "scaffold" else 2
         recipe = tiny_recipe(algorithm__name=algorithm, **{**TRAIN, "train__rounds": rounds})
@@ -84,7 +83,7 @@ def trained(tmp_path_factory, one_thread):
 
 
 @pytest.mark.slow  # torchrun processes
-def test_distributed_training_equals_single_process(trained):
+def test_distributed_training_equals_single_process(trained, worker):  # worker: SCAFFOLD resumed to round 3
     root, stdout = trained
     assert stdout.count("test accuracy") == len(ALGORITHMS)  # rank 0 alone reports (and writes)
     for algorithm in ALGORITHMS:
@@ -108,8 +107,8 @@ def test_distributed_training_equals_single_process(trained):
 
 
 @pytest.mark.slow  # torchrun processes
-def test_resumed_distributed_run_continues_as_one_uninterrupted_process(trained):
-    root, _ = trained
+def test_resumed_distributed_run_continues_as_one_uninterrupted_process(worker):
+    root, _ = worker
     ranks = RunDir(root / "ranks" / run_name("scaffold"))
     assert ranks.rounds() == [0, 1, 2, 3] and [r["round"] for r in ranks.read_metrics()] == [1, 2, 3]
     # test_distributed_training_equals_single_process compares its files with the 3-round single process
@@ -117,13 +116,14 @@ def test_resumed_distributed_run_continues_as_one_uninterrupted_process(trained)
 
 @pytest.fixture(scope="module")
 def worker(trained, one_thread):
-    """tests/parallel_worker.py on 2 ranks; its run_analysis works on a copy of the 2-rank SCAFFOLD run."""
+    """tests/parallel_worker.py on 2 ranks: it resumes the 2-rank SCAFFOLD run to round 3, copies it, and its
+    run_analysis works on one copy (the other is this process's, to analyse alone)."""
     root, _ = trained
     out = root / "worker"
     out.mkdir()
-    for copy in ("analysed-ranks", "analysed-single"):
-        shutil.copytree(root / "ranks" / run_name("scaffold"), root / copy)
-    torchrun(str(Path(__file__).resolve().parents[1] / "parallel_worker.py"), str(out), str(root / "analysed-ranks"), cwd=root)
+    torchrun(str(Path(__file__).resolve().parents[1] / "parallel_worker.py"), str(out), str(root / "analysed-ranks"),
+             str(root / "ranks" / run_name("scaffold")), "3", str(root / "analysed-ranks"),
+             str(root / "analysed-single"), cwd=root)
     return root, out
 
 
