@@ -46,6 +46,7 @@ def cli() -> None:
     landscape analyze runs/<name>                   Hessian, sharpness, flatness, alignment of checkpoints
     landscape figures figures/fedsam-hessian.toml   a paper figure (trains and analyses what it needs)
     landscape compare RUN_A RUN_B                   a table and the surfaces side by side
+    landscape report runs/demo/runs -o report.html  one HTML page over runs: tables, curves, surfaces
     landscape import -o RUN --global ... --clients ...  a run from your own checkpoint files
     landscape claims claims/*.toml                  check published claims over seeds: HELD / NOT HELD
     landscape demo                                  all of it on digits, in minutes

@@ -2,27 +2,69 @@
 
 from __future__ import annotations
 
+import shutil
+import textwrap
+
 import click
+
+from landscape.core.errors import LandscapeError
+
+# the kinds `landscape list KIND` takes (plural or singular), in the order they are printed
+KINDS = ("datasets", "partitions", "models", "algorithms", "passes")
 
 
 @click.command("list")
-def list_command() -> None:
+@click.argument("what", nargs=-1)
+def list_command(what: tuple[str, ...]) -> None:
     """List everything a recipe can name (algorithms, data sets, models, partitions) and the analysis passes,
-    each with its options' defaults as recipe lines (TOML: paste them into the entry's table)."""
+    each with its options' defaults as recipe lines (TOML: paste them into the entry's table).
+
+    WHAT narrows the list: kinds (datasets, partitions, models, algorithms, passes) or entries' names, e.g.
+    `landscape list algorithms`, `landscape list fedsam hessian`."""
+    sections = _sections()
+    chosen = _choose(sections, what)
+    rows = [entry for _, _, entries in chosen for entry in entries]
+    column = 2 + max(len(entry.name) for entry in rows) + 2  # the summaries' column: after the longest name
+    width = max(shutil.get_terminal_size((100, 24)).columns, column + 40)
+    for header, _, entries in chosen:
+        click.echo(header)
+        for entry in entries:
+            summary = textwrap.wrap(entry.summary, width - column) or [""]
+            click.echo(f"  {entry.name:<{column - 2}}{summary[0]}".rstrip())
+            for line in summary[1:]:
+                click.echo(" " * column + line)
+            for line in _toml_lines(entry.option_defaults()):  # the options two further in
+                click.echo(" " * (column + 2) + line)
+        click.echo("")
+
+
+def _sections() -> list[tuple[str, str, list]]:
+    """(header, kind, entries) of every registry a recipe names and of the passes, in KINDS' order."""
     from landscape.analyze.catalog import load_passes
     from landscape.config.recipe import registries
 
-    headers = [(f"{registry.kind}s ([{section}] name = ...):", registry)
-               for section, registry in registries().items()]
-    headers.append(("analysis passes (landscape analyze --passes NAME --set NAME.option=...):",
-                    load_passes()))
-    for header, registry in headers:
-        click.echo(header)
-        for entry in registry.entries():
-            click.echo(f"  {entry.name:<14} {entry.summary}")
-            for line in _toml_lines(entry.option_defaults()):
-                click.echo(" " * 17 + line)
-        click.echo("")
+    found = [(f"{registry.kind}s ([{section}] name = ...):", f"{section}s", list(registry.entries()))
+             for section, registry in registries().items()]
+    found.append(("analysis passes (landscape analyze --passes NAME --set NAME.option=...):", "passes",
+                  list(load_passes().entries())))
+    return sorted(found, key=lambda section: KINDS.index(section[1]))
+
+
+def _choose(sections: list[tuple[str, str, list]], what: tuple[str, ...]) -> list[tuple[str, str, list]]:
+    """The sections and entries ``what`` names (kinds, singular or plural, and entries' names); all of them
+    when it is empty. A word that names nothing is refused in one line."""
+    if not what:
+        return sections
+    kinds = {kind for kind in KINDS for word in what if word in (kind, kind.removesuffix("es"), kind[:-1])}
+    names = {entry.name for _, _, entries in sections for entry in entries}
+    unknown = [word for word in what if word not in names
+               and not any(word in (kind, kind.removesuffix("es"), kind[:-1]) for kind in KINDS)]
+    if unknown:
+        raise LandscapeError(f"nothing named '{unknown[0]}' to list; give kinds ({', '.join(KINDS)}) or the names "
+                             "of entries (landscape list shows them all)")
+    return [(header, kind, entries if kind in kinds else [e for e in entries if e.name in what])
+            for header, kind, entries in sections
+            if kind in kinds or any(e.name in what for e in entries)]
 
 
 def _toml_lines(values: dict, prefix: str = "") -> list[str]:

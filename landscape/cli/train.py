@@ -130,6 +130,10 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
     # A sweep: every run under --out, checked before any of them starts.
     plan = sweep.plan_sweep(runs, out if out is not None else Path("runs"), overwrite)
     if dry_run:
+        from landscape.config.setup import resolve_device
+
+        for device in dict.fromkeys(run.recipe.train.device for run in plan):
+            resolve_device(device)
         for run in plan:
             click.echo(f"{run.status:<8} {run.path}")
         return
@@ -228,10 +232,11 @@ def _one_run(recipe: Any, out: Path | None, overwrite: bool, dry_run: bool, quie
 
     out = out if out is not None else Path("runs") / (recipe.name or recipes.run_name(recipe))
     if dry_run:
-        from landscape.config.setup import prepare_data
+        from landscape.config.setup import prepare_data, resolve_device
         from landscape.data.partitions import format_partition_table, heterogeneity
         from landscape.train.trainer import check_local_work
 
+        resolve_device(recipe.train.device)  # unknown or not here: refused now, as the run would be
         setup = prepare_data(recipe)
         check_local_work(recipe.train)
         click.echo(recipes.to_toml(recipe))

@@ -89,8 +89,12 @@ def metric_figure(runs: RunsLike, key: str, ylabel: str | None = None, *, log: b
     round_axis(ax, drawn)
     label = ylabel or METRIC_LABELS.get(key, key)
     ax.set_ylabel(label)
-    if log:
-        ax.set_yscale("log")
+    if log:  # a log axis needs a positive value to draw; without one the axis stays linear and says why
+        values = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.lines] or [np.empty(0)])
+        if np.any(values > 0):
+            ax.set_yscale("log")
+        else:
+            ax.set_ylabel(f"{label}\n(linear: no positive value for a log scale)")
     title = label.split(" (")[0]
     ax.set_title(with_settings(f"{title[:1].upper()}{title[1:]} over rounds", seed_note(seed_groups)))
     ax.legend()

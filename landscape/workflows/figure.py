@@ -98,10 +98,13 @@ def check_figure(fig: FigureRecipe, out: Path, *, device: str,
                  run_paths: tuple[Path, ...] = ()) -> tuple[FigureAnalysis, list[RunData]]:
     """Everything checked before anything is trained: the analysis settings and pass options (returned, as the
     figure's analysis), and either the given runs (``run_paths``: returned, read) or that each round the
-    figure analyses is a checkpoint its own runs will have (no runs returned)."""
+    figure analyses is a checkpoint its own runs will have (no runs returned). The device too: one that is
+    unknown or not here is refused now (a dry-run says so), not when the first run starts."""
+    from landscape.config.setup import resolve_device
     from landscape.figures.recipe import rounds as figure_rounds
     from landscape.figures.rundata import load_runs
 
+    resolve_device(device)
     analysis = figure_analysis(fig, device)
     if run_paths:
         return analysis, load_runs(list(run_paths))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.helpers import invoke
+from support.helpers import invoke, one_line_error
 
 import landscape
 from landscape import __version__
@@ -30,6 +30,9 @@ def test_help_lists_only_built_commands():
     assert result.exit_code == 0
     commands = {line.split()[0] for line in result.output.split("Commands:")[1].splitlines() if line.strip()}
     assert commands == {"analyze", "claims", "compare", "demo", "figures", "import", "list", "report", "train"}
+    examples = {line.split()[1] for line in result.output.split("Options:")[0].splitlines()
+                if line.strip().startswith("landscape ")}
+    assert examples == commands  # every command has its line in the overview
 
 
 def test_version():
@@ -50,6 +53,16 @@ def test_list_comes_from_the_registries():
     assert "hidden = [200, 200]" in out and "rhos = [0.01, 0.05, 0.1]" in out  # tuples too are TOML arrays
 
 
+def test_list_keeps_its_columns_and_lists_what_it_is_asked_for():
+    lines = invoke("list").output.splitlines()
+    assert max(map(len, lines)) <= 100  # the terminal's width (100 where there is none), names of any length
+    only = invoke("list", "algorithms", "hessian").output
+    assert only.startswith("algorithms (") and "analysis passes" in only and "datasets" not in only
+    assert "\n  hessian " in only and "\n  loss " not in only and "\n  fedsam " in only
+    assert invoke("list", "dataset").output.startswith("datasets (")
+    assert one_line_error(invoke("list", "nope")).startswith("error: nothing named 'nope' to list; give kinds")
+
+
 def test_list_prints_every_default_as_a_toml_value_to_paste():
     from landscape.analyze.catalog import load_passes
     from landscape.config.recipe import registries
@@ -62,11 +75,14 @@ def test_list_prints_every_default_as_a_toml_value_to_paste():
         section = next(i for i, line in enumerate(lines) if line.startswith(header))
         for entry in registry.entries():
             start = next(i for i, line in enumerate(lines) if i > section and line.startswith(f"  {entry.name} "))
+            rest = lines[start][2 + len(entry.name):]
+            column = 2 + len(entry.name) + len(rest) - len(rest.lstrip())  # where the summary starts
             block = []
             for line in lines[start + 1:]:
-                if not line.startswith(" " * 17):
+                if not line.startswith(" " * column):  # the next entry
                     break
-                block.append(line.strip())
+                if line.startswith(" " * (column + 2)):  # an option (the summary's own lines at the column)
+                    block.append(line.strip())
             parsed = tomllib.loads("\n".join(block))  # a recipe table's lines, as printed
             want = {k: list(v) if isinstance(v, tuple) else v for k, v in entry.option_defaults().items()}
             assert parsed == want, entry.name
@@ -298,6 +314,15 @@ def test_demo_and_report(tmp_path):
     missing = invoke("report", tmp_path / "nope", "-o", tmp_path / "x.html")
     assert missing.exit_code != 0 and missing.output.strip() == f"error: {tmp_path / 'nope'} is not a directory " \
         "(give run directories or folders of runs)"
+
+
+@pytest.mark.parametrize("args", [["train", "--rounds", "1"], ["train", "--seed", "0,1", "--rounds", "1"],
+                                  ["figures", str(DEMO_FIGURE.parent / "accuracy.toml")]],
+                         ids=["one run", "sweep", "figures"])
+def test_a_dry_run_refuses_the_device_the_run_would_refuse(tmp_path, args):
+    result = invoke(*args, "--device", "mps", "--dry-run", "--out", tmp_path / "out")
+    assert one_line_error(result) == "error: unsupported device 'mps'; use auto, cpu, cuda or cuda:N"
+    assert not (tmp_path / "out").exists()
 
 
 def test_demo_refuses_a_bad_set_in_one_line_before_training(tmp_path):

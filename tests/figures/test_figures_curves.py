@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -208,3 +209,19 @@ def test_the_hessian_bar_labels_are_clear_of_the_clients_dots(runs):
     for bar, x in zip(ax_max.patches, range(len(runs))):
         strip = offsets[:, 0]
         assert bar.get_x() + bar.get_width() < strip[(strip > x - 0.5) & (strip < x + 0.5)].min()
+
+
+@pytest.mark.parametrize("value, scale", [(0.0, "linear"), (0.5, "log")])
+def test_a_log_axis_only_where_a_value_is_positive(root, tmp_path, value, scale):
+    folder = tmp_path / "runs"
+    for run in sorted(p for p in (root / "analysed").iterdir() if p.is_dir()):
+        copy = folder / run.name
+        copy.mkdir(parents=True)
+        (copy / "recipe.toml").write_text((run / "recipe.toml").read_text())
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        (copy / "metrics.jsonl").write_text("".join(json.dumps({**r, "gap": value}) + "\n" for r in rows))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns when a log axis has no positive value
+        (ax,) = curves.metric_figure(rundata.load_runs(folder), "gap", "gap", log=True).axes
+    assert ax.get_yscale() == scale
+    assert ("no positive value" in ax.get_ylabel()) == (scale == "linear")
