@@ -246,14 +246,17 @@ SMALL = {
     " -o runs/claims-mnist1d":
         "landscape claims claims/*.toml --set dataset.name=mnist1d --figures-out runs/figures-mnist1d"
         " -o runs/claims-mnist1d --dry-run",
-    # the loss surfaces: a 5x5 grid on 100 samples instead of 41x41 or 51x51 on the whole training set
+    # the loss surfaces: a 5x5 grid on 100 samples instead of 41x41 or 51x51 on the whole training set (set as
+    # an option where the command sets the surface by options alone: --grid would choose the pass for it)
     **{cmd: f"{re.sub(r' --grid [0-9]+', '', cmd)} --grid 5 --analysis-samples 100 --quiet" for cmd in (
         "landscape analyze runs/x --directions random --grid 51 --span -1:1",
         "landscape analyze runs/x --directions pca --checkpoints all",
         "landscape analyze runs/x --directions clients",
         "landscape analyze runs/x --directions interpolate --grid 41",
-        "landscape analyze runs/x --directions random --data client:3",
-        "landscape analyze runs/x --set surface.normalization=filter-reference --set surface.reference=round:0")},
+        "landscape analyze runs/x --directions random --data client:3")},
+    "landscape analyze runs/x --set surface.normalization=filter-reference --set surface.reference=round:0":
+        "landscape analyze runs/x --set surface.normalization=filter-reference --set surface.reference=round:0"
+        " --set surface.grid=5 --analysis-samples 100 --quiet",
 }
 
 # What a Python block needs that its page leaves to the reader (its first line that is not an import -> code

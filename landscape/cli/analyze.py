@@ -93,7 +93,8 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
     here win.
     Results go to analysis/round-NNNN/<pass>.json (+ .npz) with the settings that produced them; passes
     already computed with the same settings are skipped. A summary table is printed at the end. By default
-    every pass but `surface` runs; --directions/--grid/--span/--data alone run the surface pass.
+    every pass but `surface` runs; --directions/--grid/--span/--data or --set surface.KEY=VALUE alone run
+    the surface pass.
     """
     from landscape.analyze.scheduler import run_analysis
     from landscape.analyze.summary import format_summary

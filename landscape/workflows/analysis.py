@@ -55,7 +55,7 @@ def analysis_request(*, path: Path, flags: dict[str, Any], given: set[str], reci
     rounds = _checkpoints(checkpoints, "checkpoints" in given, analysis, foreign is not None)
     if chosen["analysis_samples"] < 0:
         raise LandscapeError(f"--analysis-samples must be >= 0 (got {chosen['analysis_samples']})")
-    names = _pass_names(passes, surface_flags, foreign is not None)
+    names = _pass_names(passes, surface_flags, set_options, foreign is not None)
     _check_declared(names, None if foreign is not None else Path(path))
     values = _pass_values(names, analysis.options if analysis else {}, surface_flags, set_options)
     options = {name: pass_options(name, values[name]) for name in names}
@@ -96,9 +96,11 @@ def state_dict_passes() -> list[str]:
     return [name for name in default_passes() if not registry.get(name).needs]
 
 
-def _pass_names(passes: str | None, surface_flags: dict[str, str], state_dict: bool) -> list[str]:
-    """The passes to run: --passes (a comma list), else the surface pass when a surface flag is given, else
-    the default passes (on a plain state_dict, which has no clients, those that need none)."""
+def _pass_names(passes: str | None, surface_flags: dict[str, str], set_options: list[tuple[str, Any]],
+                state_dict: bool) -> list[str]:
+    """The passes to run: --passes (a comma list), else the surface pass when a surface flag or a surface
+    option (--set surface.KEY=VALUE) is given, else the default passes (on a plain state_dict, which has no
+    clients, those that need none)."""
     if passes is not None:
         names = [p.strip() for p in passes.split(",") if p.strip()]
         if not names:
@@ -106,7 +108,7 @@ def _pass_names(passes: str | None, surface_flags: dict[str, str], state_dict: b
                                  f"{', '.join(load_passes().names())} (or leave --passes out for the "
                                  "default)")
         return names
-    if surface_flags:
+    if surface_flags or any(key.partition(".")[0] == "surface" for key, _ in set_options):
         return ["surface"]
     return state_dict_passes() if state_dict else default_passes()
 

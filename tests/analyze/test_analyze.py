@@ -212,6 +212,16 @@ def test_surface_flags_run_the_surface_pass_only(run_copy):
                     "--directions, --grid, --span and --data set the surface pass; add it: --passes surface")
 
 
+def test_surface_options_alone_run_the_surface_pass_as_its_flags_do(run_copy):
+    result = analyze(run_copy, "--set", "surface.grid=3", "--set", "surface.normalization=filter-reference",
+                     "--set", "surface.reference=round:0", "--analysis-samples", "50")
+    assert result.exit_code == 0, result.output
+    (written,) = (run_copy / "analysis" / "round-0004").glob("*.json")
+    assert written.name.startswith("surface@") and "normalization-filter-reference" in written.name
+    _one_line_error(analyze(run_copy, "--set", "surface.grid=3", "--set", "hessian.top_k=2"),
+                    "--set takes PASS.KEY=VALUE for a chosen pass (surface); got 'hessian.top_k'")
+
+
 def test_written_files_are_readable_by_others(run_copy):
     analyze(run_copy, "--passes", "loss")
     assert (run_copy / "analysis" / "round-0004" / "loss.json").stat().st_mode & 0o044 == 0o044
