@@ -197,8 +197,11 @@ def test_pyhessian_backend_cross_check(run_copy):
                      "--set", "hessian.trace_hvps=6", "--set", "hessian.density_steps=5")
     assert result.exit_code == 0, result.output
     (path,) = (run_copy / "analysis" / "round-0004").glob("hessian@*backend-pyhessian_*.json")
-    summary = json.loads(path.read_text())["summary"]
+    record = json.loads(path.read_text())
+    summary = record["summary"]
     assert summary["pyhessian_lambda_max"] == pytest.approx(summary["lambda_max"], rel=0.01)
+    assert summary["pyhessian_trace"] == record["result"]["pyhessian"]["trace"] > 0  # shown, not only stored
+    assert "pyhessian_trace" in result.output
 
 
 def test_surface_flags_run_the_surface_pass_only(run_copy):

@@ -127,4 +127,6 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
                                              device=ctx.device, seed=seed)
         out["pyhessian"], _ = split_result(ref)
         summary["pyhessian_lambda_max"] = float(ref.lambda_max)
+        if ref.trace is not None:  # its Hutchinson trace beside ours (trace_hvps Rademacher probes)
+            summary["pyhessian_trace"] = float(ref.trace)
     return PassOutput(out, arrays, summary)
