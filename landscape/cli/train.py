@@ -104,7 +104,8 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
 
     Flags override the recipe, and --set overrides both. A comma list in a flag (--algorithm fedsam,fednsam
     --alpha 0.6,0.1 --seed 0,1) or a [sweep] table in the recipe makes one run per combination, named
-    systematically under --out (default runs/); finished runs are skipped and unfinished ones resumed.
+    systematically under --out (default runs/). The same command run again skips finished runs and continues
+    unfinished ones, a single run's as a sweep's (another recipe's run in the way: refused unless --overwrite).
     Each run directory gets the fully resolved recipe, partition.json, metrics.jsonl (one line per round)
     and checkpoints/round-NNNN.pt.
     """
@@ -226,11 +227,16 @@ def _resume(resume_dir: Path, overrides: list[tuple[str, Any]], others: bool, qu
 
 
 def _one_run(recipe: Any, out: Path | None, overwrite: bool, dry_run: bool, quiet: bool) -> None:
-    """One run into --out (default runs/<its name>), or with --dry-run its recipe and client x class table."""
+    """One run into --out (default runs/<its name>), or with --dry-run its recipe and client x class table.
+    As a sweep's run: a directory holding this recipe's run is continued where it stopped (or left as it is when
+    it is finished), one of another recipe is refused unless --overwrite replaces it."""
     from landscape.config import recipe as recipes
-    from landscape.train import loop
+    from landscape.store import lifecycle
+    from landscape.store.directory import RunDir
+    from landscape.workflows import sweep
 
     out = out if out is not None else Path("runs") / (recipe.name or recipes.run_name(recipe))
+    status = lifecycle.sweep_status(recipe, out, overwrite)
     if dry_run:
         from landscape.config.setup import prepare_data, resolve_device
         from landscape.data.partitions import format_partition_table, heterogeneity
@@ -240,12 +246,21 @@ def _one_run(recipe: Any, out: Path | None, overwrite: bool, dry_run: bool, quie
         setup = prepare_data(recipe)
         check_local_work(recipe.train)
         click.echo(recipes.to_toml(recipe))
-        click.echo(f"# run directory: {out}")
+        click.echo(f"# run directory: {out} ({status})")
         click.echo(format_partition_table(setup.histogram))
         click.echo(heterogeneity(setup.histogram, setup.client_indices, len(setup.bundle.train)).text())
         return
-    state = loop.start_run(recipe, out, overwrite=overwrite, progress=not quiet)
-    _report(out, state.round)
+    if status == "done":
+        progress_lines(quiet)(f"{out} holds this recipe's run, finished: nothing to train (--overwrite trains "
+                              "it anew)")
+        _report(out, RunDir(out).rounds()[-1])
+        return
+    if status == "resume":
+        progress_lines(quiet)(f"{out} holds this recipe's run, unfinished: continued from its last checkpoint "
+                              f"(round {RunDir(out).rounds()[-1]})")
+    ((path, rounds),) = sweep.run_sweep([sweep.SweepRun(recipe, out, status)], overwrite=overwrite,
+                                        progress=not quiet)
+    _report(path, rounds)
 
 
 def _report(out: Path, rounds: int) -> None:

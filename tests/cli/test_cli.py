@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from support.helpers import invoke, one_line_error
 
 import landscape
@@ -219,15 +220,32 @@ def test_sweep_from_comma_lists_skips_finished_and_resumes_unfinished(tmp_path):
     assert changed.exit_code != 0 and "holds a run of another recipe; pass --overwrite" in changed.output
 
 
+def test_the_same_command_continues_an_interrupted_run_as_a_sweep_does(tmp_path):
+    out, whole = tmp_path / "run", tmp_path / "whole"
+    assert invoke("train", *FAST, "--out", whole, "--quiet").exit_code == 0
+    assert invoke("train", *FAST, "--out", out, "--quiet").exit_code == 0
+    (out / "checkpoints" / "round-0002.pt").unlink()  # as if killed during round 2
+    assert "(resume)" in invoke("train", *FAST, "--out", out, "--dry-run").output
+    again = invoke("train", *FAST, "--out", out)
+    assert again.exit_code == 0, again.output
+    assert f"{out} holds this recipe's run, unfinished: continued from its last checkpoint (round 0)" in again.output
+    for name in ("round-0002.pt",):  # ends as the uninterrupted run
+        a, b = (torch.load(d / "checkpoints" / name, weights_only=True)["model"] for d in (out, whole))
+        assert all(torch.equal(a[k], b[k]) for k in b)
+
+
 def test_existing_run_directory_is_not_touched(tmp_path):
     out = tmp_path / "run"
-    assert invoke("train", *FAST, "--out", out, "--quiet").exit_code == 0
+    first = invoke("train", *FAST, "--out", out, "--quiet")
+    assert first.exit_code == 0
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    result = invoke("train", *FAST, "--out", out, "--quiet")
+    again = invoke("train", *FAST, "--out", out)  # the same command: the run is finished, nothing to train
+    assert again.exit_code == 0, again.output
+    assert f"{out} holds this recipe's run, finished: nothing to train" in again.output
+    assert again.output.strip().splitlines()[-1] == first.output.strip()  # its result line, as it was
+    result = invoke("train", *FAST, "--out", out, "--quiet", "--lr", "0.05")  # another recipe
     assert result.exit_code != 0
-    assert result.output.strip() == (
-        f"error: {out} already exists and is not empty; pass --resume {out} to continue it or --overwrite to replace it"
-    )
+    assert result.output.strip() == f"error: {out} holds a run of another recipe; pass --overwrite to replace it"
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     # --overwrite replaces a run, but never a folder that is not one
     assert invoke("train", *FAST, "--out", out, "--quiet", "--overwrite", "--seed", "1").exit_code == 0
