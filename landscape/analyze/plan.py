@@ -205,17 +205,24 @@ def planned_work(job: Job) -> Cost:
     return load_passes().get(job.name).cost(job.options)
 
 
-def format_plan(jobs: list[Job], settings: AnalysisSettings) -> str:
+def format_plan(jobs: list[Job], settings: AnalysisSettings, done: list[bool] | None = None) -> str:
     """What ``landscape analyze --dry-run`` prints: every job with its estimated products and seconds, timed by
-    one full-data gradient at the first checkpoint (the estimate is rough: a factor of 2 either way)."""
+    one full-data gradient at the first checkpoint to compute (the estimate is rough: a factor of 2 either way).
+    ``done[i]``: job i's result is already computed with the same settings (it is listed as done, costs nothing
+    and counts in no total)."""
+    done = done if done is not None else [False] * len(jobs)
+    todo = [job for job, finished in zip(jobs, done) if not finished]
     if not jobs:
         return "nothing to analyse"
+    if not todo:
+        return (f"nothing to compute: all {len(jobs)} jobs are already done with these settings (--force computes "
+                "them again)")
     import torch
 
     from landscape.measure.operator import HessianOperator
 
     with using_threads(settings.threads):
-        ctx = CheckpointContext(jobs[0].source, jobs[0].round, settings)
+        ctx = CheckpointContext(todo[0].source, todo[0].round, settings)
         ctx.objective.loss_and_grad(ctx.w)  # warm-up (first-call allocations)
         started = time.perf_counter()
         ctx.objective.loss_and_grad(ctx.w)
@@ -226,18 +233,23 @@ def format_plan(jobs: list[Job], settings: AnalysisSettings) -> str:
         started = time.perf_counter()
         op.matvec(v)
         product = time.perf_counter() - started
-    head = (f"{len(jobs)} jobs; at the first checkpoint ({ctx.flat.dim:,} parameters, {len(ctx.global_data)} samples, "
+    finished = len(jobs) - len(todo)
+    head = (f"{len(todo)} jobs to compute" + (f" ({finished} already done with these settings)" if finished else "")
+            + f"; at the first of them ({ctx.flat.dim:,} parameters, {len(ctx.global_data)} samples, "
             f"{ctx.device}, {ctx.dtype}) one gradient took {gradient:.3g} s, one Hessian-vector product "
             f"{product:.3g} s")
     rows = [("run", "file" if "file" in jobs[0].where else "round", "pass", "HVPs", "est. seconds")]
     total_hvps, total_seconds = 0, 0.0
-    for job in jobs:
+    for job, finished_job in zip(jobs, done):
+        if finished_job:
+            rows.append((job.source.name, job.label, job.name, "done", "-"))
+            continue
         cost = planned_work(job)
         hvps, seconds = cost.hvps, cost.hvps * product + cost.gradients * gradient
         total_hvps, total_seconds = total_hvps + hvps, total_seconds + seconds
         rows.append((job.source.name, job.label, job.name, str(hvps), f"{seconds:.1f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [head] + ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
-    lines.append(f"total: about {total_hvps} Hessian-vector products and {total_seconds:.0f} s "
-                 "(results already computed are skipped, and cost nothing)")
+    lines.append(f"total: about {total_hvps} Hessian-vector products and {total_seconds:.0f} s for the "
+                 f"{len(todo)} jobs to compute")
     return "\n".join(lines)

@@ -67,7 +67,7 @@ def _inputs_change(recorded: object, inputs: dict) -> str:
     return "was made with " + " and ".join(changes) if changes else f"records other inputs ({recorded})"
 
 
-def _recorded_summaries(jobs: list[Job], settings: AnalysisSettings,
+def recorded_summaries(jobs: list[Job], settings: AnalysisSettings,
                         force: bool) -> tuple[list[dict | None], list[str]]:
     """The summary of each job already computed with the same settings on the same checkpoint (for a plain
     state_dict also with the same model and data: ``Source.inputs``); None for the jobs to run (all of them
@@ -315,7 +315,7 @@ def run_analysis(
     """
     jobs, notes = skip_unavailable(plan(path, rounds, passes, options, settings, foreign))
     main = parallel.is_main()
-    recorded, redone = parallel.on_main(lambda: _recorded_summaries(jobs, settings, force))
+    recorded, redone = parallel.on_main(lambda: recorded_summaries(jobs, settings, force))
     report = AnalysisReport(notes=notes + redone, data=analysis_data(settings))
     report.warnings += partition_warnings([job for job, done in zip(jobs, recorded) if done is None])
     summaries = {i: summary for i, summary in enumerate(recorded) if summary is not None}

@@ -113,10 +113,12 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
                                model_spec=model_spec, dataset_spec=dataset_spec)
     if dry_run:
         from landscape.analyze.plan import format_plan, plan, skip_unavailable
+        from landscape.analyze.scheduler import recorded_summaries
 
         jobs, notes = skip_unavailable(plan(path, request.rounds, request.passes, request.options,
                                             request.settings, request.foreign))
-        click.echo(format_plan(jobs, request.settings))
+        recorded, _ = recorded_summaries(jobs, request.settings, force)
+        click.echo(format_plan(jobs, request.settings, [summary is not None for summary in recorded]))
         for note in [] if quiet else notes:
             click.echo(f"note: {note}", err=True)
         return

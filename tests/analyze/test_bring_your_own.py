@@ -195,6 +195,26 @@ def test_analyze_dry_run_estimates_and_computes_nothing(tmp_path):
     assert not (tmp_path / "run" / "analysis").exists()
 
 
+def test_analyze_dry_run_never_prices_what_is_already_computed(tmp_path):
+    from landscape.train import loop
+
+    loop.start_run(tiny_recipe(model__name="mlp", train__rounds=1), tmp_path / "run", progress=False)
+    args = ["--checkpoints", "all", "--set", "hessian.clients=-1", "--set", "hessian.trace_hvps=6",
+            "--set", "hessian.density_steps=4"]
+    assert invoke("analyze", tmp_path / "run", "--passes", "loss", *args[:2], "--quiet").exit_code == 0
+    planned = invoke("analyze", tmp_path / "run", "--passes", "loss,hessian", *args, "--dry-run").output
+    rows = {tuple(line.split()[1:3]): line.split()[3] for line in planned.splitlines() if " run " in f" {line} "}
+    assert rows[("0", "loss")] == rows[("1", "loss")] == "done" and rows[("1", "hessian")].isdigit()
+    assert planned.startswith("2 jobs to compute (2 already done with these settings)")
+    hvps = sum(int(rows[(r, "hessian")]) for r in ("0", "1"))
+    assert f"total: about {hvps} Hessian-vector products" in planned
+    forced = invoke("analyze", tmp_path / "run", "--passes", "loss,hessian", *args, "--dry-run", "--force").output
+    assert forced.startswith("4 jobs to compute;") and " done " not in forced
+    finished = invoke("analyze", tmp_path / "run", "--passes", "loss", *args[:2], "--dry-run")
+    assert finished.output.strip() == ("nothing to compute: all 2 jobs are already done with these settings "
+                                       "(--force computes them again)")
+
+
 def test_a_pass_reports_its_products_to_the_progress_callback(tmp_path):
     from landscape.analyze.catalog import load_passes, pass_options
     from landscape.analyze.context import CheckpointContext
