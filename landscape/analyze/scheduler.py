@@ -15,7 +15,7 @@ from typing import Any
 from landscape.analyze.catalog import load_passes
 from landscape.analyze.context import CheckpointContext
 from landscape.analyze.passes import RESULT_NAMES
-from landscape.analyze.plan import Job, partition_warnings, plan, skip_unavailable, split_work
+from landscape.analyze.plan import Job, partition_warnings, plan, planned_work, skip_unavailable, split_work
 from landscape.analyze.registry import PassOutput
 from landscape.analyze.settings import AnalysisSettings
 from landscape.analyze.source import file_digest
@@ -167,15 +167,20 @@ class WorkBar:
         self.enabled = enabled
         self.bar = None
         self.base = self.last = 0
+        self.expected: int | None = None
 
-    def start(self, what: str) -> WorkBar | None:
+    def start(self, what: str, expected: int | None = None) -> WorkBar | None:
+        """A bar for pass ``what``; ``expected``: its steps as its cost model estimates them (the total shown
+        until its solvers report their own, and grown where the work runs past it)."""
         if not self.enabled:
             return None
-        from tqdm.auto import tqdm
+        from landscape.core.progress import progress_bar
 
         self.close()
         self.base = self.last = 0
-        self.bar = tqdm(total=None, desc=f"  {what}", unit="step", leave=False, position=1, dynamic_ncols=True)
+        self.expected = expected or None
+        self.bar = progress_bar(total=self.expected, desc=f"  {what}", unit="step", leave=False, position=1,
+                                dynamic_ncols=True)
         return self
 
     def __call__(self, done: int, total: int | None) -> None:
@@ -186,6 +191,8 @@ class WorkBar:
         self.last = done
         if total is not None:
             self.bar.total = self.base + total
+        elif self.bar.total is not None and self.base + done > self.bar.total:
+            self.bar.total = self.base + done  # past the estimate: the bar stays honest, not over 100%
         self.bar.n = self.base + done
         self.bar.refresh()
 
@@ -197,7 +204,7 @@ class WorkBar:
 
 def _run_job(job: Job, contexts: _Contexts, work: WorkBar | None = None) -> tuple[PassOutput, Computed]:
     ctx = contexts.get(job)
-    ctx.progress = work.start(job.name) if work is not None else None
+    ctx.progress = work.start(job.name, planned_work(job).hvps) if work is not None else None
     ctx.result_name = job.result_name
     started = time.perf_counter()
     try:
@@ -217,15 +224,15 @@ class _Runner:
 
     def __init__(self, jobs: list[Job], settings: AnalysisSettings, report: AnalysisReport,
                  summaries: dict[int, dict], shown: bool) -> None:
-        from tqdm.auto import tqdm
+        from landscape.core.progress import progress_bar
 
         self.jobs, self.settings, self.report, self.summaries = jobs, settings, report, summaries
         self.main = parallel.is_main()
         self.contexts = _Contexts(settings)
         self.tracked = tracking.ResultLog(job.source for job in jobs)  # train.log: checked before any work
         self.work = WorkBar(shown)
-        self.bar = tqdm(total=len(jobs), initial=report.skipped, desc="analyze", unit="pass", disable=not shown,
-                        dynamic_ncols=True)
+        self.bar = progress_bar(total=len(jobs), initial=report.skipped, desc="analyze", unit="pass",
+                                disable=not shown, dynamic_ncols=True)
         self.failed: dict[Path, str] = {}  # state_dict files that did not load or match the model: why
 
     def finish(self, i: int, output: PassOutput, computed: Computed) -> None:

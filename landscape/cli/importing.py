@@ -43,15 +43,14 @@ def import_command(out: Path, global_files: str, client_files: str | None, start
     come from the file names (never from sorted position), the models are checked against --model, and the
     run reads as any other (`landscape analyze RUN --trust-imports` with the factories' modules on PYTHONPATH).
     An interrupted import continues where it stopped; a round imported again must hold the same models."""
-    from tqdm.auto import tqdm
-
+    from landscape.core.progress import progress_bar
     from landscape.workflows.importing import hyperparameters, import_run
 
     bars = []  # the bar, made when the first round is written (nothing is shown for a refusal)
 
     def progress(done: int, total: int) -> None:
         if not bars:
-            bars.append(tqdm(total=total, desc="import", unit="round", disable=quiet, dynamic_ncols=True))
+            bars.append(progress_bar(total=total, desc="import", unit="round", disable=quiet, dynamic_ncols=True))
         bars[0].update(done - bars[0].n)
 
     try:

@@ -325,14 +325,14 @@ class Trainer:
     def train(self, state: TrainerState, progress: bool = True) -> TrainerState:
         """Run rounds from ``state.round`` to the recipe's rounds, logging and checkpointing (rank 0 only:
         the other ranks of a torchrun job compute their clients and keep the same state)."""
-        from tqdm.auto import tqdm
+        from landscape.core.progress import progress_bar
 
         main = parallel.is_main()
         total = self.train_cfg.rounds
         if main and state.round == 0 and not self.run_dir.checkpoint(0).exists():
             self.save(state, None)  # round 0: the initial model (trajectory start, resumable from scratch)
-        bar = tqdm(total=total, initial=state.round, desc=self.run_dir.path.name, unit="round",
-                   disable=not (progress and main), dynamic_ncols=True, leave=True)
+        bar = progress_bar(total=total, initial=state.round, desc=self.run_dir.path.name, unit="round",
+                           disable=not (progress and main), dynamic_ncols=True, leave=True)
         try:
             # the recipe's threads, never the machine's; train.log's trackers on rank 0
             with using_threads(self.train_cfg.threads), tracking.for_training(self.run_dir, self.recipe,

@@ -228,9 +228,11 @@ def test_a_pass_reports_its_products_to_the_progress_callback(tmp_path):
     from landscape.analyze.scheduler import WorkBar
 
     work = WorkBar(enabled=True)
-    ctx.progress = work.start("hessian")
+    ctx.progress = work.start("hessian", expected=20)  # a total from the start (the cost model's estimate)
+    assert work.bar.total == 20
     output = load_passes().get("hessian").factory(ctx, pass_options("hessian", {"clients": -1, "trace_hvps": 12,
                                                                                 "density_steps": 4}))
+    assert work.bar.total >= work.base + work.last > 20  # grown with the work, never past 100%
     work.close()
     assert work.base + work.last == output.scalars["hvp_count"]  # every product of every solver, as it happens
 

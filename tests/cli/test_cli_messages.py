@@ -147,9 +147,13 @@ def test_printed_commands_are_shell_quoted(case, spaced_run, tmp_path):
 
     run = tmp_path / "a copy" / "my run"
     shutil.copytree(spaced_run, run)
-    if case == "train again":
-        text = one_line_error(invoke("train", "--clients", "4", "--rounds", "1", "-o", run))
-        words = shlex.split(text.split("pass ")[1].split(" to continue")[0])
+    if case == "train again":  # a new run started in a run's directory (landscape.train.loop.start_run)
+        from landscape.store.directory import RunDir
+        from landscape.store.lifecycle import check_out_dir
+
+        with pytest.raises(LandscapeError) as e:
+            check_out_dir(RunDir(run), overwrite=False)
+        words = shlex.split(str(e.value).split("pass ")[1].split(" to continue")[0])
         assert words == ["--resume", str(run)]
         return
     if case == "compare":

@@ -247,13 +247,14 @@ class _Steps:
 
     def __init__(self, progress: bool | None | Callable[[int, int | None], None], pending: int,
                  on_checkpoint: Callable[[SurfaceGrid], None] | None, save_every: int) -> None:
-        from tqdm.auto import tqdm
+        from landscape.core.progress import progress_bar
 
         self.main = parallel.is_main()
         self.report = progress if callable(progress) and self.main else None
         show = None if progress is None else (progress is True)
-        self.bar = tqdm(total=pending, desc="surface", unit="cell", leave=False, dynamic_ncols=True,
-                        disable=(None if show is None else not show) if self.main and not callable(progress) else True)
+        self.bar = progress_bar(total=pending, desc="surface", unit="cell", leave=False, dynamic_ncols=True,
+                                disable=(None if show is None else not show) if self.main and not callable(progress)
+                                else True)
         self.pending, self.on_checkpoint, self.save_every = pending, on_checkpoint, save_every
         self.evaluated = self.since_save = 0
 
