@@ -320,3 +320,21 @@ def test_results_of_many_runs_is_one_table(six_round_copy, tmp_path):
         landscape.results(tmp_path / "nosuch")
     with pytest.raises(LandscapeError, match="results takes run directories, folders of runs or Runs, not 3"):
         landscape.results([3])
+
+
+def test_a_results_quantities_are_what_it_measured_not_what_it_echoes_or_counts(tmp_path):
+    from landscape.store.results.records import quantities
+
+    record = {"pass": "newpass", "round": 1,
+              "settings": {"analysis": {"seed": 0, "analysis_samples": 100}, "pass": {"width": 3}},
+              "summary": {"headline": 1.5},
+              "result": {"headline": 1.5, "spread": 0.25, "width": 3, "inner": {"width": 3, "norm": 2.0,
+                                                                                 "hvp_count": 12, "seed": 0},
+                         "method": {"settings": {"k": 4, "stderr": 0.1}, "estimate": 7.0, "estimate_dof": 5,
+                                    "name": "text", "flag": True, "values": [1.0, 2.0]},
+                         "work": {"iterations": 9, "gradient_evaluations": 4, "graph_bytes": 1024},
+                         "missing": "nan"}}
+    got = quantities(PassRecord(tmp_path / "newpass.json", record))
+    assert got.keys() == {"headline", "spread", "inner.norm", "method.settings.stderr", "method.estimate",
+                          "missing"}
+    assert got["spread"] == 0.25 and got["inner.norm"] == 2.0 and math.isnan(got["missing"])
