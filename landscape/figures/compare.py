@@ -12,14 +12,17 @@ the mean over the seeds +- its standard error (``std(ddof=1) / sqrt(n)``; it rep
 Monte-Carlo error there), a column ``n`` after the directory (a compact ``prefix{a,b,c}suffix`` of the run
 folders). A cell read from fewer seeds than the row has says ``(n=k)``.
 
-``compare.csv`` holds the table's columns as printed (text: ``58.78 +- 3.8``, ``(round 2)``), then numbers to
-compute with, per quantity (``test acc (%)`` and each of the table's): ``<q> mean``, ``<q> se`` (the standard
-error the cell shows: over the seeds in a row of seeds, else the pass's own estimate where it has one, such as
-the trace's; empty where there is none) and ``<q> n`` (how many runs have the value; 0 and an empty mean where
-none has), and, where some row has several seeds, ``<q> seed <s>`` for every seed value ``s`` of the runs:
-that seed's value (empty where its run lacks it or the row has no run of that seed). Numbers are written in
-full (``repr``): read back they equal the values in the runs' files. The Delta_D logged by training stands in
-where the flatness pass did not run, as in the table.
+``compare.csv`` holds numbers only (the display text, ``58.78 +- 3.8``, ``(round 2)``, ``(online, ...)``, is
+the printed table's): ``run`` and ``directory`` (the row's names), ``n`` (its seeds, where some row has several),
+``rounds`` (the rounds trained; a row of seeds: the most of its seeds'), then per quantity (``test acc (%)`` and
+each of the table's) ``<q> mean``, ``<q> se`` (the standard error the cell shows: over the seeds in a row of
+seeds, else the pass's own estimate where it has one, such as the trace's), ``<q> n`` (how many runs have the
+value; 0 where none has) and, where some row has several seeds, ``<q> seed <s>`` for every seed value ``s`` of the
+runs: that seed's value. Where the value comes from, in columns of its own: ``<q> round`` (the round it was
+read at, the latest of the seeds'; the table marks it where that is not the latest analysed round) and
+``Delta_D online`` (1 where Delta_D is the value training logged at its last round because the flatness pass did
+not run, else 0). A cell without a value is empty. Numbers are written in full (``repr``): read back they equal
+the values in the runs' files.
 
 Surfaces that compare. A filter-normalised plane (Li et al. 2018, the surface pass's default) is scaled to each
 model's own filters, so the panels' axes are another distance for every model and their widths also compare
@@ -110,7 +113,7 @@ class Comparison:
     missing: list[str]  # one line per run and pass it lacks, with the command
     written: list[Path]
     settings: list[str]  # which settings the table and the surfaces show
-    numbers_header: list[str] = field(default_factory=list)  # compare.csv's columns after the table's
+    numbers_header: list[str] = field(default_factory=list)  # compare.csv's columns after run and directory
     numbers: list[list[float | int | None]] = field(default_factory=list)  # their cells, one list per row
 
 
@@ -148,13 +151,15 @@ def _format(row: ComparisonRow, shown: list[Quantity]) -> list[str]:
     return cells
 
 
-def _format_group(cg: ComparisonGroup, shown: list[Quantity]) -> tuple[list[str], list[SeedStat]]:
-    """A row of several seeds: the table's cells (mean +- SE) and the numbers they show (test accuracy, then
-    each quantity)."""
+def _format_group(cg: ComparisonGroup, shown: list[Quantity]
+                  ) -> tuple[list[str], list[SeedStat], list[Provenance]]:
+    """A row of several seeds: the table's cells (mean +- SE), the numbers they show (test accuracy, then
+    each quantity) and where each quantity's come from."""
     rounds = sorted({row.rounds for row in cg.rows if row.rounds is not None})
     acc = cg.stat(lambda row: None if row.final_acc is None else 100 * row.final_acc)
     cells = [cg.group.label, cg.group.name, str(cg.group.n), ", ".join(map(str, rounds)) or "-", acc.text()]
     stats: list[SeedStat] = [acc]
+    where: list[Provenance] = []
     for k, q in enumerate(shown):
         stat, at, at_latest = cg.quantity(k)
         if stat.mean is None and q.text == "Delta_D":
@@ -163,39 +168,61 @@ def _format_group(cg: ComparisonGroup, shown: list[Quantity]) -> tuple[list[str]
                 cells.append(f"{online.text()} (online, round{'s' if len(rounds) > 1 else ''} "
                              f"{', '.join(map(str, rounds))})")
                 stats.append(online)
+                where.append(Provenance(max(rounds, default=None), True))
                 continue
         text = stat.text()
         if stat.mean is not None and not at_latest:
             text += f" (round{'s' if len(at) > 1 else ''} {', '.join(map(str, at))})"
         cells.append(text)
         stats.append(stat)
-    return cells, stats
+        where.append(Provenance(max(at, default=None), False))
+    return cells, stats, where
 
 
 def _finite(value: Any) -> float | None:
     return float(value) if value is not None and math.isfinite(float(value)) else None
 
 
-def _single_stats(row: ComparisonRow, shown: list[Quantity]) -> list[SeedStat]:
+def _single_stats(row: ComparisonRow, shown: list[Quantity]) -> tuple[list[SeedStat], list[Provenance]]:
     """A row of one run: the numbers its cells show (test accuracy, then each quantity), each with the pass's
-    own standard error where it has one."""
+    own standard error where it has one, and where each quantity's comes from."""
     stats = [seed_stat([None if row.final_acc is None else 100 * row.final_acc])]
+    where: list[Provenance] = []
     for q, value in zip(shown, row.values):
         if value is None:
             online = row.online_distance if q.text == "Delta_D" else None
             stats.append(seed_stat([online]))
+            where.append(Provenance(row.rounds if online is not None else None, online is not None))
         else:
             stats.append(SeedStat(float(value[0]), _finite(value[1]), 1, [float(value[0])]))
-    return stats
+            where.append(Provenance(value[2], False))
+    return stats, where
 
 
-def _numbers(stats: list[SeedStat], seeds: list[int | None], columns: list[int]) -> list[float | int | None]:
-    """compare.csv's numeric cells of a row: per quantity mean, se and n, then its value for each seed of
-    ``columns`` (the row's ``seeds`` in the order of its stats' per-seed values)."""
+@dataclass(frozen=True)
+class Provenance:
+    """Where a quantity's value in a row comes from: the round it was read at (the latest of a row of seeds';
+    None where there is no value) and whether it is the Delta_D training logged (the flatness pass did not
+    run)."""
+
+    round: int | None
+    online: bool
+
+
+def _numbers(stats: list[SeedStat], where: list[Provenance], seeds: list[int | None], columns: list[int],
+             shown: list[Quantity]) -> list[float | int | None]:
+    """compare.csv's numeric cells of a row after its names and rounds: per quantity (test accuracy, then
+    ``shown``) mean, se and n, its value for each seed of ``columns`` (the row's ``seeds`` in the order of its
+    stats' per-seed values), then for a shown quantity the round it was read at (and Delta_D's online flag)."""
     cells: list[float | int | None] = []
-    for stat in stats:
+    for k, stat in enumerate(stats):
         by_seed = dict(zip(seeds, stat.per_seed))
         cells += [stat.mean, stat.se, stat.n] + [by_seed.get(s) for s in columns]
+        if k:
+            q, at = shown[k - 1], where[k - 1]
+            cells.append(at.round if stat.mean is not None else None)
+            if q.text == "Delta_D":
+                cells.append(None if stat.mean is None else int(at.online))
     return cells
 
 
@@ -206,9 +233,15 @@ def _csv_number(value: float | int | None) -> str:
     return str(int(value)) if isinstance(value, int) else repr(float(value))
 
 
-def _numbers_header(names: list[str], columns: list[int]) -> list[str]:
-    return [f"{name} {part}" for name in names
-            for part in ["mean", "se", "n"] + [f"seed {s}" for s in columns]]
+def _numbers_header(names: list[str], shown: list[Quantity], columns: list[int]) -> list[str]:
+    header = []
+    for k, name in enumerate(names):
+        header += [f"{name} {part}" for part in ["mean", "se", "n"] + [f"seed {s}" for s in columns]]
+        if k:
+            header.append(f"{name} round")
+            if shown[k - 1].text == "Delta_D":
+                header.append("Delta_D online")
+    return header
 
 
 def text_table(header: list[str], rows: list[list[str]]) -> str:
@@ -220,7 +253,8 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
 
 def _table(runs: list[RunData], shown: list[Quantity]
            ) -> tuple[list[str], list[list[str]], list[str], list[list[float | int | None]]]:
-    """The table's header and rows (one per seed group), and compare.csv's numeric columns and cells."""
+    """The printed table's header and rows (one per seed group), and compare.csv's columns after ``run`` and
+    ``directory`` and their cells (numbers only)."""
     found = comparison_groups(runs, shown)
     seeded = any(cg.group.n > 1 for cg in found)
     header = ["run", "directory"] + (["n"] if seeded else []) + ["rounds", "test acc (%)"] + [q.text for q in shown]
@@ -228,13 +262,17 @@ def _table(runs: list[RunData], shown: list[Quantity]
     rows, numbers = [], []
     for cg in found:
         if cg.group.n == 1:
-            cells, stats = _format(cg.rows[0], shown), _single_stats(cg.rows[0], shown)
+            cells = _format(cg.rows[0], shown)
+            stats, where = _single_stats(cg.rows[0], shown)
             rows.append(cells[:2] + ["1"] + cells[2:] if seeded else cells)
         else:
-            cells, stats = _format_group(cg, shown)
+            cells, stats, where = _format_group(cg, shown)
             rows.append(cells)
-        numbers.append(_numbers(stats, cg.group.seeds, columns))
-    return header, rows, _numbers_header(header[header.index("test acc (%)"):], columns), numbers
+        trained = [row.rounds for row in cg.rows if row.rounds is not None]
+        numbers.append(([cg.group.n] if seeded else []) + [max(trained, default=None)]
+                       + _numbers(stats, where, cg.group.seeds, columns, shown))
+    names = header[header.index("test acc (%)"):]
+    return header, rows, (["n"] if seeded else []) + ["rounds"] + _numbers_header(names, shown, columns), numbers
 
 
 def _lacking(runs: list[RunData], shown: list[Quantity]) -> list[str]:
@@ -310,9 +348,8 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
     header, rows, numbers_header, numbers = _table(runs, shown)
     missing = _lacking(runs, shown)
     buffer = io.StringIO()
-    cells = [[_csv_number(v) for v in extra] for extra in numbers]
-    csv.writer(buffer, lineterminator="\n").writerows([header + numbers_header,
-                                                         *(row + extra for row, extra in zip(rows, cells))])
+    cells = [row[:2] + [_csv_number(v) for v in extra] for row, extra in zip(rows, numbers)]  # names, numbers
+    csv.writer(buffer, lineterminator="\n").writerows([header[:2] + numbers_header, *cells])
     written = [out / "compare.csv"]
     write_text(written[0], buffer.getvalue())
 

@@ -113,18 +113,20 @@ class Run:
         return read_results(self.path)
 
     def records(self) -> dict[int, list[PassRecord]]:
-        """Round -> every analysis result stored there, whatever its settings (``read_results``)."""
+        """Round -> the list of every analysis result stored there, whatever its settings (``read_results``): a
+        ``PassRecord`` each (``.name``, ``.settings``, ``.summary``, ``.value(key)``), in file-name order."""
         return self._results
 
     def results(self) -> pandas.DataFrame:
-        """Every analysis result of the run as a pandas DataFrame, one row per scalar quantity: columns
-        ``run`` (the directory's name), ``round``, ``pass``, ``quantity``, ``value`` (a float), then one column
-        per recorded setting (``split``, ``bn_mode``, ..., ``<pass>.<option>`` such as ``sharpness.rhos``, a
-        list spelt ``0.01,0.05,0.1``). The quantities are each pass's summary quantities (``lambda_max``,
-        ``trace``, ``S_rho(0.05)``, ``Delta_D``, ...) and every other number of its result by dotted path
-        (``trace.stderr``); arrays (``top.values``, the NPZ's) are left out: ``records()[round]`` and
-        ``PassRecord.value(key)`` read them. No analysis: no rows. ``landscape.store.results.records`` says
-        the rules."""
+        """Every analysis result of the run as a tidy pandas DataFrame, one row per measured quantity: columns
+        ``run`` (the directory's name), ``round``, ``pass``, ``quantity``, ``value`` (a float), then a column for
+        each setting whose value differs between the results (``hessian.top_k`` where a round holds the hessian
+        pass at two ``top_k``; a list spelt ``0.01,0.05,0.1``); a setting every result shares is no column. The
+        quantities are each pass's summary quantities (``lambda_max``, ``trace``, ``S_rho(0.05)``, ``Delta_D``,
+        ...) and every other number its result measured, by dotted path (``trace.stderr``); settings a result
+        echoes (``global.seed``), its bookkeeping (``hvp_count``) and arrays (``top.values``) are not quantities:
+        ``records()[round]`` (a list of ``PassRecord``) and ``PassRecord.value(key)`` read them. No analysis: no
+        rows. ``landscape.store.results.records`` says the rules."""
         return frame(result_rows(self.path.name, self.records()))
 
     @cached_property
@@ -308,8 +310,9 @@ def _runs_of(paths: Any) -> list[Run]:
 
 
 def results(paths: str | Path | Run | Iterable[str | Path | Run]) -> pandas.DataFrame:
-    """Every analysis result of many runs as one pandas DataFrame (the columns of ``Run.results``; the
-    settings columns are the union of the runs', empty where a result does not record one): ``paths`` a run
+    """Every analysis result of many runs as one tidy pandas DataFrame (the columns of ``Run.results``; a
+    column for each setting whose value differs between any of the runs' results, empty where a result does not
+    record it): ``paths`` a run
     directory, a folder of runs, a ``Run``, or a list of them, each run once, in the order given (a folder's
     runs by name). ``run`` is the directory's name, or its path where two runs share a name."""
     runs = _runs_of(paths)

@@ -7,8 +7,9 @@ imports them unless a recipe asks for them, and a recipe that asks for one that 
 in one line before training starts. Every numeric key of a metrics row is a scalar at step = its round (the
 row's own name: ``train_loss``, ``test_acc``, ...); an event row (a divergence) is text under ``event``; an
 analysis result's summary numbers are scalars ``<result name>/<quantity>`` (``hessian/lambda_max``) at step =
-the checkpoint's round. TensorBoard keeps them as float64 (``double_precision``): they read back equal to
-metrics.jsonl. Weights & Biases never reaches a network (``mode="offline"``; ``wandb sync
+the checkpoint's round. TensorBoard's are plain scalar summaries (``SummaryWriter.add_scalar``: a float32
+``simple_value``), what its scalar dashboard and ``EventAccumulator(path).Reload().Scalars(tag)`` read: each
+reads back as metrics.jsonl's value rounded to float32 (metrics.jsonl keeps the exact float64). Weights & Biases never reaches a network (``mode="offline"``; ``wandb sync
 <run>/wandb/offline-run-*`` uploads later); its x-axis is the logged ``round``.
 
 Each tracker's folder holds a ledger of what it was given (``logged-metrics.json``: the last round and the
@@ -85,7 +86,7 @@ class _TensorBoard:
 
     def log(self, round: int, scalars: dict[str, float], text: dict[str, str]) -> None:
         for tag, value in scalars.items():
-            self.writer.add_scalar(tag, value, round, new_style=True, double_precision=True)
+            self.writer.add_scalar(tag, value, round)  # a simple_value: what EventAccumulator.Scalars reads
         for tag, value in text.items():
             self.writer.add_text(tag, value, round)
         self.writer.flush()

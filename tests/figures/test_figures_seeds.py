@@ -316,38 +316,45 @@ def test_single_seed_figures_are_drawn_as_before(runs, tmp_path):
 
 def test_compare_collapses_seeds_into_one_row(root, runs, tmp_path):
     result = compare.compare(runs, tmp_path)
+    assert result.header[:5] == ["run", "directory", "n", "rounds", "test acc (%)"]
     with open(tmp_path / "compare.csv") as f:
         rows = list(csv.reader(f))
     header = rows[0]
-    assert header[:5] == ["run", "directory", "n", "rounds", "test acc (%)"]
-    assert len(rows) == 3 and result.header == header[:len(result.header)]
-    assert header[len(result.header):] == result.numbers_header
+    # compare.csv: the row's names, then numbers only (the display text is the printed table's)
+    assert header[:5] == ["run", "directory", "n", "rounds", "test acc (%) mean"]
+    assert len(rows) == 3 and header == ["run", "directory"] + result.numbers_header
+    assert not set(result.header[4:]) & set(header)  # no display column
     group, single = (dict(zip(header, row)) for row in rows[1:])
-    assert group["n"] == "3" and group["directory"] == "fedavg-s{0,1,2}"
+    shown_group, shown_single = (dict(zip(result.header, row)) for row in result.rows)
+    assert group["n"] == "3" and group["directory"] == shown_group["directory"] == "fedavg-s{0,1,2}"
     lam = [float(hessian_json(root / "runs" / f"fedavg-s{s}")["result"]["top"]["values"][0]) for s in range(3)]
     mean, se, _ = seeds.mean_se(lam)
-    assert group["lambda_max"] == f"{mean:.4g} +- {se:.2g}"
+    assert shown_group["lambda_max"] == f"{mean:.4g} +- {se:.2g}"
     # the numeric columns: the mean, SE and n over the seeds, and each seed's value, as in the runs' files
     assert [float(group[f"lambda_max {part}"]) for part in ("mean", "se", "n")] == [mean, se, 3]
     assert [float(group[f"lambda_max seed {s}"]) for s in range(3)] == lam
     accs = [100 * final_acc(root / "runs" / f"fedavg-s{s}") for s in range(3)]
     mean, se, _ = seeds.mean_se(accs)
-    assert group["test acc (%)"] == f"{mean:.4g} +- {se:.2g}"
+    assert shown_group["test acc (%)"] == f"{mean:.4g} +- {se:.2g}"
     assert float(group["test acc (%) mean"]) == mean and float(group["test acc (%) se"]) == se
     assert [float(group[f"test acc (%) seed {s}"]) for s in range(3)] == accs
     sam = float(hessian_json(root / "runs" / "fedsam-s0")["result"]["top"]["values"][0])
-    assert single["n"] == "1" and "+-" not in single["lambda_max"] and single["lambda_max"] == f"{sam:.4g}"
+    assert single["n"] == "1" and "+-" not in shown_single["lambda_max"] and shown_single["lambda_max"] == f"{sam:.4g}"
     assert (float(single["lambda_max mean"]), single["lambda_max se"], single["lambda_max n"]) == (sam, "", "1")
     assert float(single["lambda_max seed 0"]) == sam and single["lambda_max seed 1"] == ""
     # the trace cell of one run shows the pass's own standard error: so does its se column
     trace = hessian_json(root / "runs" / "fedsam-s0")["result"]["trace"]
     assert [float(single[f"trace {part}"]) for part in ("mean", "se")] == [trace["estimate"], trace["stderr"]]
-    # and pandas reads them as numbers
+    # where each value comes from: the round it was read at, the rounds trained
+    assert single["lambda_max round"] == str(hessian_json(root / "runs" / "fedsam-s0")["round"])
+    assert single["rounds"] == shown_single["rounds"]
+    # and pandas reads every column but the names as numbers
     import pandas as pd
 
     table = pd.read_csv(tmp_path / "compare.csv")
     assert table["lambda_max mean"].dtype == float and table["lambda_max n"].tolist() == [3, 1]
     assert table["lambda_max mean"].tolist() == [seeds.mean_se(lam)[0], sam]
+    assert [c for c in table.columns if not pd.api.types.is_numeric_dtype(table[c])] == ["run", "directory"]
 
 
 def test_single_seed_compare_and_report_are_as_before(runs, tmp_path):
@@ -357,8 +364,8 @@ def test_single_seed_compare_and_report_are_as_before(runs, tmp_path):
     assert not [name for name in result.numbers_header if " seed " in name]  # no seed columns
     with open(tmp_path / "compare.csv") as f:
         header, *rows = list(csv.reader(f))
-    assert header == result.header + result.numbers_header
-    assert header[len(result.header):][:3] == ["test acc (%) mean", "test acc (%) se", "test acc (%) n"]
+    assert header == ["run", "directory"] + result.numbers_header
+    assert header[2:6] == ["rounds", "test acc (%) mean", "test acc (%) se", "test acc (%) n"]
     for run, row in zip(one, rows):
         lam = float(hessian_json(run.path)["result"]["top"]["values"][0])
         assert float(dict(zip(header, row))["lambda_max mean"]) == lam

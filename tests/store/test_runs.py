@@ -196,8 +196,7 @@ def _analysed(run_dir):
 
     options = {"loss": pass_options("loss", {}),
                "sharpness": pass_options("sharpness", {"rhos": [0.02, 0.05], "steps": 2, "starts": 1}),
-               "hessian": pass_options("hessian", {"top_k": 2, "trace_hvps": 6, "density_runs": 1,
-                                                   "density_steps": 2})}
+               **_hessian_options(2)}
     run_analysis(run_dir, rounds="6", passes=list(options), options=options,
                  settings=AnalysisSettings(device="cpu", analysis_samples=100), progress=False)
     return run_dir
@@ -213,15 +212,24 @@ def _numbers_of(node, key=""):
         yield key, float(node)
 
 
-def test_run_results_is_every_number_of_every_result_as_a_dataframe(six_round_copy):
+def _hessian_options(top_k: int) -> dict:
+    from landscape.analyze.catalog import pass_options
+
+    return {"hessian": pass_options("hessian", {"top_k": top_k, "trace_hvps": 6, "density_runs": 1,
+                                                "density_steps": 2})}
+
+
+def test_run_results_is_a_tidy_table_of_the_measured_numbers_of_every_result(six_round_copy):
     import pandas as pd
 
     run = Run(_analysed(six_round_copy))
     table = run.results()
     assert isinstance(table, pd.DataFrame)
-    assert table.columns[:5].tolist() == ["run", "round", "pass", "quantity", "value"]
+    # one setting for every result: no settings column, only what was measured
+    assert table.columns.tolist() == ["run", "round", "pass", "quantity", "value"]
     assert table["value"].dtype == float and table["round"].dtype == "int64"
     assert set(table["run"]) == {"run"} and set(table["round"]) == {6}
+    assert not table.duplicated(["run", "round", "pass", "quantity"]).any()  # each row told apart
     files = sorted((six_round_copy / "analysis" / "round-0006").glob("*.json"))
     assert sorted(table["pass"].unique()) == ["hessian", "loss", "sharpness"] == sorted(
         json.loads(f.read_text())["pass"] for f in files)
@@ -229,24 +237,51 @@ def test_run_results_is_every_number_of_every_result_as_a_dataframe(six_round_co
         record = json.loads(path.read_text())
         rows = table[table["pass"] == record["pass"]]
         got = dict(zip(rows["quantity"], rows["value"]))
-        expected = dict(_numbers_of(record["result"]))
-        # the summary quantities, named as the tables name them (not its list of values that are lower bounds)
-        expected.update({k: v for k, v in record["summary"].items() if k != "lower_bounds"})
-        assert got.keys() == expected.keys() and len(rows) == len(got)
-        assert all(got[k] == expected[k] or (math.isnan(got[k]) and math.isnan(expected[k])) for k in got)
-        settings = rows.iloc[0]
-        assert settings["split"] == record["settings"]["analysis"]["split"] == "train"
-        assert settings["analysis_samples"] == 100
-        for option, value in record["settings"]["pass"].items():
-            cell = settings[f"{record['pass']}.{option}"]
-            assert cell == (",".join(map(str, value)) if isinstance(value, list) else value)
+        numbers = dict(_numbers_of(record["result"]))
+        numbers.update({k: v for k, v in record["summary"].items() if k != "lower_bounds"})
+        # every quantity is a number of the result (or its summary), with its value
+        assert got.keys() <= numbers.keys() and len(rows) == len(got)
+        assert all(got[k] == numbers[k] or (math.isnan(got[k]) and math.isnan(numbers[k])) for k in got)
+        # the summary quantities all there; no number named like a setting the result records
+        assert set(record["summary"]) - {"lower_bounds"} <= got.keys()
+        setting_names = set(record["settings"]["analysis"]) | set(record["settings"]["pass"])
+        assert not {k for k in got if k.split(".")[-1] in setting_names}
     hessian = table[table["pass"] == "hessian"].set_index("quantity")["value"]
     record = json.loads(next(f for f in files if f.name.startswith("hessian")).read_text())
     assert hessian["lambda_max"] == record["result"]["top"]["values"][0]  # an array's headline: its summary
-    assert "top.values" not in hessian and hessian["trace.stderr"] == record["result"]["trace"]["stderr"]
-    sharp = table[table["pass"] == "sharpness"]
-    assert set(sharp["sharpness.rhos"]) == {"0.02,0.05"} and "S_rho(0.05)" in set(sharp["quantity"])
-    assert table[table["pass"] == "loss"]["hessian.top_k"].isna().all()  # another pass's setting: empty
+    assert hessian["trace.stderr"] == record["result"]["trace"]["stderr"]
+    assert hessian["density.sigma"] == record["result"]["density"]["sigma"]
+    # echoed settings and bookkeeping are not quantities (the record still holds them)
+    for key in ("top.values", "top.seed", "top.tol", "top.hvp_count", "top.iterations", "hvp_count", "dim",
+                "top.settings.k", "trace.samples", "trace.stderr_dof", "density.seed"):
+        assert key not in hessian.index, key
+    assert record["result"]["top"]["seed"] == 0 and record["result"]["dim"] > 0
+    sharp = table[table["pass"] == "sharpness"].set_index("quantity")["value"]
+    assert {"S_rho(0.02)", "S_rho(0.05)", "global.gradient_norm"} <= set(sharp.index)
+    assert not {"global.seed", "global.steps", "global.starts", "global.gradient_evaluations"} & set(sharp.index)
+
+
+def test_a_setting_that_differs_between_results_is_a_column_of_its_own(six_round_copy):
+    from landscape.analyze.scheduler import run_analysis
+    from landscape.analyze.settings import AnalysisSettings
+
+    run_dir = _analysed(six_round_copy)
+    run_analysis(run_dir, rounds="6", passes=["hessian"], options=_hessian_options(3),
+                 settings=AnalysisSettings(device="cpu", analysis_samples=100), progress=False)
+    table = Run(run_dir).results()
+    assert table.columns.tolist() == ["run", "round", "pass", "quantity", "value", "hessian.top_k"]
+    hessian = table[table["pass"] == "hessian"]
+    assert sorted(hessian["hessian.top_k"].unique()) == [2, 3]
+    assert table[table["pass"] != "hessian"]["hessian.top_k"].isna().all()  # another pass's setting: empty
+    assert not table.duplicated(["round", "pass", "quantity", "hessian.top_k"]).any()
+    assert (hessian.groupby("hessian.top_k")["quantity"].apply(set).map(lambda q: "lambda_max" in q)).all()
+    by_k = hessian.set_index(["hessian.top_k", "quantity"])["value"]
+    records = [json.loads(f.read_text()) for f in (run_dir / "analysis" / "round-0006").glob("hessian*.json")]
+    assert sorted(r["settings"]["pass"]["top_k"] for r in records) == [2, 3]
+    for record in records:
+        k = record["settings"]["pass"]["top_k"]
+        assert len(record["result"]["top"]["values"]) == k
+        assert by_k[(k, "lambda_max")] == record["result"]["top"]["values"][0]
 
 
 def test_results_of_many_runs_is_one_table(six_round_copy, tmp_path):
@@ -268,7 +303,38 @@ def test_results_of_many_runs_is_one_table(six_round_copy, tmp_path):
     assert landscape.open_run(folder).results().equals(both)
     assert Run(bare.path).results().empty and Run(bare.path).results().columns.tolist()[:5] == [
         "run", "round", "pass", "quantity", "value"]
+    # a run analysed on other samples: the setting tells its rows apart, a column of its own
+    from landscape.analyze.catalog import pass_options
+    from landscape.analyze.scheduler import run_analysis
+    from landscape.analyze.settings import AnalysisSettings
+
+    shutil.copytree(six_round_copy, folder / "z", ignore=shutil.ignore_patterns("analysis"))
+    run_analysis(folder / "z", rounds="6", passes=["loss"], options={"loss": pass_options("loss", {})},
+                 settings=AnalysisSettings(device="cpu", analysis_samples=50), progress=False)
+    three = landscape.results(folder)
+    assert three.columns.tolist() == ["run", "round", "pass", "quantity", "value", "analysis_samples"]
+    assert three.groupby("run")["analysis_samples"].unique().map(list).to_dict() == {
+        "x": [100], "y": [100], "z": [50]}
+    assert three[three["run"] != "z"].drop(columns="analysis_samples").reset_index(drop=True).equals(both)
     with pytest.raises(LandscapeError, match="results: .*nosuch does not exist"):
         landscape.results(tmp_path / "nosuch")
     with pytest.raises(LandscapeError, match="results takes run directories, folders of runs or Runs, not 3"):
         landscape.results([3])
+
+
+def test_a_results_quantities_are_what_it_measured_not_what_it_echoes_or_counts(tmp_path):
+    from landscape.store.results.records import quantities
+
+    record = {"pass": "newpass", "round": 1,
+              "settings": {"analysis": {"seed": 0, "analysis_samples": 100}, "pass": {"width": 3}},
+              "summary": {"headline": 1.5},
+              "result": {"headline": 1.5, "spread": 0.25, "width": 3, "inner": {"width": 3, "norm": 2.0,
+                                                                                 "hvp_count": 12, "seed": 0},
+                         "method": {"settings": {"k": 4, "stderr": 0.1}, "estimate": 7.0, "estimate_dof": 5,
+                                    "name": "text", "flag": True, "values": [1.0, 2.0]},
+                         "work": {"iterations": 9, "gradient_evaluations": 4, "graph_bytes": 1024},
+                         "missing": "nan"}}
+    got = quantities(PassRecord(tmp_path / "newpass.json", record))
+    assert got.keys() == {"headline", "spread", "inner.norm", "method.settings.stderr", "method.estimate",
+                          "missing"}
+    assert got["spread"] == 0.25 and got["inner.norm"] == 2.0 and math.isnan(got["missing"])

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from support.helpers import invoke, one_line_error, tiny_recipe
 
@@ -33,19 +34,25 @@ MLP = {"model__name": "mlp", "model__hidden": [16]}
 
 
 def tensorboard_logs(run: Path) -> dict[str, list[tuple[int, object]]]:
-    """Every tag of the run's event files -> its (step, value) in the order written (text as str); orphaned
-    steps are not purged, so a step logged twice shows twice."""
+    """Every tag of the run's event files -> its (step, value) in the order written, read as anyone reads them:
+    scalars with ``EventAccumulator(path).Reload().Scalars(tag)`` (a float32 each), text from its tensors (as
+    str); orphaned steps are not purged, so a step logged twice shows twice."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.util import tensor_util
 
-    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"tensors": 0},
-                              purge_orphaned_data=False)
-    events.Reload()
-    out = {}
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0},
+                              purge_orphaned_data=False).Reload()
+    out: dict[str, list] = {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+                            for tag in events.Tags()["scalars"]}
     for tag in events.Tags()["tensors"]:
         values = [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in events.Tensors(tag)]
-        out[tag] = [(step, v.item().decode() if v.dtype == object else v.item()) for step, v in values]
+        out[tag] = [(step, v.item().decode()) for step, v in values]
     return out
+
+
+def as_float32(logs: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[int, float]]]:
+    """The values TensorBoard's scalars hold of exact ones: each rounded to float32 (its simple_value)."""
+    return {tag: [(step, float(np.float32(value))) for step, value in steps] for tag, steps in logs.items()}
 
 
 def metrics_scalars(run: Path, leave_out: tuple[str, ...] = ()) -> dict[str, list[tuple[int, float]]]:
@@ -77,8 +84,11 @@ def result_summaries(run: Path) -> dict[str, list[tuple[int, float]]]:
 def test_tensorboard_holds_every_metrics_row_and_result_and_a_resume_logs_no_round_twice(tmp_path):
     run = tmp_path / "run"
     loop.start_run(tiny_recipe(train__log=["tensorboard"], **MLP), run, progress=False)
-    assert tensorboard_logs(run) == metrics_scalars(run)
+    assert tensorboard_logs(run) == as_float32(metrics_scalars(run))
     assert "train_loss" in metrics_scalars(run) and "test_acc" in metrics_scalars(run)
+    # what TensorBoard's own reader gives back is metrics.jsonl's numbers (float32), not placeholders
+    (_, first), *_ = metrics_scalars(run)["train_loss"]
+    assert first > 0 and tensorboard_logs(run)["train_loss"][0][1] == pytest.approx(first, rel=1e-6)
 
     # Killed after round 3 was logged but before its checkpoint: the resume starts from round 2, computes
     # round 3 again (the same numbers, but for its time) and logs it no second time.
@@ -87,7 +97,8 @@ def test_tensorboard_holds_every_metrics_row_and_result_and_a_resume_logs_no_rou
     logged = tensorboard_logs(run)
     assert {tag: [s for s, _ in steps] for tag, steps in logged.items()} == \
         {tag: [1, 2, 3, 4] for tag in metrics_scalars(run)}
-    assert {k: v for k, v in logged.items() if k != "seconds"} == metrics_scalars(run, leave_out=("seconds",))
+    assert {k: v for k, v in logged.items() if k != "seconds"} == \
+        as_float32(metrics_scalars(run, leave_out=("seconds",)))
 
     # The analysis results' summary numbers, at step = round, once: skipped and forced results are not
     # logged again.
@@ -97,7 +108,7 @@ def test_tensorboard_holds_every_metrics_row_and_result_and_a_resume_logs_no_rou
     logged = tensorboard_logs(run)
     summaries = result_summaries(run)
     assert "loss/loss" in summaries and [s for s, _ in summaries["loss/loss"]] == [0, 1, 2, 3, 4]
-    assert {tag: logged[tag] for tag in summaries} == summaries
+    assert {tag: logged[tag] for tag in summaries} == as_float32(summaries)
     assert set(logged) == set(summaries) | set(metrics_scalars(run))
 
 
@@ -112,7 +123,7 @@ def test_a_divergence_is_logged_as_text_each_time(tmp_path):
     events = RunDir(run).read_events()
     assert [json.loads(text) for _, text in logged["event/text_summary"]] == events and len(events) == 2
     assert [step for step, _ in logged["event/text_summary"]] == [2, 2]
-    assert {k: v for k, v in logged.items() if k != "event/text_summary"} == metrics_scalars(run)
+    assert {k: v for k, v in logged.items() if k != "event/text_summary"} == as_float32(metrics_scalars(run))
 
 
 def test_a_missing_extra_is_one_line_before_anything_is_written(tmp_path, monkeypatch):

@@ -6,18 +6,26 @@ A result value is named by its dotted path in the pass's ``result`` (``"global.r
 ``"gradients.cosine_matrix"``): it is read from the NPZ when the JSON's ``arrays`` list names it (the passes
 move arrays of more than 16 values there), else from the JSON, with ``"nan"`` / ``"inf"`` strings restored.
 
-The table has one row per scalar quantity of a result: its columns ``run``, ``round``, ``pass``,
-``quantity``, ``value`` (a float), then one column per setting the results record (the analysis settings by
-their name, ``split``, ``bn_mode``, ..., ``device`` included, which changes no number but its last bits; each
-pass's options as ``<pass>.<option>``, ``sharpness.rhos``, the names ``landscape compare --settings`` takes),
-a list spelt ``0.01,0.05,0.1``, empty where a result does not record the setting. The quantities are the
-pass's summary quantities first (``lambda_max``, ``trace``, ``S_rho(0.05)``, ``Delta_D``: the numbers the
-tables and figures show, named as there), then every other number of its result by its dotted path
-(``trace.stderr``, ``global.gradient_norm``, ``top.hvp_count``). Arrays are left out, short ones in the JSON
-(``top.values``, ``global.sharpness``) and the NPZ's alike: the summary quantities carry their headline
-numbers (``lambda_max`` is ``top.values[0]``, ``S_rho(rho)`` one per radius of ``global.sharpness``), and
-``PassRecord.value(key)`` reads any array. Text (``top.method``), true/false flags and nulls are not
-quantities and are left out; NaN and infinities are kept.
+The table is tidy: one row per measured quantity of a result, its columns ``run``, ``round``, ``pass``,
+``quantity``, ``value`` (a float), then one column per setting whose value differs between the table's results
+(``analysis_samples`` where two runs were analysed on different samples, ``hessian.top_k`` where a round holds
+the hessian pass at two ``top_k``; the analysis settings by their name, each pass's options as
+``<pass>.<option>``, the names ``landscape compare --settings`` takes), a list spelt ``0.01,0.05,0.1``, empty
+where a result does not record the setting. A setting every result shares (or records alone) tells no two rows
+apart and is no column: ``PassRecord.settings`` holds them all.
+
+The quantities are the pass's summary quantities first (``lambda_max``, ``trace``, ``S_rho(0.05)``,
+``Delta_D``: the numbers the tables and figures show, named as there), then every other number its result
+measured, by its dotted path (``trace.stderr``, ``global.gradient_norm``, ``updates.mean_update_norm``). What a
+result records besides its measurements is no quantity (``not_measured``): the settings it echoes (a number
+named like one of its recorded settings, ``global.seed``, ``top.tol``, ``local.steps``, and the method's own,
+``top.settings.k``), and its bookkeeping: seeds, counts of work and samples (``hvp_count``, ``iterations``,
+``global.gradient_evaluations``, ``trace.samples``, ``cells``), degrees of freedom, bytes, the model's size
+(``dim``, ``frozen``). Arrays are left out, short ones in the JSON (``top.values``, ``global.sharpness``) and the
+NPZ's alike: the summary quantities carry their headline numbers (``lambda_max`` is ``top.values[0]``,
+``S_rho(rho)`` one per radius of ``global.sharpness``). ``PassRecord.value(key)`` reads any value, arrays and
+left-out numbers alike. Text (``top.method``), true/false flags and nulls are not quantities; NaN and
+infinities are kept.
 """
 
 from __future__ import annotations
@@ -150,12 +158,36 @@ def read_results(path: Path) -> dict[int, list[PassRecord]]:
     return analyses
 
 
+# The bookkeeping numbers of a result (by the last name of their path): what the pass was asked (the numbers of
+# its method's settings), how much work it did and on how many samples, the model's size. Not measurements.
+_BOOKKEEPING = frozenset({"seed", "tol", "k", "krylov", "max_iter", "block", "test_vectors", "runs", "steps",
+                          "starts", "eta", "rho", "batch_size", "batches", "iterations", "samples", "data_samples",
+                          "cells", "cells_evaluated", "cells_resumed", "dim", "frozen", "scaled_parameters",
+                          "friendly_pairs"})
+_BOOKKEEPING_ENDS = ("_seed", "_count", "_dof", "_evaluations", "_bytes")
+
+
+def not_measured(key: str, setting_names: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Whether the result number at dotted path ``key`` is bookkeeping, not a measurement: a setting echoed
+    (its last name one of ``setting_names``, the result's recorded settings, or under the method's
+    ``settings``), a seed, a count of work or samples, degrees of freedom, bytes, the model's size."""
+    parts = key.split(".")
+    leaf = parts[-1]
+    return (leaf in setting_names or leaf in _BOOKKEEPING or leaf.endswith(_BOOKKEEPING_ENDS)
+            or "settings" in parts[:-1] and not leaf.endswith("stderr"))
+
+
 def quantities(rec: PassRecord) -> dict[str, float]:
-    """Quantity -> value of one result: its summary quantities, then the other numbers of its result by dotted
-    path (a path named like a summary quantity is that quantity, once)."""
+    """Quantity -> value of one result: its summary quantities, then the other numbers its result measured by
+    dotted path (``not_measured`` leaves the rest out; a path named like a summary quantity is that quantity,
+    once)."""
+    settings = rec.settings
+    names = {str(k) for part in ("analysis", "pass") if isinstance(settings.get(part), Mapping)
+             for k in settings[part]}
     found = dict(_numbers(rec.summary))
     for key, value in _numbers(_restore(rec.result)):
-        found.setdefault(key, value)
+        if not not_measured(key, names):
+            found.setdefault(key, value)
     return found
 
 
@@ -202,9 +234,18 @@ def result_rows(run: str, records: Mapping[int, Sequence[PassRecord]]) -> list[d
 
 
 def frame(rows: Sequence[Mapping[str, Any]]) -> pandas.DataFrame:
-    """The rows as a DataFrame: ``COLUMNS``, then the settings columns in the order they first appear."""
+    """The rows as a DataFrame: ``COLUMNS``, then the settings columns that tell rows apart (two values or more
+    among the rows that record the setting), in the order they first appear."""
     import pandas as pd
 
     columns = list(COLUMNS) + list(dict.fromkeys(key for row in rows for key in row if key not in COLUMNS))
     table = pd.DataFrame.from_records(list(rows), columns=columns)
-    return table.astype({"round": "int64", "value": "float64"})
+    same = [c for c in columns[len(COLUMNS):] if table[c].map(_cell).nunique(dropna=True) < 2]
+    return table.drop(columns=same).astype({"round": "int64", "value": "float64"})
+
+
+def _cell(value: Any) -> Any:
+    """A settings cell as compared: 2 and 2.0 alike, a missing one as missing."""
+    if value is None or isinstance(value, float) and math.isnan(value):
+        return None
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else str(value)
