@@ -18,7 +18,7 @@ from landscape.core.errors import LandscapeError
 _RECIPE_FLAGS: list[tuple[str, str, str]] = [
     ("--algorithm", "algorithm.name", "federated algorithm (see `landscape list`)"),
     ("--dataset", "dataset.name", "data set: digits (offline), mnist1d (generated), synthetic, mnist, ..."),
-    ("--model", "model.name", "model: mlp, cnn, lenet5, resnet18"),
+    ("--model", "model.name", "model: mlp, cnn, lenet5, resnet18, stacked-lstm"),
     ("--partition", "partition.name",
      "how the training set is split: dirichlet-client-reuse (as the papers' reference codes draw), "
      "dirichlet-client (no reuse), dirichlet, iid, pathological, natural"),

@@ -1,18 +1,21 @@
 """The data sets of the LEAF benchmark read from the JSON files its preprocessing writes, with their natural
-clients: `femnist` (Federated EMNIST, one client per writer), registered in ``datasets.DATASETS``. LEAF: Caldas
-et al. 2018, "LEAF: A Benchmark for Federated Settings" (github.com/TalwalkarLab/leaf).
+clients: `femnist` (Federated EMNIST, one client per writer) and `shakespeare` (next character, one client per
+speaking role), registered in ``datasets.DATASETS``. LEAF: Caldas et al. 2018, "LEAF: A Benchmark for Federated
+Settings" (github.com/TalwalkarLab/leaf).
 
-On disk, LEAF's layout after ``data/femnist/preprocess.sh -t sample`` (each writer's samples split into train
-and test): ``<root>/femnist/data/train/*.json`` and ``<root>/femnist/data/test/*.json``, so ``--data-root`` is
-LEAF's ``data`` folder. Each file is ``{"users": [...], "num_samples": [...], "user_data": {user: {"x": [...],
-"y": [...]}}}``; a FEMNIST image is 784 floats in [0, 1] (the 28x28 grey image row by row divided by 255: 1 is
-the white background), its label 0..61 (digits 0-9, upper-case letters 10-35, lower-case 36-61).
+On disk, LEAF's layout after ``data/<name>/preprocess.sh -t sample`` (each user's samples split into train and
+test): ``<root>/<name>/data/train/*.json`` and ``<root>/<name>/data/test/*.json``, so ``--data-root`` is LEAF's
+``data`` folder. Each file is ``{"users": [...], "num_samples": [...], "user_data": {user: {"x": [...],
+"y": [...]}}}`` (other keys, such as Shakespeare's "hierarchies", are not read). A FEMNIST image is 784 floats
+in [0, 1] (the 28x28 grey image row by row divided by 255: 1 is the white background), its label 0..61 (digits
+0-9, upper-case letters 10-35, lower-case 36-61). A Shakespeare sample is an 80-character string and the
+character after it, both read as indices into LEAF's 80-character vocabulary (inputs [80] of indices, 80
+classes).
 
-``partition.clients`` writers, drawn with the recipe's seed among the writers with training samples (all of
-them when it equals their number), make the training set, each writer's samples one client of the ``natural``
-partition; the test set is the same writers' test samples (LEAF's per-writer held-out share).
+``partition.clients`` users, drawn with the recipe's seed among the users with training samples (all of them
+when it equals their number), make the training set, each user's samples one client of the ``natural``
+partition; the test set is the same users' test samples (LEAF's per-user held-out share).
 """
-
 from __future__ import annotations
 
 import json
@@ -123,29 +126,74 @@ def _concatenate(writers: list[_Writer]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([w.x for w in writers]), np.concatenate([w.y for w in writers])
 
 
-@DATASETS.register("femnist", summary="LEAF FEMNIST from <root>/femnist/data/{train,test}/*.json; "
-                                      "partition.clients writers, own clients (natural)")
-def load_femnist(root: Path, download: bool, augment: bool, num_clients: int, seed: int,
-                 opts: None) -> DatasetBundle:
+def _load_writers(name: str, root: Path, download: bool, num_clients: int, seed: int,
+                  samples: Callable[[Path, str, Any, Any], _Writer], num_classes: int, who: str) -> DatasetBundle:
+    """``num_clients`` of the data set's users (``who``: writers, roles) drawn by ``seed`` among those with
+    training samples, their training samples one client each (the natural partition) and their test samples the
+    test set."""
     if download:
-        raise LandscapeError("femnist cannot be downloaded here: LEAF's data/femnist/preprocess.sh downloads "
+        raise LandscapeError(f"{name} cannot be downloaded here: LEAF's data/{name}/preprocess.sh downloads "
                              "and writes it; pass --data-root to LEAF's data folder")
-    train = {user: w for user, w in read_leaf_split("femnist", root, "train", _femnist_samples).items() if len(w.y)}
-    folder = root / "femnist" / "data" / "train"
+    train = {user: w for user, w in read_leaf_split(name, root, "train", samples).items() if len(w.y)}
+    folder = root / name / "data" / "train"
     if num_clients > len(train):
-        raise LandscapeError(f"femnist: {num_clients} clients asked for (partition.clients), but {folder} holds "
-                             f"{len(train)} writers with training samples; at most {len(train)}")
+        raise LandscapeError(f"{name}: {num_clients} clients asked for (partition.clients), but {folder} holds "
+                             f"{len(train)} {who} with training samples; at most {len(train)}")
     names = list(train)
     chosen = [names[i] for i in sorted(np.random.default_rng(seed).choice(len(names), num_clients,
                                                                            replace=False))]
-    test = read_leaf_split("femnist", root, "test", _femnist_samples, wanted=set(chosen))
+    test = read_leaf_split(name, root, "test", samples, wanted=set(chosen))
     if not test:
-        raise LandscapeError(f"femnist: none of the {num_clients} chosen writers has samples in "
-                             f"{root / 'femnist' / 'data' / 'test'}; LEAF's split must be per writer "
-                             "(preprocess.sh -t sample), not by writer (-t user)")
+        raise LandscapeError(f"{name}: none of the {num_clients} chosen {who} has samples in "
+                             f"{root / name / 'data' / 'test'}; LEAF's split must be each user's samples "
+                             "(preprocess.sh -t sample), not whole users (-t user)")
     x_train, y_train = _concatenate([train[user] for user in chosen])
     x_test, y_test = _concatenate([test[user] for user in chosen if user in test])
     sizes = np.cumsum([0] + [len(train[user].y) for user in chosen])
     natural = [np.arange(start, stop, dtype=np.int64) for start, stop in zip(sizes[:-1], sizes[1:])]
-    return make_bundle("femnist", x_train, y_train, x_test, y_test, num_classes=FEMNIST_CLASSES,
-                       natural_partition=natural)
+    return make_bundle(name, x_train, y_train, x_test, y_test, num_classes=num_classes, natural_partition=natural)
+
+
+@DATASETS.register("femnist", summary="LEAF FEMNIST from <root>/femnist/data/{train,test}/*.json; "
+                                      "partition.clients writers, own clients (natural)")
+def load_femnist(root: Path, download: bool, augment: bool, num_clients: int, seed: int,
+                 opts: None) -> DatasetBundle:
+    return _load_writers("femnist", root, download, num_clients, seed, _femnist_samples, FEMNIST_CLASSES,
+                         "writers")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# shakespeare: LEAF's next-character task. Each client is one speaking role of one play; a sample is an
+# 80-character string of the role's lines and the character that follows it. LEAF's models read both as indices
+# into its 80-character vocabulary (models/utils/language_utils.py, ALL_LETTERS; word_to_indices).
+
+SHAKESPEARE_VOCABULARY = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
+SHAKESPEARE_LENGTH = 80  # LEAF's SEQ_LENGTH
+_CHARACTER_INDEX = {c: i for i, c in enumerate(SHAKESPEARE_VOCABULARY)}
+
+
+def _indices(path: Path, user: str, text: str) -> list[int]:
+    try:
+        return [_CHARACTER_INDEX[c] for c in text]
+    except KeyError as error:
+        raise _malformed(path, f"user {shown(user)}: character {error.args[0]!r} is not in LEAF's "
+                               f"{len(SHAKESPEARE_VOCABULARY)}-character vocabulary") from None
+
+
+def _shakespeare_samples(path: Path, user: str, x: Any, y: Any) -> _Writer:
+    """One role's strings as character indices [n, 80] (float32, the inputs' dtype; exact) and next characters."""
+    if not all(isinstance(s, str) and len(s) == SHAKESPEARE_LENGTH for s in x):
+        raise _malformed(path, f"user {shown(user)}: 'x' must be a list of {SHAKESPEARE_LENGTH}-character strings")
+    if not all(isinstance(c, str) and len(c) == 1 for c in y):
+        raise _malformed(path, f"user {shown(user)}: 'y' must be a list of single characters")
+    rows = [_indices(path, user, s) for s in x]
+    inputs = np.asarray(rows, dtype=np.float32).reshape(len(rows), SHAKESPEARE_LENGTH)
+    return _Writer(inputs, np.asarray(_indices(path, user, "".join(y)), dtype=np.int64))
+
+
+@DATASETS.register("shakespeare", summary="LEAF Shakespeare (next character) from <root>/shakespeare/data/"
+                                          "{train,test}/*.json; partition.clients roles, own clients (natural)")
+def load_shakespeare(root: Path, download: bool, augment: bool, num_clients: int, seed: int,
+                     opts: None) -> DatasetBundle:
+    return _load_writers("shakespeare", root, download, num_clients, seed, _shakespeare_samples,
+                         len(SHAKESPEARE_VOCABULARY), "roles")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support.leaf_files import write_femnist
+from support.leaf_files import write_femnist, write_shakespeare
 
 from landscape.config import recipe as recipes
 from landscape.core.errors import LandscapeError
@@ -22,9 +22,9 @@ from landscape.data.partitions import PARTITIONS, make_partition
 
 IN_MEMORY = ["digits", "mnist1d", "synthetic"]
 # Read from tiny files in the real on-disk format, written to a folder of the test's own.
-ON_DISK = {"femnist": write_femnist}
+ON_DISK = {"femnist": write_femnist, "shakespeare": write_shakespeare}
 # A partition that reads the data set's own clients is split on each data set that has them; the others on digits.
-OWN_CLIENTS = {"natural": ["synthetic", "femnist"]}
+OWN_CLIENTS = {"natural": ["synthetic", "femnist", "shakespeare"]}
 REUSES = {"dirichlet-client-reuse"}  # refills a used-up class: samples repeat (tests/data/test_reference_partitions.py)
 
 

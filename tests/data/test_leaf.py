@@ -1,6 +1,7 @@
-"""LEAF's FEMNIST from tiny files in LEAF's real on-disk format (JSON under femnist/data/train and
-femnist/data/test, as its preprocess.sh -t sample writes them): read back exactly, one client per writer through
-the natural partition, writers drawn by the seed, a one-round `landscape train`, one-line errors for bad files."""
+"""LEAF's FEMNIST and Shakespeare from tiny files in LEAF's real on-disk format (JSON under <name>/data/train and
+<name>/data/test, as its preprocess.sh -t sample writes them): read back exactly, one client per writer (role)
+through the natural partition, writers drawn by the seed, a one-round `landscape train` (Shakespeare with LEAF's
+LSTM), one-line errors for bad files."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 from support.helpers import invoke
-from support.leaf_files import WRITERS, write_femnist, writer_data
+from support.leaf_files import LEAF_LETTERS, ROLES, WRITERS, write_femnist, write_shakespeare, writer_data
 
 from landscape.core.errors import LandscapeError
 from landscape.data.datasets import load_dataset
+from landscape.data.leaf_sets import SHAKESPEARE_VOCABULARY
 from landscape.data.partitions import make_partition
 
 
@@ -188,3 +190,52 @@ def test_train_without_the_files_is_one_line(tmp_path):
     line = result.output.strip()
     assert len(line.splitlines()) == 1 and line.startswith("error: femnist: missing folder ")
     assert str(tmp_path / "data" / "femnist" / "data" / "train") in line and not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# shakespeare
+
+
+def test_shakespeare_reads_characters_as_leaf_s_indices_one_client_per_role(tmp_path):
+    written = write_shakespeare(tmp_path)
+    bundle = load_dataset("shakespeare", root=tmp_path, download=False, augment=False, num_clients=len(ROLES),
+                          seed=0, options={})
+    assert bundle.num_classes == 80 and bundle.input_shape == (80,)
+    assert len(bundle.train) == sum(n for n, _ in ROLES.values())
+    for indices, role in zip(bundle.natural_partition, ROLES):
+        part = bundle.train.subset(indices)
+        assert [[LEAF_LETTERS[int(i)] for i in row] for row in part.x] == [list(s) for s in written["train"][role]["x"]]
+        assert [LEAF_LETTERS[int(i)] for i in part.y] == written["train"][role]["y"]
+    assert "".join(LEAF_LETTERS[int(i)] for i in bundle.test.y) == "".join(
+        "".join(written["test"][role]["y"]) for role in ROLES)
+    # LEAF's word_to_indices: the index of each character in its vocabulary
+    assert SHAKESPEARE_VOCABULARY == LEAF_LETTERS and bundle.train.x.max() <= 79 and bundle.train.x.min() >= 0
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda d: d["x"].__setitem__(0, d["x"][0][:79]), "'x' must be a list of 80-character strings"),
+    (lambda d: d["y"].__setitem__(0, "ab"), "'y' must be a list of single characters"),
+    (lambda d: d["x"].__setitem__(0, "~" + d["x"][0][1:]), "character '~' is not in LEAF's 80-character vocabulary"),
+])
+def test_shakespeare_bad_samples_are_one_line(tmp_path, change, expected):
+    write_shakespeare(tmp_path)
+    path = tmp_path / "shakespeare" / "data" / "train" / "all_data_niid_0_keep_0_train_8.json"
+    _rewrite(path, lambda d: change(d["user_data"]["THE_TEMPEST_ARIEL"]))
+    with pytest.raises(LandscapeError) as error:
+        load_dataset("shakespeare", root=tmp_path, download=False, augment=False, num_clients=3, seed=0, options={})
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"malformed LEAF file {path}: user THE_TEMPEST_ARIEL: ")
+    assert expected in message
+
+
+def test_one_round_of_leaf_s_lstm_on_the_roles(tmp_path):
+    write_shakespeare(tmp_path / "data")
+    out = tmp_path / "run"
+    result = invoke("train", "--dataset", "shakespeare", "--model", "stacked-lstm", "--set", "model.hidden=16",
+                    "--data-root", tmp_path / "data", "--partition", "natural", "--clients", "3",
+                    "--participation", "1", "--rounds", "1", "--local-steps", "2", "--batch-size", "2",
+                    "--device", "cpu", "--quiet", "--out", out)
+    assert result.exit_code == 0, result.output
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["round"] == 1 and np.isfinite(metrics[-1]["test_loss"])
+    assert 0.0 <= metrics[-1]["test_acc"] <= 1.0
