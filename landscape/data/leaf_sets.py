@@ -78,7 +78,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 def _femnist_samples(path: Path, user: str, x: Any, y: Any) -> _Writer:
     """One writer's images [n, 1, 28, 28] and labels, checked."""
     try:
-        images = np.asarray(x, dtype=np.float32)
+        images = np.asarray(x, dtype=np.float32) if x else np.zeros((0, FEMNIST_SIDE ** 2), dtype=np.float32)
     except (ValueError, TypeError):
         raise _malformed(path, f"user {shown(user)}: 'x' must be a list of images of {FEMNIST_SIDE ** 2} "
                                "numbers each") from None

@@ -91,6 +91,16 @@ def test_more_clients_than_writers_is_one_line(tmp_path):
     assert str(tmp_path / "femnist" / "data" / "train") in message
 
 
+def test_a_writer_without_training_samples_is_not_drawn(tmp_path):
+    write_femnist(tmp_path)
+    _rewrite(tmp_path / "femnist" / "data" / "train" / FIRST,
+             lambda d: (d["users"].append("f0009_00"), d["num_samples"].append(0),
+                        d["user_data"].update(f0009_00={"x": [], "y": []})))
+    assert len(load(tmp_path).natural_partition) == len(WRITERS)
+    with pytest.raises(LandscapeError, match=f"holds {len(WRITERS)} writers with training samples"):
+        load(tmp_path, num_clients=len(WRITERS) + 1)
+
+
 def test_missing_folder_or_files_name_the_path_and_what_is_expected(tmp_path):
     with pytest.raises(LandscapeError) as error:
         load(tmp_path)
