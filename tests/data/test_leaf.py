@@ -249,3 +249,31 @@ def test_one_round_of_leaf_s_lstm_on_the_roles(tmp_path):
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["round"] == 1 and np.isfinite(metrics[-1]["test_loss"])
     assert 0.0 <= metrics[-1]["test_acc"] <= 1.0
+
+
+def test_leaf_s_lstm_trains_the_roles_together_as_one_after_another(tmp_path):
+    """train.vectorize = on (the round's clients vmapped through the written-out LSTM) gives the sequential
+    loop's global model to 1e-9 relative in float64."""
+    from landscape.store.checkpoints import load_checkpoint
+
+    write_shakespeare(tmp_path / "data")
+    models = {}
+    for vectorize in ("on", "off"):
+        out = tmp_path / vectorize
+        result = invoke("train", "--dataset", "shakespeare", "--model", "stacked-lstm", "--set", "model.hidden=8",
+                        "--set", "train.dtype=float64", "--set", f"train.vectorize={vectorize}",
+                        "--data-root", tmp_path / "data", "--partition", "natural", "--clients", "5",
+                        "--participation", "1", "--rounds", "1", "--local-steps", "2", "--batch-size", "2",
+                        "--device", "cpu", "--quiet", "--out", out)
+        assert result.exit_code == 0, result.output
+        checkpoint = load_checkpoint(out / "checkpoints" / "round-0001.pt")
+        assert checkpoint["vectorized"]["used"] == (vectorize == "on")
+        models[vectorize] = checkpoint["model"]
+    start = load_checkpoint(tmp_path / "off" / "checkpoints" / "round-0000.pt")["model"]
+    assert models["on"].keys() == models["off"].keys() == start.keys()
+    for name, expected in models["off"].items():
+        got = models["on"][name]
+        assert got.dtype == torch.float64
+        assert float((got - expected).norm()) <= 1e-9 * float(expected.norm()), name
+    # the round moved every tensor: the comparison is not of two untouched starts
+    assert all(not torch.equal(models["off"][k], start[k]) for k in start)
