@@ -162,6 +162,12 @@ SKIP = {
     "wandb sync runs/my-run/wandb/offline-run-*": "uploads to Weights & Biases: needs a network and an account",
     "landscape figures figures/fednsam-fig1-surfaces.toml --scale paper": "GPU scale, CIFAR-100 on disk",
     "landscape train train/cifar100-fednsam.toml --device cuda": "needs a GPU and CIFAR-100 on disk",
+    "landscape train --dataset femnist --data-root leaf/data --partition natural --clients 100 --model cnn":
+        "needs LEAF's FEMNIST on disk (downloaded and converted by LEAF's preprocess.sh); tests/data/test_leaf.py "
+        "trains on tiny files in its format",
+    "landscape train --dataset shakespeare --data-root leaf/data --partition natural --clients 100 --model "
+    "stacked-lstm": "needs LEAF's Shakespeare on disk (downloaded and converted by LEAF's preprocess.sh); "
+                    "tests/data/test_leaf.py trains on tiny files in its format",
     **{cmd: "torchrun (several processes, a GPU or several machines)" for cmd in (
         "torchrun --standalone --nproc-per-node 4 -m landscape train train/cifar100-fednsam.toml --device cuda",
         "torchrun --standalone --nproc-per-node 4 -m landscape analyze runs/x --checkpoints all --device cuda",

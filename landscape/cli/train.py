@@ -18,7 +18,7 @@ from landscape.core.errors import LandscapeError
 _RECIPE_FLAGS: list[tuple[str, str, str]] = [
     ("--algorithm", "algorithm.name", "federated algorithm (see `landscape list`)"),
     ("--dataset", "dataset.name", "data set: digits (offline), mnist1d (generated), synthetic, mnist, ..."),
-    ("--model", "model.name", "model: mlp, cnn, lenet5, resnet18"),
+    ("--model", "model.name", "model: mlp, cnn, lenet5, resnet18, stacked-lstm"),
     ("--partition", "partition.name",
      "how the training set is split: dirichlet-client-reuse (as the papers' reference codes draw), "
      "dirichlet-client (no reuse), dirichlet, iid, pathological, natural"),
@@ -34,7 +34,7 @@ _RECIPE_FLAGS: list[tuple[str, str, str]] = [
     ("--seed", "seed", "seed of partition, initialisation, sampling and batches"),
     ("--checkpoint-every", "train.checkpoint_every", "checkpoint every N rounds (and always at the end)"),
     ("--eval-every", "train.eval_every", "evaluate on the test set every N rounds (and at the end)"),
-    ("--data-root", "dataset.root", "folder holding torchvision-format data sets"),
+    ("--data-root", "dataset.root", "folder holding the data sets read from files (torchvision's layout, LEAF's)"),
     ("--device", "train.device", "auto, cpu, cuda or cuda:N"),
     ("--threads", "train.threads", "CPU threads (0: every core); the last bits depend on it"),
 ]

@@ -1,6 +1,6 @@
 """Data sets (in memory, by name) and their split over clients (partitions, by name)."""
 
-from landscape.data import builtin_sets, factories, torchvision_sets  # noqa: F401 - imported to register them
+from landscape.data import builtin_sets, factories, leaf_sets, torchvision_sets  # noqa: F401 - imported to register them
 from landscape.data.datasets import (
     DATASETS,
     ArrayDataset,

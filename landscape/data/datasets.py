@@ -5,8 +5,9 @@
 sets (uint8 pixels normalised in float32, as torchvision's transforms do).
 
 The data sets themselves register from their modules, which the package imports (so the registry is
-complete wherever it is read): ``builtin_sets`` (`digits`, `synthetic`, `mnist1d`: no files) and
-``torchvision_sets`` (`mnist`, `fashion-mnist`, `cifar10`, `cifar100`: files in torchvision's layout).
+complete wherever it is read): ``builtin_sets`` (`digits`, `synthetic`, `mnist1d`: no files),
+``torchvision_sets`` (`mnist`, `fashion-mnist`, `cifar10`, `cifar100`: files in torchvision's layout) and
+``leaf_sets`` (`femnist`: LEAF's JSON files, one client per writer).
 """
 
 from __future__ import annotations

@@ -234,11 +234,11 @@ def pathological(labels: np.ndarray, num_clients: int, num_classes: int, rng: np
     return [np.concatenate(parts) for parts in clients]
 
 
-@PARTITIONS.register("natural", summary="the data set's own clients (synthetic)")
+@PARTITIONS.register("natural", summary="the data set's own clients (synthetic; femnist's writers, shakespeare's roles)")
 def natural_split(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator, opts: None,
                   natural: list[np.ndarray] | None) -> list[np.ndarray]:
     if natural is None:
-        raise LandscapeError("partition 'natural' needs a data set with its own clients (synthetic)")
+        raise LandscapeError("partition 'natural' needs a data set with its own clients (synthetic, femnist, shakespeare)")
     if len(natural) != num_clients:
         raise LandscapeError(f"partition 'natural': the data set has {len(natural)} clients "
                              f"but num_clients is {num_clients}")

@@ -1,6 +1,7 @@
 """Model zoo: name -> builder(input_shape, num_classes, opts) -> nn.Module returning logits [B, num_classes].
 
-Input shapes are images (C, H, W), signals (C, L) (MNIST-1D; `mlp` and `cnn` take them) or features (D,).
+Input shapes are images (C, H, W), signals (C, L) (MNIST-1D; `mlp` and `cnn` take them), features (D,) or
+sequences of token indices (L,) (Shakespeare; `stacked-lstm` takes them).
 
 All models are deterministic (no dropout), use standard layers only and keep PyTorch's default initialisation,
 so the caller's torch.manual_seed fully determines the parameters.
@@ -19,6 +20,7 @@ from torch import nn
 from landscape.core.errors import LandscapeError
 from landscape.core.imports import check_factory_spec
 from landscape.core.registry import Registry
+from landscape.models.lstm import StackedLSTM
 from landscape.models.resnet import ResNet18, norm_factory
 
 ModelBuilder = Callable[[tuple[int, ...], int, Any], nn.Module]
@@ -201,6 +203,29 @@ class ResNetOptions:
 def _build_resnet18(input_shape: tuple[int, ...], num_classes: int, opts: ResNetOptions) -> nn.Module:
     c, _, _ = _image_shape("resnet18", input_shape)
     return ResNet18(c, num_classes, norm_factory(opts.norm, opts.groups))
+
+
+# --- stacked-lstm ---
+
+
+@dataclass(frozen=True)
+class StackedLSTMOptions:
+    embedding: int = 8  # size of a character's embedding (LEAF's Shakespeare model: 8)
+    hidden: int = 256  # units of each LSTM layer (LEAF: 256)
+    layers: int = 2  # stacked LSTM layers (LEAF: 2)
+
+    def __post_init__(self) -> None:
+        for option in ("embedding", "hidden", "layers"):
+            _check_positive_int("stacked-lstm", option, getattr(self, option))
+
+
+@MODELS.register("stacked-lstm", options=StackedLSTMOptions,
+                 summary="LEAF's next-character LSTM (embedding, stacked LSTM, linear) on token indices (shakespeare)")
+def _build_stacked_lstm(input_shape: tuple[int, ...], num_classes: int, opts: StackedLSTMOptions) -> nn.Module:
+    if len(input_shape) != 1:
+        raise LandscapeError(f"stacked-lstm needs a sequence of token indices (L,), got input shape {input_shape}")
+    # LEAF's vocabulary is its classes (the next character): one embedding row per class
+    return StackedLSTM(num_classes, opts.embedding, opts.hidden, opts.layers, num_classes)
 
 
 # -- a factory of the user's own ([model] name = "factory"): runs recorded from a training loop of their own

@@ -421,7 +421,7 @@ def test_augmentation_pads_with_the_normalised_zero_pixel(cifar10):
 
 
 def test_every_registered_dataset_is_covered():
-    # mnist1d is covered in tests/data/test_mnist1d.py, factory (a user's data functions) in
-    # tests/store/test_run_writer.py
-    assert DATASETS.names() == ["cifar10", "cifar100", "digits", "factory", "fashion-mnist", "mnist", "mnist1d",
-                                "synthetic"]
+    # mnist1d is covered in tests/data/test_mnist1d.py, femnist and shakespeare in tests/data/test_leaf.py,
+    # factory (a user's data functions) in tests/store/test_run_writer.py
+    assert DATASETS.names() == ["cifar10", "cifar100", "digits", "factory", "fashion-mnist", "femnist", "mnist",
+                                "mnist1d", "shakespeare", "synthetic"]

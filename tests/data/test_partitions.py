@@ -162,7 +162,7 @@ def test_pathological_errors(digits_labels):
 
 
 def test_natural_errors(digits_labels):
-    with pytest.raises(LandscapeError, match=r"partition 'natural' needs a data set with its own clients \(synthetic\)"):
+    with pytest.raises(LandscapeError, match=r"partition 'natural' needs a data set with its own clients \(synthetic, femnist, shakespeare\)"):
         split(digits_labels, "natural")
     natural = [np.array([0, 1]), np.array([2, 3])]
     with pytest.raises(LandscapeError, match="the data set has 2 clients but num_clients is 3"):

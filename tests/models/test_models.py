@@ -25,7 +25,7 @@ def logits(model: nn.Module, input_shape: tuple[int, ...], batch: int = 2) -> to
 
 
 def test_registry_names() -> None:
-    assert MODELS.names() == ["cnn", "factory", "lenet5", "mlp", "resnet18"]
+    assert MODELS.names() == ["cnn", "factory", "lenet5", "mlp", "resnet18", "stacked-lstm"]
 
 
 @pytest.mark.parametrize(
@@ -100,6 +100,7 @@ def test_option_defaults() -> None:
     assert MODELS.get("cnn").option_defaults() == {"width": 32, "hidden": 128}
     assert MODELS.get("lenet5").option_defaults() == {}
     assert MODELS.get("resnet18").option_defaults() == {"norm": "gn", "groups": 2}
+    assert MODELS.get("stacked-lstm").option_defaults() == {"embedding": 8, "hidden": 256, "layers": 2}
 
 
 def test_mlp_layers() -> None:
@@ -197,7 +198,7 @@ def test_resnet18_cifar_stem() -> None:
 
 
 def test_error_unknown_model() -> None:
-    with pytest.raises(LandscapeError, match=r"unknown model 'vgg'; choose from: cnn, factory, lenet5, mlp, resnet18"):
+    with pytest.raises(LandscapeError, match=r"unknown model 'vgg'; choose from: cnn, factory, lenet5, mlp, resnet18, stacked-lstm"):
         build_model("vgg", CIFAR, 10)
 
 
@@ -265,3 +266,43 @@ def test_errors_are_one_line() -> None:
         with pytest.raises(LandscapeError) as info:
             build_model(name, shape, 10, options)
         assert "\n" not in str(info.value)
+
+
+def test_stacked_lstm_is_leaf_s_shakespeare_model_in_size() -> None:
+    """Embedding 80 x 8, LSTM layers of 4 gates x 256 over [input, h] with a bias, linear 256 -> 80."""
+    model = build_model("stacked-lstm", (80,), 80)
+    lstm = lambda i, h: 4 * h * (i + h) + 4 * h  # noqa: E731
+    assert n_params(model) == 80 * 8 + lstm(8, 256) + lstm(256, 256) + 256 * 80 + 80 == 817_872
+    assert n_params(build_model("stacked-lstm", (20,), 7, {"embedding": 3, "hidden": 5, "layers": 3})) == (
+        7 * 3 + lstm(3, 5) + 2 * lstm(5, 5) + 5 * 7 + 7)
+
+
+def test_stacked_lstm_computes_torch_s_lstm_with_the_forget_bias_of_tensorflow_s_cell() -> None:
+    """The same function as torch.nn.LSTM given the same weights (its gates i, f, g, o; ours TensorFlow's i, g, f,
+    o) with 1 added to the forget gate's bias, on the last step's output; in float64 to compare closely."""
+    torch.manual_seed(0)
+    model = build_model("stacked-lstm", (12,), 9, {"hidden": 6}).double()
+    reference = nn.LSTM(8, 6, num_layers=2, batch_first=True).double()
+    with torch.no_grad():
+        for k, layer in enumerate(model.layers):
+            i, g, f, o = layer.input.weight.chunk(4)
+            getattr(reference, f"weight_ih_l{k}").copy_(torch.cat([i, f, g, o]))
+            i, g, f, o = layer.recurrent.weight.chunk(4)
+            getattr(reference, f"weight_hh_l{k}").copy_(torch.cat([i, f, g, o]))
+            i, g, f, o = layer.input.bias.chunk(4)
+            getattr(reference, f"bias_ih_l{k}").copy_(torch.cat([i, f + 1.0, g, o]))
+            getattr(reference, f"bias_hh_l{k}").zero_()
+    tokens = torch.randint(0, 9, (5, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hidden, _ = reference(model.embedding(tokens))
+        expected = model.out(hidden[:, -1])
+        got = model(tokens.double())  # the data sets' inputs are float: indices read back as whole numbers
+    assert torch.allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_stacked_lstm_needs_a_sequence() -> None:
+    with pytest.raises(LandscapeError, match=r"stacked-lstm needs a sequence of token indices \(L,\), got input "
+                                             r"shape \(1, 8, 8\)"):
+        build_model("stacked-lstm", DIGITS, 10)
+    with pytest.raises(LandscapeError, match="stacked-lstm option 'hidden' must be a positive integer, got 0"):
+        build_model("stacked-lstm", (80,), 80, {"hidden": 0})
