@@ -7,6 +7,7 @@ window.MathJax = {
     displayMath: [["\\[", "\\]"]],
     processEscapes: true,
     processEnvironments: true,
+    packages: { "[-]": ["noundefined"] },  // an unknown macro is an error (merror), not red text
   },
   options: {
     ignoreHtmlClass: ".*|",
