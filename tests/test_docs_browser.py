@@ -69,11 +69,12 @@ def browser(tmp_path_factory):
             context.close()
 
 
-def _open(page, site: Path, name: str, width: int) -> None:  # noqa: F811
-    """Open the built page ``name`` at ``width`` px; one with formulas, once MathJax has typeset it."""
+def _open(page, site: Path, name: str, width: int, typeset: bool = True) -> None:  # noqa: F811
+    """Open the built page ``name`` at ``width`` px; one with formulas, once MathJax has typeset it (unless
+    ``typeset`` is false)."""
     page.set_viewport_size({"width": width, "height": 900})
     page.goto((site / f"{name}.html").as_uri(), wait_until="load", timeout=60_000)
-    if name in MATH_PAGES:
+    if typeset and name in MATH_PAGES:
         page.wait_for_function(TYPESET, timeout=30_000)
         page.evaluate("() => MathJax.startup.promise")  # resolves once the page is typeset
 
@@ -187,7 +188,7 @@ def test_no_code_block_hides_part_of_a_line_without_showing_it(browser, site):  
         if width != WIDTHS[0] or name in looked:
             continue
         looked.add(name)
-        _open(page, site, name, width)
+        _open(page, site, name, width, typeset=False)  # the code blocks' pixels only
         page.add_style_tag(content=".md-clipboard, .md-header { visibility: hidden; }")
         background, start = _edges(page, index, "start")  # the left band: the block's padding
         end = _edges(page, index, "end")[1]
