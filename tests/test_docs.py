@@ -12,26 +12,42 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import pytest
-from support.helpers import load_script
+from support.helpers import load_script, shared_folder
 
 from landscape.core.schema import rule
 
 ROOT = Path(__file__).resolve().parents[1]
+# The formulas of a page's Markdown, as pymdownx.arithmatex finds them: a displayed one is $$ ... $$ on lines of
+# their own, an inline one $...$ (no space inside either $); none in fenced code or a code span.
+FENCE = re.compile(r"^( *)(```|~~~).*?^\1\2[ \t]*$", re.S | re.M)
+CODE_SPAN = re.compile(r"(`+)(?!`)((?:(?!\n[ \t]*\n).)+?)(?<!`)\1(?!`)", re.S)
+DISPLAY = re.compile(r"^[ \t]*\$\$[ \t]*\n(.*?)\n[ \t]*\$\$[ \t]*$", re.S | re.M)
+INLINE = re.compile(r"(?<![\\$])\$(?![\s$])((?:\\.|[^\\$])+?)(?<!\s)\$")
+MATH_PAGES = ("metrics", "algorithms", "guides/own-model")  # the pages with formulas
+
+
+def formulas(markdown: str) -> int:
+    """How many formulas a page's Markdown holds (displayed and inline)."""
+    text = CODE_SPAN.sub(" ", FENCE.sub("", markdown))
+    return len(DISPLAY.findall(text)) + len(INLINE.findall(DISPLAY.sub("", text)))
 
 
 def _tool():
     return load_script("tools/reference.py")
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("site")
+def build_site(out: Path) -> None:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f",
                            str(ROOT / "mkdocs.yml"), "-d", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
-    return out
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The built site, once per test session (this file and the browser test, tests/test_docs_browser.py)."""
+    return shared_folder(tmp_path_factory, "site", build_site)
 
 
 def test_the_site_builds_strictly_and_every_page_of_the_nav_is_there(site):
@@ -40,6 +56,29 @@ def test_the_site_builds_strictly_and_every_page_of_the_nav_is_there(site):
                  "reference/passes", "reference/plot-kinds", "reference/api", "reliability", "results/index",
                  "algorithms", "metrics", "architecture"):
         assert (site / f"{page}.html").is_file(), page
+
+
+def test_every_formula_of_the_pages_is_marked_for_mathjax_which_the_site_carries(site):
+    pages = sorted(p.relative_to(ROOT / "docs").with_suffix("").as_posix() for p in (ROOT / "docs").rglob("*.md")
+                   if formulas(p.read_text()))
+    assert set(MATH_PAGES) <= set(pages) and formulas((ROOT / "docs" / "metrics.md").read_text()) > 500
+    for page in pages:
+        html = (site / f"{page}.html").read_text()
+        marked = re.findall(r'<(span|div) class="arithmatex">(.*?)</\1>', html, re.S)
+        assert len(marked) == formulas((ROOT / "docs" / f"{page}.md").read_text()), page
+        assert all(m[1].startswith(("\\(", "\\[")) for m in marked), page
+        # no formula left as text for the reader: $$ outside the marked ones and outside code
+        text = re.sub(r"<(code|pre)\b.*?</\1>", "", re.sub(r'<(span|div) class="arithmatex">.*?</\1>', "", html,
+                                                            flags=re.S), flags=re.S)
+        assert "$$" not in text and "\\frac" not in text, page
+        assert 'src="javascripts/mathjax/tex-svg-full.js"' in html or 'src="../javascripts/mathjax/tex-svg-full.js"' in html
+    assert (site / "javascripts" / "mathjax" / "tex-svg-full.js").stat().st_size > 1_000_000
+    assert (site / "search" / "search_index.js").read_text().startswith("var __index = {")
+
+
+def test_the_formula_count_sees_displayed_and_inline_formulas_but_not_code():
+    assert formulas("a $x$ and $y_i$, `$z$` and $ 5 $.\n\n$$\nF(w) = \\frac1n\n$$\n\n```\n$HOME $x$\n```\n") == 3
+    assert formulas("$\\lfloor$`swa_start`$\\cdot T\\rfloor$ costs \\$5") == 2
 
 
 def test_the_api_reference_is_rendered_from_the_docstrings(site):

@@ -1,14 +1,12 @@
 """The HTML report in a real browser: headless Chromium opens the page `landscape report` writes, with the
 network closed to it, and every plot draws without a JavaScript error.
 
-Driven by Playwright for Python with Debian's Chromium (/usr/bin/chromium; Playwright's own browser downloads
-are never used). Without Chromium the test skips, unless LANDSCAPE_REQUIRE_BROWSER=1 (CI sets it), where it
-fails. The full-page screenshot is left in the test's tmp_path.
+Debian's Chromium driven by Playwright (tests/support/browser.py: a skip without them, a failure under
+LANDSCAPE_REQUIRE_BROWSER=1). The full-page screenshot is left in the test's tmp_path.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from io import BytesIO
 from pathlib import Path
@@ -16,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from support.browser import CHROMIUM_ARGS, chromium_path, only_file_urls
 from support.helpers import tiny_recipe
 from test_report import ANALYSIS_PLOTS, CURVE_PLOTS, FAST, run  # noqa: F401 (run: the analysed FedAvg run)
 
@@ -26,12 +25,6 @@ from landscape.cli import cli
 from landscape.figures.report import surfaces as report_surfaces
 from landscape.train import loop
 
-REQUIRED = os.environ.get("LANDSCAPE_REQUIRE_BROWSER") == "1"
-# Headless without a GPU; no first-run, sync, update or other background traffic: the network is closed here
-# and Chromium stalls on refused connections otherwise. SwiftShader gives the 3D surface its WebGL.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--enable-unsafe-swiftshader", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
 SURFACE_PLOTS = {"surface-fedavg-round-2-surface-interpolate", "surface-fedavg-round-3-surface"}  # 1D line, 2D plane
 DRAWN = """() => {
     const plots = [...document.querySelectorAll('.plot')];
@@ -48,23 +41,9 @@ WIDTHS = """() => ({page: document.documentElement.scrollWidth, window: document
         Math.ceil(t.closest('.scroll').getBoundingClientRect().right) : null)})"""
 
 
-def unavailable(reason: str) -> None:
-    if REQUIRED:
-        pytest.fail(f"{reason}, and LANDSCAPE_REQUIRE_BROWSER=1 asks for the browser test")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    """Debian's Chromium, or a skip (a failure under LANDSCAPE_REQUIRE_BROWSER=1)."""
-    path = shutil.which("chromium") or ("/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None)
-    if path is None:
-        unavailable("chromium is not installed (Debian: apt-get install chromium)")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        unavailable("playwright for Python is not installed (pip install -e '.[test]')")
-    return path
+    return chromium_path()
 
 
 @pytest.fixture(scope="module")
@@ -106,21 +85,13 @@ def test_the_report_draws_every_plot_in_chromium_without_errors(chromium, report
     console_errors: list[str] = []
     offsite: list[str] = []
 
-    def only_this_page(route) -> None:
-        url = route.request.url
-        if url.startswith(("file:", "data:")):
-            route.continue_()
-        else:
-            offsite.append(url)
-            route.abort()
-
     shot = tmp_path / "report.png"
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             tmp_path / "profile", executable_path=chromium, headless=True, args=CHROMIUM_ARGS, timeout=60_000,
             viewport={"width": 1400, "height": 900}, service_workers="block")
         try:
-            context.route("**/*", only_this_page)
+            context.route("**/*", only_file_urls(offsite))
             page = context.pages[0] if context.pages else context.new_page()
             page.on("pageerror", lambda error: page_errors.append(str(error)))
             page.on("console", lambda message: console_errors.append(message.text)

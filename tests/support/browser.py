@@ -1,0 +1,50 @@
+"""Debian's headless Chromium for the browser tests (the report, the documentation site), driven by Playwright for
+Python; Playwright's own browser downloads are never used. Without Chromium or Playwright a browser test skips,
+unless LANDSCAPE_REQUIRE_BROWSER=1 (CI sets it), where it fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+REQUIRED = os.environ.get("LANDSCAPE_REQUIRE_BROWSER") == "1"
+# Headless without a GPU; no first-run, sync, update or other background traffic: the network is closed here
+# and Chromium stalls on refused connections otherwise. SwiftShader gives the report's 3D surface its WebGL.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--enable-unsafe-swiftshader", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+
+
+def unavailable(reason: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"{reason}, and LANDSCAPE_REQUIRE_BROWSER=1 asks for the browser test")
+    pytest.skip(reason)
+
+
+def chromium_path() -> str:
+    """Debian's Chromium, or a skip (a failure under LANDSCAPE_REQUIRE_BROWSER=1)."""
+    path = shutil.which("chromium") or ("/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None)
+    if path is None:
+        unavailable("chromium is not installed (Debian: apt-get install chromium)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        unavailable("playwright for Python is not installed (pip install -e '.[test]')")
+    return path
+
+
+def only_file_urls(offsite: list[str]):
+    """A Playwright route handler that lets file: and data: URLs through and aborts (and notes in ``offsite``)
+    every other request."""
+
+    def route(route) -> None:
+        url = route.request.url
+        if url.startswith(("file:", "data:")):
+            route.continue_()
+        else:
+            offsite.append(url)
+            route.abort()
+
+    return route
