@@ -304,7 +304,7 @@ def spectrum_figure(*, values: np.ndarray | None = None, residuals: np.ndarray |
         ax.set_xlabel("j")
         ax.set_ylabel(r"$\lambda_j(\nabla^2 F)$")
         ax.set_title(rf"(a) top-{values.size} Hessian eigenvalues (Lanczos)"
-                     + ("" if errors is None else "\nbars: residual $\|Hv_j - \lambda_j v_j\|$"))
+                     + ("" if errors is None else "\n" + r"bars: residual $\|Hv_j - \lambda_j v_j\|$"))
         ax.grid(alpha=0.3)
         if not ok.all():
             ax.legend(fontsize="small")
@@ -337,7 +337,7 @@ def sharpness_profile_figure(rhos: np.ndarray, sharpness: np.ndarray, *, agreed:
     fig = new_figure(6.4, 4.4)
     ax = fig.add_subplot()
     ax.plot(rhos[order], sharpness[order], "-", color="C0", lw=1.2, zorder=2)
-    for mask, face, label in ((ok, "C0", "another start reached it"), (~ok, "white", "one start only")):
+    for mask, face, label in ((ok, "C0", "another start reached it"), (~ok, "white", "no other start reached it")):
         if mask.any():
             ax.scatter(rhos[mask], sharpness[mask], s=40, facecolor=face, edgecolor="C0", zorder=3,
                        label=label if not ok.all() else None)
