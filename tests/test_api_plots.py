@@ -153,6 +153,9 @@ def test_a_wrong_result_type_is_a_one_line_type_error(problem, tmp_path):
     with pytest.raises(TypeError, match="not SharpnessProfile"):
         landscape.plot_spectrum([landscape.density(*problem, runs=1, steps=3), profile])
     assert not (tmp_path / "x.png").exists()
+    # the run figures' renderers name the function that draws an API result
+    with pytest.raises(TypeError, match="a result of landscape.surface is drawn by landscape.plot_surface"):
+        contour_figure(landscape.surface(*problem, grid=3))
     with pytest.raises(LandscapeError, match="kind must be one of contour, 3d"):
         landscape.plot_surface(landscape.surface(*problem, grid=3), kind="surface")
     with pytest.raises(LandscapeError, match="must end in .png, .pdf or .svg"):
