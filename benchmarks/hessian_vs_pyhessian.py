@@ -352,11 +352,11 @@ def main() -> None:
     def lanczos(keep: bool, verify: bool, backend: str = "double-backward", seed: int = args.seed):
         op = HessianOperator(objective, w, backend, keep_graph=keep if backend == "double-backward" else False)
         result = lanczos_topk(op, TOP, seed=seed, verify=verify)
-        return result.values.numpy(), result.hvp_count, bool(result.converged.all()), None
+        return result.values, result.hvp_count, bool(result.converged.all()), None
 
     def power():
         result = power_iteration(HessianOperator(objective, w), TOP, seed=args.seed)
-        return result.values.numpy(), result.hvp_count, bool(result.converged.all()), None
+        return result.values, result.hvp_count, bool(result.converged.all()), None
 
     def pyhessian(tol: float, seed: int = args.seed):
         result = pyhessian_lambda_max_and_trace(module, data, w, top_n=TOP, trace_iters=0, tol=tol, device=device,

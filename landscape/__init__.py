@@ -6,7 +6,8 @@ analysis result of the run, a pandas DataFrame) and ``landscape.results(paths)``
 analysis of any model on any data, with no run directory: ``landscape.hessian_eigs(model, data, k=5)``,
 ``landscape.trace``, ``landscape.density``, ``landscape.sharpness``, ``landscape.surface``,
 ``landscape.flatness_distance``, and over a model's clients ``landscape.incompatibility(model, clients_data)``
-and ``landscape.alignment`` (see ``landscape.api``); a run recorded from a training loop of your own:
+and ``landscape.alignment`` (see ``landscape.api``), and their figures ``landscape.plot_surface``,
+``landscape.plot_spectrum``, ``landscape.plot_sharpness`` (see ``landscape.api.plots``); a run recorded from a training loop of your own:
 ``landscape.RunWriter`` (see ``landscape.store.writer``). ``dir(landscape)`` lists exactly these names
 (``__all__``).
 """
@@ -31,6 +32,9 @@ _LAZY = {
     "flatness_distance": "landscape.api",
     "hessian_eigs": "landscape.api",
     "incompatibility": "landscape.api",
+    "plot_sharpness": "landscape.api.plots",
+    "plot_spectrum": "landscape.api.plots",
+    "plot_surface": "landscape.api.plots",
     "problem": "landscape.api",
     "sharpness": "landscape.api",
     "surface": "landscape.api",
@@ -43,6 +47,8 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module == "landscape.api":
         from landscape import api as module  # static imports, which the import contracts see
+    elif module == "landscape.api.plots":
+        from landscape.api import plots as module
     elif module == "landscape.store.run":
         from landscape.store import run as module
     elif module == "landscape.store.writer":

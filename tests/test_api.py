@@ -43,8 +43,8 @@ def test_hessian_eigs_equal_the_dense_hessian(regression):
     loss = F.mse_loss if regression else F.cross_entropy
     expected = torch.linalg.eigvalsh(_dense_hessian(model, x, y, loss)).flip(0)[:3]
     got = landscape.hessian_eigs(model, (x, y), k=3, tol=1e-8, loss="mse" if regression else None)
-    torch.testing.assert_close(got.values, expected, rtol=1e-7, atol=1e-9)
-    assert got.values.dtype == torch.float64 and bool(got.converged.all())
+    torch.testing.assert_close(torch.from_numpy(got.values), expected, rtol=1e-7, atol=1e-9)
+    assert isinstance(got.values, np.ndarray) and got.values.dtype == np.float64 and bool(got.converged.all())
     trace = landscape.trace(model, (x, y), hvps=60, method="hutchinson", loss="mse" if regression else None)
     exact = float(torch.trace(_dense_hessian(model, x, y, loss)))
     assert abs(trace.estimate - exact) < 5 * trace.stderr + 1e-9
@@ -141,7 +141,7 @@ def test_open_run_model_keeps_the_checkpoint_dtype(tmp_path):
     model = landscape.open_run(tmp_path / "r").model()
     assert next(model.parameters()).dtype == torch.float64
     assert landscape.hessian_eigs(model, (torch.randn(8, 1, 8, 8, dtype=torch.float64),
-                                          torch.randint(0, 10, (8,))), k=1).values.dtype == torch.float64
+                                          torch.randint(0, 10, (8,))), k=1).values.dtype == np.float64
 
 
 def test_dir_lists_the_api_and_importing_the_package_loads_no_torch():
@@ -204,3 +204,44 @@ def test_every_function_runs_on_the_cli_thread_default_and_restores_the_count(mo
                 landscape.trace(model, (x, y), threads=bad)
     finally:
         torch.set_num_threads(before)
+
+
+def _arrays(result, name: str = "") -> dict[str, object]:
+    """Every array-like field of a result (nested results too), by its dotted name."""
+    import dataclasses
+
+    found = {}
+    for f in dataclasses.fields(result):
+        value = getattr(result, f.name)
+        if dataclasses.is_dataclass(value):
+            found |= _arrays(value, f"{name}{f.name}.")
+        elif isinstance(value, (np.ndarray, torch.Tensor)):
+            found[name + f.name] = value
+    return found
+
+
+def test_every_result_holds_numpy_arrays_float64_for_measurements():
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))  # float32: the numbers still float64
+    x = torch.randn(40, 4, generator=torch.Generator().manual_seed(0))
+    y = torch.randint(0, 3, (40,), generator=torch.Generator().manual_seed(1))
+    other = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    clients = [(x[:20], y[:20]), (x[20:], y[20:])]
+    results = {
+        "hessian_eigs": landscape.hessian_eigs(model, (x, y), k=2),
+        "density": landscape.density(model, (x, y), runs=2, steps=4),
+        "sharpness": landscape.sharpness(model, (x, y), rho=[0.01, 0.05], steps=2, starts=2),
+        "surface": landscape.surface(model, (x, y), grid=3),
+        "flatness_distance": landscape.flatness_distance(model, [model, other], start=other),
+        "incompatibility": landscape.incompatibility(model, clients, rho=0.05, batches=2, minibatch_size=5),
+        "alignment": landscape.alignment(model, clients, start=model, client_models=[model, other], batches=2,
+                                         minibatch_size=5),
+    }
+    for function, result in results.items():
+        arrays = _arrays(result)
+        assert arrays, function
+        for name, value in arrays.items():
+            assert isinstance(value, np.ndarray), f"{function}: {name} is {type(value).__name__}"
+            assert value.dtype in (np.float64, np.bool_, np.int64), f"{function}: {name} is {value.dtype}"
+    eigs, dens = results["hessian_eigs"], results["density"]
+    assert eigs.values.dtype == eigs.residuals.dtype == np.float64 and eigs.converged.dtype == np.bool_
+    assert all(a.dtype == np.float64 for a in (dens.grid, dens.density, dens.nodes, dens.weights))

@@ -83,7 +83,8 @@ def test_the_formula_count_sees_displayed_and_inline_formulas_but_not_code():
 
 def test_the_api_reference_is_rendered_from_the_docstrings(site):
     html = (site / "reference" / "api.html").read_text()
-    for name in ("api.hessian_eigs", "api.flatness_distance", "store.run.open_run", "store.run.Run.model",
+    for name in ("api.hessian_eigs", "api.flatness_distance", "api.plots.plot_surface", "api.plots.plot_spectrum",
+                 "api.plots.plot_sharpness", "store.run.open_run", "store.run.Run.model",
                  "store.run.PassRecord", "core.schema.read_toml", "core.errors.LandscapeError"):
         assert f'id="landscape.{name}"' in html, name
     # a docstring's words, not only the names

@@ -9,13 +9,18 @@ landscape.surface(model, loader, grid=21, span=(-1, 1)).loss
 landscape.flatness_distance(global_model, [client_a, client_b]).distance
 landscape.incompatibility(model, [data_0, data_1], rho=0.05).incompatibility      # Delta_FI over the clients
 landscape.alignment(model, [data_0, data_1], start=x_prev, client_models=[y_0, y_1]).updates
+landscape.plot_surface(landscape.surface(model, loader), "surface.png")              # figures: landscape.api.plots
 ```
 
 Each function takes the model (an ``nn.Module``: it is never modified, its parameters and buffers are read
 once) and the data (a ``(inputs, targets)`` pair of tensors, a map-style ``Dataset`` or a ``DataLoader``: read
 once into memory, a DataLoader in index order whatever its shuffling, and then used in fixed batches, so every
-number is deterministic), and returns a frozen result. Data and arguments are checked where they enter: a bad
-one is a one-line ``LandscapeError`` naming it (``data: class 57 is outside 0..9 ...``, ``k must be a whole
+number is deterministic), and returns a frozen result whose numbers are numpy, wherever the model ran: arrays of
+measurements are float64 numpy arrays on the host, flags numpy bool arrays, counts numpy int arrays, single
+values Python floats and ints (only the eigenvectors a solver is asked to keep stay torch tensors: parameter
+vectors, as directions are); ``landscape.plot_surface``, ``landscape.plot_spectrum`` and
+``landscape.plot_sharpness`` draw them (``landscape.api.plots``). Data and arguments are checked where they
+enter: a bad one is a one-line ``LandscapeError`` naming it (``data: class 57 is outside 0..9 ...``, ``k must be a whole
 number >= 1 (got 1.5)``). ``loss`` is the cross-entropy unless named (``"mse"``) or given as a callable
 ``(outputs, targets) -> mean loss``. The model's device and dtype are used unless ``device`` / ``dtype`` say otherwise. Only the
 trainable parameters (``requires_grad=True``) are analysed: the flat vector w, the Hessian's dimension and every
@@ -114,7 +119,8 @@ def hessian_eigs(model: nn.Module | Problem, data: Any = None, k: int = 5, *, to
                  hvp: str = "auto", progress: Progress | None = None, threads: int = DEFAULT_THREADS,
                  **settings: Any) -> EigenResult:
     """The k largest eigenvalues of the Hessian of F by Lanczos (``values`` descending, ``residuals``: the true
-    ||Hv - lambda v|| from the recorded products, ``converged``, ``hvp_count``). A determinism probe (two
+    ||Hv - lambda v|| from the recorded products, float64 numpy arrays; ``converged``, a bool one;
+    ``hvp_count``). A determinism probe (two
     products) runs first: dropout or batch statistics that change between products are refused."""
     k, tol, seed, progress = checks.whole("k", k), checks.finite("tol", tol), checks.seed(seed), \
         checks.progress(progress)
@@ -137,7 +143,8 @@ def trace(model: nn.Module | Problem, data: Any = None, *, hvps: int = 60, metho
 def density(model: nn.Module | Problem, data: Any = None, *, runs: int = 4, steps: int = 40, seed: int = 0,
             hvp: str = "auto", progress: Progress | None = None, threads: int = DEFAULT_THREADS,
             **settings: Any) -> DensityResult:
-    """The Hessian's spectral density by stochastic Lanczos quadrature (``runs`` x ``steps`` products; the
+    """The Hessian's spectral density by stochastic Lanczos quadrature (``grid``, ``density`` and the
+    quadrature's ``nodes`` and ``weights`` [runs, steps]: float64 numpy arrays; ``runs`` x ``steps`` products; the
     trace it implies has a standard error with ``runs`` - 1 degrees of freedom, as the hessian pass's default)."""
     runs, steps = checks.whole("runs", runs), checks.whole("steps", steps)
     seed, progress = checks.seed(seed), checks.progress(progress)

@@ -7,7 +7,10 @@ sharpness S_rho(x^t) and lambda_1(x^t) at the analysed rounds), ``plot_hessian_s
 Hessian figure: lambda_max and lambda_1 / lambda_k bars, the clients' lambda_max as dots beside each bar,
 SLQ spectral densities; bar tick labels wrapped to their slot), ``plot_incompatibility``
 (Delta_FI and its split with standard errors) and ``plot_alignment_heatmaps`` (client x client gradient
-cosines on one colour scale [-1, 1]). A run that lacks the analysis a figure needs raises a LandscapeError
+cosines on one colour scale [-1, 1]). From arrays, with no run (the notebook API's results, drawn by
+``landscape.api.plots``): ``spectrum_figure`` (the top-k eigenvalues with their residuals and the spectral
+density, on the Hessian figure's density axes) and ``sharpness_profile_figure`` (S_rho over the radius rho).
+A run that lacks the analysis a figure needs raises a LandscapeError
 that names the run and the ``landscape analyze`` command to run. Every run keeps one colour in every figure.
 
 Seeds: runs that differ only in their recipe's seed (``landscape.figures.seeds``; a figure recipe's seeds of
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from landscape.core.errors import LandscapeError
 from landscape.figures.extract import (
@@ -242,25 +246,121 @@ def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
                       rotation_mode="anchor", fontsize="small")
         ax.margins(y=0.3 if ax.get_legend() is not None else 0.15)  # room for the legend above the bars
         ax.grid(axis="y", alpha=0.3)
-    floor = density_floor(summaries)
-    for group, members in grouped:
-        # several seeds: each a thin line of the group's colour, one legend entry
-        for k, s in enumerate(members):
-            label = group.legend if same_round else f"{group.legend} (round {s.round})"
-            ax_density.semilogy(s.grid, np.maximum(s.density, floor), color=group.colour,
-                                lw=0.9 if group.n > 1 else None,
-                                label=label if k == 0 or not same_round else None)
-    ax_density.set_ylim(bottom=floor)
+    # several seeds: each a thin line of the group's colour, one legend entry
+    density_axes(ax_density, [(s.grid, s.density, {
+        "color": group.colour, "lw": 0.9 if group.n > 1 else None,
+        "label": (group.legend if same_round else f"{group.legend} (round {s.round})")
+        if k == 0 or not same_round else None}) for group, members in grouped for k, s in enumerate(members)],
+        density_floor([s.density for s in summaries]))
     if same_round:
         several = any(g.n > 1 for g, _ in grouped)
         fig.suptitle(f"Hessian of the global loss at round {summaries[0].round}"
                      + (" (bars: mean over seeds +- standard error)" if several else ""))
     ax_density.set_title(with_settings("(c) Hessian spectral density (SLQ)",
                                        settings_caption([s.run for s in summaries], "hessian"), "\n"))
-    ax_density.set_xlabel(r"eigenvalue $\lambda$")
-    ax_density.set_ylabel("density (log scale)")
-    ax_density.grid(alpha=0.3)
     ax_density.legend(fontsize="small")
+    return fig
+
+
+def density_axes(ax: Any, lines: Sequence[tuple[np.ndarray, np.ndarray, dict[str, Any]]], floor: float) -> None:
+    """Spectral densities on a log scale: each (grid, density, line style) drawn with the density clipped at
+    ``floor`` (``over_seeds.density_floor``: the scale shows nothing below it), the eigenvalue axis labelled.
+    The Hessian figure's panel (c) and ``spectrum_figure``'s density."""
+    for grid, density, style in lines:
+        ax.semilogy(grid, np.maximum(density, floor), **style)
+    ax.set_ylim(bottom=floor)
+    ax.set_xlabel(r"eigenvalue $\lambda$")
+    ax.set_ylabel("density (log scale)")
+    ax.grid(alpha=0.3)
+
+
+# -- from arrays: the notebook API's results ------------------------------------------------------------------
+
+
+def spectrum_figure(*, values: np.ndarray | None = None, residuals: np.ndarray | None = None,
+                    converged: np.ndarray | None = None, grid: np.ndarray | None = None,
+                    density: np.ndarray | None = None, title: str | None = None) -> Figure:
+    """The Hessian's spectrum of one model: (a) its top-k eigenvalues lambda_1 >= ... >= lambda_k (Lanczos)
+    against j, each with its residual ||H v_j - lambda_j v_j|| as an error bar (a true eigenvalue lies within
+    it), hollow where it did not converge; (b) the SLQ spectral density on the Hessian figure's log axes
+    (``density_axes``), the top-k eigenvalues as dashed lines on it. Either part alone draws one panel."""
+    if values is None and density is None:
+        raise LandscapeError("a spectrum figure needs the top eigenvalues, the spectral density or both")
+    panels = (values is not None) + (density is not None)
+    fig = new_figure(6.0 * panels, 4.4)
+    axes = list(np.atleast_1d(fig.subplots(1, panels)))
+    if values is not None:
+        ax = axes.pop(0)
+        values = np.asarray(values, dtype=float)
+        j = np.arange(1, values.size + 1)
+        errors = None if residuals is None else np.asarray(residuals, dtype=float)
+        ok = np.ones(values.size, bool) if converged is None else np.asarray(converged, bool)
+        ax.errorbar(j, values, yerr=errors, ls="none", color="C0", capsize=4, lw=1, zorder=2)
+        for mask, face, label in ((ok, "C0", "converged"), (~ok, "white", "not converged")):
+            if mask.any():
+                ax.scatter(j[mask], values[mask], s=40, facecolor=face, edgecolor="C0", zorder=3,
+                           label=label if not ok.all() else None)
+        for x, y in zip(j, values):
+            ax.annotate(f"{y:.4g}", (x, y), xytext=(6, 4), textcoords="offset points", fontsize=8)
+        ax.set_xticks(j)
+        ax.set_xlim(0.5, values.size + 0.5)
+        ax.margins(y=0.15)
+        ax.set_xlabel("j")
+        ax.set_ylabel(r"$\lambda_j(\nabla^2 F)$")
+        ax.set_title(rf"(a) top-{values.size} Hessian eigenvalues (Lanczos)"
+                     + ("" if errors is None else "\n" + r"bars: residual $\|Hv_j - \lambda_j v_j\|$"))
+        ax.grid(alpha=0.3)
+        if not ok.all():
+            ax.legend(fontsize="small")
+    if density is not None:
+        ax = axes.pop(0)
+        drawn = [(np.asarray(grid, dtype=float), np.asarray(density, dtype=float),
+                  {"color": "C0", "label": "SLQ density"})]
+        density_axes(ax, drawn, density_floor([drawn[0][1]]))
+        for k, value in enumerate([] if values is None else values):
+            ax.axvline(value, color="C3", ls="--", lw=0.9,
+                       label=rf"$\lambda_1 \ldots \lambda_{{{values.size}}}$ (Lanczos)" if k == 0 else None)
+        ax.set_title(("(b) " if panels == 2 else "") + "Hessian spectral density (SLQ)")
+        ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def sharpness_profile_figure(rhos: np.ndarray, sharpness: np.ndarray, *, agreed: np.ndarray | None = None,
+                             adaptive: bool = False, title: str | None = None) -> Figure:
+    """S_rho = max_{||e|| <= rho} F(x + e) - F(x) of one model over the radius rho (log axis when the radii
+    span a factor of 10 or more), each value labelled; hollow where ``agreed`` is False (no second ascent start
+    reached that maximum: it may be a lower local one). ``adaptive``: the ASAM ball ||e / (|x| + eta)|| <= rho."""
+    rhos, sharpness = np.asarray(rhos, dtype=float), np.asarray(sharpness, dtype=float)
+    if rhos.shape != sharpness.shape or rhos.ndim != 1 or rhos.size == 0:
+        raise LandscapeError(f"a sharpness profile needs one S_rho per radius (got {rhos.size} radii, "
+                             f"{sharpness.size} values)")
+    ok = np.ones(rhos.size, bool) if agreed is None else np.asarray(agreed, bool)
+    order = np.argsort(rhos)
+    fig = new_figure(6.4, 4.4)
+    ax = fig.add_subplot()
+    ax.plot(rhos[order], sharpness[order], "-", color="C0", lw=1.2, zorder=2)
+    for mask, face, label in ((ok, "C0", "another start reached it"), (~ok, "white", "no other start reached it")):
+        if mask.any():
+            ax.scatter(rhos[mask], sharpness[mask], s=40, facecolor=face, edgecolor="C0", zorder=3,
+                       label=label if not ok.all() else None)
+    for x, y in zip(rhos, sharpness):
+        ax.annotate(f"{y:.3g}", (x, y), xytext=(5, 5), textcoords="offset points", fontsize=8)
+    if rhos.min() > 0 and rhos.max() / rhos.min() >= 10:
+        ax.set_xscale("log")
+    if rhos.size <= 8:  # each radius its tick, as it was given
+        ax.set_xticks(rhos, [f"{r:g}" for r in rhos])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.margins(x=0.1, y=0.15)
+    ball = r"$\|e / (|x| + \eta)\| \leq \rho$ (ASAM)" if adaptive else r"$\|e\| \leq \rho$"
+    ax.set_xlabel(rf"radius $\rho$ of the ball {ball}")
+    ax.set_ylabel(r"$S_\rho$ = max$_{\|e\| \leq \rho}\, F(x+e) - F(x)$" if not adaptive
+                  else r"$S_\rho$ = max over the ball of $F(x+e) - F(x)$")
+    ax.set_title(title or r"sharpness $S_\rho$ over the radius $\rho$")
+    ax.grid(alpha=0.3)
+    if not ok.all():
+        ax.legend(fontsize="small")
     return fig
 
 

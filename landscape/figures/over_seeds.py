@@ -32,9 +32,9 @@ def rounds_text(rounds: Sequence[int]) -> str:
     return f"round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))}"
 
 
-def density_floor(summaries: Sequence[HessianSummary]) -> float:
-    """The lowest density a log-scale plot of the summaries' spectral densities shows: 1e-7 of their peak."""
-    peak = max((float(np.nanmax(s.density)) for s in summaries if s.density.size), default=1.0)
+def density_floor(densities: Sequence[np.ndarray]) -> float:
+    """The lowest density a log-scale plot of these spectral densities shows: 1e-7 of their peak."""
+    peak = max((float(np.nanmax(d)) for d in densities if d.size), default=1.0)
     return peak * 1e-7 if peak > 0 else 1e-12
 
 

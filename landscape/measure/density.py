@@ -9,11 +9,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from landscape.core.errors import LandscapeError
 from landscape.measure.krylov import lanczos, tridiagonal
+from landscape.measure.lanczos import host_array
 from landscape.measure.operator import LinearOperator, Progress
 from landscape.measure.probes import (
     float_norm,
@@ -34,13 +36,15 @@ class DensityResult:
     the grid cuts off). ``trace`` = dim * sum(weights * nodes) (each run's first moment is z^T H z / dim,
     a Hutchinson sample) with ``trace_stderr`` = sd / sqrt(runs) of the runs' dim * first moments: an
     estimate with ``trace_stderr_dof`` = runs - 1 degrees of freedom (1 at runs = 2, where a 95% Student-t
-    interval is +- 12.7 stderr; inf at runs = 1, which has no spread to measure).
+    interval is +- 12.7 stderr; inf at runs = 1, which has no spread to measure). ``nodes``, ``weights``
+    ([runs, steps]), ``grid`` and ``density`` are float64 numpy arrays (tensors given are brought to the host,
+    their numbers unchanged).
     """
 
-    nodes: Tensor
-    weights: Tensor
-    grid: Tensor
-    density: Tensor
+    nodes: np.ndarray
+    weights: np.ndarray
+    grid: np.ndarray
+    density: np.ndarray
     sigma: float
     mass: float
     trace: float
@@ -50,6 +54,10 @@ class DensityResult:
     steps: int
     hvp_count: int
     seed: int
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "weights", "grid", "density"):
+            object.__setattr__(self, name, host_array(getattr(self, name), np.float64))
 
     @property
     def mean(self) -> float:

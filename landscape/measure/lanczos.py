@@ -4,7 +4,9 @@
 each client's F_i (local vs global flatness).
 
 Each returns a frozen ``EigenResult`` carrying residuals, HVP counts, the seed and the settings, so every
-reported value says how far it can be trusted; its scalars are float64.
+reported value says how far it can be trusted; its scalars and arrays are float64 (``values``,
+``residuals``, ``relative_residuals`` numpy arrays on the host; ``converged`` a numpy bool array), the kept
+eigenvectors a torch Tensor (flat parameter vectors on the operator's device, as directions are).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,13 +36,16 @@ class EigenResult:
     Lanczos relation, exact in exact arithmetic) or ``power`` (from the last power step's product).
     ``converged[j]``: Lanczos: residual <= tol * |value|; power iteration: PyHessian's rule, the relative
     change of the Rayleigh quotient fell below tol (a weaker test; the residuals show how much weaker).
+    ``values``, ``residuals`` and ``relative_residuals`` are float64 numpy arrays, ``converged`` a bool one
+    (tensors given are brought to the host, their numbers unchanged); ``vectors`` ([dim, k], only when kept)
+    stays a torch Tensor on the operator's device.
     """
 
     method: str
-    values: Tensor
-    residuals: Tensor
-    relative_residuals: Tensor
-    converged: Tensor
+    values: np.ndarray
+    residuals: np.ndarray
+    relative_residuals: np.ndarray
+    converged: np.ndarray
     hvp_count: int
     iterations: int
     seed: int
@@ -48,6 +54,11 @@ class EigenResult:
     residual_source: str
     settings: dict[str, Any] = field(default_factory=dict)
     vectors: Tensor | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("values", "residuals", "relative_residuals"):
+            object.__setattr__(self, name, host_array(getattr(self, name), np.float64))
+        object.__setattr__(self, "converged", host_array(self.converged, np.bool_))
 
     @property
     def top_ratio(self) -> float:
@@ -70,6 +81,13 @@ class EigenResult:
             "residual_source": self.residual_source,
             "settings": dict(self.settings),
         }
+
+
+def host_array(values: Tensor | np.ndarray | Any, dtype: Any) -> np.ndarray:
+    """``values`` (a tensor on any device, an array or a list) as a numpy array of ``dtype`` on the host."""
+    if isinstance(values, Tensor):
+        values = values.detach().cpu().numpy()
+    return np.asarray(values, dtype=dtype)
 
 
 def _dot(a: Tensor, b: Tensor) -> float:

@@ -307,7 +307,7 @@ def test_a_shuffled_loader_is_read_in_index_order(kind, index, batch):
     second = landscape.hessian_eigs(MODEL, _loader(kind, 2), k=3).values
     assert torch.equal(torch.random.get_rng_state(), state)  # the caller's random stream is not drawn from
     ordered = landscape.hessian_eigs(MODEL, (X[index], Y[index]), k=3, batch_size=batch).values
-    assert torch.equal(first, second) and torch.equal(first, ordered)
+    assert np.array_equal(first, second) and np.array_equal(first, ordered)
     replacement = torch.utils.data.RandomSampler(torch.utils.data.TensorDataset(X, Y), replacement=True)
     with pytest.raises(LandscapeError, match="draws other samples each time") as error:
         landscape.hessian_eigs(MODEL, torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y),
@@ -364,12 +364,12 @@ def _check_result(name: str, result, own: dict) -> None:
     """Finite, of the right shape, and not all zero (every one of these is non-zero on this model)."""
     if name == "hessian_eigs":
         values = result.values
-        assert values.shape == (own["k"],) and bool(torch.isfinite(values).all())
+        assert values.shape == (own["k"],) and bool(np.isfinite(values).all())
         assert bool((values != 0).any())
     elif name == "trace":
         assert math.isfinite(result.estimate) and result.estimate != 0
     elif name == "density":
-        assert bool(torch.isfinite(result.density).all()) and bool((result.density > 0).any())
+        assert bool(np.isfinite(result.density).all()) and bool((result.density > 0).any())
     elif name == "sharpness":
         rhos = own["rho"] if isinstance(own["rho"], list) else [own["rho"]]
         assert result.sharpness.shape == (len(rhos),)
@@ -399,7 +399,8 @@ def test_the_checks_leave_good_input_alone():
     dense = torch.autograd.functional.hessian(lambda w: F.cross_entropy(flat.logits(w, X, {}), Y),
                                               flat.vector())
     values = landscape.hessian_eigs(MODEL, torch.utils.data.TensorDataset(X, Y.int()), k=3, tol=1e-8).values
-    torch.testing.assert_close(values, torch.linalg.eigvalsh(dense).flip(0)[:3], rtol=1e-7, atol=1e-10)
+    torch.testing.assert_close(torch.from_numpy(values), torch.linalg.eigvalsh(dense).flip(0)[:3], rtol=1e-7,
+                               atol=1e-10)
     soft = F.one_hot(Y, 3).double()
     with torch.no_grad():
         expected = float(F.cross_entropy(MODEL(X), Y))

@@ -3,6 +3,7 @@ the trace it implies, against dense spectra."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from support.spectral_checks import digits_mlp_problem, hessian_op, progress_recorder
@@ -18,6 +19,8 @@ def test_slq_density_integrates_to_one_and_its_mean_is_the_trace(digits_mlp):
     op = hessian_op(digits_mlp)
     density = slq_density(op, runs=12, steps=40, seed=0)
     assert density.hvp_count == 12 * 40
+    assert all(isinstance(a, np.ndarray) and a.dtype == np.float64
+               for a in (density.nodes, density.weights, density.grid, density.density))
     spacing = float(density.grid[1] - density.grid[0])
     assert float(density.density.sum()) * spacing == pytest.approx(1.0, abs=1e-3)
     assert density.mass == pytest.approx(1.0, abs=1e-3)
@@ -39,10 +42,10 @@ def test_slq_recovers_a_spectrum_with_few_distinct_eigenvalues():
     density = slq_density(MatrixOperator(diagonal), runs=2, steps=10, seed=3)
     for run in range(2):
         kept = density.weights[run] > 1e-12
-        torch.testing.assert_close(density.nodes[run][kept],
+        torch.testing.assert_close(torch.from_numpy(density.nodes[run][kept]),
                                    torch.tensor([1.0, 2.0, 5.0], dtype=torch.float64))
-        torch.testing.assert_close(density.weights[run][kept] * 2, torch.tensor([1 / 6, 2 / 6, 3 / 6],
-                                                                                   dtype=torch.float64))
+        torch.testing.assert_close(torch.from_numpy(density.weights[run][kept] * 2),
+                                   torch.tensor([1 / 6, 2 / 6, 3 / 6], dtype=torch.float64))
     assert density.hvp_count <= 2 * 4  # each run stops once its Krylov space is invariant
     assert density.trace == pytest.approx(float(torch.trace(diagonal)), rel=1e-12)
     assert density.runs == 2 and density.trace_stderr_dof == 1

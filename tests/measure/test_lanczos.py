@@ -3,6 +3,7 @@ same data."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from support.spectral_checks import dense_hessian, digits_mlp_problem, hessian_op, progress_recorder
@@ -22,12 +23,17 @@ def test_lanczos_top5_matches_the_dense_eigenvalues(digits_mlp):
     op = hessian_op(digits_mlp)
     result = lanczos_topk(op, 5, keep_vectors=True, seed=0, verify=True)
     assert result.converged.all() and result.residual_source == "hvp"
-    assert ((result.values - top).abs() / top.abs()).max() <= 1e-4
-    assert (result.residuals <= 1e-3 * result.values.abs()).all()
+    # the numbers are float64 numpy arrays on the host, the kept eigenvectors a tensor
+    assert isinstance(result.values, np.ndarray) and result.values.dtype == np.float64
+    assert result.residuals.dtype == result.relative_residuals.dtype == np.float64
+    assert result.converged.dtype == np.bool_ and isinstance(result.vectors, torch.Tensor)
+    values, residuals = torch.from_numpy(result.values), torch.from_numpy(result.residuals)
+    assert ((values - top).abs() / top.abs()).max() <= 1e-4
+    assert (residuals <= 1e-3 * values.abs()).all()
     # the reported residuals are the true ones: recompute them with the dense Hessian
     vectors = result.vectors
-    dense_residuals = torch.linalg.vector_norm(hessian @ vectors - vectors * result.values, dim=0)
-    torch.testing.assert_close(result.residuals, dense_residuals, rtol=1e-6, atol=1e-12)
+    dense_residuals = torch.linalg.vector_norm(hessian @ vectors - vectors * values, dim=0)
+    torch.testing.assert_close(residuals, dense_residuals, rtol=1e-6, atol=1e-12)
     torch.testing.assert_close(vectors.T @ vectors, torch.eye(5, dtype=torch.float64), rtol=0, atol=1e-10)
     assert result.hvp_count == op.hvp_count == result.iterations + 5  # Krylov steps + one verifying matmat
     assert result.iterations >= 15  # Krylov size >= k + 10
@@ -38,11 +44,11 @@ def test_lanczos_tight_tolerance_and_smallest_eigenvalues(digits_mlp):
     _, _, _, _, exact = digits_mlp
     op = hessian_op(digits_mlp, "forward-over-reverse")
     largest = lanczos_topk(op, 3, tol=1e-8, verify=False, seed=1)
-    torch.testing.assert_close(largest.values, exact.flip(0)[:3], rtol=1e-12, atol=0)
+    torch.testing.assert_close(torch.from_numpy(largest.values), exact.flip(0)[:3], rtol=1e-12, atol=0)
     assert largest.residual_source == "lanczos"
     smallest = lanczos_topk(op, 2, tol=1e-6, which="smallest-algebraic", seed=1)
     assert smallest.converged.all()
-    torch.testing.assert_close(smallest.values, exact[:2], rtol=1e-8, atol=0)
+    torch.testing.assert_close(torch.from_numpy(smallest.values), exact[:2], rtol=1e-8, atol=0)
 
 
 def test_power_iteration_agrees_and_needs_more_products_than_lanczos(digits_mlp):
@@ -62,17 +68,17 @@ def test_lanczos_on_invariant_subspaces():
                                            generator=torch.Generator().manual_seed(0)))
     low_rank = basis @ torch.diag(torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64)) @ basis.T
     result = lanczos_topk(MatrixOperator(low_rank), 5)
-    torch.testing.assert_close(result.values, torch.tensor([3.0, 2.0, 1.0, 0.0, 0.0], dtype=torch.float64),
+    torch.testing.assert_close(torch.from_numpy(result.values), torch.tensor([3.0, 2.0, 1.0, 0.0, 0.0], dtype=torch.float64),
                                rtol=0, atol=1e-12)
     assert (result.residuals <= 1e-12).all()
     # a multiple of the identity: every vector is an eigenvector (beta = 0 at the first step)
     result = lanczos_topk(MatrixOperator(2 * torch.eye(30, dtype=torch.float64)), 5)
-    torch.testing.assert_close(result.values, torch.full((5,), 2.0, dtype=torch.float64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.from_numpy(result.values), torch.full((5,), 2.0, dtype=torch.float64), rtol=0, atol=1e-12)
     assert result.converged.all()
     # a space smaller than the Krylov size: the whole spectrum, exactly
     small = torch.diag(torch.arange(1.0, 7.0, dtype=torch.float64))
     result = lanczos_topk(MatrixOperator(small), 6, verify=False)
-    torch.testing.assert_close(result.values, torch.arange(6.0, 0.0, -1.0, dtype=torch.float64), rtol=0,
+    torch.testing.assert_close(torch.from_numpy(result.values), torch.arange(6.0, 0.0, -1.0, dtype=torch.float64), rtol=0,
                                atol=1e-12)
     assert result.iterations == 6
 
@@ -126,10 +132,10 @@ def test_unverified_lanczos_residuals_are_the_true_residuals(digits_mlp):
     result = lanczos_topk(hessian_op(digits_mlp), 5, keep_vectors=True, seed=0)  # the default: verify=False
     # no verifying products
     assert result.hvp_count == result.iterations and result.residual_source == "lanczos"
-    vectors = result.vectors
-    dense = torch.linalg.vector_norm(hessian @ vectors - vectors * result.values, dim=0)
-    torch.testing.assert_close(result.residuals, dense, rtol=1e-6, atol=1e-12)
-    torch.testing.assert_close(result.residuals, torch.tensor(result.settings["lanczos_residuals"],
+    vectors, residuals = result.vectors, torch.from_numpy(result.residuals)
+    dense = torch.linalg.vector_norm(hessian @ vectors - vectors * torch.from_numpy(result.values), dim=0)
+    torch.testing.assert_close(residuals, dense, rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(residuals, torch.tensor(result.settings["lanczos_residuals"],
                                                               dtype=torch.float64), rtol=1e-6, atol=1e-12)
 
 

@@ -209,7 +209,7 @@ def density_figure(runs: Sequence[RunData]) -> Any:
     import plotly.graph_objects as go
 
     summaries = hessian_summaries([run for run in runs if run.analysed_rounds("hessian")])
-    floor = density_floor(summaries)
+    floor = density_floor([s.density for s in summaries])
     fig = go.Figure()
     grouped = by_seed_group(summaries)
     seed_groups = [group for group, _ in grouped]

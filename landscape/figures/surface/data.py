@@ -122,7 +122,13 @@ def load_surface(path: str | Path) -> SurfaceData:
 
 
 def _as_surface(source: str | Path | SurfaceData) -> SurfaceData:
-    return source if isinstance(source, SurfaceData) else load_surface(source)
+    if isinstance(source, SurfaceData):
+        return source
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"the surface figures take a surface file (a path) or SurfaceData, not "
+                        f"{type(source).__name__}; a result of landscape.surface is drawn by "
+                        "landscape.plot_surface")
+    return load_surface(source)
 
 
 def normalization_of(meta: dict[str, Any]) -> str | None:

@@ -4,7 +4,9 @@ pictures, and the interactive plotly HTML.
 The files are read by ``landscape.figures.surface.data`` (``SurfaceData``, ``load_surface``), the colour
 scales and ticks placed by ``landscape.figures.surface.scale``.
 
-Renderers: ``plot_curve_1d`` (interpolation lines), ``plot_contour`` (filled contours and/or contour lines,
+Renderers (each static ``plot_*`` saves its figure; its ``*_figure`` twin returns the matplotlib Figure and
+what it drew, which ``landscape.api.plots`` draws the notebook API's surfaces with): ``plot_curve_1d``
+(interpolation lines), ``plot_contour`` (filled contours and/or contour lines,
 optional log-spaced levels, the checkpoint marked, the PCA trajectory or the client models overlaid),
 ``plot_surface_3d`` (static 3D), ``surface_html`` (interactive plotly 3D, plotly.js inline so the file opens
 with no network) and ``plot_panels`` (several runs side by side on ONE colour scale: same limits, same
@@ -138,7 +140,9 @@ def _draw_clients(ax: Any, surface: SurfaceData) -> None:
 
 
 def _mark_centre(ax: Any, surface: SurfaceData) -> None:
-    label = f"x (round {surface.round})" if surface.round is not None else "x (checkpoint)"
+    # a surface read from a run names its round or checkpoint; one of the notebook API, the model it was given
+    label = (f"x (round {surface.round})" if surface.round is not None
+             else "x (checkpoint)" if surface.run else "x (the model)")
     ax.plot([0.0], [0.0], marker="*", color="red", mec="black", ms=13, ls="none", label=label, zorder=5)
 
 
@@ -180,6 +184,16 @@ def plot_contour(source: str | Path | SurfaceData, out: str | Path, *, quantity:
     """Contour map of one 2D surface: d1 horizontal, d2 vertical, the checkpoint marked (red star), a colour
     bar naming the quantity and data; ``overlay``: "trajectory" (PCA), "clients" (client plane), "auto"
     (whichever the surface has) or None."""
+    fig, panel = contour_figure(source, quantity=quantity, filled=filled, lines=lines, log_levels=log_levels,
+                                overlay=overlay, levels=levels, title=title)
+    save_figure(fig, out)
+    return panel
+
+
+def contour_figure(source: str | Path | SurfaceData, *, quantity: str = "loss", filled: bool = True,
+                   lines: bool = True, log_levels: bool = False, overlay: str | None = "auto", levels: int = 30,
+                   title: str | None = None) -> tuple[Figure, PanelData]:
+    """The Figure of ``plot_contour`` and what its panel drew."""
     surface = _as_surface(source)
     level_values, norm = color_scale([surface.values(quantity)], log_levels, levels)
     fig = Figure(figsize=(6.4, 5.2), layout="constrained")
@@ -187,8 +201,7 @@ def plot_contour(source: str | Path | SurfaceData, out: str | Path, *, quantity:
     panel, mappable = _contour_panel(ax, surface, quantity, level_values, norm, filled, lines, overlay)
     colorbar(fig, mappable, ax, surface.quantity_label(quantity))
     ax.set_title(surface.title() if title is None else title)
-    save_figure(fig, out)
-    return panel
+    return fig, panel
 
 
 def plot_panels(sources: Sequence[str | Path | SurfaceData], titles: Sequence[str] | None, out: str | Path, *,
@@ -270,6 +283,14 @@ def _surface_panel(ax: Any, surface: SurfaceData, quantity: str, norm: Normalize
 def plot_surface_3d(source: str | Path | SurfaceData, out: str | Path, *, quantity: str = "loss",
                     log_levels: bool = False, title: str | None = None) -> PanelData:
     """Static 3D view of one 2D surface (matplotlib), the checkpoint marked, with a colour bar."""
+    fig, panel = surface_3d_figure(source, quantity=quantity, log_levels=log_levels, title=title)
+    save_figure(fig, out)
+    return panel
+
+
+def surface_3d_figure(source: str | Path | SurfaceData, *, quantity: str = "loss", log_levels: bool = False,
+                      title: str | None = None) -> tuple[Figure, PanelData]:
+    """The Figure of ``plot_surface_3d`` and what it drew."""
     surface = _as_surface(source)
     _, norm = color_scale([surface.values(quantity)], log_levels, 2)
     fig = Figure(figsize=(6.4, 5.2), layout="constrained")
@@ -277,14 +298,27 @@ def plot_surface_3d(source: str | Path | SurfaceData, out: str | Path, *, quanti
     panel, mappable = _surface_panel(ax, surface, quantity, norm, log_levels)
     ax.set_title(surface.title() if title is None else title)
     colorbar(fig, mappable, ax, surface.quantity_label(quantity), shrink=0.7, pad=0.12)
-    save_figure(fig, out)
-    return panel
+    return fig, panel
 
 
 def plot_curve_1d(sources: Sequence[str | Path | SurfaceData], out: str | Path, *,
                   labels: Sequence[str] | None = None, accuracy: bool = True) -> list[np.ndarray]:
     """Loss (solid, left axis) and accuracy (dashed, right axis) along 1D lines x + alpha (target - x);
     alpha = 0 (x) and alpha = 1 (the target) marked. Returns the plotted loss curves."""
+    fig, curves = curve_1d_figure(sources, labels=labels, accuracy=accuracy)
+    save_figure(fig, out)
+    return curves
+
+
+# alpha = 0 is the model x, alpha = 1 the target of an interpolation line
+INTERPOLATION_MARKS = ((0.0, "x"), (1.0, "target"))
+
+
+def curve_1d_figure(sources: Sequence[str | Path | SurfaceData], *, labels: Sequence[str] | None = None,
+                    accuracy: bool = True, marks: Sequence[tuple[float, str]] = INTERPOLATION_MARKS,
+                    title: str | None = None) -> tuple[Figure, list[np.ndarray]]:
+    """The Figure of ``plot_curve_1d`` and the plotted loss curves; ``marks``: the (coordinate, name) pairs
+    marked by dotted lines (a random line has only x, at 0)."""
     surfaces = [_as_surface(s) for s in sources]
     if not surfaces:
         raise LandscapeError("plot_curve_1d needs at least one curve")
@@ -302,7 +336,7 @@ def plot_curve_1d(sources: Sequence[str | Path | SurfaceData], out: str | Path, 
         curves.append(surface.loss)
         if twin is not None and surface.accuracy is not None:
             twin.plot(surface.x_coords, surface.accuracy, "--", color=color, label=f"{label}: accuracy")
-    for alpha, name in ((0.0, "x"), (1.0, "target")):
+    for alpha, name in marks:
         ax.axvline(alpha, color="grey", ls=":", lw=1)
         ax.annotate(name, (alpha, 1.0), xycoords=("data", "axes fraction"), textcoords="offset points",
                     xytext=(3, -12), fontsize=8, color="grey")
@@ -316,8 +350,9 @@ def plot_curve_1d(sources: Sequence[str | Path | SurfaceData], out: str | Path, 
         more, more_names = twin.get_legend_handles_labels()
         handles, names = handles + more, names + more_names
     fig.legend(handles, names, loc="outside lower center", ncols=min(4, len(handles)), fontsize=8)
-    save_figure(fig, out)
-    return curves
+    if title:
+        ax.set_title(title)
+    return fig, curves
 
 
 # -- interactive ------------------------------------------------------------------------------------------
