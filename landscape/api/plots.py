@@ -62,10 +62,10 @@ def surface_data(result: Surface) -> SurfaceData:
 
 
 def plot_surface(result: Surface, path: str | Path | None = None, *, kind: str = "contour",
-                 quantity: str = "loss", log_levels: bool = False, title: str | None = None) -> Figure:
+                 quantity: str | None = None, log_levels: bool = False, title: str | None = None) -> Figure:
     """The loss surface of ``landscape.surface``: a 2D one as a contour map (``kind="3d"``: the 3D view), a
     1D one (``dims=1``) as the loss (and accuracy) along the line; the model x marked at the origin.
-    ``quantity``: loss or accuracy (2D); ``log_levels``: log-spaced contour levels or a log z axis (2D)."""
+    ``quantity``: loss (the default) or accuracy (2D); ``log_levels``: log-spaced contour levels or a log z axis (2D)."""
     if not isinstance(result, Surface):
         raise _refuse("plot_surface", "the result of landscape.surface (a landscape.Surface)", result)
     if kind not in SURFACE_KINDS:
@@ -74,11 +74,12 @@ def plot_surface(result: Surface, path: str | Path | None = None, *, kind: str =
     what = ("on a filter-normalised random " + ("plane" if surface.is_2d else "line")
             + f" (seed {result.seed})") if result.directions == "random" else "on the given directions"
     if not surface.is_2d:
-        if kind != "contour" or quantity != "loss" or log_levels:
+        if kind != "contour" or quantity is not None or log_levels:
             raise LandscapeError("a 1D surface is drawn as its loss (and accuracy) along the line: give no "
                                  "kind, quantity or log_levels")
         fig, _ = curve_1d_figure([surface], labels=["F"], marks=((0.0, "x"),), title=title or f"F {what}")
         return _finished(fig, path)
+    quantity = quantity or "loss"
     title = title or f"{quantity} {what}"
     if kind == "3d":
         fig, _ = surface_3d_figure(surface, quantity=quantity, log_levels=log_levels, title=title)

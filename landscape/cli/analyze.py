@@ -94,7 +94,7 @@ def analyze_command(path: Path, analysis_recipe: Path | None, checkpoints: str, 
     Results go to analysis/round-NNNN/<pass>.json (+ .npz) with the settings that produced them; passes
     already computed with the same settings are skipped. A summary table is printed at the end. By default
     every pass but `surface` runs; --directions/--grid/--span/--data or --set surface.KEY=VALUE alone run
-    the surface pass.
+    the surface pass (the --set of a pass that runs only when named names it).
     """
     from landscape.analyze.scheduler import run_analysis
     from landscape.analyze.summary import format_summary

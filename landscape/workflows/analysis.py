@@ -98,9 +98,10 @@ def state_dict_passes() -> list[str]:
 
 def _pass_names(passes: str | None, surface_flags: dict[str, str], set_options: list[tuple[str, Any]],
                 state_dict: bool) -> list[str]:
-    """The passes to run: --passes (a comma list), else the surface pass when a surface flag or a surface
-    option (--set surface.KEY=VALUE) is given, else the default passes (on a plain state_dict, which has no
-    clients, those that need none)."""
+    """The passes to run: --passes (a comma list), else the surface pass when a surface flag is given and
+    each pass that runs only when named (``opt_in``: the surface pass) whose option --set gives (naming its
+    options names it), else the default passes (on a plain state_dict, which has no clients, those that need
+    none)."""
     if passes is not None:
         names = [p.strip() for p in passes.split(",") if p.strip()]
         if not names:
@@ -108,8 +109,12 @@ def _pass_names(passes: str | None, surface_flags: dict[str, str], set_options: 
                                  f"{', '.join(load_passes().names())} (or leave --passes out for the "
                                  "default)")
         return names
-    if surface_flags or any(key.partition(".")[0] == "surface" for key, _ in set_options):
-        return ["surface"]
+    registry = load_passes()
+    named = [name for name in dict.fromkeys(key.partition(".")[0] for key, _ in set_options)
+             if name in registry and registry.get(name).opt_in]
+    chosen = list(dict.fromkeys((["surface"] if surface_flags else []) + named))
+    if chosen:
+        return chosen
     return state_dict_passes() if state_dict else default_passes()
 
 
