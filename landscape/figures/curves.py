@@ -296,12 +296,7 @@ def spectrum_figure(*, values: np.ndarray | None = None, residuals: np.ndarray |
         errors = None if residuals is None else np.asarray(residuals, dtype=float)
         ok = np.ones(values.size, bool) if converged is None else np.asarray(converged, bool)
         ax.errorbar(j, values, yerr=errors, ls="none", color="C0", capsize=4, lw=1, zorder=2)
-        for mask, face, label in ((ok, "C0", "converged"), (~ok, "white", "not converged")):
-            if mask.any():
-                ax.scatter(j[mask], values[mask], s=40, facecolor=face, edgecolor="C0", zorder=3,
-                           label=label if not ok.all() else None)
-        for x, y in zip(j, values):
-            ax.annotate(f"{y:.4g}", (x, y), xytext=(6, 4), textcoords="offset points", fontsize=8)
+        _marked_values(ax, j, values, ok, ("converged", "not converged"), "{:.4g}", (6, 4))
         ax.set_xticks(j)
         ax.set_xlim(0.5, values.size + 0.5)
         ax.margins(y=0.15)
@@ -327,6 +322,18 @@ def spectrum_figure(*, values: np.ndarray | None = None, residuals: np.ndarray |
     return fig
 
 
+def _marked_values(ax: Any, x: np.ndarray, y: np.ndarray, ok: np.ndarray, labels: tuple[str, str], text: str,
+                   offset: tuple[int, int]) -> None:
+    """Points (x, y), solid where ``ok`` and hollow elsewhere (``labels``: the two kinds' legend entries, shown
+    only when both occur), each labelled with its value (``text``, a format) at ``offset`` points."""
+    for mask, face, label in ((ok, "C0", labels[0]), (~ok, "white", labels[1])):
+        if mask.any():
+            ax.scatter(x[mask], y[mask], s=40, facecolor=face, edgecolor="C0", zorder=3,
+                       label=label if not ok.all() else None)
+    for px, py in zip(x, y):
+        ax.annotate(text.format(py), (px, py), xytext=offset, textcoords="offset points", fontsize=8)
+
+
 def sharpness_profile_figure(rhos: np.ndarray, sharpness: np.ndarray, *, agreed: np.ndarray | None = None,
                              adaptive: bool = False, title: str | None = None) -> Figure:
     """S_rho = max_{||e|| <= rho} F(x + e) - F(x) of one model over the radius rho (log axis when the radii
@@ -341,12 +348,8 @@ def sharpness_profile_figure(rhos: np.ndarray, sharpness: np.ndarray, *, agreed:
     fig = new_figure(6.4, 4.4)
     ax = fig.add_subplot()
     ax.plot(rhos[order], sharpness[order], "-", color="C0", lw=1.2, zorder=2)
-    for mask, face, label in ((ok, "C0", "another start reached it"), (~ok, "white", "no other start reached it")):
-        if mask.any():
-            ax.scatter(rhos[mask], sharpness[mask], s=40, facecolor=face, edgecolor="C0", zorder=3,
-                       label=label if not ok.all() else None)
-    for x, y in zip(rhos, sharpness):
-        ax.annotate(f"{y:.3g}", (x, y), xytext=(5, 5), textcoords="offset points", fontsize=8)
+    _marked_values(ax, rhos, sharpness, ok, ("another start reached it", "no other start reached it"), "{:.3g}",
+                   (5, 5))
     if rhos.min() > 0 and rhos.max() / rhos.min() >= 10:
         ax.set_xscale("log")
     if rhos.size <= 8:  # each radius its tick, as it was given
