@@ -8,6 +8,7 @@ calls ``render``. This module reads only TOML and run directories, as every figu
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +30,12 @@ class PlotSpec:
     title: str = ""
 
 
-def render(plot: PlotSpec, runs: list[RunData], out_dir: Path, surface: str = "surface") -> list[Path]:
+def render(plot: PlotSpec, runs: list[RunData], out_dir: Path, surface: str = "surface",
+           pages: dict[str, Path] | None = None) -> list[Path]:
     """Draw one plot: ``<file>.png`` and ``<file>.pdf`` (+ ``<file>.html`` for the kinds with an interactive
-    renderer, the surface kinds, which draw the surfaces named ``surface``)."""
+    renderer, the surface kinds, which draw the surfaces named ``surface``). ``pages``: the interactive pages
+    already written for the figure, by their content; a plot whose page would be one of them (the contour and
+    the 3D kinds of the same surfaces show the same interactive view) writes none and names that one."""
     kind = PLOT_KINDS.get(plot.kind)
     fig = kind.factory(runs, plot.options, surface)
     heading = plot.title
@@ -42,7 +46,12 @@ def render(plot: PlotSpec, runs: list[RunData], out_dir: Path, surface: str = "s
         html = kind.interactive(runs, plot.options, surface)
         if heading:
             html.update_layout(title={"text": heading})
+        content = hashlib.sha256(html.to_json().encode()).hexdigest()  # the page's data and layout, no div id
+        if pages is not None and content in pages:
+            return written + [pages[content]]
         out = out_dir / f"{plot.file}.html"
         write_text(out, html.to_html(include_plotlyjs=True, full_html=True))
         written.append(out)
+        if pages is not None:
+            pages[content] = out
     return written

@@ -98,13 +98,15 @@ def _surfaces_html(runs: list[RunData], plot: SurfacePlot, surface: str) -> Any:
                                    quantity=plot.quantity)
 
 
-@plot_kind("surfaces", "contour maps side by side on one colour scale (+ interactive 3D HTML)", SurfacePlot,
+@plot_kind("surfaces", "contour maps side by side on one colour scale (+ interactive 3D HTML, one page per "
+                       "figure for the same surfaces)", SurfacePlot,
            {"surface": "last"}, _surfaces_html)
 def _contour_maps(runs: list[RunData], plot: SurfacePlot, surface: str) -> Figure:
     return _panels(runs, plot, surface, "contour")
 
 
-@plot_kind("surfaces-3d", "3D surfaces side by side on one colour and z scale (+ interactive 3D HTML)",
+@plot_kind("surfaces-3d", "3D surfaces side by side on one colour and z scale (+ interactive 3D HTML, one page per "
+                          "figure for the same surfaces)",
            SurfacePlot, {"surface": "last"}, _surfaces_html)
 def _surfaces_3d(runs: list[RunData], plot: SurfacePlot, surface: str) -> Figure:
     return _panels(runs, plot, surface, "3d")

@@ -147,4 +147,6 @@ def _draw(fig: FigureRecipe, out: Path, paths: list[Path], by_id: dict[str, list
         for line in run.notes():
             notify(f"note: {line}")
     surface = fig.surface_name()
-    return [path for plot, plot_runs in chosen for path in book.render(plot, plot_runs, out, surface)]
+    pages: dict[str, Path] = {}  # one interactive page per view the figure shows
+    written = [path for plot, plot_runs in chosen for path in book.render(plot, plot_runs, out, surface, pages)]
+    return list(dict.fromkeys(written))
