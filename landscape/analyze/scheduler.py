@@ -167,7 +167,6 @@ class WorkBar:
         self.enabled = enabled
         self.bar = None
         self.base = self.last = 0
-        self.expected: int | None = None
 
     def start(self, what: str, expected: int | None = None) -> WorkBar | None:
         """A bar for pass ``what``; ``expected``: its steps as its cost model estimates them (the total shown
@@ -178,8 +177,7 @@ class WorkBar:
 
         self.close()
         self.base = self.last = 0
-        self.expected = expected or None
-        self.bar = progress_bar(total=self.expected, desc=f"  {what}", unit="step", leave=False, position=1,
+        self.bar = progress_bar(total=expected or None, desc=f"  {what}", unit="step", leave=False, position=1,
                                 dynamic_ncols=True)
         return self
 

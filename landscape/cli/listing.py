@@ -55,10 +55,10 @@ def _choose(sections: list[tuple[str, str, list]], what: tuple[str, ...]) -> lis
     when it is empty. A word that names nothing is refused in one line."""
     if not what:
         return sections
-    kinds = {kind for kind in KINDS for word in what if word in (kind, kind.removesuffix("es"), kind[:-1])}
+    spellings = {word: kind for kind in KINDS for word in (kind, kind.removesuffix("es"), kind[:-1])}
+    kinds = {spellings[word] for word in what if word in spellings}
     names = {entry.name for _, _, entries in sections for entry in entries}
-    unknown = [word for word in what if word not in names
-               and not any(word in (kind, kind.removesuffix("es"), kind[:-1]) for kind in KINDS)]
+    unknown = [word for word in what if word not in names and word not in spellings]
     if unknown:
         raise LandscapeError(f"nothing named '{unknown[0]}' to list; give kinds ({', '.join(KINDS)}) or the names "
                              "of entries (landscape list shows them all)")

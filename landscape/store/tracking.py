@@ -9,8 +9,9 @@ row's own name: ``train_loss``, ``test_acc``, ...); an event row (a divergence) 
 analysis result's summary numbers are scalars ``<result name>/<quantity>`` (``hessian/lambda_max``) at step =
 the checkpoint's round. TensorBoard's are plain scalar summaries (``SummaryWriter.add_scalar``: a float32
 ``simple_value``), what its scalar dashboard and ``EventAccumulator(path).Reload().Scalars(tag)`` read: each
-reads back as metrics.jsonl's value rounded to float32 (metrics.jsonl keeps the exact float64). Weights & Biases never reaches a network (``mode="offline"``; ``wandb sync
-<run>/wandb/offline-run-*`` uploads later); its x-axis is the logged ``round``.
+reads back as metrics.jsonl's value rounded to float32 (metrics.jsonl keeps the exact float64). Weights & Biases
+never reaches a network (``mode="offline"``; ``wandb sync <run>/wandb/offline-run-*`` uploads later); its x-axis
+is the logged ``round``.
 
 Each tracker's folder holds a ledger of what it was given (``logged-metrics.json``: the last round and the
 number of event rows; ``logged-results.json``: the results), so that a resumed run appends to the same logs
