@@ -205,6 +205,26 @@ def planned_work(job: Job) -> Cost:
     return load_passes().get(job.name).cost(job.options)
 
 
+def time_products(ctx: CheckpointContext) -> tuple[float, float]:
+    """Seconds of one full-data gradient and of one Hessian-vector product at a checkpoint, each timed once after
+    a warm-up (first-call allocations; the product's gradient graphs built and, where they fit, kept): the rates
+    the dry-runs' estimates are priced with. Call it under the analysis's thread count."""
+    import torch
+
+    from landscape.measure.operator import HessianOperator
+
+    ctx.objective.loss_and_grad(ctx.w)
+    started = time.perf_counter()
+    ctx.objective.loss_and_grad(ctx.w)
+    gradient = time.perf_counter() - started
+    op = HessianOperator(ctx.objective, ctx.w, backend=ctx.settings.hvp)
+    v = torch.randn(ctx.flat.dim, generator=torch.Generator().manual_seed(0)).to(ctx.w)
+    op.matvec(v)
+    started = time.perf_counter()
+    op.matvec(v)
+    return gradient, time.perf_counter() - started
+
+
 def format_plan(jobs: list[Job], settings: AnalysisSettings, done: list[bool] | None = None) -> str:
     """What ``landscape analyze --dry-run`` prints: every job with its estimated products and seconds, timed by
     one full-data gradient at the first checkpoint to compute (the estimate is rough: a factor of 2 either way).
@@ -217,22 +237,9 @@ def format_plan(jobs: list[Job], settings: AnalysisSettings, done: list[bool] | 
     if not todo:
         return (f"nothing to compute: all {len(jobs)} jobs are already done with these settings (--force computes "
                 "them again)")
-    import torch
-
-    from landscape.measure.operator import HessianOperator
-
     with using_threads(settings.threads):
         ctx = CheckpointContext(todo[0].source, todo[0].round, settings)
-        ctx.objective.loss_and_grad(ctx.w)  # warm-up (first-call allocations)
-        started = time.perf_counter()
-        ctx.objective.loss_and_grad(ctx.w)
-        gradient = time.perf_counter() - started
-        op = HessianOperator(ctx.objective, ctx.w, backend=settings.hvp)
-        v = torch.randn(ctx.flat.dim, generator=torch.Generator().manual_seed(0)).to(ctx.w)
-        op.matvec(v)  # builds (and, where it fits, keeps) the gradient graphs
-        started = time.perf_counter()
-        op.matvec(v)
-        product = time.perf_counter() - started
+        gradient, product = time_products(ctx)
     finished = len(jobs) - len(todo)
     head = (f"{len(todo)} jobs to compute" + (f" ({finished} already done with these settings)" if finished else "")
             + f"; at the first of them ({ctx.flat.dim:,} parameters, {len(ctx.global_data)} samples, "

@@ -10,19 +10,40 @@ from landscape.cli.common import check_printable, progress_lines, set_option, tr
 from landscape.core.errors import LandscapeError
 
 
-def _print_plan(work: list, compare_with: Path | None) -> None:
-    """--dry-run: each claim, its runs and comparisons, and the results its verdicts would be compared with."""
+def _print_plan(work: list, compare_with: Path | None, device: str) -> None:
+    """--dry-run: each claim, its runs (with what would be done with each and its training time) and
+    comparisons, the analysis jobs it would compute (never those done), the results its verdicts would be
+    compared with, and the total with the rates measured here (a run or job two claims share counted once)."""
+    from landscape.store import lifecycle
+    from landscape.workflows.estimate import WorkEstimate, about
+    from landscape.workflows.figure import figure_analysis, figure_plan
+
+    estimate = WorkEstimate()
     for claim, fig, fig_out, kept in work:
         click.echo(f"claim {claim.name}: {claim.text}" + (" (this project's hypothesis)" if claim.hypothesis else ""))
         click.echo(f"  runs of {claim.figure.name} ({fig.scale} scale) in {fig_out}, seeds "
                    f"{','.join(map(str, claim.seeds))}: {', '.join(claim.run_ids())}")
+        analysis = figure_analysis(fig, device)
+        runs = [(recipe, path, lifecycle.owned_run_status(recipe, path))
+                for entries in figure_plan(fig, fig_out, device).values() for _, recipe, path in entries]
+        runs += [(None, path, None) for paths in kept.values() for path in paths]
+        training = [estimate.training(recipe, path, status, analysis.settings)
+                    for recipe, path, status in runs if status is not None]
+        statuses = [status for *_, status in runs if status is not None]
+        if statuses:
+            counts = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+            click.echo(f"  train: {counts}" + (f" ({about(sum(training))})" if sum(training) else ""))
         for run_id, paths in kept.items():
             click.echo(f"  {run_id}: the runs given, {', '.join(map(str, paths))}")
+        for name, spec in fig.pass_rounds.items():
+            click.echo("  " + estimate.pass_line(runs, name, spec, analysis.options[name], analysis.settings))
         for comparison in claim.comparisons:
             click.echo(f"  test {comparison.text} over rounds {comparison.rounds}")
     if compare_with is not None:
         click.echo(f"FRAGILE: each verdict that differs from those of {compare_with / 'claims.json'} (read when the "
                    "claims are checked)")
+    for line in estimate.lines():
+        click.echo(line)
 
 
 @click.command("claims")
@@ -81,7 +102,7 @@ def claims_command(claim_files: tuple[Path, ...], out: Path, figures_out: Path, 
     work = plan_claims(claim_files, figures_out=figures_out, seeds=chosen, scale=scale,
                        assignments=assignments, device=device, runs=runs)
     if dry_run:
-        _print_plan(work, compare_with)
+        _print_plan(work, compare_with, device)
         return
     other = read_verdicts(compare_with) if compare_with is not None else None  # read before anything trains
     results, written = check_claims(work, out, device=device, progress=not quiet, notify=progress_lines(quiet),

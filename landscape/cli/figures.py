@@ -13,6 +13,7 @@ from landscape.core.errors import LandscapeError
 if TYPE_CHECKING:
     from landscape.figures.recipe.figure import FigureRecipe
     from landscape.figures.rundata import RunData
+    from landscape.workflows.figure import FigureAnalysis
 
 
 @click.command("figures")
@@ -61,40 +62,59 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
         fig = fig.with_seeds(figure_recipe.parse_seeds(seeds, "--seeds"))
     out = out if out is not None else figure.figure_folder(fig, Path("runs/figures"))
     if dry_run:
-        _, given = figure.check_figure(fig, out, device=device, run_paths=run_paths)
+        analysis, given = figure.check_figure(fig, out, device=device, run_paths=run_paths)
         if run_paths:
-            _print_given(fig, given, out)
+            _print_given(fig, given, out, analysis)
         else:
-            _print_plan(fig, out, device)
+            _print_plan(fig, out, device, analysis)
         return
     written = figure.make_figure(fig, out, device=device, run_paths=run_paths, progress=not quiet,
                                  notify=progress_lines(quiet))
     click.echo(f"figure {fig.name}: " + ", ".join(str(p) for p in written))
 
 
-def _print_given(fig: FigureRecipe, runs: list[RunData], out: Path) -> None:
-    """--dry-run with --runs: the given runs, the passes at their rounds and the plots."""
+def _print_given(fig: FigureRecipe, runs: list[RunData], out: Path, analysis: FigureAnalysis) -> None:
+    """--dry-run with --runs: the given runs, the analysis jobs they lack (none of those done), the plots and
+    what the jobs would cost."""
+    from landscape.workflows.estimate import WorkEstimate
+
+    estimate = WorkEstimate()
     click.echo(f"figure {fig.name} over {len(runs)} given run(s): {', '.join(str(run.path) for run in runs)}")
-    for name in fig.pass_rounds:
-        click.echo(f"  analyze {name} at rounds {fig.pass_rounds[name]}")
+    given = [(None, run.path, None) for run in runs]
+    for name, spec in fig.pass_rounds.items():
+        click.echo("  " + estimate.pass_line(given, name, spec, analysis.options[name], analysis.settings))
     for plot in fig.plots:
         click.echo(f"  plot {plot.kind:<18} {out / plot.file}.png|pdf")
+    for line in estimate.lines():
+        click.echo(line)
 
 
-def _print_plan(fig: FigureRecipe, out: Path, device: str) -> None:
-    """--dry-run: each run with what would be done with it, the passes at their rounds and the plots."""
+def _print_plan(fig: FigureRecipe, out: Path, device: str, analysis: FigureAnalysis) -> None:
+    """--dry-run: each run with what would be done with it and its training time, each pass with the jobs it
+    would compute at its rounds (never those done) and their time, the plots, and the total with the rates
+    measured here."""
     from landscape.config import recipe as recipes
     from landscape.store import lifecycle
+    from landscape.workflows.estimate import WorkEstimate, about
     from landscape.workflows.figure import figure_plan
 
+    estimate = WorkEstimate()
     seeded = f", {len(fig.seeds)} seeds: {','.join(map(str, fig.seeds))}" if fig.seeds else ""
     click.echo(f"figure {fig.name} ({fig.scale} scale{seeded}): {fig.title}")
-    for run_id, entries in figure_plan(fig, out, device).items():
+    plan = figure_plan(fig, out, device)
+    statuses = {}
+    for run_id, entries in plan.items():
         for seed, recipe, path in entries:
             which = run_id if seed is None else f"{run_id} seed {seed}"
-            click.echo(f"  run {which:<22} {lifecycle.owned_run_status(recipe, path):<8} {path}  "
-                       f"[{recipes.run_name(recipe)}, {recipe.train.rounds} rounds]")
-    for name in fig.pass_rounds:
-        click.echo(f"  analyze {name} at rounds {fig.pass_rounds[name]}")
+            status = statuses[path] = lifecycle.owned_run_status(recipe, path)
+            seconds = estimate.training(recipe, path, status, analysis.settings)
+            cost = f"  {about(seconds)}" if status != "done" else ""
+            click.echo(f"  run {which:<22} {status:<8} {path}  [{recipes.run_name(recipe)}, "
+                       f"{recipe.train.rounds} rounds]{cost}")
+    runs = [(recipe, path, statuses[path]) for entries in plan.values() for _, recipe, path in entries]
+    for name, spec in fig.pass_rounds.items():
+        click.echo("  " + estimate.pass_line(runs, name, spec, analysis.options[name], analysis.settings))
     for plot in fig.plots:
         click.echo(f"  plot {plot.kind:<18} {out / plot.file}.png|pdf  runs {', '.join(plot.runs)}")
+    for line in estimate.lines():
+        click.echo(line)

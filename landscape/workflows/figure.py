@@ -148,5 +148,10 @@ def _draw(fig: FigureRecipe, out: Path, paths: list[Path], by_id: dict[str, list
             notify(f"note: {line}")
     surface = fig.surface_name()
     pages: dict[str, Path] = {}  # one interactive page per view the figure shows
+    before = {path for path in out.iterdir() if path.is_file()} if out.is_dir() else set()
     written = [path for plot, plot_runs in chosen for path in book.render(plot, plot_runs, out, surface, pages)]
-    return list(dict.fromkeys(written))
+    written = list(dict.fromkeys(written))
+    replaced = [path.name for path in written if path in before]
+    if replaced:  # nothing is overwritten without saying so
+        notify(f"note: replaced {len(replaced)} file(s) in {out} that were there before: {', '.join(replaced)}")
+    return written
