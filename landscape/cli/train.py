@@ -271,9 +271,9 @@ def _one_run(run: Any, dry_run: bool, quiet: bool) -> None:
         _report(out, RunDir(out).rounds()[-1])
         return
     if status == "resume":
-        rounds = RunDir(out).rounds()  # none: killed before its first checkpoint
+        saved = RunDir(out).rounds()  # none: killed before its first checkpoint
         progress_lines(quiet)(f"{out} holds this recipe's run, unfinished: continued from its last checkpoint "
-                              f"(round {rounds[-1]})" if rounds else
+                              f"(round {saved[-1]})" if saved else
                               f"{out} holds this recipe's run, unfinished: started again from round 0 (it has "
                               "no checkpoint)")
     ((path, rounds),) = sweep.run_sweep([run], overwrite=status == "replace", progress=not quiet,

@@ -301,6 +301,18 @@ def test_the_same_command_continues_an_interrupted_run_as_a_sweep_does(tmp_path)
         assert all(torch.equal(a[k], b[k]) for k in b)
 
 
+def test_the_same_command_starts_again_a_run_killed_before_its_first_checkpoint(tmp_path):
+    where = ["--local-steps", "1", "--out", tmp_path, "--name", "run"]
+    assert invoke("train", *FAST, *where, "--quiet").exit_code == 0
+    shutil.rmtree(tmp_path / "run" / "checkpoints")  # as if killed while round-0000.pt was written
+    (tmp_path / "run" / "metrics.jsonl").unlink()
+    again = invoke("train", *FAST, *where)
+    assert again.exit_code == 0, again.output
+    assert (f"{tmp_path / 'run'} holds this recipe's run, unfinished: started again from round 0 (it has no "
+            "checkpoint)") in again.stderr.splitlines()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["round-0000.pt", "round-0002.pt"]
+
+
 def test_existing_run_directory_is_not_touched(tmp_path):
     out, where = tmp_path / "run", ["--out", tmp_path, "--name", "run"]
     first = invoke("train", *FAST, *where, "--quiet")
