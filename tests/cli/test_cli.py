@@ -281,7 +281,8 @@ def test_overwrite_replaces_even_this_recipes_run_and_says_which(tmp_path):
     assert again.exit_code == 0, again.output
     assert again.stderr.splitlines() == [f"replacing {tmp_path / 'run'} (--overwrite): it holds this recipe's run, "
                                          "finished (round 2)"]
-    assert [json.loads(line)["round"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in rows] == [1, 2]
     sweep = invoke("train", *FAST, "--local-steps", "1", "--seed", "0,1", "--out", tmp_path, "--overwrite",
                    "--dry-run")
     assert [line.split()[0] for line in sweep.output.splitlines()] == ["new", "new"]
