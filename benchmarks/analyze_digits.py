@@ -37,7 +37,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/publish-analyze/fedsam"))
     args = parser.parse_args()
     if not (args.out / "metrics.jsonl").is_file():
-        subprocess.run([sys.executable, "-m", "landscape", *TRAIN, "--out", str(args.out), "--overwrite"], check=True,
+        subprocess.run([sys.executable, "-m", "landscape", *TRAIN, "--out", str(args.out.parent),
+                        "--name", args.out.name, "--overwrite"], check=True,
                        stdout=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory() as folder:
         peak_file = Path(folder) / "peak"

@@ -95,8 +95,9 @@ class FlopCount(TorchDispatchMode):
 def train(run: Path, clients: int, cwd: Path | None = None) -> None:
     """Train ``run`` with ``clients`` clients unless it is there (by the package in ``cwd``)."""
     if not (run / "metrics.jsonl").is_file():
-        subprocess.run([sys.executable, "-m", "landscape", *TRAIN, "--clients", str(clients), "--out", str(run),
-                        "--overwrite"], check=True, stdout=subprocess.DEVNULL, cwd=cwd)
+        subprocess.run([sys.executable, "-m", "landscape", *TRAIN, "--clients", str(clients),
+                        "--out", str(run.parent), "--name", run.name, "--overwrite"],
+                       check=True, stdout=subprocess.DEVNULL, cwd=cwd)
 
 
 def count_flops(run: Path) -> dict[str, dict[str, float]]:

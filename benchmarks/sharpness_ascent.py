@@ -54,8 +54,8 @@ REFERENCE = "the tests' reference: 16 random starts, 200 steps"
 def fedsam_problems(out: Path) -> list[tuple[str, int, object]]:
     """(label, round, Problem) of the FedSAM digits CNN at each of ``ROUNDS``; trains the run first."""
     if not (out / "metrics.jsonl").is_file():
-        subprocess.run([sys.executable, "-m", "landscape", *TRAIN, "--out", str(out), "--overwrite"], check=True,
-                       stdout=sys.stderr)  # its summary line is not part of the table
+        subprocess.run([sys.executable, "-m", "landscape", *TRAIN, "--out", str(out.parent), "--name", out.name,
+                        "--overwrite"], check=True, stdout=sys.stderr)  # its summary line is not part of the table
     run = landscape.open_run(out)
     train_set, _ = run.data()
     problems = []

@@ -38,7 +38,7 @@ def main() -> None:
         for threads in (1, 2):
             run = args.out / f"threads{threads}"
             seconds.setdefault(("train", threads), []).append(
-                timed([*TRAIN, "--threads", str(threads), "--out", str(run)]))
+                timed([*TRAIN, "--threads", str(threads), "--out", str(run.parent), "--name", run.name]))
             seconds.setdefault(("hessian", threads), []).append(
                 timed([*ANALYZE[:1], str(run), *ANALYZE[1:], "--threads", str(threads)]))
     jobs = {"train": "train: FedAvg, 10 rounds of the digits CNN", "hessian": "analyze: the hessian pass, round 10"}

@@ -29,8 +29,9 @@ def main() -> None:
     for seed in (int(s) for s in args.seeds.split(",")):
         out = Path(args.out) / f"seed{seed}"
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "landscape", *COMMAND, "--seed", str(seed), "--out", str(out),
-                        "--overwrite"], check=True, env={**os.environ}, stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "landscape", *COMMAND, "--seed", str(seed),
+                        "--out", str(out.parent), "--name", out.name, "--overwrite"],
+                       check=True, env={**os.environ}, stdout=subprocess.DEVNULL)
         seconds = time.perf_counter() - started
         last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
         rows.append((seed, last["test_acc"], seconds))

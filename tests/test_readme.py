@@ -146,8 +146,8 @@ WORKSPACE_FILES = {
 SETUP = [
     DEMO_SMALL if SMALL_MODE else "landscape demo --out runs/demo --quiet",
     # small: 20 rounds (checkpoints 0, 10, 20: the README's round-0020.pt, 3 for PCA directions) of one local step
-    "landscape train --algorithm fedsam --keep-clients --out runs/x --quiet" + (" --rounds 20 --local-steps 1"
-                                                                                  if SMALL_MODE else ""),
+    "landscape train --algorithm fedsam --keep-clients --name x --quiet" + (" --rounds 20 --local-steps 1"
+                                                                              if SMALL_MODE else ""),
     "cp -r runs/x/checkpoints ckpt && cp -r runs/x runs/other && mkdir states",
     "python make_state_dicts.py",
     "python make_fl_checkpoints.py",
@@ -183,7 +183,7 @@ SKIP = {
 # Commands that need an optional extra the test extras do not install: exact text -> the module; run (with their
 # SMALL settings) where it is installed, skipped elsewhere.
 REQUIRES = {
-    "landscape train train/digits-fedavg.toml --log tensorboard,wandb -o runs/tracked": "wandb",
+    "landscape train train/digits-fedavg.toml --log tensorboard,wandb --name tracked": "wandb",
 }
 
 # Commands that fail until a fix elsewhere lands: exact text (a Python block: its first line that is not an
@@ -200,8 +200,8 @@ SMALL = {
         " --clients 20"
         " --participation 0.25 --rounds 2 --local-steps 1",
     # 2 rounds of one local step instead of the recipe's 30 rounds of 5 epochs
-    "landscape train train/digits-fedavg.toml --set train.weight_decay=1e-3 --out runs/wd":
-        "landscape train train/digits-fedavg.toml --set train.weight_decay=1e-3 --out runs/wd --rounds 2"
+    "landscape train train/digits-fedavg.toml --set train.weight_decay=1e-3 --name wd":
+        "landscape train train/digits-fedavg.toml --set train.weight_decay=1e-3 --name wd --rounds 2"
         " --local-steps 1",
     # resumed to 3 rounds instead of 60
     "landscape train --resume runs/wd --rounds 60": "landscape train --resume runs/wd --rounds 3",
@@ -215,11 +215,11 @@ SMALL = {
     "landscape train train/mnist1d-quick.toml --out runs/mnist1d-quick":
         "landscape train train/mnist1d-quick.toml --out runs/mnist1d-quick --rounds 1 --local-steps 1 --quiet",
     # the tracking examples: 2 rounds of one local step instead of the recipe's 30 of 5 epochs, or of 50
-    "landscape train train/digits-fedavg.toml --log tensorboard,wandb -o runs/tracked":
-        "landscape train train/digits-fedavg.toml --log tensorboard,wandb -o runs/tracked --rounds 2 --local-steps 1"
+    "landscape train train/digits-fedavg.toml --log tensorboard,wandb --name tracked":
+        "landscape train train/digits-fedavg.toml --log tensorboard,wandb --name tracked --rounds 2 --local-steps 1"
         " --quiet",
-    "landscape train --log tensorboard --set train.rounds=50 -o runs/tb":
-        "landscape train --log tensorboard --set train.rounds=2 --set train.local_steps=1 -o runs/tb --quiet",
+    "landscape train --log tensorboard --set train.rounds=50 --name tb":
+        "landscape train --log tensorboard --set train.rounds=2 --set train.local_steps=1 --name tb --quiet",
     # the analyze examples: the quick analysis (analyze_small) instead of every pass at its defaults
     "landscape analyze runs/digits-quick/digits-fedsam-dirr0.1-cnn-c20-s0":
         "landscape analyze runs/digits-quick/digits-fedsam-dirr0.1-cnn-c20-s0 " + analyze_small(),

@@ -87,10 +87,15 @@ def _recipe_options(f):
 @set_option("set any recipe key, e.g. --set train.weight_decay=1e-3 or --set algorithm.fedsam.rho=0.05",
             "train takes the first")
 @click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="run directory [default: runs/<generated name>]; for a sweep, the folder of its runs")
+              help="the folder the runs go into, one run or a sweep alike: each run's directory is <out>/<its "
+                   "name> [default: runs]")
+@click.option("--name", "name", default=None, metavar="NAME",
+              help="the directory name of a single run (<out>/NAME) [default: the generated name, as a sweep "
+                   "names its runs: <dataset>-<algorithm>-<partition>-<model>-c<clients>-s<seed>]")
 @click.option("--dry-run", is_flag=True,
               help="print the resolved recipe and the client x class table (or the sweep's runs), then exit")
-@click.option("--overwrite", is_flag=True, help="replace an existing run directory")
+@click.option("--overwrite", is_flag=True,
+              help="train anew where a run directory exists, replacing it (the line says which)")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="continue the run in this directory from its last checkpoint (with --rounds to extend it)")
 @click.option("--quiet", is_flag=True,
@@ -98,16 +103,16 @@ def _recipe_options(f):
 @trust_imports_option("with --resume: import the modules the run's recipe names in `imports` (their code "
                       "runs; a recipe file you name is always imported)")
 def train_command(recipe_file: Path | None, download: bool | None, keep_clients: bool | None,
-                  swa: bool | None, assignments: tuple[str, ...], out: Path | None, dry_run: bool,
-                  overwrite: bool, resume_dir: Path | None, quiet: bool, **flags: Any) -> None:
+                  swa: bool | None, assignments: tuple[str, ...], out: Path | None, name: str | None,
+                  dry_run: bool, overwrite: bool, resume_dir: Path | None, quiet: bool, **flags: Any) -> None:
     """Train federated runs from a RECIPE_FILE (TOML) and/or flags.
 
     Flags override the recipe, and --set overrides both. A comma list in a flag (--algorithm fedsam,fednsam
-    --alpha 0.6,0.1 --seed 0,1) or a [sweep] table in the recipe makes one run per combination, named
-    systematically under --out (default runs/). The same command run again skips finished runs and continues
-    unfinished ones, a single run's as a sweep's (another recipe's run in the way: refused unless --overwrite).
-    Each run directory gets the fully resolved recipe, partition.json, metrics.jsonl (one line per round)
-    and checkpoints/round-NNNN.pt.
+    --alpha 0.6,0.1 --seed 0,1) or a [sweep] table in the recipe makes one run per combination. Every run,
+    one or many, goes into --out (default runs/) as <out>/<its generated name>, or <out>/NAME for a single run
+    given --name. The same command run again skips finished runs and continues unfinished ones, a single
+    run's as a sweep's (another recipe's run in the way: refused unless --overwrite). Each run directory gets
+    the fully resolved recipe, partition.json, metrics.jsonl (one line per round) and checkpoints/round-NNNN.pt.
     """
     from landscape.config import overrides as recipe_overrides
     from landscape.workflows import sweep
@@ -121,15 +126,17 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
     if flags.get("rho") is not None and resume_dir is None:
         _check_rho(recipe_file, overrides, axes)
     if resume_dir is not None:
-        others = recipe_file is not None or bool(axes) or out is not None or overwrite or dry_run
+        others = (recipe_file is not None or bool(axes) or out is not None or name is not None or overwrite
+                  or dry_run)
         _resume(resume_dir, overrides, others, quiet)
         return
+    check_printable("--name", name)
     runs = recipe_overrides.build_sweep(recipe_file, overrides, axes)
-    if not any(swept for _, swept in runs):  # one run: --out is its directory
-        _one_run(runs[0][0], out, overwrite, dry_run, quiet)
+    # Every run under --out, one or many, checked before any of them starts.
+    plan = sweep.plan_sweep(runs, out if out is not None else Path("runs"), overwrite, name=name)
+    if not any(swept for _, swept in runs):
+        _one_run(plan[0], dry_run, quiet)
         return
-    # A sweep: every run under --out, checked before any of them starts.
-    plan = sweep.plan_sweep(runs, out if out is not None else Path("runs"), overwrite)
     if dry_run:
         from landscape.config.setup import resolve_device
 
@@ -138,9 +145,19 @@ def train_command(recipe_file: Path | None, download: bool | None, keep_clients:
         for run in plan:
             click.echo(f"{run.status:<8} {run.path}")
         return
-    trained = sweep.run_sweep(plan, overwrite=overwrite, progress=not quiet, notify=progress_lines(quiet))
+    trained = sweep.run_sweep(plan, overwrite=overwrite, progress=not quiet, notify=progress_lines(quiet),
+                              replacing=_say_replacing)
     for path, rounds in trained:
         _report(path, rounds)
+
+
+def _say_replacing(run: Any) -> None:
+    """The line before --overwrite replaces a run directory: which one, and what it held (on stderr, also with
+    --quiet: nothing is replaced without saying so)."""
+    from landscape.core import parallel
+
+    if parallel.is_main():
+        click.echo(f"replacing {run.path} (--overwrite): it holds {run.held}", err=True)
 
 
 def _overrides(flags: dict[str, Any], switches: dict[str, bool | None],
@@ -226,17 +243,15 @@ def _resume(resume_dir: Path, overrides: list[tuple[str, Any]], others: bool, qu
     _report(resume_dir, state.round)
 
 
-def _one_run(recipe: Any, out: Path | None, overwrite: bool, dry_run: bool, quiet: bool) -> None:
-    """One run into --out (default runs/<its name>), or with --dry-run its recipe and client x class table.
-    As a sweep's run: a directory holding this recipe's run is continued where it stopped (or left as it is when
-    it is finished), one of another recipe is refused unless --overwrite replaces it."""
+def _one_run(run: Any, dry_run: bool, quiet: bool) -> None:
+    """One run (a ``sweep.SweepRun``: <out>/<its name>), or with --dry-run its recipe and client x class table. As
+    a sweep's run: a directory holding this recipe's run is continued where it stopped (or left as it is when it
+    is finished), one of another recipe is refused unless --overwrite replaces it."""
     from landscape.config import recipe as recipes
-    from landscape.store import lifecycle
     from landscape.store.directory import RunDir
     from landscape.workflows import sweep
 
-    out = out if out is not None else Path("runs") / (recipe.name or recipes.run_name(recipe))
-    status = lifecycle.sweep_status(recipe, out, overwrite)
+    recipe, out, status = run.recipe, run.path, run.status
     if dry_run:
         from landscape.config.setup import prepare_data, resolve_device
         from landscape.data.partitions import format_partition_table, heterogeneity
@@ -256,10 +271,13 @@ def _one_run(recipe: Any, out: Path | None, overwrite: bool, dry_run: bool, quie
         _report(out, RunDir(out).rounds()[-1])
         return
     if status == "resume":
+        saved = RunDir(out).rounds()  # none: killed before its first checkpoint
         progress_lines(quiet)(f"{out} holds this recipe's run, unfinished: continued from its last checkpoint "
-                              f"(round {RunDir(out).rounds()[-1]})")
-    ((path, rounds),) = sweep.run_sweep([sweep.SweepRun(recipe, out, status)], overwrite=overwrite,
-                                        progress=not quiet)
+                              f"(round {saved[-1]})" if saved else
+                              f"{out} holds this recipe's run, unfinished: started again from round 0 (it has "
+                              "no checkpoint)")
+    ((path, rounds),) = sweep.run_sweep([run], overwrite=status == "replace", progress=not quiet,
+                                        replacing=_say_replacing)
     _report(path, rounds)
 
 

@@ -377,10 +377,11 @@ _PLAIN_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 MAX_NAME = 200  # a folder name may hold 255 bytes on common file systems
 
 
-def check_name(name: str) -> None:
-    """The recipe's ``name``: empty (a systematic name is used) or a plain folder name."""
+def check_name(name: str, what: str = "name") -> None:
+    """The recipe's ``name`` (or another run name, ``what`` in the message): empty (a systematic name is used)
+    or a plain folder name."""
     if name and (not _PLAIN_NAME.match(name) or name in (".", "..") or len(name) > MAX_NAME):
-        raise LandscapeError(f"name must be a plain folder name (letters, digits, '.', '_', '-'; no '/'; at most "
+        raise LandscapeError(f"{what} must be a plain folder name (letters, digits, '.', '_', '-'; no '/'; at most "
                              f"{MAX_NAME} characters), got {name!r}")
 
 

@@ -127,9 +127,30 @@ def check_run_folder(run_dir: RunDir) -> None:
 
 
 def sweep_status(recipe: Recipe, path: Path, overwrite: bool) -> str:
-    """What a sweep does with one run directory: 'new' (train), 'done' (skip), 'resume' or 'replace'.
+    """What ``landscape train`` does with one run directory: 'new' (train), 'done' (skip), 'resume', or with
+    ``overwrite`` 'replace' (train anew, whatever run it holds: this recipe's, finished or not, or another's).
     Decided by rank 0 under torchrun (the other ranks could see a directory rank 0 is creating)."""
     return parallel.on_main(lambda: _sweep_status(recipe, path, overwrite))
+
+
+def held_run_text(recipe: Recipe, path: Path) -> str:
+    """What the run directory ``path`` holds, in words, for the line that says it is replaced: 'a run of another
+    recipe (train.lr is 0.05 there, 0.01 here)', "this recipe's run, finished (round 30)" or "this recipe's run,
+    unfinished (last checkpoint: round 10)"."""
+    held = _held_run(path)
+    if held is None:
+        return "nothing"
+    run_dir, recorded = held
+    if recorded is None:
+        return "a run whose recipe.toml does not read"
+    stale = recipes.difference(recorded, recipe, ignore=PLACE_KEYS)
+    if stale is not None:
+        return f"a run of another recipe ({stale.replace(' in recipe.toml', ' here')})"
+    rounds = run_dir.rounds()
+    last = rounds[-1] if rounds else 0
+    if _done_or_resume(run_dir, recipe) == "done":
+        return f"this recipe's run, finished (round {last})"
+    return f"this recipe's run, unfinished (last checkpoint: round {last})"
 
 
 def _held_run(path: Path) -> tuple[RunDir, str | None] | None:
@@ -156,12 +177,13 @@ def _sweep_status(recipe: Recipe, path: Path, overwrite: bool) -> str:
     if held is None:
         return "new"
     run_dir, recorded = held
+    if overwrite:
+        check_out_dir(run_dir, overwrite)  # refused now, before any run starts, when it is no run this tool made
+        return "replace"
     if recorded is None:  # compared as written
         recorded = run_dir.recipe.read_text(errors="replace")
     # Where and how a round is computed (device, threads, vectorize, memory_format) is not which run it is.
     if recipes.difference(recorded, recipe, ignore=PLACE_KEYS) is not None:
-        if overwrite:
-            return "replace"
         raise LandscapeError(f"{path} holds a run of another recipe; pass --overwrite to replace it")
     return _done_or_resume(run_dir, recipe)
 

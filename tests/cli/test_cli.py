@@ -103,7 +103,7 @@ def test_toml_lines_write_nested_tables_as_dotted_keys():
 
 def test_train_writes_a_run_directory(tmp_path):
     out = tmp_path / "run"
-    result = invoke("train", *FAST, "--out", out, "--set", "train.weight_decay=0.001", "--quiet")
+    result = invoke("train", *FAST, "--out", tmp_path, "--name", "run", "--set", "train.weight_decay=0.001", "--quiet")
     assert result.exit_code == 0, result.output
     assert f"run {out}: 2 rounds; test accuracy" in result.output
     assert sorted(p.name for p in out.iterdir()) == [".landscape-run", "checkpoints", "metrics.jsonl", "partition.json",
@@ -220,13 +220,81 @@ def test_sweep_from_comma_lists_skips_finished_and_resumes_unfinished(tmp_path):
     assert changed.exit_code != 0 and "holds a run of another recipe; pass --overwrite" in changed.output
 
 
+def test_out_is_the_folder_of_the_runs_for_one_run_as_for_a_sweep(tmp_path):
+    """--out means one thing: one run goes to <out>/<generated name>, as the sweep's run of the same values does,
+    so adding --seed 0,1 to a one-run command keeps the folder's meaning; --name names a single run's directory."""
+    one = invoke("train", *FAST, "--local-steps", "1", "--out", tmp_path, "--quiet")
+    assert one.exit_code == 0, one.output
+    run = tmp_path / "digits-fedavg-dirr0.1-cnn-c4-s0"
+    assert one.output == f"run {run}: 2 rounds; test accuracy" + one.output.split("test accuracy")[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [run.name]
+    swept = invoke("train", *FAST, "--local-steps", "1", "--seed", "0,1", "--out", tmp_path, "--dry-run")
+    assert swept.output.split() == ["done", str(run), "new", str(tmp_path / "digits-fedavg-dirr0.1-cnn-c4-s1")]
+    # the recipe's name is a prefix of the generated name, for one run as for each run of a sweep
+    named = invoke("train", *FAST, "--set", "name=wd", "--out", tmp_path, "--dry-run").output
+    assert f"# run directory: {tmp_path / 'wd-digits-fedavg-dirr0.1-cnn-c4-s0'} (new)" in named
+    chosen = invoke("train", *FAST, "--out", tmp_path / "mine", "--name", "first", "--dry-run").output
+    assert f"# run directory: {tmp_path / 'mine' / 'first'} (new)" in chosen
+    assert "# run directory: runs/first (new)" in invoke("train", *FAST, "--name", "first", "--dry-run").output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seed", "0,1", "--name", "x"], "--name names the directory of a single run, and this command makes 2 runs, "
+                                       "each named <out>/<its generated name>: leave --name out (--set name=PREFIX "
+                                       "puts PREFIX- before each generated name)"),
+    (["--name", "../x"], "--name must be a plain folder name (letters, digits, '.', '_', '-'; no '/'; at most 200 "
+                         "characters), got '../x'"),
+    (["--name", ""], "--name must not be empty (leave it out for the generated name)"),
+    (["--name", "a\nb"], "--name must not hold control characters (got 'a\\nb')"),
+])
+def test_a_bad_name_is_one_line(tmp_path, args, message):
+    assert one_line_error(invoke("train", *FAST, *args, "--out", tmp_path, "--dry-run")) == f"error: {message}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_naming_a_run_directory_is_refused_with_the_commands_meant(tmp_path):
+    """The old habit (--out runs/x for one run, its directory) on an existing run: refused, never a run nested
+    inside a run; the line gives the command that continues it and the one that trains into it."""
+    run = tmp_path / "x"
+    assert invoke("train", *FAST, "--local-steps", "1", "--out", tmp_path, "--name", "x", "--quiet").exit_code == 0
+    before = sorted(p.name for p in run.iterdir())
+    for extra in ([], ["--seed", "0,1"]):
+        line = one_line_error(invoke("train", *FAST, "--local-steps", "1", *extra, "--out", run, "--quiet"))
+        assert line == (f"error: --out {run} is a run directory (it holds recipe.toml), and --out is the folder the "
+                        f"runs go into (the run would be {run / 'digits-fedavg-dirr0.1-cnn-c4-s0'}): to continue that "
+                        f"run, --resume {run}; to train into it, --out {tmp_path} --name x")
+    assert sorted(p.name for p in run.iterdir()) == before
+    line = one_line_error(invoke("train", "--resume", run, "--name", "y"))
+    assert line == "error: --resume continues a run as recorded; only --rounds may be given with it, and --threads"
+
+
+def test_overwrite_replaces_even_this_recipes_run_and_says_which(tmp_path):
+    """--overwrite trains anew where a run directory exists (as the 'nothing to train' line promises), saying
+    which directory it replaces and what it held, also with --quiet; a sweep's runs alike."""
+    where = ["--local-steps", "1", "--out", tmp_path, "--name", "run"]
+    assert invoke("train", *FAST, *where, "--quiet").exit_code == 0
+    kept = invoke("train", *FAST, *where)
+    assert "nothing to train (--overwrite trains it anew)" in kept.output
+    (tmp_path / "run" / "metrics.jsonl").write_text("")  # a mark the new run does not keep
+    assert "(replace)" in invoke("train", *FAST, *where, "--overwrite", "--dry-run").output
+    again = invoke("train", *FAST, *where, "--overwrite", "--quiet")
+    assert again.exit_code == 0, again.output
+    assert again.stderr.splitlines() == [f"replacing {tmp_path / 'run'} (--overwrite): it holds this recipe's run, "
+                                         "finished (round 2)"]
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in rows] == [1, 2]
+    sweep = invoke("train", *FAST, "--local-steps", "1", "--seed", "0,1", "--out", tmp_path, "--overwrite",
+                   "--dry-run")
+    assert [line.split()[0] for line in sweep.output.splitlines()] == ["new", "new"]
+
+
 def test_the_same_command_continues_an_interrupted_run_as_a_sweep_does(tmp_path):
-    out, whole = tmp_path / "run", tmp_path / "whole"
-    assert invoke("train", *FAST, "--out", whole, "--quiet").exit_code == 0
-    assert invoke("train", *FAST, "--out", out, "--quiet").exit_code == 0
+    out, whole = tmp_path / "runs" / "digits-fedavg-dirr0.1-cnn-c4-s0", tmp_path / "whole"
+    assert invoke("train", *FAST, "--out", tmp_path, "--name", "whole", "--quiet").exit_code == 0
+    assert invoke("train", *FAST, "--out", tmp_path / "runs", "--quiet").exit_code == 0  # the generated name
     (out / "checkpoints" / "round-0002.pt").unlink()  # as if killed during round 2
-    assert "(resume)" in invoke("train", *FAST, "--out", out, "--dry-run").output
-    again = invoke("train", *FAST, "--out", out)
+    assert "(resume)" in invoke("train", *FAST, "--out", tmp_path / "runs", "--dry-run").output
+    again = invoke("train", *FAST, "--out", tmp_path / "runs")
     assert again.exit_code == 0, again.output
     assert f"{out} holds this recipe's run, unfinished: continued from its last checkpoint (round 0)" in again.output
     for name in ("round-0002.pt",):  # ends as the uninterrupted run
@@ -234,33 +302,48 @@ def test_the_same_command_continues_an_interrupted_run_as_a_sweep_does(tmp_path)
         assert all(torch.equal(a[k], b[k]) for k in b)
 
 
+def test_the_same_command_starts_again_a_run_killed_before_its_first_checkpoint(tmp_path):
+    where = ["--local-steps", "1", "--out", tmp_path, "--name", "run"]
+    assert invoke("train", *FAST, *where, "--quiet").exit_code == 0
+    shutil.rmtree(tmp_path / "run" / "checkpoints")  # as if killed while round-0000.pt was written
+    (tmp_path / "run" / "metrics.jsonl").unlink()
+    again = invoke("train", *FAST, *where)
+    assert again.exit_code == 0, again.output
+    assert (f"{tmp_path / 'run'} holds this recipe's run, unfinished: started again from round 0 (it has no "
+            "checkpoint)") in again.stderr.splitlines()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["round-0000.pt", "round-0002.pt"]
+
+
 def test_existing_run_directory_is_not_touched(tmp_path):
-    out = tmp_path / "run"
-    first = invoke("train", *FAST, "--out", out, "--quiet")
+    out, where = tmp_path / "run", ["--out", tmp_path, "--name", "run"]
+    first = invoke("train", *FAST, *where, "--quiet")
     assert first.exit_code == 0
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    again = invoke("train", *FAST, "--out", out)  # the same command: the run is finished, nothing to train
+    again = invoke("train", *FAST, *where)  # the same command: the run is finished, nothing to train
     assert again.exit_code == 0, again.output
     assert f"{out} holds this recipe's run, finished: nothing to train" in again.output
     assert again.output.strip().splitlines()[-1] == first.output.strip()  # its result line, as it was
-    result = invoke("train", *FAST, "--out", out, "--quiet", "--lr", "0.05")  # another recipe
+    result = invoke("train", *FAST, *where, "--quiet", "--lr", "0.05")  # another recipe
     assert result.exit_code != 0
     assert result.output.strip() == f"error: {out} holds a run of another recipe; pass --overwrite to replace it"
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     # --overwrite replaces a run, but never a folder that is not one
-    assert invoke("train", *FAST, "--out", out, "--quiet", "--overwrite", "--seed", "1").exit_code == 0
+    replaced = invoke("train", *FAST, *where, "--quiet", "--overwrite", "--seed", "1")
+    assert replaced.exit_code == 0
+    assert f"replacing {out} (--overwrite): it holds a run of another recipe (seed is 0 there, 1 here)" in (
+        replaced.stderr.splitlines())  # said also with --quiet
     assert "seed = 1" in (out / "recipe.toml").read_text()
     other = tmp_path / "notes"
     other.mkdir()
     (other / "thesis.tex").write_text("precious")
-    result = invoke("train", *FAST, "--out", other, "--overwrite")
+    result = invoke("train", *FAST, "--out", tmp_path, "--name", "notes", "--overwrite")
     assert result.exit_code != 0 and "not a run directory; --overwrite only replaces runs" in result.output
     assert (other / "thesis.tex").read_text() == "precious"
 
 
 def test_resume_through_the_cli(tmp_path):
     out = tmp_path / "run"
-    assert invoke("train", *FAST, "--out", out, "--quiet").exit_code == 0
+    assert invoke("train", *FAST, "--out", tmp_path, "--name", "run", "--quiet").exit_code == 0
     result = invoke("train", "--resume", out, "--rounds", "3", "--quiet")
     assert result.exit_code == 0, result.output
     assert f"run {out}: 3 rounds" in result.output
@@ -276,7 +359,7 @@ def test_missing_recipe_file(tmp_path):
 def test_real_subprocess(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, "-m", "landscape", "train", *FAST, "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "landscape", "train", *FAST, "--out", str(tmp_path), "--name", "run"],
                           capture_output=True, text=True, env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert "round" in done.stderr  # the progress bar
@@ -476,8 +559,8 @@ def test_every_command_takes_quiet(command):
 
 
 def test_quiet_silences_progress_but_not_results(tmp_path):
-    loud = invoke("train", *FAST, "-o", tmp_path / "loud")
-    quiet = invoke("train", *FAST, "-o", tmp_path / "quiet", "--quiet")
+    loud = invoke("train", *FAST, "-o", tmp_path, "--name", "loud")
+    quiet = invoke("train", *FAST, "-o", tmp_path, "--name", "quiet", "--quiet")
     assert loud.exit_code == quiet.exit_code == 0
     assert "2/2 [" in loud.output and "round/s" in loud.output  # the progress bar
     assert quiet.output.startswith(f"run {tmp_path / 'quiet'}: 2 rounds; test accuracy")

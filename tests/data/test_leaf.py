@@ -182,7 +182,7 @@ def test_one_round_of_training_on_the_writers(tmp_path):
     out = tmp_path / "run"
     result = invoke("train", "--dataset", "femnist", "--data-root", tmp_path / "data", "--partition", "natural",
                     "--clients", "4", "--participation", "0.5", "--rounds", "1", "--local-steps", "1",
-                    "--batch-size", "2", "--device", "cpu", "--quiet", "--out", out)
+                    "--batch-size", "2", "--device", "cpu", "--quiet", "--out", tmp_path, "--name", "run")
     assert result.exit_code == 0, result.output
     assert (out / "checkpoints" / "round-0001.pt").is_file()
     partition = json.loads((out / "partition.json").read_text())
@@ -195,7 +195,7 @@ def test_one_round_of_training_on_the_writers(tmp_path):
 def test_train_without_the_files_is_one_line(tmp_path):
     out = tmp_path / "run"
     result = invoke("train", "--dataset", "femnist", "--data-root", tmp_path / "data", "--partition", "natural",
-                    "--clients", "4", "--rounds", "1", "--device", "cpu", "--out", out)
+                    "--clients", "4", "--rounds", "1", "--device", "cpu", "--out", tmp_path, "--name", "run")
     assert result.exit_code != 0
     line = result.output.strip()
     assert len(line.splitlines()) == 1 and line.startswith("error: femnist: missing folder ")
@@ -244,7 +244,7 @@ def test_one_round_of_leaf_s_lstm_on_the_roles(tmp_path):
     result = invoke("train", "--dataset", "shakespeare", "--model", "stacked-lstm", "--set", "model.hidden=16",
                     "--data-root", tmp_path / "data", "--partition", "natural", "--clients", "3",
                     "--participation", "1", "--rounds", "1", "--local-steps", "2", "--batch-size", "2",
-                    "--device", "cpu", "--quiet", "--out", out)
+                    "--device", "cpu", "--quiet", "--out", tmp_path, "--name", "run")
     assert result.exit_code == 0, result.output
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["round"] == 1 and np.isfinite(metrics[-1]["test_loss"])
@@ -264,7 +264,7 @@ def test_leaf_s_lstm_trains_the_roles_together_as_one_after_another(tmp_path):
                         "--set", "train.dtype=float64", "--set", f"train.vectorize={vectorize}",
                         "--data-root", tmp_path / "data", "--partition", "natural", "--clients", "5",
                         "--participation", "1", "--rounds", "1", "--local-steps", "2", "--batch-size", "2",
-                        "--device", "cpu", "--quiet", "--out", out)
+                        "--device", "cpu", "--quiet", "--out", tmp_path, "--name", vectorize)
         assert result.exit_code == 0, result.output
         checkpoint = load_checkpoint(out / "checkpoints" / "round-0001.pt")
         assert checkpoint["vectorized"]["used"] == (vectorize == "on")

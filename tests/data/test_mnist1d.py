@@ -156,7 +156,7 @@ def test_train_two_rounds_from_the_cli(tmp_path):
     out = tmp_path / "run"
     args = ["train", "--dataset", "mnist1d", "--model", "cnn", "--partition", "dirichlet", "--alpha", "0.1",
             "--clients", "5", "--participation", "0.4", "--rounds", "2", "--local-steps", "3", "--device", "cpu",
-            "--threads", "1", "--out", str(out), "--quiet"]
+            "--threads", "1", "--out", str(tmp_path), "--name", "run", "--quiet"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert f"run {out}: 2 rounds; test accuracy" in result.output

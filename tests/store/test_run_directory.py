@@ -115,21 +115,21 @@ def test_a_new_run_directory_carries_the_marker(six_round_run):
 
 
 def test_overwrite_refuses_a_folder_that_merely_holds_a_recipe_toml(tmp_path):
-    out = tmp_path / "mine"
+    out, mine = tmp_path / "mine", ["--out", tmp_path, "--name", "mine"]
     out.mkdir()
     (out / "recipe.toml").write_text(recipes.to_toml(recipe6()))
     (out / "thesis.tex").write_text("two years of work")
     (out / "data").mkdir()
     (out / "data" / "measurements.csv").write_text("1,2,3\n")
     before = snapshot(out)
-    line = one_line_error(invoke("train", "--rounds", "1", "--out", out, "--overwrite", "--quiet"))
+    line = one_line_error(invoke("train", "--rounds", "1", *mine, "--overwrite", "--quiet"))
     assert str(out) in line and "thesis.tex" in line and "--overwrite" in line
     assert snapshot(out) == before
     # a recipe.toml alone is no run either: it may be the user's own recipe
     (out / "thesis.tex").unlink()
     shutil.rmtree(out / "data")
     before = snapshot(out)
-    line = one_line_error(invoke("train", "--rounds", "1", "--out", out, "--overwrite", "--quiet"))
+    line = one_line_error(invoke("train", "--rounds", "1", *mine, "--overwrite", "--quiet"))
     assert "no run files" in line
     assert snapshot(out) == before
 

@@ -332,7 +332,7 @@ def test_divergence_stops_names_round_and_algorithm_and_keeps_the_last_good_chec
     recipe_file = tmp_path / "r.toml"
     recipe_file.write_text(recipes.to_toml(tiny_recipe(model__name="mlp", model__hidden=[16], train__rounds=4,
                                                        train__lr=1e6, train__checkpoint_every=1)))
-    line = one_line_error(invoke("train", recipe_file, "--out", out, "--quiet"))
+    line = one_line_error(invoke("train", recipe_file, "--out", tmp_path, "--name", "run", "--quiet"))
     assert line.startswith("error: training diverged in round 2 (fedavg, lr 1e+06): ")
     assert "the last good checkpoint checkpoints/round-0001.pt is kept" in line
     run = RunDir(out)
@@ -426,7 +426,7 @@ def test_a_failed_write_says_why_keeps_the_previous_checkpoint_and_leaves_no_tem
 
         monkeypatch.setattr("landscape.store.directory.open", open_, raising=False)
         expected = f"error: cannot write {out / 'metrics.jsonl'}: [Errno 28] No space left on device"
-    assert one_line_error(invoke("train", recipe_file, "--out", out, "--quiet")) == expected
+    assert one_line_error(invoke("train", recipe_file, "--out", tmp_path, "--name", "run", "--quiet")) == expected
     monkeypatch.undo()
 
     run = RunDir(out)

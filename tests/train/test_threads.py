@@ -27,7 +27,7 @@ def test_train_threads_is_a_recipe_key_recorded_in_the_run(tmp_path):
     recipe = recipe6(train__rounds=2)
     assert recipe.train.threads == 1
     assert "threads = 1" in recipes.to_toml(recipe)
-    result = invoke("train", "--rounds", "1", "--threads", "2", "--out", tmp_path / "run", "--quiet")
+    result = invoke("train", "--rounds", "1", "--threads", "2", "--out", tmp_path, "--name", "run", "--quiet")
     assert result.exit_code == 0, result.output
     assert recipes.read_recipe(tmp_path / "run" / "recipe.toml").train.threads == 2
     assert load_checkpoint(RunDir(tmp_path / "run").checkpoint(1))["threads"] == 2

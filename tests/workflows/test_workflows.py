@@ -45,7 +45,7 @@ def last_checkpoint(run: Path) -> dict:
 def test_ensure_run_trains_as_the_train_command_then_reuses_the_run(tmp_path):
     recipe = tiny_recipe(train__rounds=2)
     (tmp_path / "r.toml").write_text(recipes.to_toml(recipe))
-    assert invoke("train", tmp_path / "r.toml", "-o", tmp_path / "cli", "--quiet").exit_code == 0
+    assert invoke("train", tmp_path / "r.toml", "-o", tmp_path, "--name", "cli", "--quiet").exit_code == 0
     lines: list[str] = []
     path = tmp_path / "owned" / "run"
     ensure_run(recipe, path, notify=lines.append)
