@@ -223,10 +223,12 @@ PASSES.declare("surface", options=SurfaceOptions,
                opt_in=True, collective=True, without_clients="random directions", cost=_surface_cost,
                spelling=_one_spelling, machine_check=check_grid_memory,
                measures=measured("centre_accuracy min_loss weight_norm d1_norm d2_norm cosine_d1_d2_drawn "
-                                 "reference_weight_norm target_distance target_loss",
+                                 "reference_weight_norm target_loss",
                                  {"centre_loss": "surface_centre_loss", "max_loss": "surface_max_loss"}),
-               # the grid and its directions as asked (length: euclidean's setting), the data's size
-               bookkeeping=keys("length direction_seed data_samples cells cells_evaluated cells_resumed"))
+               # the grid and its directions as asked (length: euclidean's setting), the data's size; a line's
+               # target_distance is its d1_norm (d1 = target - x)
+               bookkeeping=keys("length direction_seed data_samples cells cells_evaluated cells_resumed "
+                                "target_distance"))
 
 
 @PASSES.implement("surface")
