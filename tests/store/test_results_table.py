@@ -161,3 +161,20 @@ def test_only_the_notebook_api_passes_the_declarations(analysed):
     assert Run(analysed, measures=DECLARED).results().equals(declared)
     runs = landscape.open_run(analysed.parent)  # a folder of runs: each opened with them
     assert runs.results().equals(declared) and landscape.results([Run(analysed)]).equals(declared)
+
+
+def test_the_notebook_guide_lists_the_quantities_of_every_pass(analysed):
+    """docs/guides/notebook.md lists each pass's quantities as the table names them (every form the fixture
+    analyses: S_rho one per radius, the PyHessian ones, a line's, a reference model's)."""
+    import re
+    from pathlib import Path
+
+    import landscape
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "notebook.md").read_text()
+    listed = {match.group(1): re.findall(r"`([^`]+)`", match.group(2))
+              for match in re.finditer(r"^\| `([a-z]+)` \| (`.*`) \|$", guide, re.MULTILINE)}
+    table = landscape.open_run(analysed).results()
+    names = {name: list(dict.fromkeys(re.sub(r"^S_rho\(.*\)$", "S_rho(<rho>)", q) for q in rows["quantity"]))
+             for name, rows in table.groupby("pass")}
+    assert {name: sorted(q) for name, q in listed.items()} == {name: sorted(q) for name, q in names.items()}
