@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 # Name -> the module it comes from, imported on first use so that `landscape --help` does not wait for torch.
 _LAZY = {
     "LandscapeError": "landscape.core.errors",
-    "Run": "landscape.store.run",
+    "Run": "landscape.api.runs",
     "RunWriter": "landscape.store.writer",
     "open_run": "landscape.api.runs",
     "results": "landscape.api.runs",

@@ -1,5 +1,5 @@
-"""Run directories for notebooks: ``landscape.open_run`` and ``landscape.results``, the store's (``landscape.store.run``)
-with what the analysis declares each pass measures (``PassSpec.measures``), so that their results tables hold
+"""Run directories for notebooks: ``landscape.open_run``, ``landscape.results`` and ``landscape.Run``, the store's
+(``landscape.store.run``) with what the analysis declares each pass measures (``PassSpec.measures``), so that their results tables hold
 quantities only, each concept under one name.
 
 The store reads files and imports no analysis (the layers contract); the declarations live with the passes
@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 
 from landscape.analyze.passes import PASSES
 from landscape.store import run as store
+from landscape.store.results.records import Measures
 
 if TYPE_CHECKING:
     import pandas
 
-__all__ = ["DECLARED", "open_run", "results"]
+__all__ = ["DECLARED", "Run", "open_run", "results"]
 
 
 class DeclaredMeasures:
@@ -33,6 +34,15 @@ class DeclaredMeasures:
 
 
 DECLARED = DeclaredMeasures()
+
+
+class Run(store.Run):
+    """A run directory read (``landscape.store.run.Run``) whose ``results()`` hold what each pass declares it
+    measures: ``landscape.Run(path)`` is ``landscape.open_run(path)`` of a run directory, its recipe read on
+    first use."""
+
+    def __init__(self, path: str | Path, trust_imports: bool = False, measures: Measures | None = DECLARED) -> None:
+        super().__init__(path, trust_imports=trust_imports, measures=measures)
 
 
 def open_run(path: str | Path, trust_imports: bool = False) -> store.Run | store.Runs:

@@ -161,6 +161,7 @@ def test_only_the_notebook_api_passes_the_declarations(analysed):
     assert Run(analysed, measures=DECLARED).results().equals(declared)
     runs = landscape.open_run(analysed.parent)  # a folder of runs: each opened with them
     assert runs.results().equals(declared) and landscape.results([Run(analysed)]).equals(declared)
+    assert landscape.Run(analysed).results().equals(declared)  # the package's Run: the notebook's too
 
 
 def test_the_notebook_guide_lists_the_quantities_of_every_pass(analysed):
