@@ -1,6 +1,6 @@
-"""Run directories for notebooks: ``landscape.open_run``, ``landscape.results`` and ``landscape.Run``, the store's
-(``landscape.store.run``) with what the analysis declares each pass measures (``PassSpec.measures``), so that their results tables hold
-quantities only, each concept under one name.
+"""Run directories for notebooks: ``landscape.open_run``, ``landscape.results`` and ``landscape.Run``, the
+store's (``landscape.store.run``) with what the analysis declares each pass measures (``PassSpec.measures``), so
+that their results tables hold quantities only, each concept under one name.
 
 The store reads files and imports no analysis (the layers contract); the declarations live with the passes
 (``landscape.analyze.passes``): this module passes them in (``DECLARED``). A pass a module of your own declares

@@ -35,7 +35,8 @@ def analysed(six_round_run, tmp_path_factory):
     cheap = {"loss": {}, "flatness": {}, "hessian": hessian, "incompatibility": {"batches": 2},
              "sharpness": {"rhos": [0.02, 0.05], "steps": 2, "starts": 2}, "alignment": {"batches": 2},
              "surface": {"grid": "3"}}
-    more = [("surface", {"directions": "interpolate", "grid": "5"}, {}), ("surface", {"directions": "pca", "grid": "3"}, {}),
+    more = [("surface", {"directions": "interpolate", "grid": "5"}, {}),
+            ("surface", {"directions": "pca", "grid": "3"}, {}),
             ("surface", {"grid": "3", "normalization": "filter-reference", "reference": "round:0"}, {}),
             ("surface", {"grid": "3", "normalization": "euclidean", "length": 2.0}, {}),
             ("hessian", {**hessian, "trace_method": "hutch++", "clients": -1}, {}),

@@ -43,7 +43,8 @@ PASSES.declare("alignment", options=AlignmentOptions,
                                   "minibatch.mean_cosine": "mean_minibatch_cos",
                                   "minibatch.mean_cosine_se": "mean_minibatch_cos_se"}),
                # ||grad F|| is the loss pass's grad_norm
-               bookkeeping=keys("gradients.global_gradient_norm minibatch.batch_size minibatch.batches minibatch.seed"))
+               bookkeeping=keys("gradients.global_gradient_norm minibatch.batch_size minibatch.batches "
+                                "minibatch.seed"))
 
 
 @PASSES.implement("alignment")

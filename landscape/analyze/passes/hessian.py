@@ -70,8 +70,8 @@ PASSES.declare("hessian", options=HessianOptions,
                                     "clients.mean_lambda_max")),
                # lambda_max (top.values[0]) and the PyHessian lambda_max are the summary's
                measures=measured("lambda_ratio trace.stderr trace_hutchinson.estimate trace_hutchinson.stderr "
-                                 "density.sigma density.mass density.trace density.trace_stderr pyhessian.trace_stderr "
-                                 "pyhessian.rule_trace",
+                                 "density.sigma density.mass density.trace density.trace_stderr "
+                                 "pyhessian.trace_stderr pyhessian.rule_trace",
                                  {"trace.estimate": "trace", "trace.settings.paper_stderr": "trace.paper_stderr",
                                   "trace.settings.jackknife_stderr": "trace.jackknife_stderr",
                                   "trace.settings.low_rank_part": "trace.low_rank_part",
@@ -84,8 +84,8 @@ PASSES.declare("hessian", options=HessianOptions,
                    "trace_hutchinson.stderr_dof trace_hutchinson.samples trace_hutchinson.hvp_count "
                    "trace_hutchinson.seed trace_hutchinson.settings density.trace_stderr_dof density.runs "
                    "density.steps density.hvp_count density.seed clients.hvp_count pyhessian.trace_samples "
-                   "pyhessian.rule_samples pyhessian.eigen_hvp_count pyhessian.trace_hvp_count pyhessian.eigen_seconds "
-                   "pyhessian.trace_seconds pyhessian.seed pyhessian.settings"))
+                   "pyhessian.rule_samples pyhessian.eigen_hvp_count pyhessian.trace_hvp_count "
+                   "pyhessian.eigen_seconds pyhessian.trace_seconds pyhessian.seed pyhessian.settings"))
 
 
 # PyHessian's power iteration stops on a relative change of the Rayleigh quotient, which at 1e-3 leaves

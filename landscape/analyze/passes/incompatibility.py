@@ -53,10 +53,12 @@ PASSES.declare("incompatibility", options=IncompatibilityOptions,
                    "applied_heterogeneity applied_batch_part applied_batch_part_se applied_cross applied_cross_se "
                    "applied_perturbation_heterogeneity_share global_gradient_norm gradient_total gradient_total_se "
                    "gradient_heterogeneity gradient_noise gradient_noise_se gradient_cross gradient_cross_se "
-                   "heterogeneity_share noise_share perturbed_global_loss local_perturbed_loss local_perturbed_loss_se "
-                   "loss_gap full_local_perturbed_loss full_local_loss_gap friendly_rate friendly_rate_se",
+                   "heterogeneity_share noise_share perturbed_global_loss local_perturbed_loss "
+                   "local_perturbed_loss_se loss_gap full_local_perturbed_loss full_local_loss_gap friendly_rate "
+                   "friendly_rate_se",
                    {"incompatibility": "Delta_FI", "incompatibility_se": "Delta_FI_se",
-                    "applied_incompatibility": "Delta_FI_applied", "applied_incompatibility_se": "Delta_FI_applied_se"}),
+                    "applied_incompatibility": "Delta_FI_applied",
+                    "applied_incompatibility_se": "Delta_FI_applied_se"}),
                # F of its global objective is the loss pass's client_loss_mean (client-mean; size-weighted: its
                # loss); loss_gap's standard error is local_perturbed_loss_se (F(w + e*) is exact)
                bookkeeping=keys("rho batch_size batches seed friendly_pairs global_loss loss_gap_se"))

@@ -56,7 +56,8 @@ PASSES.declare("sharpness", options=SharpnessOptions,
                quantities=(_sharpness_at,
                            Quantity("local-global S_rho", "local &minus; global S<sub>&rho;</sub>", "local.gap")),
                # S_rho per radius is the summary's (the arrays global.sharpness at global.rhos)
-               measures=measured("local.mean_local_sharpness local.mean_local_sharpness_se", {"local.gap": "local_gap"}),
+               measures=measured("local.mean_local_sharpness local.mean_local_sharpness_se",
+                                 {"local.gap": "local_gap"}),
                # what each ascent was asked and did; F(w) and ||grad F|| (the loss pass's loss and grad_norm); the
                # local comparison's global S_rho at local_rho (S_rho(local_rho) where the radii include it)
                bookkeeping=keys(" ".join(f"{part}.{key}" for part in ("global", "adaptive", "local")

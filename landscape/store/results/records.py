@@ -225,8 +225,9 @@ def result_rows(run: str, records: Mapping[int, Sequence[PassRecord]],
     for round_number, recs in sorted(records.items()):
         for rec in recs:
             settings = settings_columns(rec.name, rec.settings)
+            declared = measures.measures(rec.name) if measures is not None else None
             rows += [{"run": run, "round": round_number, "pass": rec.name, "quantity": quantity, "value": value,
-                      **settings} for quantity, value in quantities(rec, measures.measures(rec.name) if measures else None).items()]
+                      **settings} for quantity, value in quantities(rec, declared).items()]
     return rows
 
 
