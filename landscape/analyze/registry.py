@@ -103,8 +103,8 @@ class PassSpec(Entry):
     # The numbers of its results that ``results()`` tabulates (``passes._common.measured`` spells them):
     # {key: its name in the table}, a dotted key of the result or a key of its summary (whose numbers are
     # always tabulated, by their own name unless named here), one name per concept; None: every number of the
-    # result (a pass that does not say).
-    measures: Mapping[str, str] | None = None
+    # result (a pass that does not say). Not hashed (a dict): a spec hashes as before.
+    measures: Mapping[str, str] | None = field(default=None, hash=False)
     # The result's other numbers (dotted keys; a key covers the values under it): the settings it echoes,
     # seeds, counts of work and samples, sizes, and numbers another pass's quantity gives. Not tabulated.
     bookkeeping: frozenset[str] = frozenset()

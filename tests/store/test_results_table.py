@@ -78,6 +78,7 @@ def test_every_number_of_every_pass_is_declared_a_quantity_or_bookkeeping(analys
             # one or the other, never both: a new number of a result needs its word in the pass's declaration
             assert (key in spec.measures) != _bookkeeping(key, spec.bookkeeping), (spec.name, key)
         seen.setdefault(spec.name, set()).update({key for key, _ in _numbers(record["result"])}, record["summary"])
+    assert len(set(PASSES.entries())) == len(PASSES.entries())  # a spec hashes (its measures dict is not hashed)
     for spec in PASSES.entries():  # and no declaration names a number that no longer is
         assert [key for key in spec.measures if key not in seen[spec.name]] == [], spec.name
         assert [key for key in spec.bookkeeping if not any(_bookkeeping(k, {key}) for k in seen[spec.name])] == []
