@@ -2,7 +2,8 @@
 
 Notebook use: ``run = landscape.open_run("runs/x")`` (see ``landscape.store.run.Run``, the one read model of a
 run, which the figures read too; a folder of runs gives the list of its runs), ``run.results()`` (every
-analysis result of the run, a pandas DataFrame) and ``landscape.results(paths)`` (the same for many runs);
+quantity the run's analysis measured, a pandas DataFrame) and ``landscape.results(paths)`` (the same for many
+runs; both in ``landscape.api.runs``);
 analysis of any model on any data, with no run directory: ``landscape.hessian_eigs(model, data, k=5)``,
 ``landscape.trace``, ``landscape.density``, ``landscape.sharpness``, ``landscape.surface``,
 ``landscape.flatness_distance``, and over a model's clients ``landscape.incompatibility(model, clients_data)``
@@ -19,10 +20,10 @@ __version__ = "0.1.0"
 # Name -> the module it comes from, imported on first use so that `landscape --help` does not wait for torch.
 _LAZY = {
     "LandscapeError": "landscape.core.errors",
-    "Run": "landscape.store.run",
+    "Run": "landscape.api.runs",
     "RunWriter": "landscape.store.writer",
-    "open_run": "landscape.store.run",
-    "results": "landscape.store.run",
+    "open_run": "landscape.api.runs",
+    "results": "landscape.api.runs",
     "Alignment": "landscape.api",
     "DEFAULT_THREADS": "landscape.api",
     "Problem": "landscape.api",
@@ -49,6 +50,8 @@ def __getattr__(name: str):
         from landscape import api as module  # static imports, which the import contracts see
     elif module == "landscape.api.plots":
         from landscape.api import plots as module
+    elif module == "landscape.api.runs":
+        from landscape.api import runs as module
     elif module == "landscape.store.run":
         from landscape.store import run as module
     elif module == "landscape.store.writer":

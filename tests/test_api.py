@@ -153,7 +153,7 @@ def test_dir_lists_the_api_and_importing_the_package_loads_no_torch():
         assert name in landscape.__all__ and name in dir(landscape)
     assert sorted(dir(landscape)) == sorted(landscape.__all__)
     assert all(getattr(landscape, name) is not None for name in landscape.__all__)  # each name resolves
-    assert landscape.LandscapeError is LandscapeError and landscape.results.__module__ == "landscape.store.run"
+    assert landscape.LandscapeError is LandscapeError and landscape.results.__module__ == "landscape.api.runs"
     with pytest.raises(AttributeError, match="has no attribute 'nosuch'"):
         landscape.nosuch  # noqa: B018
     code = "import sys, landscape; names = dir(landscape); print('torch' in sys.modules, len(names))"

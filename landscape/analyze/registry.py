@@ -2,8 +2,9 @@
 besides its computation (``PassSpec``): the dataclass of its options, whether it runs only when named
 (opt-in), what it needs of a run (``CLIENTS``, ``KEPT_CLIENTS``), whether its work is split inside it across
 ranks, its cost model (``Cost`` from its options: the dry-run's estimate) and the summary quantities compare,
-report and claims read of its results (``Quantity``); its function ``(CheckpointContext, options) ->
-PassOutput`` attaches to the spec when its module is imported.
+report and claims read of its results (``Quantity``), and which numbers of its results the notebook's
+``results()`` table holds (``measures``; the rest is ``bookkeeping``); its function
+``(CheckpointContext, options) -> PassOutput`` attaches to the spec when its module is imported.
 
 Each pass is one module of ``landscape.analyze.passes`` (its options, its declaration and its function, which
 imports its computation when it runs); importing that package declares them all, so figures, reports and claims
@@ -99,6 +100,14 @@ class PassSpec(Entry):
     collective: bool = False
     cost: Callable[[Any], Cost] = _no_cost  # the options -> the job's estimated cost
     quantities: tuple[Quantity | PerRadius, ...] = ()
+    # The numbers of its results that ``results()`` tabulates (``passes._common.measured`` spells them):
+    # {key: its name in the table}, a dotted key of the result or a key of its summary (whose numbers are
+    # always tabulated, by their own name unless named here), one name per concept; None: every number of the
+    # result (a pass that does not say). Not hashed (a dict): a spec hashes as before.
+    measures: Mapping[str, str] | None = field(default=None, hash=False)
+    # The result's other numbers (dotted keys; a key covers the values under it): the settings it echoes,
+    # seeds, counts of work and samples, sizes, and numbers another pass's quantity gives. Not tabulated.
+    bookkeeping: frozenset[str] = frozenset()
     # values -> values with one spelling each, before they are checked (--set surface.grid=41 -> "41")
     spelling: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # what the options ask of the machine that is to run them (a surface grid's memory), checked when

@@ -32,7 +32,7 @@ import numpy as np
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import Checkpoint, read_partition
 from landscape.store.directory import RunDir
-from landscape.store.results.records import ROUND_DIR, PassRecord, frame, read_results, result_rows
+from landscape.store.results.records import ROUND_DIR, Measures, PassRecord, frame, read_results, result_rows
 
 if TYPE_CHECKING:
     import pandas
@@ -54,11 +54,12 @@ class Run:
     used them), ``.client_data(i)`` and ``.partition()``.
     """
 
-    def __init__(self, path: str | Path, trust_imports: bool = False) -> None:
+    def __init__(self, path: str | Path, trust_imports: bool = False, measures: Measures | None = None) -> None:
         self.dir = RunDir(path)
         if not self.dir.is_run():
             raise LandscapeError(f"{self.dir.path} is not a run directory (no recipe.toml)")
         self.trust_imports = trust_imports
+        self.measures = measures  # what ``results()`` holds of each pass's results (``landscape.open_run``'s)
         self._setup = None
 
     @property
@@ -126,8 +127,10 @@ class Run:
         ...) and every other number its result measured, by dotted path (``trace.stderr``); settings a result
         echoes (``global.seed``), its bookkeeping (``hvp_count``) and arrays (``top.values``) are not quantities:
         ``records()[round]`` (a list of ``PassRecord``) and ``PassRecord.value(key)`` read them. No analysis: no
-        rows. ``landscape.store.results.records`` says the rules."""
-        return frame(result_rows(self.path.name, self.records()))
+        rows. ``landscape.store.results.records`` says the rules; which numbers each pass measures is declared
+        by the analysis (``measures``: ``landscape.open_run`` gives it; a ``Run`` made without it tabulates every
+        number of every result)."""
+        return frame(result_rows(self.path.name, self.records(), self.measures))
 
     @cached_property
     def _loose(self) -> list[tuple[int, Path]]:
@@ -272,16 +275,17 @@ def run_dirs(path: str | Path, who: str = "open_run") -> list[Path]:
     return found
 
 
-def open_run(path: str | Path, trust_imports: bool = False) -> Run | Runs:
+def open_run(path: str | Path, trust_imports: bool = False, measures: Measures | None = None) -> Run | Runs:
     """Open a run directory for reading (see ``Run``; its recipe is read and resolved now), or every run of a
     folder of runs (``Runs``: a list of ``Run``, sorted by name, each opened so); ``trust_imports=True``
-    imports the modules the recipes' ``imports`` name (their code runs)."""
+    imports the modules the recipes' ``imports`` name (their code runs); ``measures``: what their
+    ``results()`` hold of each pass's results (``landscape.open_run`` gives the analysis's declaration)."""
     if not isinstance(path, (str, os.PathLike)):
         raise LandscapeError(f"open_run takes the path of a run directory, not {path!r:.80}")
     if not isinstance(trust_imports, bool):
         raise LandscapeError(f"open_run: trust_imports must be True or False, got {trust_imports!r}")
     found = run_dirs(path)
-    runs = [Run(where, trust_imports=trust_imports) for where in found]
+    runs = [Run(where, trust_imports=trust_imports, measures=measures) for where in found]
     for run in runs:
         _ = run.recipe  # a recipe that does not read is an error of open_run, not of a later call
     if found == [Path(path)]:
@@ -309,13 +313,16 @@ def _runs_of(paths: Any) -> list[Run]:
     return list(found.values())
 
 
-def results(paths: str | Path | Run | Iterable[str | Path | Run]) -> pandas.DataFrame:
+def results(paths: str | Path | Run | Iterable[str | Path | Run], measures: Measures | None = None
+            ) -> pandas.DataFrame:
     """Every analysis result of many runs as one tidy pandas DataFrame (the columns of ``Run.results``; a
     column for each setting whose value differs between any of the runs' results, empty where a result does not
-    record it): ``paths`` a run
-    directory, a folder of runs, a ``Run``, or a list of them, each run once, in the order given (a folder's
-    runs by name). ``run`` is the directory's name, or its path where two runs share a name."""
+    record it): ``paths`` a run directory, a folder of runs, a ``Run``, or a list of them, each run once, in the
+    order given (a folder's runs by name). ``run`` is the directory's name, or its path where two runs share a
+    name. ``measures``: what the table holds of each pass's results (``landscape.results`` gives the analysis's
+    declaration); None: each ``Run``'s own (every number of every result for a run given by its path)."""
     runs = _runs_of(paths)
     names = [run.path.name for run in runs]
     labels = [str(run.path) if names.count(name) > 1 else name for run, name in zip(runs, names)]
-    return frame([row for run, label in zip(runs, labels) for row in result_rows(label, run.records())])
+    return frame([row for run, label in zip(runs, labels)
+                  for row in result_rows(label, run.records(), measures if measures is not None else run.measures)])

@@ -222,7 +222,10 @@ def _hessian_options(top_k: int) -> dict:
 def test_run_results_is_a_tidy_table_of_the_measured_numbers_of_every_result(six_round_copy):
     import pandas as pd
 
-    run = Run(_analysed(six_round_copy))
+    import landscape
+    from landscape.analyze.passes import PASSES
+
+    run = landscape.open_run(_analysed(six_round_copy))
     table = run.results()
     assert isinstance(table, pd.DataFrame)
     # one setting for every result: no settings column, only what was measured
@@ -235,21 +238,22 @@ def test_run_results_is_a_tidy_table_of_the_measured_numbers_of_every_result(six
         json.loads(f.read_text())["pass"] for f in files)
     for path in files:
         record = json.loads(path.read_text())
+        measures = PASSES.get(record["pass"]).measures
         rows = table[table["pass"] == record["pass"]]
         got = dict(zip(rows["quantity"], rows["value"]))
-        numbers = dict(_numbers_of(record["result"]))
-        numbers.update({k: v for k, v in record["summary"].items() if k != "lower_bounds"})
-        # every quantity is a number of the result (or its summary), with its value
-        assert got.keys() <= numbers.keys() and len(rows) == len(got)
+        numbers = {measures[k]: v for k, v in _numbers_of(record["result"]) if k in measures}
+        numbers.update({measures.get(k, k): v for k, v in record["summary"].items() if k != "lower_bounds"})
+        # the quantities are the declared numbers of the result and its summary, with their values
+        assert got.keys() == numbers.keys() and len(rows) == len(got)
         assert all(got[k] == numbers[k] or (math.isnan(got[k]) and math.isnan(numbers[k])) for k in got)
-        # the summary quantities all there; no number named like a setting the result records
-        assert set(record["summary"]) - {"lower_bounds"} <= got.keys()
+        # no number named like a setting the result records
         setting_names = set(record["settings"]["analysis"]) | set(record["settings"]["pass"])
         assert not {k for k in got if k.split(".")[-1] in setting_names}
     hessian = table[table["pass"] == "hessian"].set_index("quantity")["value"]
     record = json.loads(next(f for f in files if f.name.startswith("hessian")).read_text())
     assert hessian["lambda_max"] == record["result"]["top"]["values"][0]  # an array's headline: its summary
     assert hessian["trace.stderr"] == record["result"]["trace"]["stderr"]
+    assert hessian["trace"] == record["result"]["trace"]["estimate"] and "trace.estimate" not in hessian.index
     assert hessian["density.sigma"] == record["result"]["density"]["sigma"]
     # echoed settings and bookkeeping are not quantities (the record still holds them)
     for key in ("top.values", "top.seed", "top.tol", "top.hvp_count", "top.iterations", "hvp_count", "dim",
@@ -257,18 +261,24 @@ def test_run_results_is_a_tidy_table_of_the_measured_numbers_of_every_result(six
         assert key not in hessian.index, key
     assert record["result"]["top"]["seed"] == 0 and record["result"]["dim"] > 0
     sharp = table[table["pass"] == "sharpness"].set_index("quantity")["value"]
-    assert {"S_rho(0.02)", "S_rho(0.05)", "global.gradient_norm"} <= set(sharp.index)
-    assert not {"global.seed", "global.steps", "global.starts", "global.gradient_evaluations"} & set(sharp.index)
+    assert {"S_rho(0.02)", "S_rho(0.05)", "local_gap"} <= set(sharp.index)
+    assert not {"global.seed", "global.steps", "global.starts", "global.gradient_evaluations",
+                "global.loss", "local.gap"} & set(sharp.index)
+    loss = table[table["pass"] == "loss"].set_index("quantity")["value"]
+    (loss_record,) = [r for r in run.records()[6] if r.name == "loss"]
+    assert loss["accuracy"] == loss_record.summary["acc"] == loss_record.value("accuracy")
+    assert "acc" not in loss.index and "samples" not in loss.index
 
 
 def test_a_setting_that_differs_between_results_is_a_column_of_its_own(six_round_copy):
+    import landscape
     from landscape.analyze.scheduler import run_analysis
     from landscape.analyze.settings import AnalysisSettings
 
     run_dir = _analysed(six_round_copy)
     run_analysis(run_dir, rounds="6", passes=["hessian"], options=_hessian_options(3),
                  settings=AnalysisSettings(device="cpu", analysis_samples=100), progress=False)
-    table = Run(run_dir).results()
+    table = landscape.open_run(run_dir).results()
     assert table.columns.tolist() == ["run", "round", "pass", "quantity", "value", "hessian.top_k"]
     hessian = table[table["pass"] == "hessian"]
     assert sorted(hessian["hessian.top_k"].unique()) == [2, 3]
@@ -296,7 +306,7 @@ def test_results_of_many_runs_is_one_table(six_round_copy, tmp_path):
     bare = RunDir(tmp_path / "bare")  # a run with no analysis adds no rows
     bare.path.mkdir()
     shutil.copy(six_round_copy / "recipe.toml", bare.recipe)
-    one = Run(six_round_copy).results()
+    one = landscape.open_run(six_round_copy).results()
     both = landscape.results([folder, bare.path, str(folder / "x")])  # x once, though given twice
     assert both["run"].tolist() == ["x"] * len(one) + ["y"] * len(one)
     assert both["value"].tolist() == one["value"].tolist() * 2
@@ -320,21 +330,3 @@ def test_results_of_many_runs_is_one_table(six_round_copy, tmp_path):
         landscape.results(tmp_path / "nosuch")
     with pytest.raises(LandscapeError, match="results takes run directories, folders of runs or Runs, not 3"):
         landscape.results([3])
-
-
-def test_a_results_quantities_are_what_it_measured_not_what_it_echoes_or_counts(tmp_path):
-    from landscape.store.results.records import quantities
-
-    record = {"pass": "newpass", "round": 1,
-              "settings": {"analysis": {"seed": 0, "analysis_samples": 100}, "pass": {"width": 3}},
-              "summary": {"headline": 1.5},
-              "result": {"headline": 1.5, "spread": 0.25, "width": 3, "inner": {"width": 3, "norm": 2.0,
-                                                                                 "hvp_count": 12, "seed": 0},
-                         "method": {"settings": {"k": 4, "stderr": 0.1}, "estimate": 7.0, "estimate_dof": 5,
-                                    "name": "text", "flag": True, "values": [1.0, 2.0]},
-                         "work": {"iterations": 9, "gradient_evaluations": 4, "graph_bytes": 1024},
-                         "missing": "nan"}}
-    got = quantities(PassRecord(tmp_path / "newpass.json", record))
-    assert got.keys() == {"headline", "spread", "inner.norm", "method.settings.stderr", "method.estimate",
-                          "missing"}
-    assert got["spread"] == 0.25 and got["inner.norm"] == 2.0 and math.isnan(got["missing"])

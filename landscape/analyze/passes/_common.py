@@ -1,8 +1,10 @@
-"""What several analysis passes share: the hints of their client-count and batch-size options, and the
-clients' objectives a pass reads (refused in one line on a plain state_dict, which has no clients)."""
+"""What several analysis passes share: the hints of their client-count and batch-size options, the
+clients' objectives a pass reads (refused in one line on a plain state_dict, which has no clients), and the
+spelling of the keys a pass declares for the results table (``measured``, ``keys``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from landscape.core.errors import LandscapeError
@@ -25,3 +27,15 @@ def client_objectives(ctx: CheckpointContext, count: int, what: str) -> dict[int
 def training_batch_size(ctx: CheckpointContext, value: int) -> int:
     """0 means the run's own local batch size (docs/metrics.md: the training batch size)."""
     return value if value > 0 else ctx.source.train_batch_size
+
+
+def measured(keys: str, names: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A pass's ``measures`` (``PassSpec``): each of the whitespace-separated result keys ``keys`` under its own
+    name, and the keys of ``names`` under the name given, the concept's one name where the result (or its
+    summary) records it under another (the flatness result's ``distance`` is ``Delta_D``)."""
+    return {**{key: key for key in keys.split()}, **(names or {})}
+
+
+def keys(text: str) -> frozenset[str]:
+    """A pass's ``bookkeeping`` (``PassSpec``): the whitespace-separated result keys of ``text``."""
+    return frozenset(text.split())

@@ -7,7 +7,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
-from landscape.analyze.passes._common import ALL, TRAINING_BATCH, client_objectives, training_batch_size
+from landscape.analyze.passes._common import (
+    ALL,
+    TRAINING_BATCH,
+    client_objectives,
+    keys,
+    measured,
+    training_batch_size,
+)
 from landscape.analyze.registry import CLIENTS, PASSES, Cost, PassOutput, Quantity
 from landscape.core.schema import rule
 from landscape.store.results.serial import split_result
@@ -28,7 +35,16 @@ PASSES.declare("alignment", options=AlignmentOptions,
                needs=(CLIENTS,), cost=lambda o: Cost(gradients=3.0),
                quantities=(Quantity("mean grad cos", "mean gradient cos", "gradients.mean_off_diagonal"),
                            Quantity("minibatch cos", "minibatch cos", "minibatch.mean_cosine",
-                                    "minibatch.mean_cosine_se")))
+                                    "minibatch.mean_cosine_se")),
+               measures=measured("gradients.mean_global_cosine updates.mean_off_diagonal updates.mean_cosine_to_mean "
+                                 "updates.mean_update_norm updates.start_offset_norm updates.server_mean_cosine "
+                                 "updates.server_update_norm",
+                                 {"gradients.mean_off_diagonal": "mean_grad_cos",
+                                  "minibatch.mean_cosine": "mean_minibatch_cos",
+                                  "minibatch.mean_cosine_se": "mean_minibatch_cos_se"}),
+               # ||grad F|| is the loss pass's grad_norm
+               bookkeeping=keys("gradients.global_gradient_norm minibatch.batch_size minibatch.batches "
+                                "minibatch.seed"))
 
 
 @PASSES.implement("alignment")

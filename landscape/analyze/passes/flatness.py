@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from landscape.analyze.passes._common import measured
 from landscape.analyze.registry import KEPT_CLIENTS, PASSES, PassOutput, Quantity
 from landscape.core.errors import LandscapeError
 from landscape.store.results.serial import split_result
@@ -17,7 +18,13 @@ if TYPE_CHECKING:
 PASSES.declare("flatness", summary="flatness distance Delta_D around the mean of the round's kept clients",
                needs=(KEPT_CLIENTS,), quantities=(Quantity("Delta_D", "&Delta;<sub>D</sub> (pass)", "distance"),
                                                   Quantity("Delta_D relative", "&Delta;<sub>D</sub> / U (pass)",
-                                                           "distance_relative")))
+                                                           "distance_relative")),
+               # Delta_D, its normalised form and its companions under the paper's name (docs/metrics.md 5)
+               measures=measured("mean_norm_sq global_norm_sq global_offset_sq update_sq",
+                                 {"distance": "Delta_D", "distance_normalized": "Delta_D_normalized",
+                                  "distance_to_global": "Delta_D_to_global",
+                                  "distance_to_global_normalized": "Delta_D_to_global_normalized",
+                                  "distance_relative": "Delta_D_relative"}))
 
 
 @PASSES.implement("flatness")

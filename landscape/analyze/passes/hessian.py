@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 
-from landscape.analyze.passes._common import client_objectives
+from landscape.analyze.passes._common import client_objectives, keys, measured
 from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, StoredResult
 from landscape.core.errors import LandscapeError
 from landscape.core.schema import rule
@@ -67,7 +67,25 @@ PASSES.declare("hessian", options=HessianOptions,
                            Quantity("lambda_1/lambda_k", "&lambda;<sub>1</sub>/&lambda;<sub>k</sub>", "lambda_ratio"),
                            Quantity("trace", "trace", "trace.estimate", "trace.stderr", read_result=_trace),
                            Quantity("client lambda_max", "mean client &lambda;<sub>max</sub>",
-                                    "clients.mean_lambda_max")))
+                                    "clients.mean_lambda_max")),
+               # lambda_max (top.values[0]) and the PyHessian lambda_max are the summary's
+               measures=measured("lambda_ratio trace.stderr trace_hutchinson.estimate trace_hutchinson.stderr "
+                                 "density.sigma density.mass density.trace density.trace_stderr "
+                                 "pyhessian.trace_stderr pyhessian.rule_trace",
+                                 {"trace.estimate": "trace", "trace.settings.paper_stderr": "trace.paper_stderr",
+                                  "trace.settings.jackknife_stderr": "trace.jackknife_stderr",
+                                  "trace.settings.low_rank_part": "trace.low_rank_part",
+                                  "clients.mean_lambda_max": "client_lambda_max_mean",
+                                  "pyhessian.trace": "pyhessian_trace"}),
+               bookkeeping=keys(
+                   "dim frozen hvp_count hvp.graph_bytes top.hvp_count top.iterations top.seed top.tol top.settings "
+                   "trace.stderr_dof trace.samples trace.hvp_count trace.seed trace.settings.test_vectors "
+                   "trace.settings.block trace.settings.sketch trace.settings.residual_probes "
+                   "trace_hutchinson.stderr_dof trace_hutchinson.samples trace_hutchinson.hvp_count "
+                   "trace_hutchinson.seed trace_hutchinson.settings density.trace_stderr_dof density.runs "
+                   "density.steps density.hvp_count density.seed clients.hvp_count pyhessian.trace_samples "
+                   "pyhessian.rule_samples pyhessian.eigen_hvp_count pyhessian.trace_hvp_count "
+                   "pyhessian.eigen_seconds pyhessian.trace_seconds pyhessian.seed pyhessian.settings"))
 
 
 # PyHessian's power iteration stops on a relative change of the Rayleigh quotient, which at 1e-3 leaves

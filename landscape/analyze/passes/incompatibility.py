@@ -7,7 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from landscape.analyze.passes._common import ALL, TRAINING_BATCH, client_objectives, training_batch_size
+from landscape.analyze.passes._common import (
+    ALL,
+    TRAINING_BATCH,
+    client_objectives,
+    keys,
+    measured,
+    training_batch_size,
+)
 from landscape.analyze.registry import CLIENTS, PASSES, Cost, PassOutput, Quantity
 from landscape.core.schema import rule
 from landscape.store.results.serial import split_result
@@ -40,7 +47,21 @@ PASSES.declare("incompatibility", options=IncompatibilityOptions,
                            Quantity("applied perturbation heterogeneity share",
                                     "applied perturbation hetero&shy;geneity share",
                                     "applied_perturbation_heterogeneity_share"),
-                           Quantity("friendly rate", "friendly rate", "friendly_rate", "friendly_rate_se")))
+                           Quantity("friendly rate", "friendly rate", "friendly_rate", "friendly_rate_se")),
+               measures=measured(
+                   "heterogeneity batch_part batch_part_se cross cross_se perturbation_heterogeneity_share "
+                   "applied_heterogeneity applied_batch_part applied_batch_part_se applied_cross applied_cross_se "
+                   "applied_perturbation_heterogeneity_share global_gradient_norm gradient_total gradient_total_se "
+                   "gradient_heterogeneity gradient_noise gradient_noise_se gradient_cross gradient_cross_se "
+                   "heterogeneity_share noise_share perturbed_global_loss local_perturbed_loss "
+                   "local_perturbed_loss_se loss_gap full_local_perturbed_loss full_local_loss_gap friendly_rate "
+                   "friendly_rate_se",
+                   {"incompatibility": "Delta_FI", "incompatibility_se": "Delta_FI_se",
+                    "applied_incompatibility": "Delta_FI_applied",
+                    "applied_incompatibility_se": "Delta_FI_applied_se"}),
+               # F of its global objective is the loss pass's client_loss_mean (client-mean; size-weighted: its
+               # loss); loss_gap's standard error is local_perturbed_loss_se (F(w + e*) is exact)
+               bookkeeping=keys("rho batch_size batches seed friendly_pairs global_loss loss_gap_se"))
 
 
 @PASSES.implement("incompatibility")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 
-from landscape.analyze.passes._common import ALL
+from landscape.analyze.passes._common import ALL, keys, measured
 from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, StoredResult
 from landscape.core.schema import rule
 
@@ -28,7 +28,9 @@ PASSES.declare("loss", options=LossOptions, summary="F(x), accuracy and ||grad F
                cost=lambda o: Cost(gradients=2.0),
                quantities=(Quantity("F(x)", "F(x) (analysis data)", "loss"),
                            Quantity("accuracy (analysis data, %)", "accuracy (analysis data, %)", "accuracy",
-                                    read_result=_accuracy_percent)))
+                                    read_result=_accuracy_percent)),
+               measures=measured("loss accuracy grad_norm client_loss_mean", {"acc": "accuracy"}),
+               bookkeeping=keys("samples"))
 
 
 @PASSES.implement("loss")

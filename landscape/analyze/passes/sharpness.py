@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 
-from landscape.analyze.passes._common import ALL, client_objectives
+from landscape.analyze.passes._common import ALL, client_objectives, keys, measured
 from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, StoredResult
 from landscape.core.schema import rule
 from landscape.store.results.serial import split_result
@@ -54,7 +54,18 @@ PASSES.declare("sharpness", options=SharpnessOptions,
                summary="rho-ball sharpness S_rho (and adaptive) of F; per-client S_rho of F_i and the gap",
                cost=_sharpness_cost,
                quantities=(_sharpness_at,
-                           Quantity("local-global S_rho", "local &minus; global S<sub>&rho;</sub>", "local.gap")))
+                           Quantity("local-global S_rho", "local &minus; global S<sub>&rho;</sub>", "local.gap")),
+               # S_rho per radius is the summary's (the arrays global.sharpness at global.rhos)
+               measures=measured("local.mean_local_sharpness local.mean_local_sharpness_se",
+                                 {"local.gap": "local_gap"}),
+               # what each ascent was asked and did; F(w) and ||grad F|| (the loss pass's loss and grad_norm); the
+               # local comparison's global S_rho at local_rho (S_rho(local_rho) where the radii include it)
+               bookkeeping=keys(" ".join(f"{part}.{key}" for part in ("global", "adaptive", "local")
+                                         for key in ("steps", "tol", "starts", "eta", "seed", "gradient_evaluations"))
+                                + " global.scaled_parameters global.loss global.gradient_norm global.loss_evaluations"
+                                  " adaptive.scaled_parameters adaptive.loss adaptive.gradient_norm"
+                                  " adaptive.loss_evaluations local.rho local.global_loss local.global_sharpness"
+                                  " local.global_perturbation_norm"))
 
 
 @PASSES.implement("sharpness")

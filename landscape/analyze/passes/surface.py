@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 
+from landscape.analyze.passes._common import keys, measured
 from landscape.analyze.registry import PASSES, Cost, PassOutput
 from landscape.core.errors import LandscapeError
 from landscape.core.schema import choices, holds, rule
@@ -220,7 +221,14 @@ PASSES.declare("surface", options=SurfaceOptions,
                summary="1D / 2D loss surfaces: random (filter-normalised or euclidean), PCA, client plane, "
                        "interpolation",
                opt_in=True, collective=True, without_clients="random directions", cost=_surface_cost,
-               spelling=_one_spelling, machine_check=check_grid_memory)
+               spelling=_one_spelling, machine_check=check_grid_memory,
+               measures=measured("centre_accuracy min_loss weight_norm d1_norm d2_norm cosine_d1_d2_drawn "
+                                 "reference_weight_norm target_loss",
+                                 {"centre_loss": "surface_centre_loss", "max_loss": "surface_max_loss"}),
+               # the grid and its directions as asked (length: euclidean's setting), the data's size; a line's
+               # target_distance is its d1_norm (d1 = target - x)
+               bookkeeping=keys("length direction_seed data_samples cells cells_evaluated cells_resumed "
+                                "target_distance"))
 
 
 @PASSES.implement("surface")

@@ -14,18 +14,22 @@ the hessian pass at two ``top_k``; the analysis settings by their name, each pas
 where a result does not record the setting. A setting every result shares (or records alone) tells no two rows
 apart and is no column: ``PassRecord.settings`` holds them all.
 
-The quantities are the pass's summary quantities first (``lambda_max``, ``trace``, ``S_rho(0.05)``,
-``Delta_D``: the numbers the tables and figures show, named as there), then every other number its result
-measured, by its dotted path (``trace.stderr``, ``global.gradient_norm``, ``updates.mean_update_norm``). What a
-result records besides its measurements is no quantity (``not_measured``): the settings it echoes (a number
-named like one of its recorded settings, ``global.seed``, ``top.tol``, ``local.steps``, and the method's own,
-``top.settings.k``), and its bookkeeping: seeds, counts of work and samples (``hvp_count``, ``iterations``,
-``global.gradient_evaluations``, ``trace.samples``, ``cells``), degrees of freedom, bytes, the model's size
-(``dim``, ``frozen``). Arrays are left out, short ones in the JSON (``top.values``, ``global.sharpness``) and the
-NPZ's alike: the summary quantities carry their headline numbers (``lambda_max`` is ``top.values[0]``,
-``S_rho(rho)`` one per radius of ``global.sharpness``). ``PassRecord.value(key)`` reads any value, arrays and
-left-out numbers alike. Text (``top.method``), true/false flags and nulls are not quantities; NaN and
-infinities are kept.
+The quantities are what each pass declares it measures (``Measures``: the analysis's declaration,
+``PassSpec.measures``, passed in by the notebook API, ``landscape.open_run`` and ``landscape.results``): its
+summary quantities (``lambda_max``, ``trace``, ``S_rho(0.05)``, ``Delta_D``: the numbers the tables and figures
+show, named as there), then the other numbers of its result that it declares, each under the one name of its
+concept (the flatness result's ``distance`` is ``Delta_D``, the loss result's ``accuracy`` and its summary's
+``acc`` are ``accuracy``; other numbers by their dotted path, ``trace.stderr``). What else a result records is
+no quantity: the settings it echoes (``global.seed``, ``top.tol``), its bookkeeping (seeds, counts of work and
+samples, ``hvp_count``, ``trace.samples``, the model's size ``dim``) and what another pass's quantity gives
+(the ``F(w)`` the sharpness pass records is the loss pass's ``loss``): the pass declares those too
+(``PassSpec.bookkeeping``) and its test checks that every number of its result is declared one or the other. A
+pass that declares no quantities (a pass of a module of your own, one no longer declared, or a table read
+without the declarations) gives its summary and every number of its result. Arrays are left out, short ones
+in the JSON (``top.values``, ``global.sharpness``) and the NPZ's alike: the summary quantities carry their
+headline numbers (``lambda_max`` is ``top.values[0]``, ``S_rho(rho)`` one per radius of ``global.sharpness``).
+``PassRecord.value(key)`` reads any value, arrays and left-out numbers alike. Text (``top.method``),
+true/false flags and nulls are not quantities; NaN and infinities are kept.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -158,36 +162,27 @@ def read_results(path: Path) -> dict[int, list[PassRecord]]:
     return analyses
 
 
-# The bookkeeping numbers of a result (by the last name of their path): what the pass was asked (the numbers of
-# its method's settings), how much work it did and on how many samples, the model's size. Not measurements.
-_BOOKKEEPING = frozenset({"seed", "tol", "k", "krylov", "max_iter", "block", "test_vectors", "runs", "steps",
-                          "starts", "eta", "rho", "batch_size", "batches", "iterations", "samples", "data_samples",
-                          "cells", "cells_evaluated", "cells_resumed", "dim", "frozen", "scaled_parameters",
-                          "friendly_pairs"})
-_BOOKKEEPING_ENDS = ("_seed", "_count", "_dof", "_evaluations", "_bytes")
+class Measures(Protocol):
+    """What the table holds of each pass's results (the analysis declares it: ``PassSpec.measures``)."""
+
+    def measures(self, pass_name: str) -> Mapping[str, str] | None:
+        """{key of the result (dotted) or of its summary: its name in the table} of the pass; None for a pass
+        that declares none (every number of its result is then a quantity)."""
 
 
-def not_measured(key: str, setting_names: frozenset[str] | set[str] = frozenset()) -> bool:
-    """Whether the result number at dotted path ``key`` is bookkeeping, not a measurement: a setting echoed
-    (its last name one of ``setting_names``, the result's recorded settings, or under the method's
-    ``settings``), a seed, a count of work or samples, degrees of freedom, bytes, the model's size."""
-    parts = key.split(".")
-    leaf = parts[-1]
-    return (leaf in setting_names or leaf in _BOOKKEEPING or leaf.endswith(_BOOKKEEPING_ENDS)
-            or "settings" in parts[:-1] and not leaf.endswith("stderr"))
-
-
-def quantities(rec: PassRecord) -> dict[str, float]:
-    """Quantity -> value of one result: its summary quantities, then the other numbers its result measured by
-    dotted path (``not_measured`` leaves the rest out; a path named like a summary quantity is that quantity,
-    once)."""
-    settings = rec.settings
-    names = {str(k) for part in ("analysis", "pass") if isinstance(settings.get(part), Mapping)
-             for k in settings[part]}
-    found = dict(_numbers(rec.summary))
+def quantities(rec: PassRecord, measures: Mapping[str, str] | None = None) -> dict[str, float]:
+    """Quantity -> value of one result: its summary's numbers, by the name ``measures`` gives them or their own,
+    then the numbers of its result that ``measures`` names, under that name (a name once, the first value
+    found); with ``measures`` None, every number of its result by its dotted path."""
+    names = measures if measures is not None else {}
+    found: dict[str, float] = {}
+    for key, value in _numbers(rec.summary):
+        found.setdefault(names.get(key, key), value)
     for key, value in _numbers(_restore(rec.result)):
-        if not not_measured(key, names):
+        if measures is None:
             found.setdefault(key, value)
+        elif key in measures:
+            found.setdefault(measures[key], value)
     return found
 
 
@@ -221,15 +216,18 @@ def settings_columns(pass_name: str, settings: Any) -> dict[str, Any]:
     return columns
 
 
-def result_rows(run: str, records: Mapping[int, Sequence[PassRecord]]) -> list[dict[str, Any]]:
-    """The table's rows of one run's results (round -> its ``PassRecord``s): one per quantity, rounds
-    ascending, each round's results in file-name order."""
+def result_rows(run: str, records: Mapping[int, Sequence[PassRecord]],
+                measures: Measures | None = None) -> list[dict[str, Any]]:
+    """The table's rows of one run's results (round -> its ``PassRecord``s): one per quantity (``quantities``,
+    by what ``measures`` says of each pass; None: every number of every result), rounds ascending, each round's
+    results in file-name order."""
     rows = []
     for round_number, recs in sorted(records.items()):
         for rec in recs:
             settings = settings_columns(rec.name, rec.settings)
+            declared = measures.measures(rec.name) if measures is not None else None
             rows += [{"run": run, "round": round_number, "pass": rec.name, "quantity": quantity, "value": value,
-                      **settings} for quantity, value in quantities(rec).items()]
+                      **settings} for quantity, value in quantities(rec, declared).items()]
     return rows
 
 
