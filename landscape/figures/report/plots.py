@@ -215,13 +215,18 @@ def _points(seed_groups: Sequence[SeedGroup], series: Callable[[RunData], tuple[
     return out
 
 
+CATEGORY_CHARS = 18  # a run's name under its dot or bars is wrapped to lines of this many characters
+CATEGORY_AXIS = {"type": "category", "tickangle": 0, "title": {"text": ""}}
+
+
 def _at_round_x(points: Sequence[_Point]) -> tuple[list[str], str]:
-    """The categories of a chart by run (each run's label, with its round where the runs' rounds differ) and
-    its x-axis title."""
+    """The categories of a chart by run (each run's label, wrapped, with its round where the runs' rounds
+    differ) and what its title says of the rounds ('at round 3')."""
     rounds = sorted({p.round for p in points})
     if len(rounds) == 1:
-        return [p.label for p in points], f"run (at round {rounds[0]})"
-    return [f"{p.label}<br>round {p.round}" for p in points], "run (each at its analysed round)"
+        return [wrap_title(html.escape(p.label), CATEGORY_CHARS) for p in points], f"at round {rounds[0]}"
+    return ([f"{wrap_title(html.escape(p.label), CATEGORY_CHARS)}<br>round {p.round}" for p in points],
+            "each at its analysed round")
 
 
 def _at_round(points: Sequence[_Point], *, symbol: str = "circle", shown: set[str] | None = None) -> list[Any]:
@@ -259,9 +264,9 @@ def curve_figure(runs: Sequence[RunData], key: str) -> Any:
     if not _over_rounds(seed_groups, lambda run: run.series(key)):
         points = _points(seed_groups, lambda run: run.series(key), scale)
         fig.add_traces(_at_round(points))
-        _, xtitle = _at_round_x(points)
-        return _layout(fig, _seed_note(name, seed_groups, "mean over seeds, bar: ± standard error"),
-                       rounds=False, xaxis={"type": "category", "title": {"text": xtitle}}, yaxis_title=ylabel)
+        _, at = _at_round_x(points)
+        return _layout(fig, _seed_note(f"{name} {at}", seed_groups, "mean over seeds, bar: ± standard error"),
+                       rounds=False, xaxis=CATEGORY_AXIS, yaxis_title=ylabel)
     for group in seed_groups:
         if group.n > 1:
             fig.add_traces(_seed_band(group, lambda run: run.series(key), name=group.legend,
@@ -300,17 +305,19 @@ def sharpness_figure(runs: Sequence[RunData], rho: float | None) -> Any:
                else "S<sub>ρ</sub>(x<sup>t</sup>): the runs share no ρ"),
               (2, with_l, lambda_max_series, "square", "λ<sub>1</sub>(x<sup>t</sup>)"))
     over = {col: _over_rounds(groups(group), series) for col, group, series, _, _ in panels}
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[title for *_, title in panels], horizontal_spacing=0.12)
+    at_round = {col: _points(groups(group), series) for col, group, series, _, _ in panels if not over[col]}
+    titles = [f"{title}, {_at_round_x(at_round[col])[1]}" if at_round.get(col) else title
+              for col, *_, title in panels]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.16)
     sharp = {id(run) for run in with_s}
     seed_groups = []
     shown: set[str] = set()
     for col, group, series, symbol, _ in panels:
         if not over[col]:  # one round each: a dot per run
-            points = _points(groups(group), series)
             seed_groups.extend(groups(group))
-            fig.add_traces(_at_round(points, symbol=symbol, shown=shown), rows=1, cols=col)
-            if points:
-                fig.update_xaxes(type="category", title_text=_at_round_x(points)[1], row=1, col=col)
+            fig.add_traces(_at_round(at_round[col], symbol=symbol, shown=shown), rows=1, cols=col)
+            if at_round[col]:
+                fig.update_xaxes(CATEGORY_AXIS, row=1, col=col)
             continue
         fig.update_xaxes(title_text="round", row=1, col=col)
         for seeds in groups(group):
@@ -379,7 +386,7 @@ def _fi_bars(seed_groups: Sequence[SeedGroup], by_run: dict[int, dict[str, np.nd
     over its seeds, the SE over them as error bars; a run: its Monte-Carlo SE), and the x-axis title."""
     import plotly.graph_objects as go
 
-    traces, xtitle = [], ""
+    traces, at = [], ""
     for key, se_key, name, color, dash in _FI_PARTS:
         def part(run: RunData, k: str = key) -> tuple[np.ndarray, np.ndarray]:
             return by_run[id(run)]["rounds"], by_run[id(run)][k]
@@ -388,7 +395,7 @@ def _fi_bars(seed_groups: Sequence[SeedGroup], by_run: dict[int, dict[str, np.nd
             return by_run[id(run)]["rounds"], by_run[id(run)][k]
 
         points = _points(seed_groups, part, se_series=error if se_key else None)
-        xs, xtitle = _at_round_x(points)
+        xs, at = _at_round_x(points)
         errors = [p.se if p.se is not None else 0.0 for p in points]
         traces.append(go.Bar(x=xs, y=[p.value for p in points], name=name, legendgroup=name,
                              marker={"color": color, **({"pattern": {"shape": "/"}} if dash == "dash" else {})},
@@ -396,31 +403,37 @@ def _fi_bars(seed_groups: Sequence[SeedGroup], by_run: dict[int, dict[str, np.nd
                              customdata=[[p.round, p.se if p.se is not None else float("nan")] for p in points],
                              hovertemplate=(f"{name}, round %{{customdata[0]}}: %{{y:.4g}} ± %{{customdata[1]:.2g}}"
                                             "<extra>%{x}</extra>")))
-    return traces, xtitle
+    return traces, at
 
 
 def incompatibility_figure(runs: Sequence[RunData]) -> Any:
-    """Delta_FI and its parts over the analysed rounds, one panel per run or seed group; where no run has two
-    analysed rounds, grouped bars by run at its round."""
+    """Delta_FI and its parts over the analysed rounds, one panel per run or seed group with two or more
+    analysed rounds; the runs analysed at one round as grouped bars by run in a panel of their own (the only
+    panel where no run has two)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     seed_groups = groups([run for run in runs if run.analysed_rounds("incompatibility")])
     by_run = {id(run): incompatibility_series(run) for group in seed_groups for run in group.runs}
+
+    def total(run: RunData) -> tuple[np.ndarray, np.ndarray]:
+        return by_run[id(run)]["rounds"], by_run[id(run)]["incompatibility"]
+
+    over = [group for group in seed_groups if _over_rounds([group], total)]
+    single = [group for group in seed_groups if group not in over]
     several = [g.n > 1 for g in seed_groups]
     bars = ("error bars: Monte-Carlo SE; bands: ± SE over seeds" if any(several) and not all(several)
             else "mean over seeds, bands: ± SE over seeds" if any(several) else "error bars: Monte-Carlo SE")
-    if not _over_rounds(seed_groups, lambda run: (by_run[id(run)]["rounds"], by_run[id(run)]["incompatibility"])):
-        traces, xtitle = _fi_bars(seed_groups, by_run)
-        bars = bars.replace("bands", "bars")
-        fig = go.Figure(traces)
-        return _layout(fig, f"{_FI_TITLE}<br>({bars})", rounds=False, barmode="group",
-                       xaxis={"type": "category", "title": {"text": xtitle}},
-                       yaxis_title="squared perturbation distance")
-    titles = [g.legend for g in seed_groups]
-    fig = make_subplots(rows=1, cols=len(seed_groups), shared_yaxes=True, subplot_titles=titles,
+    if not over:
+        traces, at = _fi_bars(single, by_run)
+        return _layout(go.Figure(traces), f"{_FI_TITLE}, {at}<br>({bars.replace('bands', 'bars')})", rounds=False,
+                       barmode="group", xaxis=CATEGORY_AXIS, yaxis_title="squared perturbation distance")
+    single_bars = _fi_bars(single, by_run) if single else None
+    titles = [g.legend for g in over] + ([f"the runs of one analysed round, {single_bars[1]}"] if single_bars else [])
+    fig = make_subplots(rows=1, cols=len(titles), shared_yaxes=True, subplot_titles=titles,
                         horizontal_spacing=0.04)
-    for col, group in enumerate(seed_groups, start=1):
+    for col, group in enumerate(over, start=1):
+        fig.update_xaxes(title_text="round", row=1, col=col)
         if group.n > 1:  # each part's mean over the seeds, in the part's colour, with a +-SE band
             for key, _, name, color, dash in _FI_PARTS:
                 fig.add_traces(_seed_band(group, lambda run, k=key, d=by_run: (d[id(run)]["rounds"],
@@ -436,7 +449,13 @@ def incompatibility_figure(runs: Sequence[RunData]) -> Any:
                                      name=name, legendgroup=name, showlegend=col == 1,
                                      line={"color": color, "dash": dash}),
                           row=1, col=col)
-    fig.update_xaxes(title_text="round")
+    if single_bars:
+        traces, _ = single_bars
+        for trace in traces:
+            trace.showlegend = False  # the lines' legend entries name the parts
+        fig.add_traces(traces, rows=1, cols=len(titles))
+        fig.update_xaxes(CATEGORY_AXIS, row=1, col=len(titles))
+        fig.update_layout(barmode="group")
     fig.update_yaxes(title_text="squared perturbation distance", row=1, col=1)
     return _layout(fig, f"{_FI_TITLE}<br>({bars})")
 
@@ -477,7 +496,7 @@ def cosine_figure(runs: Sequence[RunData]) -> Any:
                                       hovertemplate="client i=%{y}, j=%{x}: cos=%{z:.3f}<extra></extra>")))
     cols = min(len(panels), COSINE_COLUMNS)
     rows = -(-len(panels) // cols)
-    row_px = PLOT_HEIGHT - 40  # a row of heatmaps; the titles of a further row in the gap above it
+    row_px = 340  # a row of heatmaps (square: as wide as they are tall); a further row's titles in the gap
     gap_px = 140
     height = rows * row_px + (rows - 1) * gap_px
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[title for title, _ in panels],
@@ -491,7 +510,8 @@ def cosine_figure(runs: Sequence[RunData]) -> Any:
                          scaleanchor=f"x{k + 1 if k else ''}", constrain="domain", constraintoward="top",
                          row=row, col=col)  # square cells, right under the panel's title
     fig.update_layout(coloraxis={"colorscale": "RdBu_r", "cmin": -1.0, "cmax": 1.0,
-                                 "colorbar": {"title": {"text": "cos(∇F<sub>i</sub>, ∇F<sub>j</sub>)"}}})
+                                 "colorbar": {"title": {"text": "cos(∇F<sub>i</sub>, ∇F<sub>j</sub>)"},
+                                              "lenmode": "pixels", "len": 240, "y": 1, "yanchor": "top"}})
     fig.update_yaxes(tickfont={"size": 9})
     return _layout(fig, "Client gradient alignment (one colour scale, −1 to 1)", rounds=False,
                    plot_height=height + 80)
