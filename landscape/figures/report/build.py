@@ -22,8 +22,10 @@ it was.
 The plotly figures draw such a group as its mean with a +-SE band (``plots``).
 
 Tables and curves read one set of settings per quantity (``landscape.store.results.selection``: the defaults
-unless a ``Selection`` says otherwise), named on the page where they are not the ones asked for; every
-computed surface is drawn, each titled with its settings.
+unless a ``Selection`` says otherwise), named on the page where they are not the ones asked for: under the
+comparison table, and in the settings line below each figure (``settings_line``), never in a title; every
+computed surface is drawn, its settings in the line below it. A figure's caption says what it shows, never a
+file name.
 """
 
 from __future__ import annotations
