@@ -6,7 +6,7 @@ over rounds has a single round.
 Debian's Chromium driven by Playwright (tests/support/browser.py: a skip without them, a failure under
 LANDSCAPE_REQUIRE_BROWSER=1), with its scroll bars drawn as a reader sees them. Two reports over test_report's
 analysed FedAvg run (built once per session): the run with two copies analysed at round 3 only (three heatmaps
-side by side, the widest comparison table), and the two copies alone (every analysis panel a chart by run at
+side by side, the widest comparison table, a 3D loss surface and a 1D loss line), and the two copies alone (every analysis panel a chart by run at
 round 3). Screenshots at both widths are left in the test's tmp_path.
 """
 
@@ -16,6 +16,7 @@ import shutil
 from io import BytesIO
 from pathlib import Path
 
+import numpy as np
 import pytest
 from support.browser import (
     CHROMIUM_ARGS,
@@ -65,6 +66,10 @@ def reports(run, tmp_path_factory) -> dict[str, Path]:  # noqa: F811
         shutil.copytree(run, root / name)
         shutil.rmtree(root / name / "analysis" / "round-0002")
         copies.append(root / name)
+    x = np.linspace(-1.0, 1.0, 5)  # a 2D surface (a 3D plot with its own title) and a 1D line of the second run
+    np.savez(copies[0] / "analysis" / "round-0003" / "surface.npz", x_coords=x, y_coords=x,
+             loss=np.add.outer(x**2, 2 * x**2) + 1.0)
+    np.savez(copies[0] / "analysis" / "round-0003" / "surface-interpolate.npz", x_coords=x, loss=x**2 + 1.0)
     return {"runs": report.write_report([run, *copies], root / "runs.html"),
             "one round": report.write_report(copies, root / "one-round.html")}
 

@@ -75,6 +75,10 @@ def intersecting(boxes: list[dict]) -> list[tuple[str, str, str]]:
 
 def plots_fit_their_boxes() -> str:
     """A page function, true once every plotly plot has been laid out to its box's width (plotly's responsive
-    resize follows a change of the window within a moment)."""
-    return """() => [...document.querySelectorAll('.plot')].every(d => d._fullLayout &&
-        Math.abs(d._fullLayout.width - d.getBoundingClientRect().width) < 2)"""
+    resize follows a change of the window within a moment), or, for a plot of a fixed width (the 3D surfaces),
+    fits in its box."""
+    return """() => [...document.querySelectorAll('.plot')].every(d => {
+        const box = d.getBoundingClientRect().width;
+        return d._fullLayout && (d.layout && d.layout.width ? d._fullLayout.width <= box + 1
+                                                            : Math.abs(d._fullLayout.width - box) < 2);
+    })"""

@@ -198,8 +198,11 @@ def _points(seed_groups: Sequence[SeedGroup], series: Callable[[RunData], tuple[
         if rounds.size == 0:
             continue
         if group.n > 1:
-            seeds = "; ".join(f"{scale * float(series(run)[1][list(np.asarray(series(run)[0])).index(rounds[-1])]):.4g}"
-                              for run in group.runs)
+            values = []
+            for run in group.runs:  # each seed's own value at that round, for the hover text
+                theirs, own = series(run)
+                values.append(scale * float(np.asarray(own)[np.asarray(theirs).tolist().index(int(rounds[-1]))]))
+            seeds = "; ".join(f"{v:.4g}" for v in values)
             out.append(_Point(group.legend, group.colour, int(rounds[-1]), scale * float(mean[-1]),
                               scale * float(se[-1]) if se is not None else None,
                               f"seeds {', '.join(str(s) for s in group.seeds)}: {seeds}"))

@@ -155,9 +155,11 @@ def _figure(run: RunData, r: int, path: Path, title: str, kind: str, shared: _Sc
             return (f"{path}: no surface renderer available (landscape.figures.surface.draw.surface_figure); "
                     "the surface is left out")
         if not is_2d:
+            along = (f"along the {kind}, from its round-{r} model" if kind.startswith("line")
+                     else f"along one direction through its round-{r} model")
             return (line_surface_figure(path, title.replace("\n", "<br>"), to_hex(run.color)),
-                    f"Loss of {run.label} along the {kind}, from its round-{r} model; a 1D line, drawn as a curve "
-                    "on its own axis (not on the surfaces' colour scale)")
+                    f"Loss of {run.label} {along}; a 1D line, drawn as a curve on its own axis (not on the "
+                    "surfaces' colour scale)")
         label = shared.quantity.get(path, "")
         fig = shared.renderer([path], [title], limits=shared.scales.get(label))
     except (LandscapeError, OSError, ValueError, KeyError) as e:
