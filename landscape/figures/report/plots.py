@@ -21,6 +21,7 @@ any wider window either. An axis of rounds has whole-number ticks.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,24 @@ def _round_axes(fig: Any) -> None:
         fig.update_layout({name: ticks})
 
 
+def _wrap(title: str, width: int) -> str:
+    """``labels.wrap_title`` (lines broken at spaces), and a line that is still longer (one long word: a run
+    directory's name) broken after its hyphens or underscores."""
+    lines = []
+    for line in wrap_title(title, width).split("<br>"):
+        if len(line) <= width or "<" in line or "&" in line:
+            lines.append(line)
+            continue
+        current = ""
+        for piece in re.split(r"(?<=[-_])", line):
+            if current and len(current) + len(piece) > width:
+                lines.append(current)
+                current = ""
+            current += piece
+        lines.append(current)
+    return "<br>".join(lines)
+
+
 def _panel_width(fig: Any, x: float, plot_px: float) -> float:
     """The width in px, at a plot ``plot_px`` wide, of the subplot whose title is centred at paper ``x``."""
     for axis in fig.layout:
@@ -96,8 +115,7 @@ def _layout(fig: Any, title: str, *, rounds: bool = True, plot_height: int = PLO
     titles = [a for a in (fig.layout.annotations or ()) if a.text and a.yanchor == "bottom"]
     plot_px = NARROW_PX - MARGIN_L - MARGIN_R - (COLORBAR_PX if _has_colorbar(fig) else 0)
     for annotation in titles:  # make_subplots' titles: bottom-anchored above each subplot
-        annotation.text = wrap_title(annotation.text, _chars(_panel_width(fig, annotation.x, plot_px),
-                                                             SUBPLOT_TITLE_PX))
+        annotation.text = _wrap(annotation.text, _chars(_panel_width(fig, annotation.x, plot_px), SUBPLOT_TITLE_PX))
         annotation.font.size = SUBPLOT_TITLE_PX
     title = wrap_title(title, _chars(NARROW_PX - MARGIN_L - MARGIN_R, TITLE_PX))
     below = max((a.text.count("<br>") + 1 for a in titles), default=0)
@@ -433,41 +451,55 @@ def incompatibility_figure(runs: Sequence[RunData]) -> Any:
                        barmode="group", xaxis=CATEGORY_AXIS, yaxis_title="squared perturbation distance")
     single_bars = _fi_bars(single, by_run) if single else None
     titles = [g.legend for g in over] + ([f"the runs of one analysed round, {single_bars[1]}"] if single_bars else [])
-    fig = make_subplots(rows=1, cols=len(titles), shared_yaxes=True, subplot_titles=titles,
-                        horizontal_spacing=0.04)
-    for col, group in enumerate(over, start=1):
-        fig.update_xaxes(title_text="round", row=1, col=col)
+    rows, cols, height, gap = _grid(len(titles), PLOT_HEIGHT - 130)
+    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=titles, horizontal_spacing=0.05,
+                        vertical_spacing=gap)
+    for k, group in enumerate(over):
+        row, col = k // cols + 1, k % cols + 1
+        fig.update_xaxes(title_text="round", row=row, col=col)
         if group.n > 1:  # each part's mean over the seeds, in the part's colour, with a +-SE band
             for key, _, name, color, dash in _FI_PARTS:
                 fig.add_traces(_seed_band(group, lambda run, k=key, d=by_run: (d[id(run)]["rounds"],
                                                                                d[id(run)][k]),
-                                          name=name, colour=color, showlegend=col == 1, dash=dash),
-                               rows=1, cols=col)
+                                          name=name, colour=color, showlegend=k == 0, dash=dash),
+                               rows=row, cols=col)
             continue
         (run,) = group.runs
         data = by_run[id(run)]
         for key, se_key, name, color, dash in _FI_PARTS:
             error = {"type": "data", "array": data[se_key], "visible": True} if se_key else None
             fig.add_trace(go.Scatter(x=data["rounds"], y=data[key], error_y=error, mode="lines+markers",
-                                     name=name, legendgroup=name, showlegend=col == 1,
+                                     name=name, legendgroup=name, showlegend=k == 0,
                                      line={"color": color, "dash": dash}),
-                          row=1, col=col)
+                          row=row, col=col)
     if single_bars:
         traces, _ = single_bars
         for trace in traces:
             trace.showlegend = False  # the lines' legend entries name the parts
-        fig.add_traces(traces, rows=1, cols=len(titles))
-        fig.update_xaxes(CATEGORY_AXIS, row=1, col=len(titles))
+        row, col = (len(titles) - 1) // cols + 1, (len(titles) - 1) % cols + 1
+        fig.add_traces(traces, rows=row, cols=col)
+        fig.update_xaxes(CATEGORY_AXIS, row=row, col=col)
         fig.update_layout(barmode="group")
-    fig.update_yaxes(title_text="squared perturbation distance", row=1, col=1)
-    return _layout(fig, f"{_FI_TITLE}<br>({bars})")
+    for row in range(1, rows + 1):
+        fig.update_yaxes(title_text="squared perturbation distance", row=row, col=1)
+    return _layout(fig, f"{_FI_TITLE}<br>({bars})", plot_height=height + 130)
 
 
-COSINE_COLUMNS = 3  # heatmaps side by side at most; more go on further rows
+PANEL_COLUMNS = 3  # panels of one run each side by side at most; more go on further rows
+ROW_GAP_PX = 140  # between rows of panels: the next row's titles (up to 5 lines) and this row's axis titles
+
+
+def _grid(panels: int, row_px: int) -> tuple[int, int, int, float]:
+    """(rows, columns, height of the rows in px, vertical spacing) of ``panels`` panels of ``row_px`` each, at
+    most ``PANEL_COLUMNS`` side by side: at a 900 px window a panel keeps room for its title."""
+    cols = max(1, min(panels, PANEL_COLUMNS))
+    rows = -(-panels // cols)
+    height = rows * row_px + (rows - 1) * ROW_GAP_PX
+    return rows, cols, height, ROW_GAP_PX / height if rows > 1 else 0.0
 
 
 def cosine_figure(runs: Sequence[RunData]) -> Any:
-    """Client x client gradient-cosine heatmaps on one colour scale, -1 to 1: up to ``COSINE_COLUMNS`` side by
+    """Client x client gradient-cosine heatmaps on one colour scale, -1 to 1: up to ``PANEL_COLUMNS`` side by
     side, further runs on further rows."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -497,13 +529,9 @@ def cosine_figure(runs: Sequence[RunData]) -> Any:
             panels.append((f"{label}, round {m.round}<br>mean off-diagonal {m.mean_off_diagonal:.3f}",
                            go.Heatmap(z=m.matrix, x=ids, y=ids, coloraxis="coloraxis",
                                       hovertemplate="client i=%{y}, j=%{x}: cos=%{z:.3f}<extra></extra>")))
-    cols = min(len(panels), COSINE_COLUMNS)
-    rows = -(-len(panels) // cols)
-    row_px = 340  # a row of heatmaps (square: as wide as they are tall); a further row's titles in the gap
-    gap_px = 140
-    height = rows * row_px + (rows - 1) * gap_px
+    rows, cols, height, gap = _grid(len(panels), 340)  # heatmaps are square: as wide as they are tall
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[title for title, _ in panels],
-                        horizontal_spacing=0.08, vertical_spacing=gap_px / height if rows > 1 else 0.0)
+                        horizontal_spacing=0.08, vertical_spacing=gap)
     for k, (_, heatmap) in enumerate(panels):
         row, col = k // cols + 1, k % cols + 1
         fig.add_trace(heatmap, row=row, col=col)
