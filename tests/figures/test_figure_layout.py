@@ -62,7 +62,8 @@ def test_the_reports_3d_surface_titles_are_whole_distinct_and_fit_their_plot(sam
         chars = int((layout["width"] - 130) / 8.5)  # the plot area's width, ~8.5 px a character
         assert all(len(visible(line)) <= chars for line in lines), lines
         assert layout["margin"]["t"] >= 16 + 22 * len(lines)  # room above the scene for every line
-        assert "normalization=euclidean" in visible(title) and "euclidean random plane" in visible(title)
+        # what the plane is in the title; its settings in the line below the plot, never in the title
+        assert "euclidean random plane" in visible(title) and "normalization" not in visible(title)
         heads.append(lines[0])
         scene = layout["scene"]
         assert len(scene["xaxis"]["title"]["text"]) <= surfaces.SCENE_TITLE_CHARS
@@ -70,6 +71,8 @@ def test_the_reports_3d_surface_titles_are_whole_distinct_and_fit_their_plot(sam
     assert sorted(heads) == ["FedNSAM alpha=0.1, round 10", "FedSAM alpha=0.1, round 10"]
     # the heading above each plot: the same words on one line
     assert "<h3>FedSAM alpha=0.1, round 10, euclidean random plane" in html.unescape(text)
+    settings = re.findall(r'<span class="settings">([^<]*)</span>', text)
+    assert len(settings) == 2 and all("normalization=euclidean" in line for line in settings), settings
 
 
 def test_one_round_is_one_tick_and_subplot_titles_leave_the_title_room():
@@ -95,7 +98,7 @@ def test_every_table_scrolls_inside_its_box_and_each_recipe_value_is_printed_onc
     text = report.build_report(sam_runs)
     tables = re.findall(r"(.{0,40})<table", text)
     assert tables and all(before.endswith('<div class="scroll">') for before in tables), tables
-    assert re.search(r"\.scroll \{ overflow-x: auto; max-width: 100%; \}", text)
+    assert re.search(r"\.scroll \{ overflow-x: auto; max-width: 100%;", text)
     # the partition both recipes share: once, in the shared table; each run's own table its algorithm alone
     assert text.count("[partition]") == 1 and text.count('<h3 id="recipe-shared">') == 1
     assert text.count('<table class="recipe">') == 3 and text.count("[algorithm]") == 2

@@ -148,7 +148,7 @@ def test_the_recipe_and_the_analysis_numbers_are_shown(page, run):
     alignment = json.loads(result_file(run / "analysis/round-0003", "alignment").read_text())
     assert f"<td>{alignment['summary']['mean_grad_cos']:.4g}</td>" in page
     incompatibility = json.loads(result_file(run / "analysis/round-0003", "incompatibility").read_text())
-    assert f"<td>{incompatibility['summary']['Delta_FI']:.4g} &plusmn;" in page
+    assert f"<td>{incompatibility['summary']['Delta_FI']:.4g} <span class=\"v\">&plusmn;" in page
     last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert f"<td>{100 * last['test_acc']:.4g}</td>" in page
     assert 'class="comparison"' in page and 'class="analysis"' in page
@@ -247,3 +247,95 @@ def test_a_run_without_analysis_still_reports(run, tmp_path):
     assert "FedAvg alpha=0.5 (run)" in text and "FedAvg alpha=0.5 (bare)" in text
     only_bare = report.write_report(bare, tmp_path / "bare.html").read_text()
     assert set(plot_divs(only_bare)) == CURVE_PLOTS
+
+
+# -- a page a reader can use: one-round panels, titles without settings, captions without file names -----------
+
+FILE_NAME = re.compile(r"[\w@~+-]+\.(?:npz|json|jsonl|pt|png|pdf|html|toml|csv)\b|/")
+
+
+def captions(text: str) -> list[str]:
+    """The visible text of every figure caption on the page."""
+    return [re.sub(r"<[^>]*>", " ", found) for found in re.findall(r"<figcaption>(.*?)</figcaption>", text, re.S)]
+
+
+def titles(spec: dict) -> list[str]:
+    """A plot's title and its subplot titles."""
+    layout = spec["layout"]
+    return [layout["title"]["text"]] + [a["text"] for a in layout.get("annotations", ()) if a.get("yanchor") == "bottom"]
+
+
+def test_titles_carry_no_settings_the_line_below_the_figure_does(page):
+    """The fixture's passes ran with options other than the defaults (FAST): the settings are said once, in the
+    settings line under each analysis figure, and no title carries them."""
+    settings = re.findall(r'<span class="settings">([^<]*)</span>', page)
+    assert len(settings) == len(ANALYSIS_PLOTS)
+    assert any("top_k=2" in line for line in settings) and any("batches=2" in line for line in settings)
+    items = {item for line in settings for item in re.findall(r"\w+=[\w.:-]+", line)}
+    assert {"analysis_samples=100", "top_k=2", "clients=2"} <= items
+    for name in CURVE_PLOTS | ANALYSIS_PLOTS:
+        for title in titles(plot_spec(page, name)):
+            assert not [item for item in items if item in title] and "[" not in title, (name, title)
+
+
+def test_captions_say_what_a_figure_shows_never_a_file_name(run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    x = np.linspace(-1, 1, 5)
+    np.savez(copy / "analysis" / "round-0003" / "surface.npz", x_coords=x, y_coords=x, loss=np.add.outer(x**2, x**2))
+    text = report.write_report(copy, tmp_path / "report.html").read_text()
+    found = captions(text)
+    assert len(found) == len(plot_divs(text)) >= len(CURVE_PLOTS | ANALYSIS_PLOTS)
+    assert all(caption.strip() and not FILE_NAME.search(caption) for caption in found), found
+
+
+def test_one_round_panels_are_charts_by_run_at_that_round(run, tmp_path):
+    """Runs analysed at one round: global sharpness and incompatibility are a dot / bars per run "at round 3",
+    never a line of one point over rounds."""
+    copies = []
+    for name in ("a", "b"):
+        shutil.copytree(run, tmp_path / name)
+        shutil.rmtree(tmp_path / name / "analysis" / "round-0002")
+        copies.append(tmp_path / name)
+    text = report.write_report(copies, tmp_path / "report.html").read_text()
+    labels = ["FedAvg alpha=0.5 (a)", "FedAvg alpha=0.5 (b)"]
+    hessian = json.loads(result_file(run / "analysis/round-0003", "hessian").read_text())["summary"]["lambda_max"]
+    sharp = plot_spec(text, "global_sharpness")
+    assert all(sharp["layout"][axis]["type"] == "category" for axis in ("xaxis", "xaxis2"))
+    assert [t.replace("<br>", " ") for t in titles(sharp)[1:]] == ["S<sub>ρ</sub>(x<sup>t</sup>), ρ = 0.05, at round 3",
+                                                                   "λ<sub>1</sub>(x<sup>t</sup>), at round 3"]
+    lam = [t for t in sharp["data"] if t.get("xaxis") == "x2"]
+    assert [t["x"][0].replace("<br>", " ") for t in lam] == labels and all(t["mode"] == "markers" for t in sharp["data"])
+    np.testing.assert_allclose([decode(t["y"])[0] for t in lam], [hessian, hessian], rtol=1e-6)
+    assert "analysed rounds" not in sharp["layout"]["title"]["text"]
+    fi = plot_spec(text, "incompatibility")
+    assert [t["type"] for t in fi["data"]] == ["bar"] * 4 and fi["layout"]["barmode"] == "group"
+    assert all([x.replace("<br>", " ") for x in t["x"]] == labels for t in fi["data"])
+    assert fi["layout"]["xaxis"]["type"] == "category" and "at round 3" in fi["layout"]["title"]["text"]
+    delta = json.loads(result_file(run / "analysis/round-0003", "incompatibility").read_text())["result"]
+    np.testing.assert_allclose(decode(fi["data"][0]["y"]), [delta["incompatibility"]] * 2, rtol=1e-6)
+    np.testing.assert_allclose(decode(fi["data"][0]["error_y"]["array"]), [delta["incompatibility_se"]] * 2,
+                               rtol=1e-6)
+    # the same runs with two analysed rounds: over rounds, as lines
+    over = plot_spec(report.write_report([run], tmp_path / "two.html").read_text(), "global_sharpness")
+    assert over["layout"]["xaxis"].get("type") != "category"
+    assert all(t["mode"] == "lines+markers" for t in over["data"])
+
+
+def test_a_value_without_a_number_says_why_and_a_zero_error_is_not_plus_minus_zero(run, tmp_path):
+    """FedAvg applies no perturbation: its 'Delta_FI applied' is NaN in the result, shown as n/a with the pass's
+    reason; a Monte-Carlo standard error of exactly 0 (every draw gave the value: a rate of 0 pairs) is said so,
+    never '± 0'."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    path = result_file(copy / "analysis" / "round-0003", "incompatibility")
+    record = json.loads(path.read_text())
+    record["result"].update(friendly_rate=0.0, friendly_rate_se=0.0, applied_incompatibility=float("nan"),
+                            applied_note="fedavg applies no perturbation")
+    path.write_text(json.dumps(record))
+    text = report.write_report(copy, tmp_path / "report.html").read_text()
+    comparison = text[text.index('<table class="comparison">'):text.index("</table>")]
+    assert 'n/a <small class="why">(fedavg applies no perturbation)</small>' in comparison
+    assert re.search(r'<td>0 <small class="why" title="the Monte-Carlo standard error is 0[^"]*">\(every draw the '
+                     r'same\)</small></td>', comparison)
+    assert "nan" not in comparison.lower().replace("fednsam", "") and "&plusmn; 0<" not in text

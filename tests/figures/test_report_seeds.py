@@ -169,8 +169,8 @@ def test_gradient_cosines_are_the_mean_matrix(page, root):
     np.testing.assert_allclose(decode(group["z"]), mean, rtol=1e-6)
     assert group["text"][0][1].startswith(f"± {se[0, 1]:.2g} (SE, n=3)")
     off, off_se = by_hand([result(d, 3, "alignment")["gradients"]["mean_off_diagonal"] for d in seeds_dirs(root)])
-    titles = [a["text"] for a in spec["layout"]["annotations"]]
-    assert titles[0].startswith(f"{GROUP}, round 3, mean of n=3 seeds<br>mean off-diagonal {off:.3f} ± {off_se:.2g}")
+    titles = [a["text"].replace("<br>", " ") for a in spec["layout"]["annotations"]]  # wrapped to the panel
+    assert titles[0].startswith(f"{GROUP}, round 3, mean of n=3 seeds mean off-diagonal {off:.3f} ± {off_se:.2g}")
     assert "n=" not in titles[1]
     np.testing.assert_allclose(decode(single["z"]), result(root / "runs" / "fedsam-s0", 3, "alignment")["gradients"]
                                ["cosine_matrix"])

@@ -48,3 +48,37 @@ def only_file_urls(offsite: list[str]):
             route.abort()
 
     return route
+
+
+# Every plotly title on a page: each plot's title (.gtitle) and its annotations (make_subplots' subplot titles,
+# the 3D surfaces' titles), as boxes in page pixels with the box of the plot they belong to.
+TITLE_BOXES = """() => [...document.querySelectorAll('.plot')].flatMap(plot => {
+    const outer = plot.getBoundingClientRect();
+    return [...plot.querySelectorAll('.gtitle, .annotation-text')].filter(t => t.textContent.trim()).map(t => {
+        const r = t.getBoundingClientRect();
+        return {plot: plot.dataset.name, text: t.textContent.slice(0, 80), left: r.left, right: r.right, top: r.top,
+                bottom: r.bottom, plotLeft: outer.left, plotRight: outer.right};
+    });
+})"""
+
+
+def intersecting(boxes: list[dict]) -> list[tuple[str, str, str]]:
+    """(plot, text, text) of each two boxes of ``TITLE_BOXES`` of one plot that overlap (by more than a pixel)."""
+    found = []
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            if a["plot"] == b["plot"] and min(a["right"], b["right"]) - max(a["left"], b["left"]) > 1 \
+                    and min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > 1:
+                found.append((a["plot"], a["text"], b["text"]))
+    return found
+
+
+def plots_fit_their_boxes() -> str:
+    """A page function, true once every plotly plot has been laid out to its box's width (plotly's responsive
+    resize follows a change of the window within a moment), or, for a plot of a fixed width (the 3D surfaces),
+    fits in its box."""
+    return """() => [...document.querySelectorAll('.plot')].every(d => {
+        const box = d.getBoundingClientRect().width;
+        return d._fullLayout && (d.layout && d.layout.width ? d._fullLayout.width <= box + 1
+                                                            : Math.abs(d._fullLayout.width - box) < 2);
+    })"""

@@ -22,8 +22,10 @@ it was.
 The plotly figures draw such a group as its mean with a +-SE band (``plots``).
 
 Tables and curves read one set of settings per quantity (``landscape.store.results.selection``: the defaults
-unless a ``Selection`` says otherwise), named on the page where they are not the ones asked for; every
-computed surface is drawn, each titled with its settings.
+unless a ``Selection`` says otherwise), named on the page where they are not the ones asked for: under the
+comparison table, and in the settings line below each figure (``settings_line``), never in a title; every
+computed surface is drawn, its settings in the line below it. A figure's caption says what it shows, never a
+file name.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from matplotlib.colors import to_hex
 from landscape.analyze.passes import RESULT_NAMES
 from landscape.core.errors import LandscapeError
 from landscape.figures.extract import choose_rho
-from landscape.figures.labels import settings_lines
+from landscape.figures.labels import settings_caption, settings_lines
 from landscape.figures.report.data import all_rhos
 from landscape.figures.report.parts import (
     Page,
@@ -66,9 +68,9 @@ from landscape.store.results.selection import Selection
 CURVE_KEYS = [("accuracy", "test_acc"), ("train_loss", "train_loss"),
               ("flatness_distance", "flatness_distance")]
 CURVE_CAPTIONS = {
-    "test_acc": "test accuracy on the evaluation rounds (metrics.jsonl)",
-    "train_loss": "mean local training loss of the round's clients (metrics.jsonl)",
-    "flatness_distance": "flatness distance Δ_D = mean_i ‖y_i − ȳ‖² (ȳ the clients' mean), logged online",
+    "test_acc": "Test accuracy of the global model on the evaluation rounds, as training logged it",
+    "train_loss": "Mean local training loss of the round's clients, as training logged it",
+    "flatness_distance": "Flatness distance Δ_D = mean_i ‖y_i − ȳ‖² (ȳ the clients' mean), logged online by training",
 }
 
 
@@ -89,6 +91,17 @@ def _comparison(runs: Sequence[RunData], rho: float | None) -> dict[str, Any]:
             "settings": settings_lines(runs, outputs), "notes": [line for run in runs for line in run.notes()]}
 
 
+def settings_line(runs: Sequence[RunData], outputs: Sequence[str]) -> str:
+    """The line below a figure of ``runs`` saying with which settings its ``outputs`` were analysed, where they
+    are not those asked for (``labels.settings_caption``): '' when they are. The report's titles never carry
+    settings."""
+    found = [(output, settings_caption(runs, output)) for output in dict.fromkeys(outputs)]
+    found = [(output, text) for output, text in found if text]
+    if len(found) == 1:
+        return f"Settings: {found[0][1]}"
+    return "Settings: " + "; ".join(f"{output}: {text}" for output, text in found) if found else ""
+
+
 def _curves(runs: Sequence[RunData], page: Page) -> list[Markup]:
     """A plot per metrics.jsonl curve (``CURVE_KEYS``), a note for one that no run logs."""
     blocks = []
@@ -107,19 +120,25 @@ def _analysis_sections(runs: Sequence[RunData], rho: float | None,
     page order."""
     sections: list[tuple[str, str, str, tuple[str, ...], str, Callable[[], Any], str]] = [
         # (anchor, link text, heading, the passes any of which it draws, plot name, figure, caption)
-        ("sharpness", "Global sharpness", "Global sharpness over rounds", ("sharpness", "hessian"),
+        ("sharpness", "Global sharpness", "Global sharpness", ("sharpness", "hessian"),
          "global_sharpness", lambda: sharpness_figure(runs, rho),
-         ("S_ρ(x^t) from the sharpness pass and λ_1(x^t) from the hessian pass, per analysed checkpoint "
-          "(FedNSAM Fig. 2b)")),
+         ("Global sharpness S_ρ(x^t) (the sharpness pass) and the top Hessian eigenvalue λ_1(x^t) (the hessian "
+          "pass) of the global model at each analysed checkpoint, over rounds where a run has two or more, else "
+          "one dot per run (FedNSAM Fig. 2b)")),
         ("spectra", "Spectra", "Hessian spectra", ("hessian",), "spectral_density",
          lambda: density_figure(runs),
-         "Gaussian-smoothed stochastic Lanczos quadrature density of ∇²F (log scale)"),
+         "Gaussian-smoothed stochastic Lanczos quadrature density of the Hessian ∇²F of the global model at "
+         "each run's latest analysed round (log scale)"),
         ("incompatibility", "Incompatibility", "Flatness incompatibility", ("incompatibility",),
-         "incompatibility", lambda: incompatibility_figure(runs), ""),
+         "incompatibility", lambda: incompatibility_figure(runs),
+         "Flatness incompatibility Δ_FI of the clients' SAM perturbations and its split into the heterogeneity "
+         "across clients, the minibatch part within a client and twice their cross term"),
         ("alignment", "Alignment", "Gradient alignment", ("alignment",), "gradient_cosine",
-         lambda: cosine_figure(runs), "C_ij = cos(∇F_i, ∇F_j) at each run's latest analysed round"),
+         lambda: cosine_figure(runs),
+         "Cosine C_ij = cos(∇F_i, ∇F_j) of each pair of clients' full local gradients at each run's latest "
+         "analysed round"),
     ]
-    return [(anchor, link, heading, page.plot(name, figure(), caption))
+    return [(anchor, link, heading, page.plot(name, figure(), caption, settings_line(runs, passes)))
             for anchor, link, heading, passes, name, figure, caption in sections
             if any(run.analysed_rounds(p) for run in runs for p in passes)]
 

@@ -151,6 +151,19 @@ def comparison_groups(runs: Sequence[RunData], shown: Sequence[Quantity]) -> lis
     return [ComparisonGroup(group, [by_run[id(run)] for run in group.runs]) for group in groups(runs)]
 
 
+def missing_reason(rec: PassRecord | None, q: Quantity) -> str:
+    """Why a stored result has no number (NaN) for ``q``: the note its result gives for that part (a
+    ``<part>_note`` text whose part starts the quantity's key: ``applied_note`` for
+    ``applied_incompatibility``, e.g. 'fedavg applies no perturbation'); 'not computed' without one."""
+    if rec is not None and isinstance(rec.result, dict):
+        parts = q.key.split(".")[-1].split("_")
+        for end in range(len(parts) - 1, 0, -1):
+            note = rec.result.get("_".join(parts[:end]) + "_note")
+            if isinstance(note, str) and note:
+                return note
+    return "not computed"
+
+
 def is_surface(rec: PassRecord) -> bool:
     """Whether a stored result is a loss surface: its result says along which directions it was evaluated
     (random, pca, clients, interpolate), as only surface results do."""

@@ -28,8 +28,16 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from markupsafe import Markup
 from matplotlib.colors import to_hex
 
+from landscape.analyze.registry import Quantity
 from landscape.figures.over_seeds import rounds_text
-from landscape.figures.report.data import ComparisonGroup, SeedStat, comparison_groups, metric_at, quantities
+from landscape.figures.report.data import (
+    ComparisonGroup,
+    SeedStat,
+    comparison_groups,
+    metric_at,
+    missing_reason,
+    quantities,
+)
 from landscape.figures.rundata import RunData
 
 PLOTLY_CONFIG = {"responsive": True, "displaylogo": False}
@@ -42,6 +50,7 @@ def environment() -> Environment:
                       autoescape=select_autoescape(("html",)), undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.policies["json.dumps_kwargs"] = {"sort_keys": False}
+    env.globals.update(same_draws=SAME_DRAWS, same_draws_title=SAME_DRAWS_TITLE)
     return env
 
 
@@ -75,7 +84,8 @@ class Page:
 
     names: list[str] = field(default_factory=list)
 
-    def plot(self, name: str, fig: Any, caption: str = "") -> Markup:
+    def plot(self, name: str, fig: Any, caption: str = "", settings: str = "") -> Markup:
+        """The plot's div and newPlot call, its caption (what it shows) and its settings line below it."""
         import plotly.io as pio
 
         slug = base = slug_of(name)
@@ -84,7 +94,7 @@ class Page:
             slug, k = f"{base}-{k}", k + 1
         self.names.append(slug)
         spec = _script_json(pio.to_json(fig, validate=False))
-        return parts().figure(slug, spec, PLOTLY_CONFIG, caption)
+        return parts().figure(slug, spec, PLOTLY_CONFIG, caption, settings)
 
 
 def note(text: str) -> Markup:
@@ -98,12 +108,20 @@ def note(text: str) -> Markup:
 @dataclass(frozen=True)
 class Value:
     """A number as the tables print it, '+-' its standard error, ' (round N)' where it is not from the row's
-    latest analysed round."""
+    latest analysed round, and a remark (``why``): why there is no number ('n/a', NaN), or that a standard
+    error of 0 is no error estimate (every Monte-Carlo draw gave the same value: ``SAME_DRAWS``)."""
 
     kind: ClassVar[str] = "value"
     text: str
     se: str | None = None
     at: int | None = None
+    why: str | None = None
+
+
+# A Monte-Carlo standard error of exactly 0: not "+- 0" (no uncertainty) but what it means.
+SAME_DRAWS = "every draw the same"
+SAME_DRAWS_TITLE = ("the Monte-Carlo standard error is 0: every draw gave this value, so the draws give no error "
+                    "estimate (a rate of 0 here: no draw counted)")
 
 
 @dataclass(frozen=True)
@@ -128,7 +146,8 @@ class RunCell:
     directory: str | None = None
 
 
-def _num(value: Any, se: Any = None, at: int | None = None) -> Value:
+def _num(value: Any, se: Any = None, at: int | None = None, why: str = "not computed") -> Value:
+    """A table's number; NaN is 'n/a' with ``why`` (the result's own reason: ``data.missing_reason``)."""
     if value is None:
         return Value("-", at=at)
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
@@ -137,18 +156,27 @@ def _num(value: Any, se: Any = None, at: int | None = None) -> Value:
         v = float(value)
     except (TypeError, ValueError):
         return Value(str(value), at=at)
-    shown_se = f"{float(se):.2g}" if se is not None and math.isfinite(float(se)) else None
-    return Value(f"{v:.4g}", shown_se, at)
+    if math.isnan(v):
+        return Value("n/a", at=at, why=why)
+    try:
+        error = float(se) if se is not None else math.nan
+    except (TypeError, ValueError):
+        error = math.nan
+    if error == 0:
+        return Value(f"{v:.4g}", None, at, SAME_DRAWS)
+    return Value(f"{v:.4g}", f"{error:.2g}" if math.isfinite(error) else None, at)
 
 
 def _percent(value: float | None) -> Value | str:
     return _num(100 * value) if value is not None else "-"
 
 
-def _stat(stat: SeedStat, rounds: Sequence[int] = ()) -> Stat | str:
+def _stat(stat: SeedStat, rounds: Sequence[int] = ()) -> Stat | Value | str:
     """A comparison cell of several seeds; ``rounds``: the rounds it was read at, shown when not the latest."""
     if stat.mean is None:
         return "-"
+    if math.isnan(stat.mean):
+        return Value("n/a", why="not computed for every seed")
     return Stat(f"{stat.mean:.4g}", f"{stat.se:.2g}" if stat.se is not None else None,
                 stat.n if stat.n < len(stat.per_seed) else None, rounds_text(rounds) if rounds else "")
 
@@ -156,15 +184,19 @@ def _stat(stat: SeedStat, rounds: Sequence[int] = ()) -> Stat | str:
 # -- tables -------------------------------------------------------------------------------------------------
 
 
-def _single_row(cg: ComparisonGroup, seeded: bool) -> list[Any]:
+def _single_row(cg: ComparisonGroup, seeded: bool, shown: Sequence[Quantity]) -> list[Any]:
     (row,) = cg.rows
     run = row.run
     cells = [RunCell(to_hex(run.color), run.label, run.name), *(["1"] if seeded else []),
              _num(row.rounds), _percent(row.final_acc), _percent(row.best_acc), _num(row.final_loss),
              _num(row.online_distance), _num(row.latest)]
-    for value in row.values:
-        at = None if value is None or value[2] == row.latest else value[2]
-        cells.append("-" if value is None else _num(*value[:2], at=at))
+    for q, value in zip(shown, row.values):
+        if value is None:
+            cells.append("-")
+            continue
+        at = None if value[2] == row.latest else value[2]
+        why = missing_reason(run.analyses[value[2]].get(q.pass_name), q)
+        cells.append(_num(*value[:2], at=at, why=why))
     return cells
 
 
@@ -191,7 +223,7 @@ def comparison_table(runs: Sequence[RunData], rho: float | None) -> Markup:
              if any(run.analysed_rounds(q.pass_name) for run in runs)]
     found = comparison_groups(runs, shown)
     seeded = any(cg.group.n > 1 for cg in found)
-    rows = [_single_row(cg, seeded) if cg.group.n == 1 else _group_row(cg, len(shown)) for cg in found]
+    rows = [_single_row(cg, seeded, shown) if cg.group.n == 1 else _group_row(cg, len(shown)) for cg in found]
     return parts().comparison_table(seeded, [q.header for q in shown], rows)
 
 
@@ -203,7 +235,7 @@ def analysis_table(run: RunData, rhos: Sequence[float]) -> Markup:
         row = [str(r), _percent(metric_at(run, "test_acc", r))]
         for q in shown:
             rec = run.analyses[r].get(q.pass_name)
-            row.append(_num(*q.read(rec)) if rec is not None else "-")
+            row.append(_num(*q.read(rec), why=missing_reason(rec, q)) if rec is not None else "-")
         rows.append(row)
     return parts().analysis_table([q.header for q in shown], rows)
 

@@ -2,18 +2,28 @@
 incompatibility, gradient-cosine heatmaps and 1D loss lines.
 
 Runs that differ only in their recipe's seed (``landscape.figures.seeds``) are drawn as one group: over rounds
-one mean line in the group's colour with a +-SE band (an upper and a lower trace filled between them; a single
-round: an error bar) and "(n=3)" in the legend, each seed's value in the mean's hover text; spectral densities
-each seed as a thin line in the group's colour; gradient cosines the mean matrix over seeds that analysed the
-same clients (n in the title). A single-seed run is drawn exactly as before. Titles use HTML, never
-matplotlib mathtext (plotly would hand '$' to MathJax, which the page does not load), wrapped to the plot's
-width; an axis of rounds has whole-number ticks, one round a single tick.
+one mean line in the group's colour with a +-SE band (an upper and a lower trace filled between them) and
+"(n=3)" in the legend, each seed's value in the mean's hover text; spectral densities each seed as a thin line
+in the group's colour; gradient cosines the mean matrix over seeds that analysed the same clients (n in the
+title). A single-seed run is drawn exactly as before.
+
+A panel is drawn over rounds only where some run (or seed group) has two or more rounds in it; otherwise it is a
+chart by run "at round R" (``_at_round``: a dot, or for the incompatibility's parts a bar, per run with its
+standard error as an error bar), never a line of one point.
+
+Titles use HTML, never matplotlib mathtext (plotly would hand '$' to MathJax, which the page does not load),
+and say what is drawn, never the settings: the report puts the settings in the line below the figure
+(``build``). Every title is wrapped to the width its plot has at the narrowest window the report is made for
+(``NARROW_PX``, a 900 px window), subplot titles to their panel's share of it, so that no two titles meet at
+any wider window either. An axis of rounds has whole-number ticks.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,53 +37,102 @@ from landscape.figures.extract import (
     incompatibility_series,
     lambda_max_series,
 )
-from landscape.figures.labels import METRIC_LABELS, settings_caption, with_settings, wrap_title
+from landscape.figures.labels import METRIC_LABELS, wrap_title
 from landscape.figures.over_seeds import by_seed_group, density_floor, mean_cosines, rounds_text
 from landscape.figures.rundata import RunData
 from landscape.figures.seeds import SeedGroup, groups, series_mean
 
 PLOT_HEIGHT = 430
-TITLE_CHARS = 90  # a title line's characters: fits a plot ~800 px wide (the page at a 900 px window)
-SUBPLOT_TITLE_CHARS = 110  # shared by the subplots side by side
-LINE_PX = 22  # the height of a title line
+# The plot's width at the narrowest window the report is laid out for (900 px: the page's padding and scroll bar
+# take the rest); titles are wrapped to fit it, so they fit every wider window too.
+NARROW_PX = 800
+MARGIN_L, MARGIN_R = 60, 20
+COLORBAR_PX = 110  # the width a colour bar takes from the panels (plotly widens the right margin for it)
+TITLE_PX, SUBPLOT_TITLE_PX = 16, 13  # font sizes
+CHAR_EM = 0.62  # a character's mean width in em, of the widest usual sans-serif fonts (DejaVu Sans)
+LINE_EM = 1.4  # a title line's height in em
+MIN_TITLE_CHARS = 14
+
+
+def _chars(width_px: float, font_px: float) -> int:
+    """How many characters of ``font_px`` fit in ``width_px``."""
+    return max(MIN_TITLE_CHARS, int(width_px / (CHAR_EM * font_px)))
 
 
 def _round_axes(fig: Any) -> None:
-    """Whole-number round ticks on each x axis, from the rounds drawn on that axis: one round is that tick
-    alone in the middle of [round - 1, round + 1] (not 29, 29.5, ... written 29, 30, 30, 31, 31), a span of
-    up to 10 rounds every round, a longer one plotly's own round steps."""
+    """Whole-number round ticks on each x axis of rounds, from the rounds drawn on that axis (a categorical
+    axis, a chart by run, is left alone): a span of up to 10 rounds every round, a longer one plotly's own
+    round steps; one round (only in a panel beside one over rounds) that tick alone."""
     drawn: dict[str, list[float]] = {}
     for trace in fig.data:
         if trace.x is not None:
-            drawn.setdefault(trace.xaxis or "x", []).extend(float(v) for v in np.atleast_1d(trace.x))
+            drawn.setdefault(trace.xaxis or "x", []).extend(float(v) for v in np.atleast_1d(trace.x)
+                                                             if isinstance(v, (int, float, np.number)))
     for axis, xs in drawn.items():
+        name = f"xaxis{axis[1:]}"
+        if not xs or fig.layout[name].type == "category":
+            continue
         low, high = min(xs), max(xs)
         if high == low:
             ticks: dict[str, Any] = {"tickmode": "array", "tickvals": [low], "range": [low - 1, low + 1]}
         else:
             ticks = {"tickformat": "d", **({"dtick": 1} if high - low <= 10 else {})}
-        fig.update_layout({f"xaxis{axis[1:]}": ticks})
+        fig.update_layout({name: ticks})
 
 
-def _layout(fig: Any, title: str, *, rounds: bool = True, **more: Any) -> Any:
-    """Shared look; ``rounds``: the x axes count rounds (``_round_axes``). Titles are wrapped to the plot's
-    width (subplot titles to their share of it), and the title sits at the top with room below it for every
-    line of the subplot titles."""
+def _wrap(title: str, width: int) -> str:
+    """``labels.wrap_title`` (lines broken at spaces), and a line that is still longer (one long word: a run
+    directory's name) broken after its hyphens or underscores."""
+    lines = []
+    for line in wrap_title(title, width).split("<br>"):
+        if len(line) <= width or "<" in line or "&" in line:
+            lines.append(line)
+            continue
+        current = ""
+        for piece in re.split(r"(?<=[-_])", line):
+            if current and len(current) + len(piece) > width:
+                lines.append(current)
+                current = ""
+            current += piece
+        lines.append(current)
+    return "<br>".join(lines)
+
+
+def _panel_width(fig: Any, x: float, plot_px: float) -> float:
+    """The width in px, at a plot ``plot_px`` wide, of the subplot whose title is centred at paper ``x``."""
+    for axis in fig.layout:
+        if axis.startswith("xaxis") and fig.layout[axis].domain is not None:
+            low, high = fig.layout[axis].domain
+            if abs((low + high) / 2 - x) < 1e-6:
+                return (high - low) * plot_px
+    return plot_px
+
+
+def _layout(fig: Any, title: str, *, rounds: bool = True, plot_height: int = PLOT_HEIGHT, **more: Any) -> Any:
+    """Shared look; ``rounds``: the x axes count rounds (``_round_axes``). The title and the subplot titles are
+    wrapped to the width they have at the narrowest window (``NARROW_PX``), each subplot title to its own
+    panel's, and the title sits at the top with room below it for every line of the subplot titles."""
     titles = [a for a in (fig.layout.annotations or ()) if a.text and a.yanchor == "bottom"]
-    columns = max(1, len({round(float(a.x), 6) for a in titles}))
+    plot_px = NARROW_PX - MARGIN_L - MARGIN_R - (COLORBAR_PX if _has_colorbar(fig) else 0)
     for annotation in titles:  # make_subplots' titles: bottom-anchored above each subplot
-        annotation.text = wrap_title(annotation.text, max(28, SUBPLOT_TITLE_CHARS // columns))
-    title = wrap_title(title, TITLE_CHARS)
+        annotation.text = _wrap(annotation.text, _chars(_panel_width(fig, annotation.x, plot_px), SUBPLOT_TITLE_PX))
+        annotation.font.size = SUBPLOT_TITLE_PX
+    title = wrap_title(title, _chars(NARROW_PX - MARGIN_L - MARGIN_R, TITLE_PX))
     below = max((a.text.count("<br>") + 1 for a in titles), default=0)
-    top = 16 + LINE_PX * (title.count("<br>") + 1) + LINE_PX * below + 14
-    layout = {"title": {"text": title, "y": 1, "yref": "container", "yanchor": "top", "pad": {"t": 16}},
-              "height": PLOT_HEIGHT + max(0, top - 60), "template": "plotly_white",
-              "margin": {"l": 60, "r": 20, "t": max(60, top), "b": 50},
+    top = round(16 + LINE_EM * TITLE_PX * (title.count("<br>") + 1) + LINE_EM * SUBPLOT_TITLE_PX * below + 14)
+    layout = {"title": {"text": title, "y": 1, "yref": "container", "yanchor": "top", "pad": {"t": 16},
+                        "font": {"size": TITLE_PX}},
+              "height": plot_height + max(0, top - 60), "template": "plotly_white",
+              "margin": {"l": MARGIN_L, "r": MARGIN_R, "t": max(60, top), "b": 50},
               "legend": {"orientation": "h", "y": -0.2}}
     fig.update_layout({**layout, **more})
     if rounds:
         _round_axes(fig)
     return fig
+
+
+def _has_colorbar(fig: Any) -> bool:
+    return any(getattr(trace, "coloraxis", None) or trace.type == "heatmap" for trace in fig.data)
 
 
 SEED_BAND_ALPHA = 0.2
@@ -128,13 +187,107 @@ def _seed_band(group: SeedGroup, series: Callable[[RunData], tuple[np.ndarray, n
     ]
 
 
+def _over_rounds(seed_groups: Sequence[SeedGroup], series: Callable[[RunData], tuple[np.ndarray, np.ndarray]]
+                 ) -> bool:
+    """Whether some run or seed group has two or more rounds of ``series`` (the rounds every seed has)."""
+    return any(series_mean(group, series)[0].size >= 2 for group in seed_groups)
+
+
+@dataclass(frozen=True)
+class _Point:
+    """One run's (or seed group's) value at its one round, with its standard error (None: none)."""
+
+    label: str
+    colour: Any
+    round: int
+    value: float
+    se: float | None
+    seeds: str = ""  # each seed's value, for the hover text of a group
+
+
+def _points(seed_groups: Sequence[SeedGroup], series: Callable[[RunData], tuple[np.ndarray, np.ndarray]],
+            scale: float = 1.0, se_series: Callable[[RunData], tuple[np.ndarray, np.ndarray]] | None = None
+            ) -> list[_Point]:
+    """Each group's value at its latest round of ``series`` (used where it has one): a single run's value and
+    its own standard error (``se_series``; None without), a group's mean over its seeds and the SE over them."""
+    out = []
+    for group in seed_groups:
+        rounds, mean, se, _ = series_mean(group, series)
+        if rounds.size == 0:
+            continue
+        if group.n > 1:
+            values = []
+            for run in group.runs:  # each seed's own value at that round, for the hover text
+                theirs, own = series(run)
+                values.append(scale * float(np.asarray(own)[np.asarray(theirs).tolist().index(int(rounds[-1]))]))
+            seeds = "; ".join(f"{v:.4g}" for v in values)
+            out.append(_Point(group.legend, group.colour, int(rounds[-1]), scale * float(mean[-1]),
+                              scale * float(se[-1]) if se is not None else None,
+                              f"seeds {', '.join(str(s) for s in group.seeds)}: {seeds}"))
+            continue
+        (run,) = group.runs
+        own = None
+        if se_series is not None:
+            se_rounds, errors = se_series(run)
+            where = list(np.asarray(se_rounds).tolist())
+            if int(rounds[-1]) in where and np.isfinite(errors[where.index(int(rounds[-1]))]):
+                own = scale * float(errors[where.index(int(rounds[-1]))])
+        out.append(_Point(run.label, run.color, int(rounds[-1]), scale * float(mean[-1]), own))
+    return out
+
+
+CATEGORY_CHARS = 18  # a run's name under its dot or bars is wrapped to lines of this many characters
+CATEGORY_AXIS = {"type": "category", "tickangle": 0, "title": {"text": ""}}
+
+
+def _at_round_x(points: Sequence[_Point]) -> tuple[list[str], str]:
+    """The categories of a chart by run (each run's label, wrapped, with its round where the runs' rounds
+    differ) and what its title says of the rounds ('at round 3')."""
+    rounds = sorted({p.round for p in points})
+    if len(rounds) == 1:
+        return [wrap_title(html.escape(p.label), CATEGORY_CHARS) for p in points], f"at round {rounds[0]}"
+    return ([f"{wrap_title(html.escape(p.label), CATEGORY_CHARS)}<br>round {p.round}" for p in points],
+            "each at its analysed round")
+
+
+def _at_round(points: Sequence[_Point], *, symbol: str = "circle", shown: set[str] | None = None) -> list[Any]:
+    """A chart by run of values at one round each: a dot per run in its colour, its standard error as an error
+    bar; one legend entry per run (``shown``: the labels already in the legend, updated)."""
+    import plotly.graph_objects as go
+
+    shown = shown if shown is not None else set()
+    xs, _ = _at_round_x(points)
+    traces = []
+    for x, p in zip(xs, points):
+        error = {"type": "data", "array": [p.se], "visible": True} if p.se is not None else None
+        hover = f"{html.escape(p.label)}, round {p.round}: %{{y:.4g}}"
+        hover += f" ± {p.se:.2g} (SE)" if p.se is not None else ""
+        hover += f"<br>{html.escape(p.seeds)}" if p.seeds else ""
+        traces.append(go.Scatter(x=[x], y=[p.value], mode="markers", name=p.label, legendgroup=p.label,
+                                 showlegend=p.label not in shown, error_y=error,
+                                 marker={"color": to_hex(p.colour), "symbol": symbol, "size": 10},
+                                 hovertemplate=hover + "<extra></extra>"))
+        shown.add(p.label)
+    return traces
+
+
 def curve_figure(runs: Sequence[RunData], key: str) -> Any:
-    """A metrics.jsonl key over rounds (test accuracy in %), one line per run or per seed group."""
+    """A metrics.jsonl key over rounds (test accuracy in %), one line per run or per seed group; where no run
+    logs it at two rounds, a dot per run at its round."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     scale = 100.0 if key == "test_acc" else 1.0
     seed_groups = groups(runs)
+    ylabel = "test accuracy (%)" if key == "test_acc" else _plain(METRIC_LABELS.get(key, key))
+    name = ylabel.split(" (")[0]
+    name = f"{name[:1].upper()}{name[1:]}"
+    if not _over_rounds(seed_groups, lambda run: run.series(key)):
+        points = _points(seed_groups, lambda run: run.series(key), scale)
+        fig.add_traces(_at_round(points))
+        _, at = _at_round_x(points)
+        return _layout(fig, _seed_note(f"{name} {at}", seed_groups, "mean over seeds, bar: ± standard error"),
+                       rounds=False, xaxis=CATEGORY_AXIS, yaxis_title=ylabel)
     for group in seed_groups:
         if group.n > 1:
             fig.add_traces(_seed_band(group, lambda run: run.series(key), name=group.legend,
@@ -144,10 +297,7 @@ def curve_figure(runs: Sequence[RunData], key: str) -> Any:
         rounds, values = run.series(key)
         fig.add_trace(go.Scatter(x=rounds, y=scale * values, mode="lines+markers", name=run.label,
                                  line={"color": to_hex(run.color)}, marker={"size": 4}))
-    ylabel = "test accuracy (%)" if key == "test_acc" else _plain(METRIC_LABELS.get(key, key))
-    name = ylabel.split(" (")[0]
-    return _layout(fig, _seed_note(f"{name[:1].upper()}{name[1:]} over rounds", seed_groups),
-                   xaxis_title="round", yaxis_title=ylabel)
+    return _layout(fig, _seed_note(f"{name} over rounds", seed_groups), xaxis_title="round", yaxis_title=ylabel)
 
 
 def _plain(label: str) -> str:
@@ -163,45 +313,55 @@ def _plain(label: str) -> str:
     return label.replace("$", "")
 
 
-def _titled(title: str, settings: str) -> str:
-    """A plot title with the settings it shows (``labels.settings_caption``) on a second line."""
-    return with_settings(title, html.escape(settings), "<br>", matplotlib=False)
-
-
 def sharpness_figure(runs: Sequence[RunData], rho: float | None) -> Any:
-    """S_rho(x^t) (at ``rho``) and lambda_1(x^t) at the analysed rounds, side by side."""
+    """S_rho(x^t) (at ``rho``) and lambda_1(x^t) at the analysed rounds, side by side: each panel over rounds
+    where some run has two analysed rounds of it, else a dot per run at its round."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     with_s = [run for run in runs if run.analysed_rounds("sharpness")] if rho is not None else []
     with_l = [run for run in runs if run.analysed_rounds("hessian")]
-    titles = (_titled(f"S<sub>ρ</sub>(x<sup>t</sup>), ρ = {rho:g}", settings_caption(with_s, "sharpness"))
-              if rho is not None else "S<sub>ρ</sub>(x<sup>t</sup>): the runs share no ρ",
-              _titled("λ<sub>1</sub>(x<sup>t</sup>)", settings_caption(with_l, "hessian")))
-    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.1)
+    panels = ((1, with_s, lambda run: global_sharpness_series(run, rho), "circle",
+               f"S<sub>ρ</sub>(x<sup>t</sup>), ρ = {rho:g}" if rho is not None
+               else "S<sub>ρ</sub>(x<sup>t</sup>): the runs share no ρ"),
+              (2, with_l, lambda_max_series, "square", "λ<sub>1</sub>(x<sup>t</sup>)"))
+    over = {col: _over_rounds(groups(group), series) for col, group, series, _, _ in panels}
+    at_round = {col: _points(groups(group), series) for col, group, series, _, _ in panels if not over[col]}
+    titles = [f"{title}, {_at_round_x(at_round[col])[1]}" if at_round.get(col) else title
+              for col, *_, title in panels]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.16)
     sharp = {id(run) for run in with_s}
     seed_groups = []
-    for col, group, series, symbol in ((1, with_s, lambda run: global_sharpness_series(run, rho), "circle"),
-                                       (2, with_l, lambda_max_series, "square")):
+    shown: set[str] = set()
+    for col, group, series, symbol, _ in panels:
+        if not over[col]:  # one round each: a dot per run
+            seed_groups.extend(groups(group))
+            fig.add_traces(_at_round(at_round[col], symbol=symbol, shown=shown), rows=1, cols=col)
+            if at_round[col]:
+                fig.update_xaxes(CATEGORY_AXIS, row=1, col=col)
+            continue
+        fig.update_xaxes(title_text="round", row=1, col=col)
         for seeds in groups(group):
             seed_groups.append(seeds)
             if seeds.n > 1:  # one legend entry per group: in the first panel that draws it
                 first = col == 1 or not any(id(run) in sharp for run in seeds.runs)
                 fig.add_traces(_seed_band(seeds, series, name=seeds.legend, colour=seeds.colour,
-                                          showlegend=first, marker={"symbol": symbol, "size": 7}),
+                                          showlegend=first and seeds.legend not in shown,
+                                          marker={"symbol": symbol, "size": 7}),
                                rows=1, cols=col)
+                shown.add(seeds.legend)
                 continue
             (run,) = seeds.runs
             rounds, values = series(run)
             fig.add_trace(go.Scatter(x=rounds, y=values, mode="lines+markers", name=run.label,
-                                     legendgroup=run.label, showlegend=run not in with_s or col == 1,
+                                     legendgroup=run.label, showlegend=run.label not in shown,
                                      line={"color": to_hex(run.color)}, marker={"symbol": symbol, "size": 7}),
                           row=1, col=col)
-    fig.update_xaxes(title_text="round")
+            shown.add(run.label)
     fig.update_yaxes(title_text="S<sub>ρ</sub>: F(x + e*) − F(x), ‖e*‖ ≤ ρ", row=1, col=1)
     fig.update_yaxes(title_text="λ<sub>1</sub>(∇²F)", row=1, col=2)
-    return _layout(fig, _seed_note("Global sharpness at the analysed rounds", seed_groups,
-                                   "mean over seeds, band or bar: ± standard error"))
+    title = "Global sharpness at the analysed rounds" if any(over.values()) else "Global sharpness"
+    return _layout(fig, _seed_note(title, seed_groups, "mean over seeds, band or bar: ± standard error"))
 
 
 def density_figure(runs: Sequence[RunData]) -> Any:
@@ -228,9 +388,8 @@ def density_figure(runs: Sequence[RunData]) -> Any:
         fig.add_trace(go.Scatter(x=s.grid, y=np.maximum(s.density, floor), mode="lines",
                                  name=f"{s.run.label} (round {s.round})",
                                  line={"color": to_hex(s.run.color)}))
-    title = _titled(_seed_note("Hessian spectral density (SLQ), latest analysed round", seed_groups,
-                               "one thin line per seed"),
-                    settings_caption([s.run for s in summaries], "hessian"))
+    title = _seed_note("Hessian spectral density (SLQ), latest analysed round", seed_groups,
+                       "one thin line per seed")
     return _layout(fig, title, rounds=False,
                    xaxis_title="eigenvalue λ",
                    yaxis={"type": "log", "exponentformat": "power", "title": {"text": "density (log scale)"}})
@@ -240,45 +399,108 @@ _FI_PARTS = [("incompatibility", "incompatibility_se", "Δ<sub>FI</sub>", "black
              ("heterogeneity", None, "heterogeneity", "#1f77b4", "solid"),
              ("batch_part", "batch_part_se", "batch part", "#ff7f0e", "solid"),
              ("cross", "cross_se", "2 × cross", "#2ca02c", "dash")]
+_FI_TITLE = "Flatness incompatibility Δ<sub>FI</sub> = heterogeneity + batch part + 2 × cross"
+
+
+def _fi_bars(seed_groups: Sequence[SeedGroup], by_run: dict[int, dict[str, np.ndarray]]) -> tuple[list[Any], str]:
+    """Delta_FI and its parts as grouped bars by run, each run at its one analysed round (a group: the means
+    over its seeds, the SE over them as error bars; a run: its Monte-Carlo SE), and the x-axis title."""
+    import plotly.graph_objects as go
+
+    traces, at = [], ""
+    for key, se_key, name, color, dash in _FI_PARTS:
+        def part(run: RunData, k: str = key) -> tuple[np.ndarray, np.ndarray]:
+            return by_run[id(run)]["rounds"], by_run[id(run)][k]
+
+        def error(run: RunData, k: str | None = se_key) -> tuple[np.ndarray, np.ndarray]:
+            return by_run[id(run)]["rounds"], by_run[id(run)][k]
+
+        points = _points(seed_groups, part, se_series=error if se_key else None)
+        xs, at = _at_round_x(points)
+        errors = [p.se if p.se is not None else 0.0 for p in points]
+        traces.append(go.Bar(x=xs, y=[p.value for p in points], name=name, legendgroup=name,
+                             marker={"color": color, **({"pattern": {"shape": "/"}} if dash == "dash" else {})},
+                             error_y={"type": "data", "array": errors, "visible": any(errors)},
+                             customdata=[[p.round, p.se if p.se is not None else float("nan")] for p in points],
+                             hovertemplate=(f"{name}, round %{{customdata[0]}}: %{{y:.4g}} ± %{{customdata[1]:.2g}}"
+                                            "<extra>%{x}</extra>")))
+    return traces, at
 
 
 def incompatibility_figure(runs: Sequence[RunData]) -> Any:
-    """Delta_FI and its parts over the analysed rounds, one panel per run or seed group."""
+    """Delta_FI and its parts over the analysed rounds, one panel per run or seed group with two or more
+    analysed rounds; the runs analysed at one round as grouped bars by run in a panel of their own (the only
+    panel where no run has two)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     seed_groups = groups([run for run in runs if run.analysed_rounds("incompatibility")])
-    titles = [_titled(g.legend, g.runs[0].shown("incompatibility")) for g in seed_groups]
-    fig = make_subplots(rows=1, cols=len(seed_groups), shared_yaxes=True, subplot_titles=titles,
-                        horizontal_spacing=0.04)
-    for col, group in enumerate(seed_groups, start=1):
-        if group.n > 1:  # each part's mean over the seeds, in the part's colour, with a +-SE band
-            by_run = {id(run): incompatibility_series(run) for run in group.runs}
-            for key, _, name, color, dash in _FI_PARTS:
-                fig.add_traces(_seed_band(group, lambda run, k=key, d=by_run: (d[id(run)]["rounds"],
-                                                                               d[id(run)][k]),
-                                          name=name, colour=color, showlegend=col == 1, dash=dash),
-                               rows=1, cols=col)
-            continue
-        (run,) = group.runs
-        data = incompatibility_series(run)
-        for key, se_key, name, color, dash in _FI_PARTS:
-            error = {"type": "data", "array": data[se_key], "visible": True} if se_key else None
-            fig.add_trace(go.Scatter(x=data["rounds"], y=data[key], error_y=error, mode="lines+markers",
-                                     name=name, legendgroup=name, showlegend=col == 1,
-                                     line={"color": color, "dash": dash}),
-                          row=1, col=col)
-    fig.update_xaxes(title_text="round")
-    fig.update_yaxes(title_text="squared perturbation distance", row=1, col=1)
+    by_run = {id(run): incompatibility_series(run) for group in seed_groups for run in group.runs}
+
+    def total(run: RunData) -> tuple[np.ndarray, np.ndarray]:
+        return by_run[id(run)]["rounds"], by_run[id(run)]["incompatibility"]
+
+    over = [group for group in seed_groups if _over_rounds([group], total)]
+    single = [group for group in seed_groups if group not in over]
     several = [g.n > 1 for g in seed_groups]
     bars = ("error bars: Monte-Carlo SE; bands: ± SE over seeds" if any(several) and not all(several)
             else "mean over seeds, bands: ± SE over seeds" if any(several) else "error bars: Monte-Carlo SE")
-    return _layout(fig, "Flatness incompatibility Δ<sub>FI</sub> = heterogeneity + batch part + 2 × cross"
-                        f"<br>({bars})")
+    if not over:
+        traces, at = _fi_bars(single, by_run)
+        return _layout(go.Figure(traces), f"{_FI_TITLE}, {at}<br>({bars.replace('bands', 'bars')})", rounds=False,
+                       barmode="group", xaxis=CATEGORY_AXIS, yaxis_title="squared perturbation distance")
+    single_bars = _fi_bars(single, by_run) if single else None
+    titles = [g.legend for g in over] + ([f"the runs of one analysed round, {single_bars[1]}"] if single_bars else [])
+    rows, cols, height, gap = _grid(len(titles), PLOT_HEIGHT - 130)
+    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=titles, horizontal_spacing=0.05,
+                        vertical_spacing=gap)
+    for k, group in enumerate(over):
+        row, col = k // cols + 1, k % cols + 1
+        fig.update_xaxes(title_text="round", row=row, col=col)
+        if group.n > 1:  # each part's mean over the seeds, in the part's colour, with a +-SE band
+            for key, _, name, color, dash in _FI_PARTS:
+                fig.add_traces(_seed_band(group, lambda run, k=key, d=by_run: (d[id(run)]["rounds"],
+                                                                               d[id(run)][k]),
+                                          name=name, colour=color, showlegend=k == 0, dash=dash),
+                               rows=row, cols=col)
+            continue
+        (run,) = group.runs
+        data = by_run[id(run)]
+        for key, se_key, name, color, dash in _FI_PARTS:
+            error = {"type": "data", "array": data[se_key], "visible": True} if se_key else None
+            fig.add_trace(go.Scatter(x=data["rounds"], y=data[key], error_y=error, mode="lines+markers",
+                                     name=name, legendgroup=name, showlegend=k == 0,
+                                     line={"color": color, "dash": dash}),
+                          row=row, col=col)
+    if single_bars:
+        traces, _ = single_bars
+        for trace in traces:
+            trace.showlegend = False  # the lines' legend entries name the parts
+        row, col = (len(titles) - 1) // cols + 1, (len(titles) - 1) % cols + 1
+        fig.add_traces(traces, rows=row, cols=col)
+        fig.update_xaxes(CATEGORY_AXIS, row=row, col=col)
+        fig.update_layout(barmode="group")
+    for row in range(1, rows + 1):
+        fig.update_yaxes(title_text="squared perturbation distance", row=row, col=1)
+    return _layout(fig, f"{_FI_TITLE}<br>({bars})", plot_height=height + 130)
+
+
+PANEL_COLUMNS = 3  # panels of one run each side by side at most; more go on further rows
+ROW_GAP_PX = 140  # between rows of panels: the next row's titles (up to 5 lines) and this row's axis titles
+
+
+def _grid(panels: int, row_px: int) -> tuple[int, int, int, float]:
+    """(rows, columns, height of the rows in px, vertical spacing) of ``panels`` panels of ``row_px`` each, at
+    most ``PANEL_COLUMNS`` side by side: at a 900 px window a panel keeps room for its title."""
+    cols = max(1, min(panels, PANEL_COLUMNS))
+    rows = -(-panels // cols)
+    height = rows * row_px + (rows - 1) * ROW_GAP_PX
+    return rows, cols, height, ROW_GAP_PX / height if rows > 1 else 0.0
 
 
 def cosine_figure(runs: Sequence[RunData]) -> Any:
-    """Client x client gradient-cosine heatmaps on one colour scale, -1 to 1."""
+    """Client x client gradient-cosine heatmaps on one colour scale, -1 to 1: up to ``PANEL_COLUMNS`` side by
+    side, further runs on further rows."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -294,10 +516,8 @@ def cosine_figure(runs: Sequence[RunData]) -> Any:
                      for j in range(mean.matrix.shape[1])]
                     for i in range(mean.matrix.shape[0])]
             ids = [str(c) for c in members[0].clients]
-            panels.append((_titled(f"{group.label}, {rounds_text(mean.rounds)}, mean of n={mean.n} seeds"
-                                   f"<br>mean off-diagonal {mean.off_diagonal:.3f} "
-                                   f"± {mean.off_diagonal_se:.2g}",
-                                   group.runs[0].shown("alignment")),
+            panels.append((f"{group.label}, {rounds_text(mean.rounds)}, mean of n={mean.n} seeds"
+                           f"<br>mean off-diagonal {mean.off_diagonal:.3f} ± {mean.off_diagonal_se:.2g}",
                            go.Heatmap(z=mean.matrix, x=ids, y=ids, text=text, coloraxis="coloraxis",
                                       hovertemplate="client i=%{y}, j=%{x}: mean cos=%{z:.3f} %{text}"
                                                     "<extra></extra>")))
@@ -306,23 +526,26 @@ def cosine_figure(runs: Sequence[RunData]) -> Any:
         for m, seed in zip(members, group.seeds):
             ids = [str(c) for c in m.clients]
             label = m.run.label if group.n == 1 else f"{m.run.label}, seed {seed}"
-            panels.append((_titled(f"{label}, round {m.round}<br>mean off-diagonal {m.mean_off_diagonal:.3f}",
-                                   m.run.shown("alignment")),
+            panels.append((f"{label}, round {m.round}<br>mean off-diagonal {m.mean_off_diagonal:.3f}",
                            go.Heatmap(z=m.matrix, x=ids, y=ids, coloraxis="coloraxis",
                                       hovertemplate="client i=%{y}, j=%{x}: cos=%{z:.3f}<extra></extra>")))
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[title for title, _ in panels],
-                        horizontal_spacing=0.06)
-    for col, (_, heatmap) in enumerate(panels, start=1):
-        fig.add_trace(heatmap, row=1, col=col)
+    rows, cols, height, gap = _grid(len(panels), 340)  # heatmaps are square: as wide as they are tall
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[title for title, _ in panels],
+                        horizontal_spacing=0.08, vertical_spacing=gap)
+    for k, (_, heatmap) in enumerate(panels):
+        row, col = k // cols + 1, k % cols + 1
+        fig.add_trace(heatmap, row=row, col=col)
         fig.update_xaxes(type="category", title_text="client j", tickangle=0, tickfont={"size": 9},
-                         row=1, col=col)
+                         row=row, col=col)
         fig.update_yaxes(type="category", autorange="reversed", title_text="client i" if col == 1 else None,
-                         scaleanchor="x" if col == 1 else f"x{col}", row=1, col=col)
+                         scaleanchor=f"x{k + 1 if k else ''}", constrain="domain", constraintoward="top",
+                         row=row, col=col)  # square cells, right under the panel's title
     fig.update_layout(coloraxis={"colorscale": "RdBu_r", "cmin": -1.0, "cmax": 1.0,
-                                 "colorbar": {"title": {"text": "cos(∇F<sub>i</sub>, ∇F<sub>j</sub>)"}}})
+                                 "colorbar": {"title": {"text": "cos(∇F<sub>i</sub>, ∇F<sub>j</sub>)"},
+                                              "lenmode": "pixels", "len": 240, "y": 1, "yanchor": "top"}})
     fig.update_yaxes(tickfont={"size": 9})
     return _layout(fig, "Client gradient alignment (one colour scale, −1 to 1)", rounds=False,
-                   height=PLOT_HEIGHT + 80)
+                   plot_height=height + 80)
 
 
 def line_surface_figure(path: Path, title: str, color: str) -> Any:

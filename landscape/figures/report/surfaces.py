@@ -1,4 +1,5 @@
-"""The report's loss-surface section: every surface of every run, titled with what it is and its settings.
+"""The report's loss-surface section: every surface of every run, titled with what it is (the run, the round and
+the plane), its caption saying what it shows and its settings in the line below it (never in its title).
 
 2D surfaces are 3D plotly plots (``landscape.figures.surface.draw.surface_figure``); those of one quantity (e.g.
 training loss (global F)) share one colour scale and z range (``surfaces.value_range``), so that runs compare
@@ -37,13 +38,15 @@ def surface_renderer() -> Callable[..., Any] | None:
     return renderer if callable(renderer) else None
 
 
-def _surface_kind(path: Path) -> list[str]:
+def _surface_kind(path: Path) -> tuple[str, str]:
     """What the surface is ('random plane ...', 'PCA plane of the trajectory', 'plane of two client models' or
-    'line to <target>', from the record beside the NPZ) and, where they are not the defaults, its settings."""
+    'line to <target>', from the record beside the NPZ; 'loss surface' without one) and, where they are not the
+    defaults, its settings ('' where they are): the settings go below the plot, never into its title."""
     try:
-        meta = json.loads(path.with_suffix(".json").read_text()).get("result", {})
+        record = json.loads(path.with_suffix(".json").read_text())
+        meta = record.get("result", {})
     except (OSError, ValueError, AttributeError):
-        return [path.name]
+        return "loss surface", ""
     kind = meta.get("directions") if isinstance(meta, dict) else None
     from landscape.figures.surface.data import normalization_of
 
@@ -55,13 +58,12 @@ def _surface_kind(path: Path) -> list[str]:
                   }.get(normalization_of(meta) or "filter", random)
     names = {"random": random, "pca": "PCA plane of the trajectory", "clients": "plane of two client models"}
     text = (f"line to {meta.get('target', 'the target')}" if kind == "interpolate"
-            else names.get(kind, path.name))
+            else names.get(kind, "loss surface"))
     try:
-        record = json.loads(path.with_suffix(".json").read_text())
         settings = RESULT_NAMES.settings_label("surface", record.get("settings"))
-    except (OSError, ValueError, AttributeError):
-        return [text]
-    return [text] if settings == "the defaults" else [text, settings]
+    except (ValueError, AttributeError):
+        return text, ""
+    return text, "" if settings == "the defaults" else settings
 
 
 def _surface_scales(paths: Sequence[Path]) -> tuple[dict[Path, str], dict[str, tuple[float, float]]]:
@@ -143,9 +145,9 @@ class _Scales:
     counts: dict[str, int]
 
 
-def _figure(run: RunData, path: Path, title: str, shared: _Scales) -> tuple[Any, str] | str:
-    """(figure, caption) of one surface file; the note to show instead where it cannot be drawn."""
-    caption = f"from {path}"
+def _figure(run: RunData, r: int, path: Path, title: str, kind: str, shared: _Scales) -> tuple[Any, str] | str:
+    """(figure, caption) of one surface file, the caption saying what it shows; the note to show instead where
+    it cannot be drawn."""
     try:
         with np.load(path, allow_pickle=False) as f:
             is_2d = "y_coords" in f.files
@@ -153,12 +155,17 @@ def _figure(run: RunData, path: Path, title: str, shared: _Scales) -> tuple[Any,
             return (f"{path}: no surface renderer available (landscape.figures.surface.draw.surface_figure); "
                     "the surface is left out")
         if not is_2d:
+            along = (f"along the {kind}, from its round-{r} model" if kind.startswith("line")
+                     else f"along one direction through its round-{r} model")
             return (line_surface_figure(path, title.replace("\n", "<br>"), to_hex(run.color)),
-                    caption + "; a 1D line, drawn as a curve on its own axis (not on the surfaces' colour scale)")
+                    f"Loss of {run.label} {along}; a 1D line, drawn as a curve on its own axis (not on the "
+                    "surfaces' colour scale)")
         label = shared.quantity.get(path, "")
         fig = shared.renderer([path], [title], limits=shared.scales.get(label))
     except (LandscapeError, OSError, ValueError, KeyError) as e:
         return f"{path}: cannot draw this surface ({e})"
+    caption = f"{(label or 'loss')[:1].upper()}{(label or 'loss')[1:]} of {run.label} over the {kind}, centred on its " \
+              f"round-{r} model (the marker)"
     if label and shared.counts[label] == 1 and len(shared.scales) > 1:
         caption += f"; on its own scale: the only surface of {label}"
     elif label:
@@ -179,15 +186,16 @@ def surfaces_section(runs: Sequence[RunData], page: Page) -> Markup:
                      {label: list(quantity.values()).count(label) for label in scales})
     items: list[tuple[str | None, Markup]] = []
     for run, r, path in files:
-        # the heading on one line; the plot's title a line each for the run, the plane and its settings
-        parts_of = [f"{run.label}, round {r}", *_surface_kind(path)]
-        title = ", ".join(parts_of)
-        drawn = _figure(run, path, "\n".join(parts_of), shared)
+        # the heading and the plot's title: the run, the round and the plane (a line each in the title); the
+        # settings in the line below the plot
+        kind, settings = _surface_kind(path)
+        head = f"{run.label}, round {r}"
+        drawn = _figure(run, r, path, f"{head}\n{kind}", kind, shared)
         if isinstance(drawn, str):
             items.append((None, note(drawn)))
             continue
         # The plot is named by the output (surface, surface-pca, ...), not by the settings part of the file
         # name.
         name = f"surface-{run.name}-round-{r}-{path.stem.partition('@')[0]}"
-        items.append((title, page.plot(name, *drawn)))
+        items.append((f"{head}, {kind}", page.plot(name, *drawn, f"Settings: {settings}" if settings else "")))
     return parts().surfaces_section(_scales_text(scales, shared.counts), _random_planes_line(files), items)
