@@ -32,7 +32,8 @@ class PlotSpec:
 
 def render(plot: PlotSpec, runs: list[RunData], out_dir: Path, surface: str = "surface",
            pages: dict[str, Path] | None = None) -> list[Path]:
-    """Draw one plot: ``<file>.png`` and ``<file>.pdf`` (+ ``<file>.html`` for the kinds with an interactive
+    """Draw one plot: ``<file>.png``, ``<file>.pdf`` and its caption ``<file>.caption.txt`` (the runs, rounds
+    and settings it shows; ``surfaces.save_figures``) (+ ``<file>.html`` for the kinds with an interactive
     renderer, the surface kinds, which draw the surfaces named ``surface``). ``pages``: the interactive pages
     already written for the figure, by their content; a plot whose page would be one of them (the contour and
     the 3D kinds of the same surfaces show the same interactive view) writes none and names that one."""
@@ -41,7 +42,7 @@ def render(plot: PlotSpec, runs: list[RunData], out_dir: Path, surface: str = "s
     heading = plot.title
     if heading:
         fig.suptitle(heading, fontsize="large")
-    written = [surfaces.save_figure(fig, out_dir / f"{plot.file}{suffix}") for suffix in (".png", ".pdf")]
+    written = surfaces.save_figures(fig, out_dir / plot.file)
     if kind.interactive is not None:
         html = kind.interactive(runs, plot.options, surface)
         if heading:
