@@ -245,8 +245,7 @@ def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
     ticks = [tick(g, members) for g, members in grouped]
     shown_clients = any(s.client_lambda_max.size for s in summaries)
     shift, width = BAR_BESIDE_DOTS if shown_clients else (0.0, 0.8)
-    dots = _seed_bars(ax_max, [(g, [s.values[0] for s in members]) for g, members in grouped], shift=shift,
-                      width=width)
+    _seed_bars(ax_max, [(g, [s.values[0] for s in members]) for g, members in grouped], shift=shift, width=width)
     _client_dots(ax_max, grouped)
     ax_max.set_title(r"(a) $\lambda_{max}(\nabla^2 F)$ (lower: flatter)"
                      + ("\n" + r"bars; dots: the clients' local $\lambda_{max}$" if shown_clients else ""))

@@ -32,6 +32,7 @@ from matplotlib.ticker import MaxNLocator
 
 from landscape.core.errors import LandscapeError
 from landscape.figures.labels import caption_of, caption_path, set_caption, wrap_title
+from landscape.figures.style import outside_legend
 from landscape.figures.surface.data import (
     SurfaceData,
     _as_surface,
@@ -49,7 +50,6 @@ from landscape.figures.surface.scale import (
     set_ticks,
     tick_formatter,
 )
-from landscape.figures.style import outside_legend
 from landscape.store.fileio import atomic_write, write_text
 
 CMAP = "viridis"
