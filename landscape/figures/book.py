@@ -40,8 +40,9 @@ def render(plot: PlotSpec, runs: list[RunData], out_dir: Path, surface: str = "s
     kind = PLOT_KINDS.get(plot.kind)
     fig = kind.factory(runs, plot.options, surface)
     heading = plot.title
-    if heading:
-        fig.suptitle(heading, fontsize="large")
+    if heading:  # above what the figure says there itself (the Hessian's round, the surfaces' planes)
+        below = fig.get_suptitle()
+        fig.suptitle(heading + (f"\n{below}" if below else ""), fontsize="large")
     written = surfaces.save_figures(fig, out_dir / plot.file)
     if kind.interactive is not None:
         html = kind.interactive(runs, plot.options, surface)

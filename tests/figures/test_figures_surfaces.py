@@ -227,7 +227,7 @@ def test_side_by_side_planes_say_whether_they_are_one_plane_and_print_each_weigh
     assert "per-model filter-normalised" in planes.text and "||x||: FedSAM = 10, FedNSAM = 16.6" in planes.text
     fig, _ = __import__("landscape.figures.surface.draw", fromlist=["panels_figure"]).panels_figure(
         per_model, ["FedSAM", "FedNSAM"])
-    assert "per-model filter-normalised" in fig.get_supxlabel()
+    assert fig.get_suptitle() == planes.planes and planes.text.startswith(planes.planes + "; ||x||: ")
     assert [ax.get_title() for ax in fig.axes[:2]] == ["FedSAM\n||x|| = 10", "FedNSAM\n||x|| = 16.6"]
     html = surface_figure(per_model, ["FedSAM", "FedNSAM"])
     assert any("per-model filter-normalised" in a.text for a in html.layout.annotations)
@@ -363,6 +363,10 @@ def test_contour_legends_sit_below_the_maps_and_the_caption_is_written_beside(tm
         assert [t.get_text() for t in legend.get_texts()] == ["x (round 10)"]
         box = legend.get_window_extent(renderer)
         assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+        # nor over the figure's own lines (the planes' warning of these per-model planes)
+        texts = [t for t in (fig._suptitle, fig._supxlabel) if t is not None and t.get_text()]
+        assert not any(box.overlaps(t.get_window_extent(renderer)) for t in texts)
+    assert "per-model filter-normalised planes" in fig.get_suptitle()
     written = save_figures(fig, tmp_path / "maps")
     assert [p.name for p in written] == ["maps.png", "maps.pdf", "maps.caption.txt"]
     caption = (tmp_path / "maps.caption.txt").read_text()

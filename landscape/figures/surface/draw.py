@@ -270,9 +270,10 @@ def panels_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[
     if kind == "contour":
         outside_legend(fig, axes, fontsize=8)  # the centre and the overlays below the maps, never over them
     if planes is not None and not planes.comparable:
-        # panels whose axes are not one distance say so on the figure: above 3D panels (their axis labels
-        # reach below the boxes, where the layout does not see them), under contour maps
-        (fig.suptitle if kind == "3d" else fig.supxlabel)(planes.text, fontsize=8, wrap=True)
+        # panels whose axes are not one distance say so on the figure, above them (under 3D panels their axis
+        # labels reach below the boxes, where the layout does not see them; under contour maps is the legend),
+        # the weight norms under each title; the caption has the whole line
+        fig.suptitle(planes.planes, fontsize=8, wrap=True)
     set_caption(fig, _surface_caption(surfaces, quantity, planes.text if planes is not None else ""))
     return fig, panels
 
