@@ -162,8 +162,8 @@ def flatness_and_sharpness_figure(runs: RunsLike, *, rho: float | None = None) -
     ax_l.set_ylabel(r"$\lambda_1(\nabla^2 F)$")
     outside_legend(fig, [ax_d, ax_s, ax_l], ncols=4, fontsize="medium")
     what = (f"FedNSAM Fig. 2: (a) the flatness distance Delta_D = mean_i ||y_i,K - y_bar||^2 that training logs "
-            f"every round; (b) the global sharpness S_rho(x^t) = max_(||e|| <= rho) F(x + e) - F(x), rho = {rho:g} "
-            "(sharpness pass); (c) the top Hessian eigenvalue lambda_1(x^t) of the global loss (hessian pass)")
+            f"every round; (b) the global sharpness S_rho(x^t), the largest rise of F within radius rho = {rho:g} "
+            "of x^t (sharpness pass); (c) the top Hessian eigenvalue lambda_1(x^t) of the global loss (hessian pass)")
     return set_caption(fig, figure_caption(what, runs, [f"(a) {span_d}", f"(b) {span_s}", f"(c) {span_l}"],
                                            outputs=["sharpness", "hessian"], notes=[seed_note(seed_groups)]))
 
