@@ -118,6 +118,8 @@ def test_every_figure_recipe_renders(path, tmp_path):
     for plot in fig.plots:
         for suffix in (".png", ".pdf"):
             assert (tmp_path / f"{plot.file}{suffix}").stat().st_size > 5000, plot.file
+        caption = (tmp_path / f"{plot.file}.caption.txt").read_text()  # what the plain titles leave out
+        assert all(f"({r.id}" in caption for r in fig.runs if plot.runs is None or r.id in plot.runs), caption
         html = tmp_path / f"{plot.file}.html"
         # one interactive page per view: the contour and 3D plots of the same surfaces share the first one's
         assert html.is_file() == (plot is next((p for p in fig.plots if p.kind in ("surfaces", "surfaces-3d")),
