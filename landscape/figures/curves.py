@@ -18,8 +18,14 @@ one run id) are one group with one colour and label. Curves over rounds draw the
 (error bars at a single round) and "(n=3)" in the legend; the Hessian bars are means with SE error bars and
 each seed as a hollow dot; spectral densities draw every seed as a thin line of the group's colour; alignment
 heatmaps show the mean cosine matrix (n in the title); incompatibility curves the mean +- SE over seeds. A
-single seed is drawn as before. A curve analysed at one round only is drawn as points on an axis with that
-round alone.
+single seed is drawn as before.
+
+Paper-ready. Titles are short and plain: the runs, the rounds, how seeds are aggregated and the settings the
+results were read with are the figure's caption (``labels.figure_caption``), which ``save_figure`` writes beside
+the image as ``<file>.caption.txt``. Legends sit below the axes (``style.outside_legend``), never over the data.
+A panel over rounds is drawn over rounds only where some run has two rounds or more of it: with one round each,
+it is drawn by run (a bar per seed group at its round, "at round R" in the title; the incompatibility figure's
+parts as bars), and the caption says so.
 """
 
 from __future__ import annotations
