@@ -32,16 +32,18 @@ class PlotSpec:
 
 def render(plot: PlotSpec, runs: list[RunData], out_dir: Path, surface: str = "surface",
            pages: dict[str, Path] | None = None) -> list[Path]:
-    """Draw one plot: ``<file>.png`` and ``<file>.pdf`` (+ ``<file>.html`` for the kinds with an interactive
+    """Draw one plot: ``<file>.png``, ``<file>.pdf`` and its caption ``<file>.caption.txt`` (the runs, rounds
+    and settings it shows; ``surfaces.save_figures``) (+ ``<file>.html`` for the kinds with an interactive
     renderer, the surface kinds, which draw the surfaces named ``surface``). ``pages``: the interactive pages
     already written for the figure, by their content; a plot whose page would be one of them (the contour and
     the 3D kinds of the same surfaces show the same interactive view) writes none and names that one."""
     kind = PLOT_KINDS.get(plot.kind)
     fig = kind.factory(runs, plot.options, surface)
     heading = plot.title
-    if heading:
-        fig.suptitle(heading, fontsize="large")
-    written = [surfaces.save_figure(fig, out_dir / f"{plot.file}{suffix}") for suffix in (".png", ".pdf")]
+    if heading:  # above what the figure says there itself (the Hessian's round, the surfaces' planes)
+        below = fig.get_suptitle()
+        fig.suptitle(heading + (f"\n{below}" if below else ""), fontsize="large")
+    written = surfaces.save_figures(fig, out_dir / plot.file)
     if kind.interactive is not None:
         html = kind.interactive(runs, plot.options, surface)
         if heading:

@@ -4,7 +4,8 @@ A table (one row per run) of the quantities the papers compare: final test accur
 trace, S_rho, the flatness distance Delta_D (the flatness pass where it ran, else the value training logged
 at the last round), the flatness incompatibility Delta_FI and the mean client gradient cosine, each at the
 latest round its pass analysed; and the runs' loss surfaces (latest analysed round) side by side on ONE
-colour scale, as contour maps and 3D panels (PNG + PDF) and as interactive 3D (HTML). The table is printed
+colour scale, as contour maps and 3D panels (PNG + PDF, each with its caption file ``<stem>.caption.txt``)
+and as interactive 3D (HTML). The table is printed
 and written as CSV. A run that lacks an analysis shows "-" and the command that computes it is named.
 
 Seeds. Runs that differ only in their recipe's ``seed`` (``landscape.figures.seeds``) are one row: each cell
@@ -30,14 +31,14 @@ weight norms. Where every run with a surface has one of a mode whose directions 
 (``surface.normalization`` = ``euclidean``, one stated length, tried first, or ``filter-reference``, one
 reference model), with the same length or reference for all, those are drawn instead (``comparable_surfaces``);
 otherwise the per-model ones are, and a note names the command that computes comparable ones. A line under
-the table (``Comparison.settings``), the panels' caption and their titles say which, with every model's weight
-norm ||x|| (``landscape.figures.surface.data.compare_planes``). A ``--settings`` filter on ``normalization``
+the table (``Comparison.settings``) and the panels' caption files say which, with every model's weight norm
+||x|| (under each panel's title too; on the figure itself where the planes are not one distance) (``landscape.figures.surface.data.compare_planes``). A ``--settings`` filter on ``normalization``
 (or a figure recipe's exact settings) is followed as given.
 
 Each quantity is read from results of one set of settings (``landscape.store.results.selection``): the defaults
 (training split, BN mode eval, the surface's global data), or those a ``Selection`` asks for (``landscape
-compare --settings split=test``); ``Comparison.settings`` says which, and the surface panels are titled with
-the settings they show where those are not the ones asked for.
+compare --settings split=test``); ``Comparison.settings`` says which, and the surface panels' caption files
+name the settings they show where those are not the ones asked for (their titles stay plain).
 """
 
 from __future__ import annotations
@@ -54,7 +55,14 @@ from typing import Any
 from landscape.analyze.passes import RESULT_NAMES
 from landscape.analyze.registry import Quantity
 from landscape.core.errors import LandscapeError
-from landscape.figures.labels import settings_caption, settings_lines, with_settings
+from landscape.figures.labels import (
+    caption_of,
+    figure_caption,
+    rounds_span,
+    set_caption,
+    settings_caption,
+    settings_lines,
+)
 from landscape.figures.report.data import (
     ComparisonGroup,
     ComparisonRow,
@@ -296,9 +304,7 @@ def _surfaces(runs: list[RunData], out: Path, name: str, quantity: str, missing:
         return [], [], []
     with_surface, mode = comparable_surfaces(with_surface, name)
     sources = [run.pass_record(name).path.with_suffix(".npz") for run in with_surface]
-    titles = [with_settings(f"{run.label}, round {run.analysed_rounds(name)[-1]}", run.shown(name), "\n",
-                            width=45)  # panels side by side: ~45 characters of title each
-              for run in with_surface]
+    titles = [f"{run.label}, round {run.analysed_rounds(name)[-1]}" for run in with_surface]  # settings: caption
     flat = [s for s in sources if not surface_data.load_surface(s).is_2d]
     lines: list[str] = []
     if not flat and len(sources) > 1:
@@ -317,9 +323,13 @@ def _surfaces(runs: list[RunData], out: Path, name: str, quantity: str, missing:
     for kind, stem in (("contour", "surfaces"), ("3d", "surfaces-3d")):
         # contours of the loss on log-spaced levels (as figures/fednsam-fig1-surfaces.toml): linear ones
         # paint every flat basin one dark colour
-        fig, _ = surfaces.panels_figure(sources, titles, kind=kind, quantity=quantity,
-                                        log_levels=kind == "contour" and quantity != "accuracy")
-        written += [surfaces.save_figure(fig, out / f"{stem}{suffix}") for suffix in (".png", ".pdf")]
+        log = kind == "contour" and quantity != "accuracy"
+        fig, _ = surfaces.panels_figure(sources, titles, kind=kind, quantity=quantity, log_levels=log)
+        what = (f"{'3D surfaces' if kind == '3d' else 'Contour maps'} of the {quantity} ({name} pass) of the runs "
+                "side by side on one colour scale" + (", log-spaced levels" if log else ""))
+        rounds = rounds_span(run.analysed_rounds(name)[-1] for run in with_surface)
+        set_caption(fig, figure_caption(what, with_surface, rounds, outputs=[name], notes=[caption_of(fig)]))
+        written += surfaces.save_figures(fig, out / stem)
     html = surfaces.surface_figure(sources, titles, quantity=quantity)
     written.append(out / "surfaces.html")
     write_text(written[-1], html.to_html(include_plotlyjs=True, full_html=True))
@@ -337,8 +347,8 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
             directions: str = "random", selection: Selection | None = None,
             draw_surfaces: bool = True) -> Comparison:
     """Write ``compare.csv`` and, where the runs have surfaces of these ``directions`` (and ``draw_surfaces``:
-    the demo's figure recipe draws its own), ``surfaces.png|pdf`` (contours), ``surfaces-3d.png|pdf`` and
-    ``surfaces.html`` under ``out``; return the table and what was written. ``selection``: the settings whose
+    the demo's figure recipe draws its own), ``surfaces.png|pdf`` (contours), ``surfaces-3d.png|pdf`` (each with its
+    ``.caption.txt``) and ``surfaces.html`` under ``out``; return the table and what was written. ``selection``: the settings whose
     results are read (default: the defaults)."""
     runs = as_runs(runs_in, selection if selection is not None else Selection(RESULT_NAMES))
     if len(runs) < 2:

@@ -18,8 +18,14 @@ one run id) are one group with one colour and label. Curves over rounds draw the
 (error bars at a single round) and "(n=3)" in the legend; the Hessian bars are means with SE error bars and
 each seed as a hollow dot; spectral densities draw every seed as a thin line of the group's colour; alignment
 heatmaps show the mean cosine matrix (n in the title); incompatibility curves the mean +- SE over seeds. A
-single seed is drawn as before. A curve analysed at one round only is drawn as points on an axis with that
-round alone.
+single seed is drawn as before.
+
+Paper-ready. Titles are short and plain: the runs, the rounds, how seeds are aggregated and the settings the
+results were read with are the figure's caption (``labels.figure_caption``), which ``save_figure`` writes beside
+the image as ``<file>.caption.txt``. Legends sit below the axes (``style.outside_legend``), never over the data.
+A panel over rounds is drawn over rounds only where some run has two rounds or more of it: with one round each,
+it is drawn by run (a bar per seed group at its round, "at round R" in the title; the incompatibility figure's
+parts as bars), and the caption says so.
 """
 
 from __future__ import annotations
@@ -46,17 +52,46 @@ from landscape.figures.extract import (
     incompatibility_series,
     lambda_max_series,
 )
-from landscape.figures.labels import METRIC_LABELS, settings_caption, with_settings
+from landscape.figures.labels import METRIC_LABELS, figure_caption, rounds_span, set_caption
 from landscape.figures.over_seeds import by_seed_group, density_floor, mean_cosines, rounds_text
 from landscape.figures.rundata import RunsLike, as_runs, require_metric, require_passes
 from landscape.figures.seeds import SeedGroup, groups, mean_se, series_mean
-from landscape.figures.style import new_figure, over_rounds, round_axis, seed_note
+from landscape.figures.style import new_figure, outside_legend, over_rounds, round_axis, seed_note
 from landscape.figures.surface.draw import save_figure
 
 COSINE_CMAP = "RdBu_r"  # diverging: -1 blue, 0 white, +1 red
 
 
 # -- curves from metrics.jsonl ----------------------------------------------------------------------------
+
+
+def _over_rounds_or_by_run(ax: Any, seed_groups: Sequence[SeedGroup], series: Any, title: str, *,
+                           scale: float = 1.0, marker: str | None = None, ms: float = 3) -> tuple[str, bool]:
+    """Every group's ``series(run) -> (rounds, values)`` on ``ax``, titled ``title``: over rounds (one line a
+    group, ``style.over_rounds``) where some group has two rounds or more; else by run, since a panel "over
+    rounds" of one round is a column of dots: one bar a group at the round it has (``_seed_bars``: the value, or
+    the mean +- SE over seeds with each seed a dot), that round in the title ("at round 30"; each bar's under
+    it where they differ). Returns (the rounds for the caption, whether it was drawn over rounds)."""
+    data = [[series(run) for run in group.runs] for group in seed_groups]
+    rounds = [{int(r) for got, _ in values for r in got} for values in data]
+    if any(len(of_group) >= 2 for of_group in rounds):
+        drawn: set[int] = set()
+        for group in seed_groups:
+            drawn |= over_rounds(ax, group, series, marker=marker, ms=ms, scale=scale)
+        round_axis(ax, drawn)
+        ax.set_title(title)
+        return rounds_span(drawn), True
+    shown = [(group, [scale * float(values[-1]) for _, values in of_group if len(values)], at)
+             for group, of_group, at in zip(seed_groups, data, rounds) if at]
+    every = set().union(*(at for _, _, at in shown)) if shown else set()
+    _seed_bars(ax, [(group, values) for group, values, _ in shown])
+    ticks = [_tick_label(group.label, len(shown)) + (f"\n(n={group.n})" if group.n > 1 else "")
+             + ("" if len(every) == 1 else "\n" + rounds_span(at)) for group, _, at in shown]
+    ax.set_xticks(np.arange(len(shown)), ticks, fontsize="small")
+    ax.margins(y=0.15)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"{title} at {rounds_span(every)}" if len(every) == 1 else f"{title}, by run")
+    return (f"{rounds_span(every)} only, drawn by run (bars), not over rounds" if every else "none"), False
 
 
 def accuracy_figure(runs: RunsLike) -> Figure:
@@ -66,14 +101,12 @@ def accuracy_figure(runs: RunsLike) -> Figure:
     fig = new_figure(6.4, 4.2)
     ax = fig.add_subplot()
     seed_groups = groups(runs)
-    drawn: set[int] = set()
-    for group in seed_groups:
-        drawn |= over_rounds(ax, group, lambda run: run.series("test_acc"), scale=100.0)
-    round_axis(ax, drawn)
+    title = "Test accuracy of the global model"
+    span, _ = _over_rounds_or_by_run(ax, seed_groups, lambda run: run.series("test_acc"), title, scale=100.0)
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(with_settings("Test accuracy of the global model", seed_note(seed_groups)))
-    ax.legend()
-    return fig
+    outside_legend(fig, [ax], ncols=3)
+    return set_caption(fig, figure_caption(f"{title} (%) at the evaluation rounds, from metrics.jsonl", runs,
+                                           span, notes=[seed_note(seed_groups)]))
 
 
 def plot_accuracy(runs: RunsLike, out: str | Path) -> Path:
@@ -87,22 +120,23 @@ def metric_figure(runs: RunsLike, key: str, ylabel: str | None = None, *, log: b
     fig = new_figure(6.4, 4.2)
     ax = fig.add_subplot()
     seed_groups = groups(runs)
-    drawn: set[int] = set()
-    for group in seed_groups:
-        drawn |= over_rounds(ax, group, lambda run: run.series(key))
-    round_axis(ax, drawn)
     label = ylabel or METRIC_LABELS.get(key, key)
+    head = label.split(" (")[0]
+    title = f"{head[:1].upper()}{head[1:]}"
+    span, lines = _over_rounds_or_by_run(ax, seed_groups, lambda run: run.series(key),
+                                         f"{title} over rounds")
     ax.set_ylabel(label)
     if log:  # a log axis needs a positive value to draw; without one the axis stays linear and says why
-        values = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.lines] or [np.empty(0)])
+        drawn = ([np.asarray(line.get_ydata(), dtype=float) for line in ax.lines] if lines
+                 else [np.asarray([bar.get_height() for bar in ax.patches], dtype=float)])
+        values = np.concatenate(drawn or [np.empty(0)])
         if np.any(values > 0):
             ax.set_yscale("log")
         else:
             ax.set_ylabel(f"{label}\n(linear: no positive value for a log scale)")
-    title = label.split(" (")[0]
-    ax.set_title(with_settings(f"{title[:1].upper()}{title[1:]} over rounds", seed_note(seed_groups)))
-    ax.legend()
-    return fig
+    outside_legend(fig, [ax], ncols=3)
+    return set_caption(fig, figure_caption(f"{title} (metrics.jsonl key {key}) over the rounds training logged "
+                                           "it", runs, span, notes=[seed_note(seed_groups)]))
 
 
 def plot_metric_over_rounds(runs: RunsLike, key: str, out: str | Path, ylabel: str | None = None, *,
@@ -123,32 +157,26 @@ def flatness_and_sharpness_figure(runs: RunsLike, *, rho: float | None = None) -
     fig = new_figure(14, 4.4)
     ax_d, ax_s, ax_l = fig.subplots(1, 3)
     seed_groups = groups(runs)
-    drawn: dict[Any, set[int]] = {ax_d: set(), ax_s: set(), ax_l: set()}
-    for group in seed_groups:
-        drawn[ax_d] |= over_rounds(ax_d, group, lambda run: run.series("flatness_distance"))
-        drawn[ax_s] |= over_rounds(ax_s, group, lambda run: global_sharpness_series(run, rho), marker="o",
-                                   ms=6, legend=False)
-        drawn[ax_l] |= over_rounds(ax_l, group, lambda_max_series, marker="s", ms=6, legend=False)
-    ax_d.set_title(r"(a) flatness distance $\Delta_D$ (online, every round)")
+    span_d, _ = _over_rounds_or_by_run(ax_d, seed_groups, lambda run: run.series("flatness_distance"),
+                                       r"(a) flatness distance $\Delta_D$ (online)")
+    span_s, _ = _over_rounds_or_by_run(ax_s, seed_groups, lambda run: global_sharpness_series(run, rho),
+                                       rf"(b) global sharpness $S_\rho(x^t)$, $\rho$ = {rho:g}", marker="o", ms=6)
+    span_l, _ = _over_rounds_or_by_run(ax_l, seed_groups, lambda_max_series,
+                                       r"(c) top Hessian eigenvalue $\lambda_1(x^t)$", marker="s", ms=6)
     ax_d.set_ylabel(r"$\Delta_D$ = mean$_i \|y_{i,K}^t - \bar y^t\|^2$")
-    ax_s.set_title(with_settings(rf"(b) global sharpness $S_\rho(x^t)$, $\rho$ = {rho:g}",
-                                 settings_caption(runs, "sharpness"), "\n"))
     ax_s.set_ylabel(r"$S_\rho$ = max$_{\|e\| \leq \rho}\, F(x+e) - F(x)$ (nats)")
-    ax_l.set_title(with_settings(r"(c) top Hessian eigenvalue $\lambda_1(x^t)$",
-                                 settings_caption(runs, "hessian"), "\n"))
     ax_l.set_ylabel(r"$\lambda_1(\nabla^2 F)$")
-    for ax in (ax_d, ax_s, ax_l):
-        round_axis(ax, drawn[ax])
-    note = seed_note(seed_groups)
-    if note:
-        fig.suptitle(f"({note})", fontsize="medium")
-    fig.legend(*ax_d.get_legend_handles_labels(), loc="outside lower center", ncols=min(len(seed_groups), 4))
-    return fig
+    outside_legend(fig, [ax_d, ax_s, ax_l], ncols=4, fontsize="medium")
+    what = (f"FedNSAM Fig. 2: (a) the flatness distance Delta_D = mean_i ||y_i,K - y_bar||^2 that training logs "
+            f"every round; (b) the global sharpness S_rho(x^t), the largest rise of F within radius rho = {rho:g} "
+            "of x^t (sharpness pass); (c) the top Hessian eigenvalue lambda_1(x^t) of the global loss (hessian pass)")
+    return set_caption(fig, figure_caption(what, runs, [f"(a) {span_d}", f"(b) {span_s}", f"(c) {span_l}"],
+                                           outputs=["sharpness", "hessian"], notes=[seed_note(seed_groups)]))
 
 
 def plot_flatness_and_sharpness(runs: RunsLike, out: str | Path, *, rho: float | None = None) -> Path:
     """FedNSAM Fig. 2: (a) Delta_D over rounds from metrics.jsonl; (b) S_rho(x^t) (sharpness pass) and (c)
-    lambda_1(x^t) (hessian pass) at each analysed round."""
+    lambda_1(x^t) (hessian pass) at each analysed round (by run where the runs have one analysed round)."""
     return save_figure(flatness_and_sharpness_figure(runs, rho=rho), out)
 
 
@@ -223,19 +251,14 @@ def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
     ticks = [tick(g, members) for g, members in grouped]
     shown_clients = any(s.client_lambda_max.size for s in summaries)
     shift, width = BAR_BESIDE_DOTS if shown_clients else (0.0, 0.8)
-    dots = _seed_bars(ax_max, [(g, [s.values[0] for s in members]) for g, members in grouped], shift=shift,
-                      width=width)
+    _seed_bars(ax_max, [(g, [s.values[0] for s in members]) for g, members in grouped], shift=shift, width=width)
     _client_dots(ax_max, grouped)
-    if shown_clients or dots:
-        ax_max.legend(loc="best", fontsize="small")
     ax_max.set_title(r"(a) $\lambda_{max}(\nabla^2 F)$ (lower: flatter)"
                      + ("\n" + r"bars; dots: the clients' local $\lambda_{max}$" if shown_clients else ""))
     ax_max.set_ylabel(r"$\lambda_{max}$")
     ks = sorted({s.values.size for s in summaries})
     k_text = str(ks[0]) if len(ks) == 1 else "k"
-    ratio_dots = _seed_bars(ax_ratio, [(g, [s.ratio for s in members]) for g, members in grouped])
-    if ratio_dots:
-        ax_ratio.legend(loc="best", fontsize="small")
+    _seed_bars(ax_ratio, [(g, [s.ratio for s in members]) for g, members in grouped])
     # Not "lower: flatter": a run can have the smaller ratio and the larger lambda_max (panel a).
     ax_ratio.set_title(rf"(b) eigenvalue ratio $\lambda_1 / \lambda_{{{k_text}}}$"
                        + "\n(the FedSAM paper's proxy)")
@@ -244,7 +267,7 @@ def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
         tilt = len(grouped) > 3
         ax.set_xticks(x, ticks, rotation=30 if tilt else 0, ha="right" if tilt else "center",
                       rotation_mode="anchor", fontsize="small")
-        ax.margins(y=0.3 if ax.get_legend() is not None else 0.15)  # room for the legend above the bars
+        ax.margins(y=0.15)  # room for the values above the bars
         ax.grid(axis="y", alpha=0.3)
     # several seeds: each a thin line of the group's colour, one legend entry
     density_axes(ax_density, [(s.grid, s.density, {
@@ -252,14 +275,20 @@ def hessian_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
         "label": (group.legend if same_round else f"{group.legend} (round {s.round})")
         if k == 0 or not same_round else None}) for group, members in grouped for k, s in enumerate(members)],
         density_floor([s.density for s in summaries]))
+    several = any(g.n > 1 for g, _ in grouped)
     if same_round:
-        several = any(g.n > 1 for g, _ in grouped)
-        fig.suptitle(f"Hessian of the global loss at round {summaries[0].round}"
-                     + (" (bars: mean over seeds +- standard error)" if several else ""))
-    ax_density.set_title(with_settings("(c) Hessian spectral density (SLQ)",
-                                       settings_caption([s.run for s in summaries], "hessian"), "\n"))
-    ax_density.legend(fontsize="small")
-    return fig
+        fig.suptitle(f"Hessian of the global loss at round {summaries[0].round}")
+    ax_density.set_title("(c) Hessian spectral density (SLQ)")
+    outside_legend(fig, [ax_max, ax_ratio, ax_density], ncols=4)
+    what = ("The Hessian of the global loss F: (a) its largest eigenvalue lambda_max (Lanczos) per run"
+            + (", the clients' local lambda_max(Hessian of F_i) as dots beside each bar" if shown_clients else "")
+            + f"; (b) the ratio lambda_1 / lambda_{k_text}; (c) its spectral density (stochastic Lanczos "
+            "quadrature), log scale (hessian pass)")
+    runs_drawn = [s.run for s in summaries]
+    return set_caption(fig, figure_caption(
+        what, runs_drawn, rounds_span(rounds) + ("" if same_round else " (each bar's under it)"),
+        outputs=["hessian"], notes=["bars: mean over seeds +- standard error, each seed a hollow dot"
+                                    if several else ""]))
 
 
 def density_axes(ax: Any, lines: Sequence[tuple[np.ndarray, np.ndarray, dict[str, Any]]], floor: float) -> None:
@@ -305,8 +334,6 @@ def spectrum_figure(*, values: np.ndarray | None = None, residuals: np.ndarray |
         ax.set_title(rf"(a) top-{values.size} Hessian eigenvalues (Lanczos)"
                      + ("" if errors is None else "\n" + r"bars: residual $\|Hv_j - \lambda_j v_j\|$"))
         ax.grid(alpha=0.3)
-        if not ok.all():
-            ax.legend(fontsize="small")
     if density is not None:
         ax = axes.pop(0)
         drawn = [(np.asarray(grid, dtype=float), np.asarray(density, dtype=float),
@@ -316,7 +343,7 @@ def spectrum_figure(*, values: np.ndarray | None = None, residuals: np.ndarray |
             ax.axvline(value, color="C3", ls="--", lw=0.9,
                        label=rf"$\lambda_1 \ldots \lambda_{{{values.size}}}$ (Lanczos)" if k == 0 else None)
         ax.set_title(("(b) " if panels == 2 else "") + "Hessian spectral density (SLQ)")
-        ax.legend(fontsize="small")
+    outside_legend(fig, fig.axes)
     if title:
         fig.suptitle(title)
     return fig
@@ -362,8 +389,7 @@ def sharpness_profile_figure(rhos: np.ndarray, sharpness: np.ndarray, *, agreed:
                   else r"$S_\rho$ = max over the ball of $F(x+e) - F(x)$")
     ax.set_title(title or r"sharpness $S_\rho$ over the radius $\rho$")
     ax.grid(alpha=0.3)
-    if not ok.all():
-        ax.legend(fontsize="small")
+    outside_legend(fig, [ax])
     return fig
 
 
@@ -385,6 +411,9 @@ _INCOMPATIBILITY_LINES = {
 }
 
 
+_INCOMPATIBILITY_TICKS = [r"$\Delta_{FI}$", "heterogeneity", "batch part", "2 × cross"]  # the parts as bars
+
+
 def incompatibility_figure(runs: RunsLike) -> Figure:
     runs = as_runs(runs)
     require_passes(runs, ["incompatibility"])
@@ -393,11 +422,15 @@ def incompatibility_figure(runs: RunsLike) -> Figure:
     rows = math.ceil(len(seed_groups) / cols)
     fig = new_figure(4.8 * cols + 0.5, 3.8 * rows + 0.8)
     axes = np.atleast_1d(fig.subplots(rows, cols, sharey=True, squeeze=False)).ravel()
+    series = {id(run): incompatibility_series(run) for run in runs}
+    # over rounds where some run has two analysed rounds or more; else each panel the parts as bars
+    over = any(len(set(data["rounds"].tolist())) >= 2 for data in series.values())
+    every: set[int] = set()
     for ax, group in zip(axes, seed_groups):
-        data = [incompatibility_series(run) for run in group.runs]
-        by_run = dict(zip((id(run) for run in group.runs), data))
+        data = [series[id(run)] for run in group.runs]
+        by_run = {id(run): series[id(run)] for run in group.runs}
         drawn: set[int] = set()
-        for key, se_key, _ in INCOMPATIBILITY_PARTS:
+        for part, (key, se_key, _) in enumerate(INCOMPATIBILITY_PARTS):
             label, style = _INCOMPATIBILITY_LINES[key]
             if group.n == 1:  # one seed: the pass's Monte-Carlo standard error
                 rounds, values = data[0]["rounds"], data[0][key]
@@ -405,14 +438,24 @@ def incompatibility_figure(runs: RunsLike) -> Figure:
             else:  # several: the mean over seeds and its standard error
                 rounds, values, error, _ = series_mean(
                     group, lambda run, k=key, d=by_run: (d[id(run)]["rounds"], d[id(run)][k]))
-            ax.errorbar(rounds, values, yerr=error, capsize=3, ms=5, label=label, **style)
             drawn |= {int(r) for r in rounds}
+            if over:
+                ax.errorbar(rounds, values, yerr=error, capsize=3, ms=5, label=label, **style)
+            elif len(values):
+                ax.bar([part], [values[-1]], yerr=None if error is None else [error[-1]], capsize=3,
+                       color=style["color"], alpha=0.85, label=label)
+        every |= drawn
         ax.axhline(0.0, color="grey", lw=0.8)
         rhos = sorted({float(r) for d in data for r in d["rho"]})
         rho_text = ", ".join(f"{r:g}" for r in rhos)
-        ax.set_title(with_settings(rf"{group.legend} ($\rho$ = {rho_text}, $\Delta_{{FI}} \leq 4\rho^2$)",
-                                   group.runs[0].shown("incompatibility"), "\n"), fontsize="medium")
-        round_axis(ax, drawn)
+        title = rf"{group.legend} ($\rho$ = {rho_text}, $\Delta_{{FI}} \leq 4\rho^2$)"
+        if over:
+            round_axis(ax, drawn)
+        else:
+            ax.set_xticks(range(len(INCOMPATIBILITY_PARTS)), _INCOMPATIBILITY_TICKS, fontsize="small")
+            ax.grid(axis="y", alpha=0.3)
+            title += f"\nat {rounds_span(drawn)}"
+        ax.set_title(title, fontsize="medium")
     for ax in axes[len(seed_groups):]:
         ax.set_visible(False)
     for ax in axes[::cols]:
@@ -422,10 +465,12 @@ def incompatibility_figure(runs: RunsLike) -> Figure:
             if several and any(g.n == 1 for g in seed_groups)
             else "mean over seeds, error bars: standard error over seeds" if several
             else "error bars: Monte-Carlo standard error")
-    fig.suptitle(r"Flatness incompatibility $\Delta_{FI}$ = heterogeneity + batch part + 2 × cross"
-                 + ("\n" if several else " ") + f"({bars})")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize="small")
-    return fig
+    fig.suptitle(r"Flatness incompatibility $\Delta_{FI}$ = heterogeneity + batch part + 2 × cross")
+    outside_legend(fig, list(axes[:1]), ncols=4)
+    what = ("The flatness incompatibility Delta_FI = mean_i E_B ||e_i^B - e*||^2 of each run and its split into "
+            "the clients' heterogeneity, the minibatch part and twice the cross term (incompatibility pass)")
+    span = rounds_span(every) + ("" if over else " only: each part drawn as a bar, not over rounds")
+    return set_caption(fig, figure_caption(what, runs, span, outputs=["incompatibility"], notes=[bars]))
 
 
 def plot_incompatibility(runs: RunsLike, out: str | Path) -> Path:
@@ -480,12 +525,16 @@ def alignment_figure(runs: RunsLike, *, round: int | None = None) -> Figure:
         else:
             head = (f"{group.label}, {when}, mean of n={group.n} seeds\n"
                     f"mean off-diagonal = {off:.3f} ± {off_se:.2g}")
-        ax.set_title(with_settings(head, group.runs[0].shown("alignment"), "\n"), fontsize="medium")
+        ax.set_title(head, fontsize="medium")
     for ax in axes[len(grouped):]:
         ax.set_visible(False)
     fig.colorbar(image, ax=list(axes[: len(grouped)]), label=r"$\cos(\nabla F_i, \nabla F_j)$", shrink=0.85)
     fig.suptitle("Client gradient alignment")
-    return fig
+    what = ("The cosines cos(grad F_i, grad F_j) of the clients' full-batch gradients at the global model, on one "
+            "colour scale [-1, 1] (alignment pass)" + ("; several seeds: the mean matrix" if any(
+                g.n > 1 for g, _ in grouped) else ""))
+    return set_caption(fig, figure_caption(what, [m.run for m in matrices], rounds_span(m.round for m in matrices),
+                                           outputs=["alignment"]))
 
 
 def plot_alignment_heatmaps(runs: RunsLike, out: str | Path, *, round: int | None = None) -> Path:

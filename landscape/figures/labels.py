@@ -1,6 +1,12 @@
 """The words of the figures, shared by the matplotlib and plotly renderers: axis labels of the metrics, run
-labels for legends, the settings a figure shows in its titles and captions, and plotly titles wrapped to a
-width (``wrap_title``: plotly never wraps one).
+labels for legends, the settings a figure shows, the captions of the matplotlib figures, and plotly titles
+wrapped to a width (``wrap_title``: plotly never wraps one).
+
+Captions. A matplotlib figure of runs keeps short plain titles; what it shows beyond them (the runs and their
+directories, the rounds, how seeds are aggregated, the settings its results were read with) is its caption:
+``figure_caption`` words it, ``set_caption`` attaches it to the Figure, and
+``landscape.figures.surface.draw.save_figure`` writes it beside the image as ``<file>.caption.txt``
+(``caption_path``). The report's plotly titles still carry their settings (``with_settings``).
 """
 
 from __future__ import annotations
@@ -9,12 +15,13 @@ import html
 import re
 import textwrap
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from landscape.analyze.passes import RESULT_NAMES
 from landscape.config.algorithms import algorithm_label
-from landscape.figures.seeds import flat_recipe
+from landscape.figures.seeds import flat_recipe, groups
 from landscape.store.results.selection import Selection, caption
 
 # A run is a ``rundata.RunData`` (not imported: rundata imports this module, and the package has no import
@@ -113,9 +120,10 @@ def settings_lines(runs: Sequence[RunData], outputs: Sequence[str]) -> list[str]
 
 def with_settings(title: str, settings: str, sep: str = " ", *, matplotlib: bool = True,
                   width: int = 60) -> str:
-    """A title with the settings it shows in brackets (for matplotlib a '$' is escaped: it starts maths, and
-    settings on a line of their own are wrapped at ``width`` characters, so panel titles side by side do not
-    meet)."""
+    """A title with the settings it shows in brackets: the report's plotly titles (``matplotlib=False``). The
+    matplotlib figures put their settings in their captions instead (``figure_caption``); for a matplotlib title
+    a '$' is escaped (it starts maths) and settings on a line of their own are wrapped at ``width``
+    characters."""
     if matplotlib:
         settings = settings.replace("$", "\\$")
         if sep == "\n" and len(settings) > width:
@@ -141,3 +149,71 @@ def wrap_title(title: str, width: int) -> str:
             current.append(word)
         lines.append(" ".join(current))
     return "<br>".join(lines)
+
+
+# -- captions of the matplotlib figures ------------------------------------------------------------------------
+
+CAPTION_SUFFIX = ".caption.txt"
+_CAPTION = "_landscape_caption"  # the attribute of a matplotlib Figure that holds its caption
+
+
+def caption_path(image: str | Path) -> Path:
+    """The caption file of a figure file: ``accuracy.png`` (or ``.pdf``) -> ``accuracy.caption.txt``."""
+    image = Path(image)
+    return image.with_name(image.stem + CAPTION_SUFFIX)
+
+
+def set_caption(fig: Any, text: str) -> Any:
+    """Attach the caption ``text`` to a matplotlib Figure (``save_figure`` writes it beside the image);
+    returns the figure."""
+    setattr(fig, _CAPTION, text.strip())
+    return fig
+
+
+def caption_of(fig: Any) -> str:
+    """The caption attached to a Figure ('' when none)."""
+    return getattr(fig, _CAPTION, "")
+
+
+def rounds_span(rounds: Iterable[int]) -> str:
+    """'round 30', 'rounds 0-30' (every round between), 'rounds 10, 20, 30'; '' for none."""
+    ordered = sorted({int(r) for r in rounds})
+    if not ordered:
+        return ""
+    if len(ordered) == 1:
+        return f"round {ordered[0]}"
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"rounds {ordered[0]}-{ordered[-1]}"
+    return "rounds " + ", ".join(map(str, ordered))
+
+
+def runs_text(runs: Sequence[RunData]) -> str:
+    """The runs a figure draws, each by its label and directory, the seeds of a configuration together:
+    'FedAvg (fedavg); FedSAM n=3 (fedsam-seed0, fedsam-seed1, fedsam-seed2)'."""
+    parts = []
+    for group in groups(list(runs)):
+        names = ", ".join(run.name for run in group.runs)
+        parts.append(f"{group.label} n={group.n} ({names})" if group.n > 1 else f"{group.label} ({names})")
+    return "; ".join(parts)
+
+
+def figure_caption(what: str, runs: Sequence[RunData], rounds: str | Sequence[str], *,
+                   outputs: Sequence[str] = (), notes: Sequence[str] = ()) -> str:
+    """A figure's caption, plain text, one sentence a line: what it shows; its runs (``runs_text``); the rounds
+    (a text, or one per panel); ``notes`` (how seeds are aggregated, what a panel draws instead); and, where it
+    reads analysis results (``outputs``), the settings they were read with (``settings_lines``)."""
+    lines = [_sentence(what), _sentence(f"Runs: {runs_text(runs)}")]
+    spans = [rounds] if isinstance(rounds, str) else list(rounds)
+    spans = [span for span in spans if span]
+    if spans:
+        lines.append(_sentence("; ".join(spans)))
+    lines += [_sentence(note) for note in notes if note]
+    if outputs:
+        lines.append(_sentence("; ".join(settings_lines(runs, outputs)).replace("settings: ", "Settings: ", 1)))
+    return "\n".join(lines)
+
+
+def _sentence(text: str) -> str:
+    """``text`` with a capital first letter and a full stop."""
+    text = text.strip()
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")

@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from landscape.core.registry import Entry, Registry
 from landscape.core.schema import rule
 from landscape.figures import curves
+from landscape.figures.labels import caption_of, figure_caption, rounds_span, set_caption
 from landscape.figures.rundata import RunData, require_passes
 from landscape.figures.surface import draw as surfaces
 
@@ -90,7 +91,10 @@ class SurfacePlot(PlotTable):
 def _panels(runs: list[RunData], plot: SurfacePlot, surface: str, kind: str) -> Figure:
     fig, _ = surfaces.panels_figure(surface_sources(runs, surface), [run.label for run in runs], kind=kind,
                                     quantity=plot.quantity, log_levels=plot.log)
-    return fig
+    what = (f"{'3D surfaces' if kind == '3d' else 'Contour maps'} of the {plot.quantity} ({surface} pass) side by "
+            "side on one colour scale" + (", log-spaced levels" if plot.log else ""))
+    return set_caption(fig, figure_caption(what, runs, rounds_span(run.analysed_rounds(surface)[-1] for run in runs),
+                                           outputs=[surface], notes=[caption_of(fig)]))
 
 
 def _surfaces_html(runs: list[RunData], plot: SurfacePlot, surface: str) -> Any:

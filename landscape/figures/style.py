@@ -1,5 +1,6 @@
 """The axes the matplotlib curve figures share: a constrained-layout Figure, a rounds axis with whole-number
-ticks, a seed group drawn over rounds (one seed a line; several their mean with a +-SE band) and its caption.
+ticks, a seed group drawn over rounds (one seed a line; several their mean with a +-SE band) and its caption
+note, and the one legend of a figure, outside its axes (``outside_legend``: below them, never over the data).
 """
 
 from __future__ import annotations
@@ -54,6 +55,20 @@ def over_rounds(ax: Any, group: SeedGroup, series: Any, *, marker: str | None = 
             ax.fill_between(rounds, scale * (mean - se), scale * (mean + se), color=group.colour, alpha=0.2,
                             lw=0)
     return {int(r) for r in rounds}
+
+
+def outside_legend(fig: Figure, axes: Sequence[Any], *, ncols: int = 4, fontsize: str = "small") -> Any:
+    """One legend for ``axes``, below them outside every axes (constrained layout makes room), each label once
+    (the first handle that has it); None when nothing is labelled. Figures put their legends here, never over
+    their data."""
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if not handles:
+        return None
+    return fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+                      ncols=min(len(handles), ncols), fontsize=fontsize)
 
 
 def seed_note(seed_groups: Sequence[SeedGroup]) -> str:

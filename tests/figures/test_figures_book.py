@@ -118,6 +118,8 @@ def test_every_figure_recipe_renders(path, tmp_path):
     for plot in fig.plots:
         for suffix in (".png", ".pdf"):
             assert (tmp_path / f"{plot.file}{suffix}").stat().st_size > 5000, plot.file
+        caption = (tmp_path / f"{plot.file}.caption.txt").read_text()  # what the plain titles leave out
+        assert all(f"({r.id}" in caption for r in fig.runs if plot.runs is None or r.id in plot.runs), caption
         html = tmp_path / f"{plot.file}.html"
         # one interactive page per view: the contour and 3D plots of the same surfaces share the first one's
         assert html.is_file() == (plot is next((p for p in fig.plots if p.kind in ("surfaces", "surfaces-3d")),
@@ -412,7 +414,22 @@ def test_compare_table_and_surfaces(analysed, tmp_path):
         assert float(by_name[name]["mean grad cos mean"]) == alignment["result"]["gradients"]["mean_off_diagonal"]
     for stem in ("surfaces", "surfaces-3d"):
         assert (tmp_path / f"{stem}.png").stat().st_size > 5000 and (tmp_path / f"{stem}.pdf").is_file()
+        caption = (tmp_path / f"{stem}.caption.txt").read_text()  # the settings the titles no longer carry
+        assert "surface read with analysis_samples=" in caption and "grid=" in caption
+        assert f"{tmp_path / stem}.caption.txt" in result.output  # named with what compare wrote
     assert "Plotly.newPlot" in (tmp_path / "surfaces.html").read_text()
+
+
+def test_every_figure_written_has_its_pdf_and_its_caption(analysed):
+    """``landscape figures`` over every plot kind (the ``analysed`` fixture drew them): each PNG has a PDF and
+    a caption file beside it, and the caption names the runs and the rounds."""
+    out = analysed.parent
+    pngs = sorted(out.glob("*.png"))
+    assert [p.stem for p in pngs] == ["al", "fs", "h", "i", "s", "tiny"]
+    for png in pngs:
+        assert png.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-", png
+        caption = (out / f"{png.stem}.caption.txt").read_text()
+        assert "Runs: " in caption and "(a)" in caption and "(b)" in caption and "round" in caption.lower(), png
 
 
 def test_compare_names_what_is_missing(analysed, tmp_path):

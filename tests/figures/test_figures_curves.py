@@ -13,6 +13,7 @@ from support.helpers import shared_folder
 
 from landscape.core.errors import LandscapeError
 from landscape.figures import curves, rundata
+from landscape.figures.labels import caption_of
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -63,7 +64,9 @@ def test_flatness_and_sharpness_reads_the_passes(runs, tmp_path):
     fig = curves.flatness_and_sharpness_figure(runs)
     ax_d, ax_s, ax_l = fig.axes
     assert "0.05" in ax_s.get_title()
-    assert "[analysis_samples=100, clients=2, steps=2]" in ax_s.get_title()  # the settings shown, off the defaults
+    # the settings shown (off the defaults) are the caption's, not the title's
+    assert "[" not in ax_s.get_title() and "analysis_samples" not in ax_s.get_title()
+    assert "sharpness read with analysis_samples=100, clients=2, steps=2" in caption_of(fig)
     for k, run in enumerate(runs):
         np.testing.assert_allclose(ax_d.lines[k].get_ydata(), run.series("flatness_distance")[1])
         expected_s = [json.loads((run.path / f"analysis/round-{r:04d}/sharpness@analysis_samples-100_clients-2_"
@@ -77,6 +80,10 @@ def test_flatness_and_sharpness_reads_the_passes(runs, tmp_path):
     with pytest.raises(LandscapeError, match=r"rho=0.3 .*0.01, 0.05, 0.1"):
         curves.plot_flatness_and_sharpness(runs, tmp_path / "x.png", rho=0.3)
     assert_png(curves.plot_flatness_and_sharpness(runs, tmp_path / "fig2.png"))
+    caption = (tmp_path / "fig2.caption.txt").read_text()  # beside the figure
+    assert "Runs: FedAvg alpha=0.5 (fedavg); FedSAM alpha=0.5 (fedsam)." in caption
+    assert "(a) rounds 1-3; (b) rounds 2, 3; (c) rounds 2, 3." in caption
+    assert "sharpness read with analysis_samples=100, clients=2, steps=2" in caption
 
 
 def test_hessian_summary(runs, tmp_path):
@@ -225,3 +232,35 @@ def test_a_log_axis_only_where_a_value_is_positive(root, tmp_path, value, scale)
         (ax,) = curves.metric_figure(rundata.load_runs(folder), "gap", "gap", log=True).axes
     assert ax.get_yscale() == scale
     assert ("no positive value" in ax.get_ylabel()) == (scale == "linear")
+
+
+# -- paper-ready: plain titles (settings in the caption), legends outside the data ----------------------------
+
+
+def every_figure(runs):
+    return {"accuracy": curves.accuracy_figure(runs), "metric": curves.metric_figure(runs, "train_loss"),
+            "flatness-sharpness": curves.flatness_and_sharpness_figure(runs), "hessian": curves.hessian_figure(runs),
+            "incompatibility": curves.incompatibility_figure(runs), "alignment": curves.alignment_figure(runs)}
+
+
+def test_titles_carry_no_settings_and_the_caption_names_runs_rounds_and_settings(runs):
+    for name, fig in every_figure(runs).items():
+        titles = [ax.get_title() for ax in fig.axes] + [fig.get_suptitle()]
+        assert not [t for t in titles if "[" in t or "=2," in t or "analysis_samples" in t], (name, titles)
+        caption = caption_of(fig)
+        assert "Runs: FedAvg alpha=0.5 (fedavg); FedSAM alpha=0.5 (fedsam)." in caption, name
+        assert "round" in caption.lower() and "$" not in caption, name  # plain text, no mathtext
+    figures = every_figure(runs)
+    for name in ("hessian", "incompatibility", "alignment"):  # read with settings off the defaults: named
+        assert f"{name} read with analysis_samples=100" in caption_of(figures[name]), name
+
+
+def test_legends_sit_outside_every_axes(runs):
+    for name, fig in every_figure(runs).items():
+        renderer = _drawn(fig)
+        assert all(ax.get_legend() is None for ax in fig.axes), name  # no legend inside a plot
+        for legend in fig.legends:
+            box = legend.get_window_extent(renderer)
+            for ax in fig.axes:
+                assert not box.overlaps(ax.get_window_extent(renderer)), (name, ax.get_title())
+    assert len(every_figure(runs)["accuracy"].legends) == 1  # the runs are still named

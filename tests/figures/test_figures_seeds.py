@@ -59,6 +59,12 @@ def runs(root):
     return rundata.load_runs(root / "runs")
 
 
+def legend_texts(fig) -> list[str]:
+    """The entries of a figure's one legend (below its axes: ``style.outside_legend``)."""
+    (legend,) = fig.legends
+    return [t.get_text() for t in legend.get_texts()]
+
+
 def hessian_json(run_dir: Path) -> dict:
     (path,) = [p for p in (run_dir / "analysis" / "round-0003").glob("hessian*.json")]
     return json.loads(path.read_text())
@@ -217,8 +223,9 @@ def test_figures_trains_each_seed_and_draws_their_mean(tmp_path):
                                                                               "b-seed1"]
     loaded = {run_id: rundata.load_runs(paths) for run_id, paths in by_id.items()}
     drawn = figure_recipe.figure_runs(fig, fig.plots[0], loaded)
-    ax = curves.accuracy_figure(drawn).axes[0]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["FedAvg (n=2)", "FedSAM (n=2)"]
+    fig = curves.accuracy_figure(drawn)
+    ax = fig.axes[0]
+    assert legend_texts(fig) == ["FedAvg (n=2)", "FedSAM (n=2)"]
     for line, run_id in zip(ax.lines, ("a", "b")):
         accs = [[json.loads(r)["test_acc"] for r in (p / "metrics.jsonl").read_text().splitlines()]
                 for p in by_id[run_id]]
@@ -229,8 +236,9 @@ def test_figures_trains_each_seed_and_draws_their_mean(tmp_path):
 
 
 def test_curves_draw_the_mean_with_a_standard_error_band(runs):
-    ax = curves.accuracy_figure(runs).axes[0]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["FedAvg alpha=0.5 (n=3)", "FedSAM alpha=0.5"]
+    fig = curves.accuracy_figure(runs)
+    ax = fig.axes[0]
+    assert legend_texts(fig) == ["FedAvg alpha=0.5 (n=3)", "FedSAM alpha=0.5"]
     group_line, single_line = ax.lines
     accs = np.array([100 * runs[k].series("test_acc")[1] for k in range(3)])
     np.testing.assert_allclose(group_line.get_ydata(), accs.mean(axis=0))
@@ -242,26 +250,24 @@ def test_curves_draw_the_mean_with_a_standard_error_band(runs):
     np.testing.assert_allclose(single_line.get_ydata(), 100 * runs[3].series("test_acc")[1])
 
 
-def test_a_single_analysed_round_is_drawn_as_points(runs):
+def test_a_single_analysed_round_is_drawn_by_run_not_over_rounds(runs, tmp_path):
     fig = curves.flatness_and_sharpness_figure(runs)
-    _, ax_s, ax_l = fig.axes
-    for ax in (ax_s, ax_l):
-        points = [line for line in ax.lines if line.get_marker() != "_"]  # not the error bars' caps
-        assert len(points) == 2
-        for line in points:
-            assert line.get_marker() not in (None, "None", "") and line.get_linestyle() == "None"
-            np.testing.assert_array_equal(line.get_xdata(), [3])
-        ticks = ax.get_xticks()
-        assert list(ticks) == [3] and all(float(t).is_integer() for t in ticks)
-        assert ax.get_xlim() == (2, 4)
-    lam = [float(hessian_json(runs[k].path)["result"]["top"]["values"][0]) for k in range(3)]
-    mean, se, _ = seeds.mean_se(lam)
-    assert ax_l.lines[0].get_ydata()[0] == pytest.approx(mean)
-    (bars,) = ax_l.containers  # the group's error bar: mean +- SE
-    segment = bars.lines[2][0].get_segments()[0]
-    assert segment[:, 1] == pytest.approx([mean - se, mean + se])
-    single = curves.flatness_and_sharpness_figure(runs[3:]).axes[2]  # one seed: a point, no error bar
-    assert not single.containers and single.lines[0].get_marker() == "s"
+    ax_d, ax_s, ax_l = fig.axes
+    assert ax_d.lines and ax_d.get_xlabel() == "round"  # Delta_D: every round training logged, over rounds
+    lam = [float(hessian_json(runs[k].path)["result"]["top"]["values"][0]) for k in range(4)]
+    for ax in (ax_s, ax_l):  # analysed at round 3 only: no panel "over rounds", a bar per configuration
+        assert all(line.get_marker() in ("_", "None") for line in ax.lines)  # error bars' caps only, no dots
+        assert ax.get_xlabel() == "" and ax.get_title().endswith("at round 3")
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["FedAvg alpha=0.5\n(n=3)", "FedSAM alpha=0.5"]
+    mean, se, _ = seeds.mean_se(lam[:3])
+    assert [p.get_height() for p in ax_l.patches] == pytest.approx([mean, lam[3]])
+    (bars,) = ax_l.containers[1:]  # the group's error bar: mean +- SE
+    assert bars.lines[2][0].get_segments()[0][:, 1] == pytest.approx([mean - se, mean + se])
+    curves.plot_flatness_and_sharpness(runs, tmp_path / "fig2.png")
+    caption = (tmp_path / "fig2.caption.txt").read_text()
+    assert "(b) round 3 only, drawn by run (bars), not over rounds" in caption
+    single = curves.flatness_and_sharpness_figure(runs[3:]).axes[2]  # one seed: a bar, no error bar
+    assert len(single.patches) == 1 and len(single.containers) == 1
 
 
 def test_hessian_bars_are_means_with_standard_errors_and_seed_dots(runs):
@@ -282,8 +288,8 @@ def test_hessian_bars_are_means_with_standard_errors_and_seed_dots(runs):
     assert [t.get_text() for t in ax_ratio.get_xticklabels()] == ["FedAvg alpha=0.5\n(n=3)", "FedSAM alpha=0.5"]
     assert len(ax_density.lines) == 4  # every seed a thin line of the group's colour, one legend entry each group
     assert len({ax_density.lines[k].get_color() for k in range(3)}) == 1
-    assert [t.get_text() for t in ax_density.get_legend().get_texts()] == ["FedAvg alpha=0.5 (n=3)",
-                                                                           "FedSAM alpha=0.5"]
+    assert legend_texts(fig)[0] == "each seed" and legend_texts(fig)[-2:] == ["FedAvg alpha=0.5 (n=3)",
+                                                                             "FedSAM alpha=0.5"]
 
 
 def test_alignment_and_incompatibility_average_the_seeds(runs):
@@ -293,9 +299,9 @@ def test_alignment_and_incompatibility_average_the_seeds(runs):
     assert "n=3" in fig.axes[0].get_title() and "n=" not in fig.axes[1].get_title()
     fig = curves.incompatibility_figure(runs)
     delta = [runs[k].pass_record("incompatibility").value("incompatibility") for k in range(3)]
-    first = fig.axes[0].containers[0]
-    assert first.lines[0].get_ydata()[0] == pytest.approx(np.mean(delta))
-    segment = first.lines[2][0].get_segments()[0][:, 1]
+    # one analysed round: each part a bar (the mean over seeds +- SE), Delta_FI the first
+    assert fig.axes[0].patches[0].get_height() == pytest.approx(np.mean(delta))
+    segment = fig.axes[0].containers[0].lines[2][0].get_segments()[0][:, 1]
     assert segment[1] - segment[0] == pytest.approx(2 * np.std(delta, ddof=1) / math.sqrt(3))
     assert "(n=3)" in fig.axes[0].get_title()
 
@@ -303,8 +309,9 @@ def test_alignment_and_incompatibility_average_the_seeds(runs):
 def test_single_seed_figures_are_drawn_as_before(runs, tmp_path):
     one = rundata.load_runs([runs[0].path, runs[3].path])  # seeds 0 of FedAvg and FedSAM: no group of several
     assert all(run.group is None for run in one) and [run.index for run in one] == [0, 1]
-    ax = curves.accuracy_figure(one).axes[0]
-    assert not ax.collections and all("n=" not in t.get_text() for t in ax.get_legend().get_texts())
+    fig = curves.accuracy_figure(one)
+    ax = fig.axes[0]
+    assert not ax.collections and all("n=" not in text for text in legend_texts(fig))
     np.testing.assert_allclose(ax.lines[0].get_ydata(), 100 * one[0].series("test_acc")[1])
     ax_max = curves.hessian_figure(one).axes[0]
     assert len(ax_max.containers) == 1 and not [c for c in ax_max.collections if c.get_label() == "each seed"]

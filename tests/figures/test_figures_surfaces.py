@@ -9,6 +9,7 @@ import pytest
 from landscape.core.errors import LandscapeError
 from landscape.figures.surface.data import SurfaceData, image_arrays, load_surface
 from landscape.figures.surface.draw import (
+    SCENE_TITLE_CHARS,
     panels_figure,
     plot_contour,
     plot_curve_1d,
@@ -226,7 +227,7 @@ def test_side_by_side_planes_say_whether_they_are_one_plane_and_print_each_weigh
     assert "per-model filter-normalised" in planes.text and "||x||: FedSAM = 10, FedNSAM = 16.6" in planes.text
     fig, _ = __import__("landscape.figures.surface.draw", fromlist=["panels_figure"]).panels_figure(
         per_model, ["FedSAM", "FedNSAM"])
-    assert "per-model filter-normalised" in fig.get_supxlabel()
+    assert fig.get_suptitle() == planes.planes and planes.text.startswith(planes.planes + "; ||x||: ")
     assert [ax.get_title() for ax in fig.axes[:2]] == ["FedSAM\n||x|| = 10", "FedNSAM\n||x|| = 16.6"]
     html = surface_figure(per_model, ["FedSAM", "FedNSAM"])
     assert any("per-model filter-normalised" in a.text for a in html.layout.annotations)
@@ -314,3 +315,59 @@ def test_the_report_says_what_the_runs_planes_compare_and_prints_each_weight_nor
     assert "Random planes of the runs: per-model filter-normalised planes (Li et al. 2018)" in text
     assert "||x|| = 16.6; filter-normalised to this model's own weights" in text
     assert "random plane filter-normalised to this model (Li et al. 2018)" in text  # the plot's title
+
+
+# -- paper-ready: 3D axis labels clear of their ticks, legends below the maps, captions beside the files ------
+
+
+def _boxes_meet(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+@pytest.mark.parametrize("meta", [{"normalization": "filter-reference", "reference": "round:0"},
+                                  {"normalization": "euclidean", "length": 2.0}, {}])
+def test_3d_axis_labels_do_not_touch_tick_labels(tmp_path, meta):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    paths = _planes(tmp_path, [{**meta, "weight_norm": 10.0}, {**meta, "weight_norm": 16.6}])
+    for fig in (panels_figure(paths, ["FedSAM alpha=0.1, round 30", "FedNSAM alpha=0.1, round 30"], kind="3d")[0],
+                __import__("landscape.figures.surface.draw", fromlist=["x"]).surface_3d_figure(paths[0])[0]):
+        FigureCanvasAgg(fig)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        for ax in (a for a in fig.axes if a.name == "3d"):
+            for axis in (ax.xaxis, ax.yaxis, ax.zaxis):
+                label = axis.label.get_window_extent(renderer)
+                for tick in axis.get_ticklabels():
+                    if tick.get_visible() and tick.get_text():
+                        assert not _boxes_meet(label, tick.get_window_extent(renderer)), (
+                            axis.label.get_text(), tick.get_text())
+            # a long name by its short one (the caption has it in full)
+            assert len(ax.xaxis.label.get_text()) <= SCENE_TITLE_CHARS and ax.xaxis.label.get_text().startswith("d1")
+        assert "Axes: d1 (" in __import__("landscape.figures.labels", fromlist=["x"]).caption_of(fig)
+
+
+def test_contour_legends_sit_below_the_maps_and_the_caption_is_written_beside(tmp_path, bowl):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from landscape.figures.surface.draw import contour_figure, save_figures
+
+    xs, ys = grid()
+    other = write_surface(tmp_path / "other", 1.0 + 2 * xs[:, None] ** 2 + ys[None, :] ** 2, xs, ys)
+    for fig in (contour_figure(bowl)[0], panels_figure([bowl, other], ["a", "b"])[0]):
+        FigureCanvasAgg(fig)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        assert all(ax.get_legend() is None for ax in fig.axes)
+        (legend,) = fig.legends
+        assert [t.get_text() for t in legend.get_texts()] == ["x (round 10)"]
+        box = legend.get_window_extent(renderer)
+        assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+        # nor over the figure's own lines (the planes' warning of these per-model planes)
+        texts = [t for t in (fig._suptitle, fig._supxlabel) if t is not None and t.get_text()]
+        assert not any(box.overlaps(t.get_window_extent(renderer)) for t in texts)
+    assert "per-model filter-normalised planes" in fig.get_suptitle()
+    written = save_figures(fig, tmp_path / "maps")
+    assert [p.name for p in written] == ["maps.png", "maps.pdf", "maps.caption.txt"]
+    caption = (tmp_path / "maps.caption.txt").read_text()
+    assert "Planes: per-model filter-normalised planes" in caption and "Axes: d1 (filter-normalised random)" in caption

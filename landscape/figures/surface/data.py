@@ -190,6 +190,7 @@ class PlaneComparison:
     comparable: bool
     same_plane: bool | None
     text: str  # one line for a caption or under a table
+    planes: str = ""  # what the planes are, without the weight norms (``text`` is it + '; ' + the norms)
 
 
 def weight_norm_text(surface: SurfaceData) -> str:
@@ -223,17 +224,17 @@ def compare_planes(sources: Sequence[str | Path | SurfaceData], labels: Sequence
                 else f"directions filter-normalised to {setting}")
         plane = {True: "one plane for every model (identical d1, d2)", False: "but the planes differ "
                  "(other seeds or architectures)", None: "one setting for every model"}[same]
-        text = f"{what}: {plane}; {norms_text}"
+        planes = f"{what}: {plane}"
     elif all(m == "filter" for m in modes):
-        text = ("per-model filter-normalised planes (Li et al. 2018): each axis unit scales with that "
-                f"model's own filters, so the widths also compare weight norms; {norms_text}")
+        planes = ("per-model filter-normalised planes (Li et al. 2018): each axis unit scales with that "
+                  "model's own filters, so the widths also compare weight norms")
     elif all(m in ("euclidean", "filter-reference") for m in modes):
         shown = ", ".join(sorted(f"{m} {'length' if m == 'euclidean' else 'to'} {v}" for m, v in settings))
-        text = f"planes of different settings ({shown}): the axes are not one distance; {norms_text}"
+        planes = f"planes of different settings ({shown}): the axes are not one distance"
     else:
         shown = ", ".join(sorted({m or "not a random plane" for m in modes}))
-        text = f"planes of different normalisations ({shown}): the axes are not one distance; {norms_text}"
-    return PlaneComparison(modes, norms, comparable, same, text)
+        planes = f"planes of different normalisations ({shown}): the axes are not one distance"
+    return PlaneComparison(modes, norms, comparable, same, f"{planes}; {norms_text}", planes)
 
 
 def _short_labels(titles: Sequence[str]) -> list[str]:

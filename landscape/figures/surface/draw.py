@@ -31,7 +31,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from landscape.core.errors import LandscapeError
-from landscape.figures.labels import wrap_title
+from landscape.figures.labels import caption_of, caption_path, set_caption, wrap_title
+from landscape.figures.style import outside_legend
 from landscape.figures.surface.data import (
     SurfaceData,
     _as_surface,
@@ -75,7 +76,9 @@ class PanelData:
 
 
 def save_figure(fig: Figure, out: str | Path) -> Path:
-    """Write a Figure as PNG / PDF / SVG (by the name's suffix), atomically; return the path."""
+    """Write a Figure as PNG / PDF / SVG (by the name's suffix), atomically, and its caption (``labels.
+    set_caption``: the runs, rounds and settings it shows), where it has one, beside it as
+    ``<file>.caption.txt``; return the image's path."""
     out = Path(out)
     fmt = STATIC_FORMATS.get(out.suffix.lower())
     if fmt is None:
@@ -84,7 +87,20 @@ def save_figure(fig: Figure, out: str | Path) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, format=fmt, dpi=150, bbox_inches="tight")
     atomic_write(out, lambda f: f.write(buffer.getvalue()))
+    caption = caption_of(fig)
+    if caption:
+        write_text(caption_path(out), caption + "\n")
     return out
+
+
+def save_figures(fig: Figure, stem: str | Path) -> list[Path]:
+    """The one way a figure of the commands is written: ``<stem>.png`` and ``<stem>.pdf`` side by side, and
+    ``<stem>.caption.txt`` where the figure has a caption; returns the files written."""
+    stem = Path(stem)
+    written = [save_figure(fig, stem.with_name(stem.name + suffix)) for suffix in (".png", ".pdf")]
+    if caption_of(fig):
+        written.append(caption_path(written[0]))
+    return written
 
 
 def _overlay(ax: Any, surface: SurfaceData, overlay: str | None) -> None:
@@ -170,7 +186,6 @@ def _contour_panel(ax: Any, surface: SurfaceData, quantity: str, levels: np.ndar
     ax.set_ylim(surface.y_coords[0], surface.y_coords[-1])
     for axis in (ax.xaxis, ax.yaxis):  # about 5 ticks: panels side by side have no room for 9 labels
         axis.set_major_locator(MaxNLocator(TICKS, steps=TICK_STEPS))
-    ax.legend(loc="upper right", fontsize=7, framealpha=0.7)
     panel = PanelData(x_grid, y_grid, z, np.asarray(levels), float(norm.vmin), float(norm.vmax), segments)
     return panel, mappable
 
@@ -201,6 +216,8 @@ def contour_figure(source: str | Path | SurfaceData, *, quantity: str = "loss", 
     panel, mappable = _contour_panel(ax, surface, quantity, level_values, norm, filled, lines, overlay)
     colorbar(fig, mappable, ax, surface.quantity_label(quantity))
     ax.set_title(surface.title() if title is None else title)
+    outside_legend(fig, [ax], fontsize=8)  # the centre and the overlay below the map, never over it
+    set_caption(fig, _surface_caption([surface], quantity))
     return fig, panel
 
 
@@ -250,10 +267,27 @@ def panels_figure(sources: Sequence[str | Path | SurfaceData], titles: Sequence[
         panels.append(panel)
         axes.append(ax)
     colorbar(fig, mappable, axes, label, shrink=0.85, pad=0.08 if kind == "3d" else 0.05)  # room for z label
-    if planes is not None:  # what the panels' axes are: one plane, or each model's own filter norms
-        # above 3D panels (their axis labels reach below the boxes, where the layout does not see them)
-        (fig.suptitle if kind == "3d" else fig.supxlabel)(planes.text, fontsize=8, wrap=True)
+    if kind == "contour":
+        outside_legend(fig, axes, fontsize=8)  # the centre and the overlays below the maps, never over them
+    if planes is not None and not planes.comparable:
+        # panels whose axes are not one distance say so on the figure, above them (under 3D panels their axis
+        # labels reach below the boxes, where the layout does not see them; under contour maps is the legend),
+        # the weight norms under each title; the caption has the whole line
+        fig.suptitle(planes.planes, fontsize=8, wrap=True)
+    set_caption(fig, _surface_caption(surfaces, quantity, planes.text if planes is not None else ""))
     return fig, panels
+
+
+def _surface_caption(surfaces: Sequence[SurfaceData], quantity: str, planes: str = "") -> str:
+    """The caption lines of surface pictures: what they show, the directions' full names (3D axes are labelled
+    with the short ones) and, for several models, what their planes compare (``compare_planes``); the figure's
+    maker adds its runs and settings (``labels.figure_caption``)."""
+    names = dict.fromkeys(" and ".join(s.axis_labels()) for s in surfaces)
+    lines = [f"{surfaces[0].quantity_label(quantity)} on the plane x + a d1 + b d2 around each model x (red star)",
+             f"Axes: {'; '.join(names)}"]
+    if planes:
+        lines.append(f"Planes: {planes}")
+    return "\n".join(line[:1].upper() + line[1:] + "." for line in lines)
 
 
 def _surface_panel(ax: Any, surface: SurfaceData, quantity: str, norm: Normalize,
@@ -265,12 +299,14 @@ def _surface_panel(ax: Any, surface: SurfaceData, quantity: str, norm: Normalize
     # drawn after the surface with computed_zorder=False on the axes, so the surface never hides it
     ax.scatter([0.0], [0.0], [surface.values(quantity)[centre]], color="red", edgecolors="black", marker="*",
                s=140, depthshade=False, label="x", zorder=10)
-    xlabel, ylabel = surface.axis_labels()
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.set_ylabel(ylabel, fontsize=8)
-    ax.set_zlabel(surface.meta.get("z_label", quantity), fontsize=8, labelpad=8)  # compared_scale's rise
+    # the directions by their short names ('d1'; the caption has the full ones): a full name along a 3D axis
+    # runs into that axis's tick labels; padded clear of them
+    xlabel, ylabel = (_scene_title(label) for label in surface.axis_labels())
+    ax.set_xlabel(xlabel, fontsize=9, labelpad=6)
+    ax.set_ylabel(ylabel, fontsize=9, labelpad=6)
+    ax.set_zlabel(surface.meta.get("z_label", quantity), fontsize=8, labelpad=10)  # compared_scale's rise
     for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_locator(MaxNLocator(5))
+        axis.set_major_locator(MaxNLocator(4, steps=TICK_STEPS))
     if log_levels:
         ax.set_zscale("log")
         set_ticks(ax.zaxis, norm.vmin, norm.vmax, log=True)
@@ -298,6 +334,7 @@ def surface_3d_figure(source: str | Path | SurfaceData, *, quantity: str = "loss
     panel, mappable = _surface_panel(ax, surface, quantity, norm, log_levels)
     ax.set_title(surface.title() if title is None else title)
     colorbar(fig, mappable, ax, surface.quantity_label(quantity), shrink=0.7, pad=0.12)
+    set_caption(fig, _surface_caption([surface], quantity))
     return fig, panel
 
 
