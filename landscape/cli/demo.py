@@ -37,5 +37,5 @@ def demo_command(out: Path, assignments: tuple[str, ...], quiet: bool) -> None:
     click.echo(f"runs:    {', '.join(map(str, demo.paths))}")
     stems = list(dict.fromkeys(path.stem for path in demo.written if path.suffix == ".png"))
     pages = [path.name for path in demo.written if path.suffix == ".html"]
-    click.echo(f"figures: {demo.figures}/ ({', '.join(stems)} .png|pdf; {', '.join(pages)}; compare.csv)")
+    click.echo(f"figures: {demo.figures}/ ({', '.join(stems)} .png|pdf|caption.txt; {', '.join(pages)}; compare.csv)")
     click.echo(f"report:  {demo.report}")

@@ -45,7 +45,8 @@ def figures_command(recipe_file: Path, out: Path | None, scale: str | None, run_
                     quiet: bool) -> None:
     """Draw a paper figure from a figure recipe (figures/*.toml): train the runs it needs and analyse them
     where that is missing (finished runs and analyses are reused; a run whose recipe changed is retrained),
-    then write <file>.png and <file>.pdf (+ <file>.html, interactive 3D, for surfaces) under --out."""
+    then write <file>.png, <file>.pdf and <file>.caption.txt (+ <file>.html, interactive 3D, for surfaces)
+    under --out."""
     from landscape.figures.recipe import figure as figure_recipe
     from landscape.workflows import figure
 
@@ -84,7 +85,7 @@ def _print_given(fig: FigureRecipe, runs: list[RunData], out: Path, analysis: Fi
     for name, spec in fig.pass_rounds.items():
         click.echo("  " + estimate.pass_line(given, name, spec, analysis.options[name], analysis.settings))
     for plot in fig.plots:
-        click.echo(f"  plot {plot.kind:<18} {out / plot.file}.png|pdf")
+        click.echo(f"  plot {plot.kind:<18} {out / plot.file}.png|pdf|caption.txt")
     for line in estimate.lines():
         click.echo(line)
 
@@ -115,6 +116,6 @@ def _print_plan(fig: FigureRecipe, out: Path, device: str, analysis: FigureAnaly
     for name, spec in fig.pass_rounds.items():
         click.echo("  " + estimate.pass_line(runs, name, spec, analysis.options[name], analysis.settings))
     for plot in fig.plots:
-        click.echo(f"  plot {plot.kind:<18} {out / plot.file}.png|pdf  runs {', '.join(plot.runs)}")
+        click.echo(f"  plot {plot.kind:<18} {out / plot.file}.png|pdf|caption.txt  runs {', '.join(plot.runs)}")
     for line in estimate.lines():
         click.echo(line)
