@@ -34,8 +34,10 @@ class AnalysisSettings:
     analysis_samples: Annotated[int, rule("0: all of the split", ge=0)] = 0
     bn_mode: Literal["eval", "train-batch-stats", "recompute"] = "eval"
     device: Annotated[str, rule(min_length=1, text="must be auto, cpu, cuda or cuda:N")] = "auto"
-    backend: Literal["native", "pyhessian"] = "native"  # pyhessian: the lambda_max and trace cross-check
-    # auto: double-backward, through kept graphs where they fit, rebuilt otherwise (the same numbers)
+    # pyhessian: the lambda_max and trace cross-check (the hessian pass's; the other passes' results are the same)
+    backend: Literal["native", "pyhessian"] = "native"
+    # auto: double-backward, through kept graphs where they fit, rebuilt otherwise (the same numbers); the hessian
+    # pass's products (the other passes make none)
     hvp: Literal["auto", "double-backward", "forward-over-reverse"] = "auto"
     batch_size: Annotated[int, rule(ge=1)] = 512  # analysis batches (fixed order and boundaries)
     seed: Annotated[int, rule(ge=0, le=2**32 - 1, text="must be in 0..4294967295")] = 0
