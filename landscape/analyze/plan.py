@@ -67,11 +67,18 @@ class Job:
         return self.source.label(self.round) if isinstance(self.source, StateDictSource) else str(self.round)
 
 
-def job_settings(source: Source, options: Any, settings: AnalysisSettings) -> dict:
-    """What a job's result records of its settings (``store.results.names.settings_record``). Data from a
-    state_dict's data factory is whatever the split: no split is recorded (``data`` in ``Job.inputs_record``
-    says what it is)."""
-    record = settings_record(settings, options)
+def pass_settings_record(name: str, options: Any, settings: AnalysisSettings) -> dict:
+    """What a result of pass ``name`` records of its settings (``store.results.names.settings_record``): the
+    analysis settings as the pass reads them (``PassSpec.reads``: the others of
+    ``settings.READ_BY_DECLARATION`` at their defaults, so that ``--backend pyhessian`` changes the name of the
+    hessian results alone) and its options."""
+    return settings_record(settings.read_by(load_passes().get(name).reads), options)
+
+
+def job_settings(source: Source, name: str, options: Any, settings: AnalysisSettings) -> dict:
+    """What a job's result records of its settings (``pass_settings_record``). Data from a state_dict's data
+    factory is whatever the split: no split is recorded (``data`` in ``Job.inputs_record`` says what it is)."""
+    record = pass_settings_record(name, options, settings)
     if isinstance(source, StateDictSource) and source.from_factory:
         del record["analysis"]["split"]
     return record
@@ -80,7 +87,7 @@ def job_settings(source: Source, options: Any, settings: AnalysisSettings) -> di
 def make_job(source: Source, round: int, name: str, options: Any, settings: AnalysisSettings) -> Job:
     """The job of pass ``name`` at a checkpoint, with its result's settings record and name, the one place a
     job's result name is computed (``ResultNames.result_name``)."""
-    record = job_settings(source, options, settings)
+    record = job_settings(source, name, options, settings)
     return Job(source, round, name, options, record, RESULT_NAMES.result_name(name, record))
 
 

@@ -93,6 +93,9 @@ class PassSpec(Entry):
     range (``rule``) and choices (``Literal``), and its ``__post_init__`` the checks across options."""
 
     opt_in: bool = False  # runs only when named (expensive): not part of the default `landscape analyze`
+    # the analysis settings it reads beyond those every pass reads (of ``settings.READ_BY_DECLARATION``: backend,
+    # hvp); the others its results record at their defaults, so they neither name its results nor set them apart
+    reads: frozenset[str] = frozenset()
     needs: frozenset[str] = frozenset()  # CLIENTS, KEPT_CLIENTS; options may add KEPT_CLIENTS (``needs``)
     # what a plain state_dict, which has no clients, can run of a pass whose options may need them
     without_clients: str = ""

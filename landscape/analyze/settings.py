@@ -6,7 +6,7 @@ read them without loading models or data sets."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 
 from landscape.config.sections import DTYPES
@@ -18,6 +18,11 @@ Dtype = Literal[("auto", *DTYPES)]
 
 # Settings that say how a result is computed, not what: recorded beside its settings (the last bits only).
 HOW_COMPUTED = frozenset({"threads", "memory_format"})
+# Settings that only the passes declaring them read (``PassSpec.reads``: the hessian pass's backend and
+# products); every other pass records them at their defaults, which is what a record without them means to the
+# names (``store.results.names.ResultNames.qualified_settings`` fills defaults), so ``--backend pyhessian`` names
+# and recomputes only the results it changes.
+READ_BY_DECLARATION = frozenset({"backend", "hvp"})
 
 
 @dataclass(frozen=True)
@@ -29,8 +34,10 @@ class AnalysisSettings:
     analysis_samples: Annotated[int, rule("0: all of the split", ge=0)] = 0
     bn_mode: Literal["eval", "train-batch-stats", "recompute"] = "eval"
     device: Annotated[str, rule(min_length=1, text="must be auto, cpu, cuda or cuda:N")] = "auto"
-    backend: Literal["native", "pyhessian"] = "native"  # pyhessian: the lambda_max and trace cross-check
-    # auto: double-backward, through kept graphs where they fit, rebuilt otherwise (the same numbers)
+    # pyhessian: the lambda_max and trace cross-check (the hessian pass's; the other passes' results are the same)
+    backend: Literal["native", "pyhessian"] = "native"
+    # auto: double-backward, through kept graphs where they fit, rebuilt otherwise (the same numbers); the hessian
+    # pass's products (the other passes make none)
     hvp: Literal["auto", "double-backward", "forward-over-reverse"] = "auto"
     batch_size: Annotated[int, rule(ge=1)] = 512  # analysis batches (fixed order and boundaries)
     seed: Annotated[int, rule(ge=0, le=2**32 - 1, text="must be in 0..4294967295")] = 0
@@ -51,6 +58,17 @@ class AnalysisSettings:
 
     def record(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in HOW_COMPUTED}
+
+    def read_by(self, reads: frozenset[str]) -> AnalysisSettings:
+        """These settings as a pass that reads ``reads`` of ``READ_BY_DECLARATION`` sees them (and its result
+        records them): the others of ``READ_BY_DECLARATION`` at their defaults."""
+        unknown = sorted(set(reads) - READ_BY_DECLARATION)
+        if unknown:
+            raise ValueError(f"reads {', '.join(unknown)}: only {', '.join(sorted(READ_BY_DECLARATION))} are "
+                             "declared per pass (every pass reads the other settings)")
+        defaults = AnalysisSettings()
+        unread = {k: getattr(defaults, k) for k in READ_BY_DECLARATION - set(reads)}
+        return replace(self, **unread) if any(getattr(self, k) != v for k, v in unread.items()) else self
 
 
 # The choices of the settings that have them: the analyze command's click choices derive from these.

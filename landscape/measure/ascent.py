@@ -123,6 +123,9 @@ class Ball:
     tol: float
     scale: Tensor | None
     loss0: float
+    # progress: called with 1 after each trial point, and with the trials left of the budget when the ascent
+    # stops early (so that its ``steps`` trials are always counted: ``core.progress.Budget.advance``)
+    advance: Callable[[int], None] | None = None
 
 
 def deferred_loss_and_grad(objective: Any, w: Tensor,
@@ -184,6 +187,8 @@ def _ascent(ball: Ball, start: tuple[Tensor, float, Tensor], fallback: Tensor) -
         # long): a trial after an accepted one is expected to need its gradient
         trial, loss, grad = _trial(ball, u, d, s, fallback, gradient=k < steps, expect_gradient=accepted)
         accepted = False
+        if ball.advance is not None:
+            ball.advance(1)
         values[k - 1] = loss - loss0
         if loss - loss0 > best["value"]:
             best = {"value": loss - loss0, "loss": loss, "u": trial, "step": k}
@@ -205,6 +210,8 @@ def _ascent(ball: Ball, start: tuple[Tensor, float, Tensor], fallback: Tensor) -
             if s < S_MIN:
                 converged = stalled = True
                 break
+    if ball.advance is not None and k < steps:  # stopped early: the rest of its budget
+        ball.advance(steps - k)
     best_e = best["u"] if scale is None else scale * best["u"]
     return {
         "values": values,

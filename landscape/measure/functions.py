@@ -6,7 +6,7 @@ and the flatness distance of flat parameter vectors.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -57,13 +57,16 @@ def density(p: Problem, *, runs: int, steps: int, seed: int, hvp: str,
 
 
 def sharpness(p: Problem, rhos: Sequence[float], *, steps: int, tol: float, starts: int, adaptive: bool,
-              eta: float, seed: int, gradients: GradientCache | None = None) -> SharpnessProfile:
+              eta: float, seed: int, gradients: GradientCache | None = None,
+              advance: Callable[[int], None] | None = None) -> SharpnessProfile:
     """S_rho of F at each radius by multi-start Armijo projected ascent; ``adaptive``: on the ASAM ball
     (weights only, ``asam_weight_mask``). ``gradients``: a checkpoint's cache (F(w), grad F(w) and each
-    radius's ascent kept there for the other passes; the same numbers)."""
+    radius's ascent kept there for the other passes; the same numbers). ``advance``: progress, every trial of
+    the ``len(rhos) x starts x steps`` counted (``sharpness_profile``)."""
     mask = asam_weight_mask(p.flat) if adaptive else None
     return sharpness_profile(p.objective, p.w, list(rhos), steps=steps, tol=tol, starts=starts,
-                             adaptive=adaptive, eta=eta, weight_mask=mask, seed=seed, gradients=gradients)
+                             adaptive=adaptive, eta=eta, weight_mask=mask, seed=seed, gradients=gradients,
+                             advance=advance)
 
 
 def checked_vector(vector: Tensor, what: str) -> Tensor:

@@ -19,7 +19,7 @@ it has one: ``ascent.deferred_loss_and_grad``), so any object with the first two
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,10 +180,15 @@ def sharpness_profile(
     weight_mask: Tensor | None = None,
     seed: int = 0,
     gradients: GradientCache | None = None,
+    advance: Callable[[int], None] | None = None,
 ) -> SharpnessProfile:
     """S_rho(x) for every rho in ``rhos`` (F(x) and grad F(x) computed once and shared): the best of the
     ascents from ``starts`` starting points, the centre (trial 1 = SAM) and ``starts - 1`` seeded random points
     on the sphere, each at most ``steps`` trials, stopped at relative tolerance ``tol`` (``ascent``).
+
+    ``advance`` (progress, ``core.progress.Budget.advance``): ``len(rhos) x starts x steps`` trials in all, each
+    counted as it is evaluated; an ascent's trials left when it stops early, and a radius's whole budget when its
+    ascent comes from ``gradients``, are counted too.
 
     ``gradients`` (``gradient_cache``): F(x) and grad F(x) from it, the seeded start directions, and each
     radius's ascent kept there, so that a later request for the same ascent (``local_sharpness``'s global
@@ -207,15 +212,23 @@ def sharpness_profile(
         directions = gradients.remember(("start directions", int(seed), int(starts)), w,
                                         lambda: unit_directions(w, seed, starts))
 
+    ran: list[float] = []  # the radii whose ascent ran here (not taken from ``gradients``)
+
     def ascent(rho: float) -> dict[str, Any]:
-        return multistart(Ball(objective, w, rho, steps, float(tol), scale, loss0), grad0, directions)
+        ran.append(rho)
+        return multistart(Ball(objective, w, rho, steps, float(tol), scale, loss0, advance), grad0, directions)
 
     if gradients is None:
         runs = [ascent(rho) for rho in rhos]
     else:  # the ascent is a function of these settings and the mask (by identity) alone
-        runs = [gradients.remember(("sharpness ascent", objective, rho, int(steps), float(tol), int(starts),
-                                    bool(adaptive), float(eta), weight_mask, int(seed)), w,
-                                   lambda rho=rho: ascent(rho)) for rho in rhos]
+        runs = []
+        for rho in rhos:
+            ran.clear()
+            runs.append(gradients.remember(("sharpness ascent", objective, rho, int(steps), float(tol), int(starts),
+                                            bool(adaptive), float(eta), weight_mask, int(seed)), w,
+                                           lambda rho=rho: ascent(rho)))
+            if advance is not None and not ran:  # from the cache: its trials count as done
+                advance(starts * steps)
 
     def column(key: str, dtype: Any = np.float64) -> np.ndarray:
         return np.array([r[key] for r in runs], dtype=dtype)
@@ -267,14 +280,16 @@ def rho_sharpness(
     weight_mask: Tensor | None = None,
     seed: int = 0,
     gradients: GradientCache | None = None,
+    advance: Callable[[int], None] | None = None,
 ) -> SharpnessResult:
     """S_rho(x) = max_{||e|| <= rho} F(x + e) - F(x): the best of ``starts`` Armijo projected ascents, each at
     most ``steps`` trial points, stopped at relative tolerance ``tol`` (``ascent``). ``adaptive``: the
     ball {e : ||e / T|| <= rho}, T = |x| + eta (on the coordinates of ``weight_mask`` when given, else on all).
-    ``steps = 1, starts = 1`` is the SAM (ASAM) estimate. ``gradients``: as in ``sharpness_profile``."""
+    ``steps = 1, starts = 1`` is the SAM (ASAM) estimate. ``gradients``, ``advance``: as in
+    ``sharpness_profile``."""
     p = sharpness_profile(
         objective, w, [rho], steps=steps, tol=tol, starts=starts, adaptive=adaptive, eta=eta,
-        weight_mask=weight_mask, seed=seed, gradients=gradients,
+        weight_mask=weight_mask, seed=seed, gradients=gradients, advance=advance,
     )
     return SharpnessResult(
         rho=float(rho),
@@ -324,14 +339,16 @@ def local_sharpness(
     weight_mask: Tensor | None = None,
     seed: int = 0,
     gradients: GradientCache | None = None,
+    advance: Callable[[int], None] | None = None,
 ) -> LocalSharpnessResult:
     """S_rho on each client's F_i (``objectives``: client -> Objective) and on F, at the same x; their gap.
     ``gradients`` (``gradient_cache``): grad F and the grad F_i at x from it, and the global ascent where the
-    global profile already ran it (the same radius and settings); the numbers are those of the uncached call."""
+    global profile already ran it (the same radius and settings); the numbers are those of the uncached call.
+    ``advance``: progress as in ``sharpness_profile``, ``(clients + 1) x starts x steps`` trials in all."""
     if not objectives:
         raise LandscapeError("local sharpness needs at least one client objective")
     options = {"steps": steps, "tol": tol, "starts": starts, "adaptive": adaptive, "eta": eta,
-               "weight_mask": weight_mask, "seed": seed, "gradients": gradients}
+               "weight_mask": weight_mask, "seed": seed, "gradients": gradients, "advance": advance}
     glob = rho_sharpness(global_objective, w, rho, **options)
     clients = sorted(objectives)
     local = [rho_sharpness(objectives[c], w, rho, **options) for c in clients]

@@ -38,8 +38,8 @@ def figure_analysis(fig: FigureRecipe, device: str) -> FigureAnalysis:
     """A figure recipe's analysis settings and each of its passes' options, checked, and the results it reads."""
     from landscape.analyze.catalog import pass_options
     from landscape.analyze.passes import RESULT_NAMES
+    from landscape.analyze.plan import pass_settings_record
     from landscape.analyze.settings import AnalysisSettings
-    from landscape.store.results.names import settings_record
     from landscape.store.results.selection import Selection
 
     try:
@@ -53,7 +53,8 @@ def figure_analysis(fig: FigureRecipe, device: str) -> FigureAnalysis:
     unknown = sorted(set(fig.pass_options) - set(passes))
     if unknown:
         raise LandscapeError(f"{fig.path}: options for pass(es) {', '.join(unknown)} that no plot reads")
-    selection = Selection(RESULT_NAMES, exact={name: settings_record(settings, options[name]) for name in passes})
+    selection = Selection(RESULT_NAMES, exact={name: pass_settings_record(name, options[name], settings)
+                                                 for name in passes})
     return FigureAnalysis(settings, options, selection)
 
 

@@ -191,12 +191,22 @@ def test_flatness_without_kept_clients_says_how_to_get_them(tmp_path):
                     "with --keep-clients to save them at checkpoints)")
 
 
-def test_pyhessian_backend_cross_check(run_copy):
-    result = analyze(run_copy, "--passes", "hessian", "--backend", "pyhessian", "--analysis-samples", "200",
-                     "--set", "hessian.clients=-1",
-                     "--set", "hessian.trace_hvps=6", "--set", "hessian.density_steps=5")
+def test_pyhessian_backend_cross_check_recomputes_the_hessian_pass_alone(run_copy):
+    """--backend pyhessian after a native analysis: the hessian pass (the one that reads the backend,
+    ``PassSpec.reads``) is computed under its own name beside the native result; sharpness is found done."""
+    small = ("--analysis-samples", "200", "--set", "hessian.clients=-1", "--set", "hessian.trace_hvps=6",
+             "--set", "hessian.density_steps=5", "--set", "sharpness.steps=1", "--set", "sharpness.starts=1",
+             "--set", "sharpness.rhos=0.05", "--set", "sharpness.adaptive=false", "--set", "sharpness.clients=1")
+    native = analyze(run_copy, "--passes", "hessian,sharpness", *small)
+    assert native.exit_code == 0 and "2 computed, 0 already done" in native.output, native.output
+    folder = run_copy / "analysis" / "round-0004"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    result = analyze(run_copy, "--passes", "hessian,sharpness", "--backend", "pyhessian", *small)
     assert result.exit_code == 0, result.output
-    (path,) = (run_copy / "analysis" / "round-0004").glob("hessian@*backend-pyhessian_*.json")
+    assert "1 computed, 1 already done" in result.output, result.output  # sharpness reused, not recomputed
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name in before} == before
+    (path,) = folder.glob("hessian@*backend-pyhessian_*.json")
+    assert {p.name for p in folder.iterdir()} - set(before) == {path.name, path.with_suffix(".npz").name}
     record = json.loads(path.read_text())
     summary = record["summary"]
     assert summary["pyhessian_lambda_max"] == pytest.approx(summary["lambda_max"], rel=0.01)

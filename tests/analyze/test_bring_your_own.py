@@ -237,6 +237,42 @@ def test_a_pass_reports_its_products_to_the_progress_callback(tmp_path):
     assert work.base + work.last == output.scalars["hvp_count"]  # every product of every solver, as it happens
 
 
+def test_the_sharpness_pass_counts_its_trials_on_a_bar_with_a_total_and_a_time_left(tmp_path):
+    """The work bar of the sharpness pass (which makes no Hessian-vector products, so its cost model gives the
+    bar no total) gets one from the pass: every ascent's trial points (rhos x 2 profiles and the global and
+    client ascents at local_rho, each starts x steps), and ends there."""
+    from landscape.analyze.catalog import load_passes, pass_options
+    from landscape.analyze.context import CheckpointContext
+    from landscape.analyze.scheduler import WorkBar
+    from landscape.analyze.settings import AnalysisSettings
+    from landscape.analyze.source import find_sources
+    from landscape.train import loop
+
+    loop.start_run(tiny_recipe(model__name="mlp", train__rounds=1), tmp_path / "run", progress=False)
+    (source,), _ = find_sources(tmp_path / "run")
+    ctx = CheckpointContext(source, 1, AnalysisSettings(device="cpu", analysis_samples=64))
+    work = WorkBar(enabled=True)
+    bar = work.start("sharpness", expected=None)  # as the scheduler starts it: no products to expect
+    assert work.bar.total is None
+    heard, shown = [], []
+
+    def progress(done, total):
+        heard.append((done, total))
+        bar(done, total)
+        shown.append(str(work.bar))
+
+    ctx.progress = progress
+    options = pass_options("sharpness", {"rhos": [0.05, 0.1], "steps": 3, "starts": 2, "clients": 2})
+    load_passes().get("sharpness").factory(ctx, options)
+    total = (2 * 2 + 1 + 2) * 2 * 3
+    assert heard[0] == (0, total) and {t for _, t in heard} == {total}
+    done = [d for d, _ in heard]
+    assert done == sorted(done) and done[-1] == total and len(set(done)) > 10  # advancing as the trials run
+    assert work.bar.total == total and work.bar.n == total
+    assert f"{total}/{total}" in shown[-1] and f"/{total} [" in shown[1] and "<" in shown[-1]  # a time left
+    work.close()
+
+
 def _analyze_loss(path, model, dataset, *extra):
     return invoke("analyze", path, "--model", model, "--dataset", dataset, "--passes", "loss", "--quiet", *extra)
 

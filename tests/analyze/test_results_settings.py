@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from support.helpers import tiny_recipe
 
 from landscape.analyze.passes import PASSES, RESULT_NAMES
-from landscape.analyze.settings import AnalysisSettings
+from landscape.analyze.plan import pass_settings_record
+from landscape.analyze.settings import READ_BY_DECLARATION, AnalysisSettings
 from landscape.cli import cli
 from landscape.core.errors import LandscapeError
 from landscape.core.rounds import LAST, LISTED, Rounds
@@ -107,6 +108,31 @@ def test_names_are_safe_bounded_and_never_shared_by_different_settings(cases):
         identity = (output, tuple(sorted((k, value_text(v)) for k, v in diff.items())))
         assert (not key) == (not diff)
         assert seen.setdefault(name, identity) == identity, (name, seen[name], identity)
+
+
+def test_a_setting_a_pass_does_not_read_neither_names_its_results_nor_sets_them_apart():
+    """--backend and --hvp change the passes that declare them (``PassSpec.reads``) alone: every other pass
+    records them at their defaults, so its results keep their names and are found done whatever they are."""
+    other = AnalysisSettings(backend="pyhessian", hvp="forward-over-reverse")
+    readers = []
+    for name in PASSES.names():
+        spec = PASSES.get(name)
+        assert spec.reads <= READ_BY_DECLARATION
+        options = spec.make_options({})
+        mine, default = pass_settings_record(name, options, other), pass_settings_record(name, options,
+                                                                                         AnalysisSettings())
+        assert default == settings_record(AnalysisSettings(), options)  # at the defaults: the record as before
+        if spec.reads:
+            readers.append(name)
+            assert {"backend-pyhessian", "hvp-forward-over-reverse"} <= set(result_name(name, mine)
+                                                                            .split("@")[1].split("_"))
+            assert not RESULT_NAMES.same_settings(name, mine, default)
+        else:
+            assert mine == default and result_name(name, mine) == result_name(name, default)
+            assert mine["analysis"]["backend"] == "native" and mine["analysis"]["hvp"] == "auto"
+    assert readers  # the hessian pass reads them
+    with pytest.raises(ValueError, match="only backend, hvp are declared per pass"):
+        AnalysisSettings().read_by(frozenset({"split"}))
 
 
 # -- analyses of one checkpoint with different settings ----------------------------------------------------------

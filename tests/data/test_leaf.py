@@ -202,6 +202,34 @@ def test_train_without_the_files_is_one_line(tmp_path):
     assert str(tmp_path / "data" / "femnist" / "data" / "train") in line and not out.exists()
 
 
+SPELLINGS = ["1.0", "1", "0.5843137254901961", "5.843137254901961e-1", "58.43137254901961E-2", "0.0", "-0.0", "0",
+             "1e-320", "0.1000000000000000055511151231257827", "0.30000000000000004", "3e-1", "0.3"]
+
+
+@pytest.mark.parametrize("texts_kept", [1 << 16, 3])
+def test_pixels_are_the_numbers_json_reads_whatever_their_spelling(tmp_path, monkeypatch, texts_kept):
+    """Each float's text is converted once per file (and, past the limit of texts kept, again each time): the
+    images are exactly those of the numbers json.loads reads, float32 as numpy casts them."""
+    from landscape.data import leaf_sets
+
+    monkeypatch.setattr(leaf_sets, "_FLOAT_TEXTS", texts_kept)
+    rng = np.random.default_rng(5)
+    rows = [", ".join(rng.choice(SPELLINGS, size=784)) for _ in range(6)]
+    folder = tmp_path / "femnist" / "data"
+    for split, users in (("train", ["a", "b"]), ("test", ["a"])):
+        (folder / split).mkdir(parents=True)
+        data = {u: f'{{"x": [{", ".join(f"[{r}]" for r in rows[3 * i:3 * i + 3])}], "y": [1, 2, 61]}}'
+                for i, u in enumerate(users)}
+        body = (f'{{"users": {json.dumps(users)}, "num_samples": {json.dumps([3] * len(users))}, "user_data": '
+                f'{{{", ".join(f"{json.dumps(u)}: {d}" for u, d in data.items())}}}}}')
+        (folder / split / f"all_data_0_{split}.json").write_text(body)
+    bundle = load(tmp_path, num_clients=2)
+    expected = np.asarray(json.loads("[" + ", ".join(f"[{r}]" for r in rows) + "]"), dtype=np.float32)
+    assert np.array_equal(bundle.train.x.numpy().reshape(6, 784), expected)
+    assert np.array_equal(np.signbit(bundle.train.x.numpy().reshape(6, 784)), np.signbit(expected))  # -0.0 too
+    assert np.array_equal(bundle.test.x.numpy().reshape(3, 784), expected[:3])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # shakespeare
 

@@ -12,6 +12,7 @@ from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.data.datasets import load_dataset
 from landscape.measure.analysis_data import AnalysisData
+from landscape.measure.gradient_cache import GradientCache
 from landscape.measure.objective import Objective
 from landscape.measure.sharpness import (
     asam_weight_mask,
@@ -114,6 +115,27 @@ def test_quadratic_profile_is_non_negative_and_non_decreasing():
     capped = (used == 20).sum()  # an ascent that ran to the cap takes a loss only at its last trial
     assert p.gradient_evaluations + p.loss_evaluations == 1 + 6 * 2 + used.sum()  # centre, 2 random starts each
     assert p.loss_evaluations >= capped  # a capped ascent's last trial, and every rejected trial
+
+
+def test_progress_counts_every_trial_and_the_budget_an_ascent_leaves_or_takes_from_the_cache():
+    """``advance`` hears 1 per trial point evaluated and, for an ascent stopped early, the trials it left; an
+    ascent taken from the cache counts its whole budget: the count always ends at rhos x starts x steps."""
+    quad = Quadratic(_spd([2.0, 1.0, 0.5, 0.1], seed=2), torch.tensor([0.1, 0.0, -0.3, 0.2], dtype=torch.float64))
+    w = torch.tensor([0.5, -0.5, 0.2, 0.0], dtype=torch.float64)
+    rhos, starts, steps = [0.05, 0.1, 0.4], 3, 20
+    heard: list[int] = []
+    p = sharpness_profile(quad, w, rhos, steps=steps, starts=starts, advance=heard.append)
+    trials = int((~np.isnan(p.ascent_values)).sum())
+    assert sum(heard) == len(rhos) * starts * steps and heard.count(1) == trials
+    assert trials < len(rhos) * starts * steps  # some ascents stopped early (converged), their rest counted
+    uncounted = sharpness_profile(quad, w, rhos, steps=steps, starts=starts)
+    assert np.array_equal(uncounted.sharpness, p.sharpness)  # counting changes no number
+    cache = GradientCache(w)
+    first: list[int] = []
+    sharpness_profile(quad, w, rhos, steps=steps, starts=starts, gradients=cache, advance=first.append)
+    again: list[int] = []
+    sharpness_profile(quad, w, rhos, steps=steps, starts=starts, gradients=cache, advance=again.append)
+    assert first == heard and again == [starts * steps] * len(rhos)
 
 
 def test_estimate_keeps_the_best_iterate_and_never_drops_below_the_centre():

@@ -62,6 +62,7 @@ PASSES.declare("hessian", options=HessianOptions,
                summary="Lanczos top-k eigenvalues, trace (XTrace; Hutchinson baseline), SLQ density, client "
                        "lambda_max",
                cost=_hessian_cost,
+               reads=frozenset({"backend", "hvp"}),  # the PyHessian cross-check; the products' backend
                quantities=(Quantity("lambda_max", "&lambda;<sub>max</sub>", "top.values",
                                     read_result=_first_eigenvalue),
                            Quantity("lambda_1/lambda_k", "&lambda;<sub>1</sub>/&lambda;<sub>k</sub>", "lambda_ratio"),

@@ -10,6 +10,7 @@ import numpy as np
 
 from landscape.analyze.passes._common import ALL, client_objectives, keys, measured
 from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, StoredResult
+from landscape.core.progress import Budget
 from landscape.core.schema import rule
 from landscape.store.results.serial import split_result
 
@@ -50,6 +51,14 @@ def _sharpness_at(rho: float) -> Quantity:
                     read_result=read)
 
 
+def _trials(o: SharpnessOptions, clients: int | None) -> int:
+    """The trial points of the pass's ascents, each at most ``steps`` from each of ``starts`` starts: every
+    radius (twice with the adaptive profile) and, on a run (``clients``: the clients compared; None on a plain
+    state_dict), the global ascent at ``local_rho`` and each client's."""
+    ascents = len(o.rhos) * (2 if o.adaptive else 1) + (0 if clients is None else 1 + clients)
+    return ascents * o.starts * o.steps
+
+
 PASSES.declare("sharpness", options=SharpnessOptions,
                summary="rho-ball sharpness S_rho (and adaptive) of F; per-client S_rho of F_i and the gap",
                cost=_sharpness_cost,
@@ -78,6 +87,9 @@ def sharpness_pass(ctx: CheckpointContext, opts: SharpnessOptions) -> PassOutput
     # grad F, the grad F_i and each radius's ascent are kept in the checkpoint's cache: the local comparison's
     # global S_rho at local_rho is the plain profile's ascent at that radius when it has one
     ascent = {"steps": opts.steps, "tol": opts.tol, "starts": opts.starts, "seed": seed, "gradients": ctx.gradients}
+    if ctx.progress is not None:  # the bar counts trial points: steps x starts per radius and profile, per client
+        ascent["advance"] = Budget(ctx.progress, _trials(opts, len(ctx.sample_clients(opts.clients))
+                                                         if ctx.num_clients else None)).advance
     # eta is the ASAM ball's: the global profile records the default, which it does not use
     profile = functions.sharpness(ctx.problem, opts.rhos, adaptive=False, eta=DEFAULT_ETA, **ascent)
     scalars, arrays = split_result(profile, "global.")
