@@ -87,7 +87,8 @@ def recorded_summaries(jobs: list[Job], settings: AnalysisSettings,
             path = job.source.checkpoints[job.round]
             if path not in digests:
                 digests[path] = file_digest(path)
-            if (recorded.get("schema_version") == SCHEMA_VERSION and recorded.get("settings") == wanted
+            # the same settings, NOT_NAMED aside (find_result): computed on another device is the same result
+            if (recorded.get("schema_version") == SCHEMA_VERSION
                     and recorded.get("checkpoint_sha256") == digests[path]):
                 inputs = job.source.inputs
                 if inputs is None or recorded.get("inputs") == inputs:

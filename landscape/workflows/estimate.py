@@ -235,16 +235,16 @@ class WorkEstimate:
         on disk (``scheduler.recorded_summaries``); a run still to train has the rounds it will have
         (``figures.recipe.rounds.analysed_rounds``), none done."""
         from landscape.analyze.passes import PASSES, RESULT_NAMES
+        from landscape.analyze.plan import pass_settings_record
         from landscape.figures.recipe.rounds import analysed_rounds
         from landscape.store.directory import RunDir
-        from landscape.store.results.names import settings_record
 
         if status in (None, "done"):
             return self._existing(path, name, spec, options, settings)
         rates = self.rates_of(recipe, settings)
         seconds = math.nan if rates is None else rates.analysis(PASSES.get(name).cost(options))
         rounds = analysed_rounds(name, spec, recipe.train)
-        result_name = RESULT_NAMES.result_name(name, settings_record(settings, options))
+        result_name = RESULT_NAMES.result_name(name, pass_settings_record(name, options, settings))
         for r in rounds:
             self.jobs[(RunDir(path).checkpoint(r), name, result_name)] = seconds
         return len(rounds), 0, seconds * len(rounds)

@@ -146,4 +146,4 @@ def test_the_figures_dry_run_prices_what_is_missing_and_nothing_done(tmp_path):
     assert given.exit_code == 0 and "0 job(s) to compute, 1 already done" in given.output, given.output
     # drawn again over the same files: said, never silent
     again = invoke("figures", path, "--out", out, "--device", "cpu")
-    assert again.exit_code == 0 and f"note: replaced 2 file(s) in {out}" in again.output, again.output
+    assert again.exit_code == 0 and f"note: replaced 3 file(s) in {out}" in again.output, again.output

@@ -92,7 +92,8 @@ def test_the_figure_workflow_draws_what_the_figures_command_draws(tmp_path):
     png = tmp_path / "wf" / "tiny.png"  # the plot's file: the figure's name
     assert png in written and png.read_bytes() == (tmp_path / "cli" / "tiny.png").read_bytes()
     figure.make_figure(fig, tmp_path / "wf", device="cpu", notify=lines.append)  # its runs are reused
-    assert lines[2:] == [f"train {tmp_path / 'wf' / 'runs' / run_id}: done" for run_id in ("a", "b")]
+    assert lines[2:] == [f"train {tmp_path / 'wf' / 'runs' / run_id}: done" for run_id in ("a", "b")] + [
+        f"note: replaced 3 file(s) in {tmp_path / 'wf'} that were there before: tiny.png, tiny.pdf, tiny.caption.txt"]
 
 
 def test_claims_are_planned_from_python_as_the_claims_command_plans_them(tmp_path):
