@@ -208,8 +208,9 @@ def _seed_bars(ax: Any, groups_values: Sequence[tuple[SeedGroup, list[float]]], 
                    edgecolor="black", zorder=4, label="each seed" if not dots else None)
         dots = True
         top = max(mean + se, *values)
-        ax.annotate(f"{mean:.3g} ± {se:.2g}", (i, top), xytext=(0, 6), textcoords="offset points",
-                    ha="center", va="bottom")
+        # two short lines, so that the labels of neighbouring bars never run into each other
+        ax.annotate(f"{mean:.3g}\n± {se:.2g}", (i, top), xytext=(0, 4), textcoords="offset points",
+                    ha="center", va="bottom", fontsize="small", linespacing=1.0)
     return dots
 
 

@@ -310,7 +310,9 @@ class WorkEstimate:
             reasons.setdefault(why, []).append(what)
         for why, whats in reasons.items():
             out.append(f"  not priced (rates not measurable here) {', '.join(whats)}: {why}")
-        for what, gradient, product in self.products.values():
-            out.append(f"  measured here at {what}: a gradient {duration(gradient)}, a Hessian-vector product "
-                       f"{duration(product)}")
+        if self.products:
+            whats, gradients, products = zip(*self.products.values())
+            out.append(f"  rates measured here at the first checkpoint to analyse of {len(whats)} run(s) "
+                       f"({', '.join(whats)}): a gradient {_spread(list(gradients))}, a Hessian-vector product "
+                       f"{_spread(list(products))}")
         return out
