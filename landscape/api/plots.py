@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 
 from landscape.api import Surface
 from landscape.core.errors import LandscapeError, shown
-from landscape.figures.curves import sharpness_profile_figure, spectrum_figure
+from landscape.figures.spectrum import sharpness_profile_figure, spectrum_figure
 from landscape.figures.surface.data import SurfaceData
 from landscape.figures.surface.draw import contour_figure, curve_1d_figure, save_figure, surface_3d_figure
 from landscape.measure.density import DensityResult

@@ -83,14 +83,14 @@ def test_one_round_is_one_tick_and_subplot_titles_leave_the_title_room():
     fig.add_trace(go.Scatter(x=[10, 20, 30], y=[1, 2, 3]), row=1, col=1)
     fig.add_trace(go.Scatter(x=[30], y=[4]), row=1, col=2)
     fig.add_trace(go.Scatter(x=[2, 3, 5], y=[4, 5, 6]), row=1, col=3)
-    layout = report_plotly._layout(fig, "Global sharpness at the analysed rounds").layout
+    layout = report_plotly.figure_layout(fig, "Global sharpness at the analysed rounds").layout
     assert list(layout.xaxis2.tickvals) == [30] and list(layout.xaxis2.range) == [29, 31]
     assert layout.xaxis.tickformat == "d" and layout.xaxis.dtick is None and layout.xaxis.tickvals is None
     assert layout.xaxis3.tickformat == "d" and layout.xaxis3.dtick == 1
     assert layout.title.yref == "container" and layout.title.yanchor == "top"
     assert layout.margin.t >= 16 + 22 * (1 + 2)  # the title's line and the subplot titles' two
 
-    single = report_plotly._layout(go.Figure(go.Scatter(x=[7, 7], y=[1, 2])), "one round").layout
+    single = report_plotly.figure_layout(go.Figure(go.Scatter(x=[7, 7], y=[1, 2])), "one round").layout
     assert list(single.xaxis.tickvals) == [7]
 
 

@@ -21,7 +21,6 @@ any wider window either. An axis of rounds has whole-number ticks.
 from __future__ import annotations
 
 import html
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,101 +38,12 @@ from landscape.figures.extract import (
 )
 from landscape.figures.labels import METRIC_LABELS, wrap_title
 from landscape.figures.over_seeds import by_seed_group, density_floor, mean_cosines, rounds_text
+from landscape.figures.report.layout import (
+    PLOT_HEIGHT,
+    figure_layout,
+)
 from landscape.figures.rundata import RunData
 from landscape.figures.seeds import SeedGroup, groups, series_mean
-
-PLOT_HEIGHT = 430
-# The plot's width at the narrowest window the report is laid out for (900 px: the page's padding and scroll bar
-# take the rest); titles are wrapped to fit it, so they fit every wider window too.
-NARROW_PX = 800
-MARGIN_L, MARGIN_R = 60, 20
-COLORBAR_PX = 110  # the width a colour bar takes from the panels (plotly widens the right margin for it)
-TITLE_PX, SUBPLOT_TITLE_PX = 16, 13  # font sizes
-CHAR_EM = 0.62  # a character's mean width in em, of the widest usual sans-serif fonts (DejaVu Sans)
-LINE_EM = 1.4  # a title line's height in em
-MIN_TITLE_CHARS = 14
-
-
-def _chars(width_px: float, font_px: float) -> int:
-    """How many characters of ``font_px`` fit in ``width_px``."""
-    return max(MIN_TITLE_CHARS, int(width_px / (CHAR_EM * font_px)))
-
-
-def _round_axes(fig: Any) -> None:
-    """Whole-number round ticks on each x axis of rounds, from the rounds drawn on that axis (a categorical
-    axis, a chart by run, is left alone): a span of up to 10 rounds every round, a longer one plotly's own
-    round steps; one round (only in a panel beside one over rounds) that tick alone."""
-    drawn: dict[str, list[float]] = {}
-    for trace in fig.data:
-        if trace.x is not None:
-            drawn.setdefault(trace.xaxis or "x", []).extend(float(v) for v in np.atleast_1d(trace.x)
-                                                             if isinstance(v, (int, float, np.number)))
-    for axis, xs in drawn.items():
-        name = f"xaxis{axis[1:]}"
-        if not xs or fig.layout[name].type == "category":
-            continue
-        low, high = min(xs), max(xs)
-        if high == low:
-            ticks: dict[str, Any] = {"tickmode": "array", "tickvals": [low], "range": [low - 1, low + 1]}
-        else:
-            ticks = {"tickformat": "d", **({"dtick": 1} if high - low <= 10 else {})}
-        fig.update_layout({name: ticks})
-
-
-def _wrap(title: str, width: int) -> str:
-    """``labels.wrap_title`` (lines broken at spaces), and a line that is still longer (one long word: a run
-    directory's name) broken after its hyphens or underscores."""
-    lines = []
-    for line in wrap_title(title, width).split("<br>"):
-        if len(line) <= width or "<" in line or "&" in line:
-            lines.append(line)
-            continue
-        current = ""
-        for piece in re.split(r"(?<=[-_])", line):
-            if current and len(current) + len(piece) > width:
-                lines.append(current)
-                current = ""
-            current += piece
-        lines.append(current)
-    return "<br>".join(lines)
-
-
-def _panel_width(fig: Any, x: float, plot_px: float) -> float:
-    """The width in px, at a plot ``plot_px`` wide, of the subplot whose title is centred at paper ``x``."""
-    for axis in fig.layout:
-        if axis.startswith("xaxis") and fig.layout[axis].domain is not None:
-            low, high = fig.layout[axis].domain
-            if abs((low + high) / 2 - x) < 1e-6:
-                return (high - low) * plot_px
-    return plot_px
-
-
-def _layout(fig: Any, title: str, *, rounds: bool = True, plot_height: int = PLOT_HEIGHT, **more: Any) -> Any:
-    """Shared look; ``rounds``: the x axes count rounds (``_round_axes``). The title and the subplot titles are
-    wrapped to the width they have at the narrowest window (``NARROW_PX``), each subplot title to its own
-    panel's, and the title sits at the top with room below it for every line of the subplot titles."""
-    titles = [a for a in (fig.layout.annotations or ()) if a.text and a.yanchor == "bottom"]
-    plot_px = NARROW_PX - MARGIN_L - MARGIN_R - (COLORBAR_PX if _has_colorbar(fig) else 0)
-    for annotation in titles:  # make_subplots' titles: bottom-anchored above each subplot
-        annotation.text = _wrap(annotation.text, _chars(_panel_width(fig, annotation.x, plot_px), SUBPLOT_TITLE_PX))
-        annotation.font.size = SUBPLOT_TITLE_PX
-    title = wrap_title(title, _chars(NARROW_PX - MARGIN_L - MARGIN_R, TITLE_PX))
-    below = max((a.text.count("<br>") + 1 for a in titles), default=0)
-    top = round(16 + LINE_EM * TITLE_PX * (title.count("<br>") + 1) + LINE_EM * SUBPLOT_TITLE_PX * below + 14)
-    layout = {"title": {"text": title, "y": 1, "yref": "container", "yanchor": "top", "pad": {"t": 16},
-                        "font": {"size": TITLE_PX}},
-              "height": plot_height + max(0, top - 60), "template": "plotly_white",
-              "margin": {"l": MARGIN_L, "r": MARGIN_R, "t": max(60, top), "b": 50},
-              "legend": {"orientation": "h", "y": -0.2}}
-    fig.update_layout({**layout, **more})
-    if rounds:
-        _round_axes(fig)
-    return fig
-
-
-def _has_colorbar(fig: Any) -> bool:
-    return any(getattr(trace, "coloraxis", None) or trace.type == "heatmap" for trace in fig.data)
-
 
 SEED_BAND_ALPHA = 0.2
 SEED_NOTE = "mean over seeds, band: ± standard error"
@@ -286,7 +196,7 @@ def curve_figure(runs: Sequence[RunData], key: str) -> Any:
         points = _points(seed_groups, lambda run: run.series(key), scale)
         fig.add_traces(_at_round(points))
         _, at = _at_round_x(points)
-        return _layout(fig, _seed_note(f"{name} {at}", seed_groups, "mean over seeds, bar: ± standard error"),
+        return figure_layout(fig, _seed_note(f"{name} {at}", seed_groups, "mean over seeds, bar: ± standard error"),
                        rounds=False, xaxis=CATEGORY_AXIS, yaxis_title=ylabel)
     for group in seed_groups:
         if group.n > 1:
@@ -297,7 +207,7 @@ def curve_figure(runs: Sequence[RunData], key: str) -> Any:
         rounds, values = run.series(key)
         fig.add_trace(go.Scatter(x=rounds, y=scale * values, mode="lines+markers", name=run.label,
                                  line={"color": to_hex(run.color)}, marker={"size": 4}))
-    return _layout(fig, _seed_note(f"{name} over rounds", seed_groups), xaxis_title="round", yaxis_title=ylabel)
+    return figure_layout(fig, _seed_note(f"{name} over rounds", seed_groups), xaxis_title="round", yaxis_title=ylabel)
 
 
 def _plain(label: str) -> str:
@@ -361,7 +271,7 @@ def sharpness_figure(runs: Sequence[RunData], rho: float | None) -> Any:
     fig.update_yaxes(title_text="S<sub>ρ</sub>: F(x + e*) − F(x), ‖e*‖ ≤ ρ", row=1, col=1)
     fig.update_yaxes(title_text="λ<sub>1</sub>(∇²F)", row=1, col=2)
     title = "Global sharpness at the analysed rounds" if any(over.values()) else "Global sharpness"
-    return _layout(fig, _seed_note(title, seed_groups, "mean over seeds, band or bar: ± standard error"))
+    return figure_layout(fig, _seed_note(title, seed_groups, "mean over seeds, band or bar: ± standard error"))
 
 
 def density_figure(runs: Sequence[RunData]) -> Any:
@@ -390,7 +300,7 @@ def density_figure(runs: Sequence[RunData]) -> Any:
                                  line={"color": to_hex(s.run.color)}))
     title = _seed_note("Hessian spectral density (SLQ), latest analysed round", seed_groups,
                        "one thin line per seed")
-    return _layout(fig, title, rounds=False,
+    return figure_layout(fig, title, rounds=False,
                    xaxis_title="eigenvalue λ",
                    yaxis={"type": "log", "exponentformat": "power", "title": {"text": "density (log scale)"}})
 
@@ -447,7 +357,7 @@ def incompatibility_figure(runs: Sequence[RunData]) -> Any:
             else "mean over seeds, bands: ± SE over seeds" if any(several) else "error bars: Monte-Carlo SE")
     if not over:
         traces, at = _fi_bars(single, by_run)
-        return _layout(go.Figure(traces), f"{_FI_TITLE}, {at}<br>({bars.replace('bands', 'bars')})", rounds=False,
+        return figure_layout(go.Figure(traces), f"{_FI_TITLE}, {at}<br>({bars.replace('bands', 'bars')})", rounds=False,
                        barmode="group", xaxis=CATEGORY_AXIS, yaxis_title="squared perturbation distance")
     single_bars = _fi_bars(single, by_run) if single else None
     titles = [g.legend for g in over] + ([f"the runs of one analysed round, {single_bars[1]}"] if single_bars else [])
@@ -482,7 +392,7 @@ def incompatibility_figure(runs: Sequence[RunData]) -> Any:
         fig.update_layout(barmode="group")
     for row in range(1, rows + 1):
         fig.update_yaxes(title_text="squared perturbation distance", row=row, col=1)
-    return _layout(fig, f"{_FI_TITLE}<br>({bars})", plot_height=height + 130)
+    return figure_layout(fig, f"{_FI_TITLE}<br>({bars})", plot_height=height + 130)
 
 
 PANEL_COLUMNS = 3  # panels of one run each side by side at most; more go on further rows
@@ -544,7 +454,7 @@ def cosine_figure(runs: Sequence[RunData]) -> Any:
                                  "colorbar": {"title": {"text": "cos(∇F<sub>i</sub>, ∇F<sub>j</sub>)"},
                                               "lenmode": "pixels", "len": 240, "y": 1, "yanchor": "top"}})
     fig.update_yaxes(tickfont={"size": 9})
-    return _layout(fig, "Client gradient alignment (one colour scale, −1 to 1)", rounds=False,
+    return figure_layout(fig, "Client gradient alignment (one colour scale, −1 to 1)", rounds=False,
                    plot_height=height + 80)
 
 
@@ -556,5 +466,5 @@ def line_surface_figure(path: Path, title: str, color: str) -> Any:
         x, loss = np.asarray(f["x_coords"], float), np.asarray(f["loss"], float)
     fig = go.Figure(go.Scatter(x=x, y=loss, mode="lines+markers", name="loss", marker={"size": 4},
                                line={"color": color}))
-    return _layout(fig, title, rounds=False, xaxis_title="step along the direction", yaxis_title="loss")
+    return figure_layout(fig, title, rounds=False, xaxis_title="step along the direction", yaxis_title="loss")
 
