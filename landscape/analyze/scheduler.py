@@ -160,31 +160,41 @@ class _Contexts:
 
 
 class WorkBar:
-    """A second progress bar for the work inside one pass: Hessian-vector products or surface cells, with the
-    rate and, where the total is known, the time left. Solvers report ``(done, total or None)`` from their own
-    counters; a counter that starts again (the next solver of the pass) adds to what was done."""
+    """A second progress bar for the work inside one pass: Hessian-vector products, ascent trials or surface cells,
+    with the rate and, where the total is known, the time left. Solvers report ``(done, total or None)`` from their
+    own counters; a counter that starts again (the next solver of the pass) adds to what was done. A pass whose cost
+    model expects no steps gets its bar when it first reports (one that never does shows none, not "0step")."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.bar = None
         self.base = self.last = 0
+        self.what = ""
 
     def start(self, what: str, expected: int | None = None) -> WorkBar | None:
         """A bar for pass ``what``; ``expected``: its steps as its cost model estimates them (the total shown
-        until its solvers report their own, and grown where the work runs past it)."""
+        until its solvers report their own, and grown where the work runs past it; none: the bar is drawn when the
+        pass first reports)."""
         if not self.enabled:
             return None
-        from landscape.core.progress import progress_bar
-
         self.close()
         self.base = self.last = 0
-        self.bar = progress_bar(total=expected or None, desc=f"  {what}", unit="step", leave=False, position=1,
-                                dynamic_ncols=True)
+        self.what = what
+        if expected:
+            self._open(expected)
         return self
 
+    def _open(self, total: int | None) -> None:
+        from landscape.core.progress import progress_bar
+
+        self.bar = progress_bar(total=total or None, desc=f"  {self.what}", unit="step", leave=False, position=1,
+                                dynamic_ncols=True)
+
     def __call__(self, done: int, total: int | None) -> None:
-        if self.bar is None:
+        if not self.enabled:
             return
+        if self.bar is None:
+            self._open(total)
         if done < self.last:
             self.base += self.last
         self.last = done
