@@ -80,7 +80,7 @@ def local_steps(train: Any, sizes: tuple[int, ...]) -> float:
 TIMED_SAMPLES = 256
 
 
-def measure_rates(recipe: Any, settings: Any) -> Rates:
+def measure_rates(recipe: Any, settings: Any, setup: Any = None) -> Rates:
     """The rates of ``recipe``'s kind of run (``Rates``), measured on a throwaway copy in a temporary folder: one
     client per round, rounds of one local step and of three (the mean of two after a warm-up), a test evaluation
     and the analysis products on ``TIMED_SAMPLES`` samples, scaled to the sizes of the run's."""
@@ -90,7 +90,7 @@ def measure_rates(recipe: Any, settings: Any) -> Rates:
     from landscape.train.trainer import Trainer
 
     recipe.require_entries()
-    setup = prepare_data(recipe)
+    setup = setup if setup is not None else prepare_data(recipe)
     seconds: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="landscape-estimate-") as folder:
         for steps in (1, 3):
@@ -196,8 +196,22 @@ class WorkEstimate:
     jobs: dict[tuple, float] = field(default_factory=dict)  # (checkpoint, pass, result name) -> seconds
     done: set[tuple] = field(default_factory=set)  # the same keys, of the jobs already done
 
+    setups: dict[str, Any] = field(default_factory=dict)  # data set and partition -> its DataSetup
     # rate key -> (what, why its rates could not be measured)
     unmeasured: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def _setup(self, recipe: Any) -> Any:
+        """The data set and partition of ``recipe`` (``prepare_data``), made once for the kinds of run that share
+        them (the algorithms of one figure)."""
+        from landscape.config.setup import prepare_data
+
+        table = recipe.to_dict()
+        key = json.dumps([table["dataset"], table["partition"], recipe.seed, recipe.train.dtype, recipe.imports],
+                         sort_keys=True, default=str)
+        if key not in self.setups:
+            recipe.require_entries()
+            self.setups[key] = prepare_data(recipe)
+        return self.setups[key]
 
     def rates_of(self, recipe: Any, settings: Any) -> Rates | None:
         """The rates of ``recipe``'s kind of run, measured the first time; None where they cannot be measured
@@ -206,7 +220,7 @@ class WorkEstimate:
         if key not in self.rates and key not in self.unmeasured:
             what = f"{recipe.dataset.name} {recipe.model.name} {recipe.algorithm.name}"
             try:
-                self.rates[key] = (what, measure_rates(recipe, settings))
+                self.rates[key] = (what, measure_rates(recipe, settings, self._setup(recipe)))
             except LandscapeError as e:
                 self.unmeasured[key] = (what, str(e))
         return self.rates[key][1] if key in self.rates else None
