@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -229,3 +231,66 @@ def test_wandb_offline_run_holds_the_history(tmp_path):
     summaries = result_summaries(run)
     assert {(r["round"], k, v) for r in history[2:] for k, v in r.items() if k != "round"} == \
         {(step, tag, value) for tag, steps in summaries.items() for step, value in steps}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a tracker that cannot start: missing, a broken install, a folder that cannot be written - one line before
+# any work, naming the way out (a received run's: its recipe.toml's train.log)
+
+
+def _with_log(run: Path, names: list[str]) -> Path:
+    """``run`` with its recipe.toml's ``train.log`` set to ``names`` (as a received run may ask)."""
+    text, count = re.subn(r"(?m)^log = \[.*\]$", f"log = {json.dumps(names)}", (run / "recipe.toml").read_text())
+    assert count == 1
+    (run / "recipe.toml").write_text(text)
+    return run
+
+
+def _break(tracker: str, fault: str, tmp_path: Path, monkeypatch) -> None:
+    """Tracker ``tracker`` made missing, or installed but raising ``fault`` when imported (a fake package first
+    on the path, as a broken install is)."""
+    if fault == "missing":
+        real = importlib.util.find_spec
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: None if name == tracker else real(name, *a))
+        return
+    fake = tmp_path / "fake" / tracker
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f"raise {fault}('broken {tracker} install')\n")
+    monkeypatch.syspath_prepend(str(fake.parent))
+    for name in [m for m in sys.modules if m.split(".")[0] == tracker or m.startswith("torch.utils.tensorboard")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "wandb"])
+@pytest.mark.parametrize("fault", ["missing", "ImportError", "RuntimeError"])
+@pytest.mark.parametrize("how", ["train", "analyze", "resume"])
+def test_a_tracker_that_is_missing_or_broken_is_one_line_before_anything_is_written(
+        one_round_run, tmp_path, monkeypatch, tracker, fault, how):
+    if how == "train":
+        args, out = ["train", "--log", tracker, "--quiet", "-o", tmp_path / "new"], tmp_path / "new"
+        way_out = f"leave {tracker} out of train.log / --log"
+    else:
+        out = _with_log(Path(shutil.copytree(one_round_run, tmp_path / "received")), [tracker])
+        args = ["analyze", out, "--passes", "loss", "--quiet"] if how == "analyze" else \
+            ["train", "--resume", out, "--rounds", "2", "--quiet"]
+        way_out = (f"leave {tracker} out of train.log in {out / 'recipe.toml'}: a run's train.log may be edited, "
+                   "it changes no number")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} if out.exists() else None
+    _break(tracker, fault, tmp_path, monkeypatch)
+
+    line = one_line_error(invoke(*args))
+    if fault == "missing":
+        assert line.startswith(f"error: train.log asks for {tracker}, which is not installed: pip install '")
+        assert line.endswith(f"[{tracker}]' (or {way_out})")
+    else:
+        assert line == (f"error: train.log asks for {tracker}, which is installed but does not import ({fault}: "
+                        f"broken {tracker} install): repair it (pip install --force-reinstall {tracker}), or "
+                        f"{way_out}")
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} if out.exists() else None
+    assert after == before  # nothing written: no run folder made, a received run left as it was
+    if how == "resume":  # the way out named is one: with the tracker left out of train.log, the run resumes
+        _with_log(out, [])
+        monkeypatch.undo()
+        assert invoke("train", "--resume", out, "--rounds", "2", "--quiet").exit_code == 0
+        assert RunDir(out).rounds() == [0, 1, 2]
