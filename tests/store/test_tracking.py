@@ -5,7 +5,9 @@ asked."""
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import io
 import json
 import os
 import re
@@ -13,6 +15,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -294,3 +297,73 @@ def test_a_tracker_that_is_missing_or_broken_is_one_line_before_anything_is_writ
         monkeypatch.undo()
         assert invoke("train", "--resume", out, "--rounds", "2", "--quiet").exit_code == 0
         assert RunDir(out).rounds() == [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory) -> Path:
+    """A 2-round run logged to TensorBoard, trained once for this module. Read-only: tests copy it."""
+    run = tmp_path_factory.mktemp("tracked") / "run"
+    loop.start_run(tiny_recipe(train__log=["tensorboard"], train__rounds=2, **MLP), run, progress=False)
+    return run
+
+
+def _unwritable(folder: Path, fault: str, monkeypatch) -> None:
+    """Files made in ``folder`` fail as on a read-only mount (EROFS: every file) or a full disk (ENOSPC:
+    TensorBoard's event files; a small file still fits). Patched, as chmod stops no root."""
+    code = errno.EROFS if fault == "read-only" else errno.ENOSPC
+    real_os_open, real_io_open = os.open, io.open
+
+    def refused(path, writing: bool) -> bool:
+        path = Path(os.fsdecode(path))
+        return writing and path.parent == folder and (fault == "read-only" or "tfevents" in path.name)
+
+    def os_open(path, flags, *args, **kwargs):
+        if refused(path, bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))):
+            raise OSError(code, os.strerror(code))
+        return real_os_open(path, flags, *args, **kwargs)
+
+    def io_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, bytes, os.PathLike)) and refused(file, any(c in mode for c in "wax+")):
+            raise OSError(code, os.strerror(code))
+        return real_io_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(io, "open", io_open)
+
+
+@pytest.mark.parametrize("fault", ["read-only", "disk full"])
+@pytest.mark.parametrize("how", ["analyze", "resume"])
+def test_a_tracker_folder_that_cannot_be_written_is_one_line_and_no_result_goes_unlogged(
+        tracked_run, tmp_path, monkeypatch, fault, how):
+    run = Path(shutil.copytree(tracked_run, tmp_path / "run"))
+    folder = run / "tensorboard"
+    logged_before = tensorboard_logs(run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    thread_errors = []  # what tensorboard's writer thread would print (30 lines): nothing
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)
+    _unwritable(folder, fault, monkeypatch)
+    args = ["analyze", run, "--passes", "loss", "--quiet"] if how == "analyze" else \
+        ["train", "--resume", run, "--rounds", "3", "--quiet"]
+    line = one_line_error(invoke(*args))
+    monkeypatch.undo()
+    assert thread_errors == []
+    reason = "[Errno 30] Read-only file system" if fault == "read-only" else "[Errno 28] No space left on device"
+    if fault == "read-only":  # found before any work: nothing written, nothing left unlogged
+        assert line == (f"error: cannot write TensorBoard logs in {folder}: {reason}; make it writable, or leave "
+                         f"tensorboard out of train.log in {run / 'recipe.toml'}: a run's train.log may be edited, "
+                         "it changes no number")
+        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+        return
+    assert line.startswith(f"error: cannot write TensorBoard logs in {folder}: {reason}")
+    if how == "analyze":  # the result written just before: the message says how it is logged, and it is
+        [(result, _)] = stored_results(run / "analysis" / "round-0002")
+        assert line.endswith(f"; the result analysis/round-0002/{result.name} is written but not logged: once "
+                             "the logs can be written, analyse it again with --force to log it")
+        assert "loss/loss" not in tensorboard_logs(run)
+        assert invoke("analyze", run, "--passes", "loss", "--force", "--quiet").exit_code == 0
+        assert tensorboard_logs(run) == {**logged_before, **as_float32(result_summaries(run))}
+    else:  # the rounds trained meanwhile are logged when the resume runs again
+        assert invoke("train", "--resume", run, "--rounds", "3", "--quiet").exit_code == 0
+        logged = {tag: sorted(steps) for tag, steps in tensorboard_logs(run).items()}  # files read in name order
+        assert logged == as_float32(metrics_scalars(run))
+        assert [step for step, _ in logged["train_loss"]] == [1, 2, 3]
