@@ -3,9 +3,9 @@ TensorBoard event files (``<run>/tensorboard/``) and to Weights & Biases in offl
 (``<run>/wandb/``), as the recipe's ``train.log`` asks.
 
 Both are optional extras (``pip install 'fedlandscape[tensorboard]'``, ``'fedlandscape[wandb]'``): nothing here
-imports them unless a recipe asks for them, and a recipe that asks for one that is not installed, or whose
-import fails (a broken install), or a run whose tracker folder cannot be written, is refused in one line before
-training or analysis starts, with nothing written. Every numeric key of a metrics row is a scalar at step = its round (the
+imports them unless a recipe asks for them. A recipe asking for one that is not installed or whose import fails
+(a broken install), and a run whose tracker folder cannot be written, are refused in one line before training or
+analysis starts, with nothing written. Every numeric key of a metrics row is a scalar at step = its round (the
 row's own name: ``train_loss``, ``test_acc``, ...); an event row (a divergence) is text under ``event``; an
 analysis result's summary numbers are scalars ``<result name>/<quantity>`` (``hessian/lambda_max``) at step =
 the checkpoint's round. TensorBoard's are plain scalar summaries (``SummaryWriter.add_scalar``: a float32
