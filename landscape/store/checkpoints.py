@@ -26,8 +26,32 @@ from landscape.store.fileio import atomic_write, os_reason
 
 CHECKPOINT_FORMAT = 1
 
+def _os_error_in(error: BaseException) -> OSError | None:
+    """The OSError an exception was raised while handling (its ``__context__`` chain), if any."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def save_checkpoint(path: Path, payload: dict) -> None:
-    atomic_write(path, lambda f: torch.save(payload, f))
+    """``payload`` written atomically to ``path``. A failed write (a full disk) is ``atomic_write``'s one line
+    naming the file: torch's zip writer, when a write fails, fails again while closing the archive (``unexpected
+    pos ...``); the OSError underneath is the reason, not that second error."""
+
+    def write(f: Any) -> None:
+        try:
+            torch.save(payload, f)
+        except RuntimeError as e:
+            cause = _os_error_in(e)
+            if cause is None:
+                raise
+            raise cause from None
+
+    atomic_write(path, write)
 
 
 class CheckpointError(LandscapeError):

@@ -3,8 +3,9 @@ TensorBoard event files (``<run>/tensorboard/``) and to Weights & Biases in offl
 (``<run>/wandb/``), as the recipe's ``train.log`` asks.
 
 Both are optional extras (``pip install 'fedlandscape[tensorboard]'``, ``'fedlandscape[wandb]'``): nothing here
-imports them unless a recipe asks for them, and a recipe that asks for one that is not installed is refused
-in one line before training starts. Every numeric key of a metrics row is a scalar at step = its round (the
+imports them unless a recipe asks for them. A recipe asking for one that is not installed or whose import fails
+(a broken install), and a run whose tracker folder cannot be written, are refused in one line before training or
+analysis starts, with nothing written. Every numeric key of a metrics row is a scalar at step = its round (the
 row's own name: ``train_loss``, ``test_acc``, ...); an event row (a divergence) is text under ``event``; an
 analysis result's summary numbers are scalars ``<result name>/<quantity>`` (``hessian/lambda_max``) at step =
 the checkpoint's round. TensorBoard's are plain scalar summaries (``SummaryWriter.add_scalar``: a float32
@@ -24,8 +25,12 @@ afresh. Only rank 0 of a torchrun job logs.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import json
+import os
+import tempfile
+import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -35,7 +40,10 @@ from landscape.core.errors import LandscapeError
 from landscape.store.fileio import os_reason, write_text
 
 TRACKERS = ("tensorboard", "wandb")  # the choices of train.log
-_MODULE = {"tensorboard": "tensorboard", "wandb": "wandb"}  # what each needs importable
+_MODULE = {"tensorboard": "tensorboard", "wandb": "wandb"}  # what each needs installed
+_IMPORTS = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb"}  # what each imports to work
+_FOLDER = {"tensorboard": "tensorboard", "wandb": "wandb"}  # where each writes in a run directory
+_SHOWN = {"tensorboard": "TensorBoard", "wandb": "Weights & Biases"}
 _METRICS_LEDGER = "logged-metrics.json"
 _RESULTS_LEDGER = "logged-results.json"
 
@@ -50,12 +58,58 @@ def _distribution() -> str:
         return "landscape"
 
 
-def check_installed(names: Iterable[str]) -> None:
-    """Refuse in one line a ``train.log`` naming a tracker whose package is missing (nothing is imported)."""
+def _way_out(name: str, recipe_file: Path | None) -> str:
+    """How to go without tracker ``name``: the command line's way, or a run's recipe.toml (its ``train.log``
+    may be edited: it changes no number, docs/tracking.md)."""
+    if recipe_file is None:
+        return f"leave {name} out of train.log / --log"
+    return f"leave {name} out of train.log in {recipe_file}: a run's train.log may be edited, it changes no number"
+
+
+def check_installed(names: Iterable[str], recipe_file: Path | None = None) -> None:
+    """Refuse in one line a ``train.log`` naming a tracker whose package is missing, or installed but broken
+    (its import raises: a damaged install). The packages are imported here, so only when a recipe asks for
+    them. ``recipe_file``: the run's recipe.toml the ``train.log`` comes from (a resumed or analysed run), named
+    as the way out; None: a recipe being trained (``--log``)."""
     for name in dict.fromkeys(names):
-        if importlib.util.find_spec(_MODULE[name]) is None:
+        try:
+            found = importlib.util.find_spec(_MODULE[name]) is not None
+        except (ImportError, ValueError):  # a module in sys.modules without a spec: importing tells
+            found = True
+        if not found:
             raise LandscapeError(f"train.log asks for {name}, which is not installed: pip install "
-                                 f"'{_distribution()}[{name}]' (or leave {name} out of train.log / --log)")
+                                 f"'{_distribution()}[{name}]' (or {_way_out(name, recipe_file)})")
+        try:
+            importlib.import_module(_IMPORTS[name])
+        except Exception as e:  # a broken install raises anything: one line, before anything is written
+            raise LandscapeError(f"train.log asks for {name}, which is installed but does not import "
+                                 f"({type(e).__name__}: {_first_line(e)}): repair it (pip install --force-reinstall "
+                                 f"{_MODULE[name]}), or {_way_out(name, recipe_file)}") from None
+
+
+def check_writable(root: Path, names: Iterable[str], recipe_file: Path | None = None) -> None:
+    """Refuse in one line, before any work, a tracker folder of run directory ``root`` that cannot be written
+    (read-only, not a folder): a file is made in it and removed again. A folder not there yet is made when the
+    tracker starts, in the run directory whose own writes are checked where they happen."""
+    for name in dict.fromkeys(names):
+        folder = Path(root) / _FOLDER[name]
+        if not (folder.exists() or folder.is_symlink()):
+            continue
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".landscape-probe.", suffix=".tmp", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise LandscapeError(f"cannot write {_SHOWN[name]} logs in {folder}: {os_reason(e)}; make it writable, "
+                                 f"or {_way_out(name, recipe_file)}") from None
+
+
+def check_run(root: Path, names: Iterable[str], recipe_file: Path | None) -> None:
+    """``check_installed`` and ``check_writable`` for the trackers of the run directory ``root`` (its
+    ``recipe_file`` names them): everything a resume or an analysis checks before any work."""
+    names = list(names)
+    check_installed(names, recipe_file)
+    check_writable(root, names, recipe_file)
 
 
 def _numbers(values: Mapping[str, Any]) -> dict[str, float]:
@@ -73,27 +127,57 @@ def _first_line(error: BaseException) -> str:
 # the two trackers
 
 
+def _quiet_writer_threads() -> None:
+    """TensorBoard's writer thread keeps the error that stops it and the next call of the main thread raises
+    it (turned into one line here); the thread's own traceback, printed by ``threading.excepthook``, is left
+    out. Other threads' errors go to the hook there was before."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+    if getattr(previous, "landscape_quiet", False):
+        return
+
+    def hook(args: Any) -> None:
+        if not isinstance(args.thread, _AsyncWriterThread):
+            previous(args)
+
+    hook.landscape_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class _TensorBoard:
-    """Event files under ``<run>/tensorboard/`` (torch.utils.tensorboard's SummaryWriter), flushed often."""
+    """Event files under ``<run>/tensorboard/`` (torch.utils.tensorboard's SummaryWriter), flushed often; a
+    failed write (read-only folder, full disk) is one line naming the folder."""
 
     def __init__(self, root: Path, project: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        _quiet_writer_threads()
         self.folder = root / "tensorboard"
+        self.writer = None
+        self.writer = self._writing(lambda: SummaryWriter(log_dir=str(self.folder), flush_secs=10))
+
+    def _writing(self, write: Any) -> Any:
         try:
-            self.writer = SummaryWriter(log_dir=str(self.folder), flush_secs=10)
+            return write()
         except OSError as e:
+            with contextlib.suppress(Exception):  # its thread has stopped: the files are closed
+                if self.writer is not None:
+                    self.writer.close()
             raise LandscapeError(f"cannot write TensorBoard logs in {self.folder}: {os_reason(e)}") from None
 
     def log(self, round: int, scalars: dict[str, float], text: dict[str, str]) -> None:
-        for tag, value in scalars.items():
-            self.writer.add_scalar(tag, value, round)  # a simple_value: what EventAccumulator.Scalars reads
-        for tag, value in text.items():
-            self.writer.add_text(tag, value, round)
-        self.writer.flush()
+        def write() -> None:
+            for tag, value in scalars.items():
+                self.writer.add_scalar(tag, value, round)  # a simple_value: what EventAccumulator.Scalars reads
+            for tag, value in text.items():
+                self.writer.add_text(tag, value, round)
+            self.writer.flush()
+
+        self._writing(write)
 
     def close(self) -> None:
-        self.writer.close()
+        self._writing(self.writer.close)
 
 
 class _Wandb:
@@ -257,7 +341,7 @@ class ResultLog:
         self.open: dict[Path, RunTrackers] = {}
         for source in sources:
             if self._asked(source):
-                check_installed(source.recipe.train.log)
+                check_run(source.run_dir.path, source.recipe.train.log, source.run_dir.recipe)
 
     @staticmethod
     def _asked(source: Any) -> bool:
@@ -268,9 +352,14 @@ class ResultLog:
         if not self._asked(source):
             return
         root = Path(source.run_dir.path)
-        if root not in self.open:
-            self.open[root] = RunTrackers.of(root, source.recipe)
-        self.open[root].log_result(round, name, summary)
+        try:
+            if root not in self.open:
+                self.open[root] = RunTrackers.of(root, source.recipe)
+            self.open[root].log_result(round, name, summary)
+        except LandscapeError as e:  # the result is written: say how it reaches the trackers
+            raise LandscapeError(f"{e}; the result analysis/round-{round:04d}/{name}.json is written but not "
+                                 "logged: once the logs can be written, analyse it again with --force to log "
+                                 "it") from None
 
     def close(self) -> None:
         opened, self.open = list(self.open.values()), {}

@@ -15,7 +15,7 @@ from landscape.config.recipe import Recipe
 from landscape.config.setup import prepare_data, using_threads
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
-from landscape.store import lifecycle
+from landscape.store import lifecycle, tracking
 from landscape.store.checkpoints import load_checkpoint
 from landscape.store.directory import RunDir
 from landscape.store.fileio import RunLock, os_reason, write_text
@@ -82,6 +82,7 @@ def resume_run(path: Path, rounds: int | None = None, progress: bool = True,
             recorded = recipes.read_recipe(run_dir.recipe)
             changed = {"train.rounds": rounds, "train.threads": threads}
             recipe = recorded.with_values({k: v for k, v in changed.items() if v is not None})
+            tracking.check_run(run_dir.path, recipe.train.log, run_dir.recipe)  # train.log: before any work
             held.enter_context(RunLock(run_dir))
             point = found["point"] = lifecycle.find_resume_point(run_dir)
             if rounds is not None and rounds < point.round:

@@ -5,12 +5,17 @@ asked."""
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import io
 import json
 import os
+import re
+import shutil
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -229,3 +234,136 @@ def test_wandb_offline_run_holds_the_history(tmp_path):
     summaries = result_summaries(run)
     assert {(r["round"], k, v) for r in history[2:] for k, v in r.items() if k != "round"} == \
         {(step, tag, value) for tag, steps in summaries.items() for step, value in steps}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a tracker that cannot start: missing, a broken install, a folder that cannot be written - one line before
+# any work, naming the way out (a received run's: its recipe.toml's train.log)
+
+
+def _with_log(run: Path, names: list[str]) -> Path:
+    """``run`` with its recipe.toml's ``train.log`` set to ``names`` (as a received run may ask)."""
+    text, count = re.subn(r"(?m)^log = \[.*\]$", f"log = {json.dumps(names)}", (run / "recipe.toml").read_text())
+    assert count == 1
+    (run / "recipe.toml").write_text(text)
+    return run
+
+
+def _break(tracker: str, fault: str, tmp_path: Path, monkeypatch) -> None:
+    """Tracker ``tracker`` made missing, or installed but raising ``fault`` when imported (a fake package first
+    on the path, as a broken install is)."""
+    if fault == "missing":
+        real = importlib.util.find_spec
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: None if name == tracker else real(name, *a))
+        return
+    fake = tmp_path / "fake" / tracker
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f"raise {fault}('broken {tracker} install')\n")
+    monkeypatch.syspath_prepend(str(fake.parent))
+    for name in [m for m in sys.modules if m.split(".")[0] == tracker or m.startswith("torch.utils.tensorboard")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "wandb"])
+@pytest.mark.parametrize("fault", ["missing", "ImportError", "RuntimeError"])
+@pytest.mark.parametrize("how", ["train", "analyze", "resume"])
+def test_a_tracker_that_is_missing_or_broken_is_one_line_before_anything_is_written(
+        one_round_run, tmp_path, monkeypatch, tracker, fault, how):
+    if how == "train":
+        args, out = ["train", "--log", tracker, "--quiet", "-o", tmp_path / "new"], tmp_path / "new"
+        way_out = f"leave {tracker} out of train.log / --log"
+    else:
+        out = _with_log(Path(shutil.copytree(one_round_run, tmp_path / "received")), [tracker])
+        args = ["analyze", out, "--passes", "loss", "--quiet"] if how == "analyze" else \
+            ["train", "--resume", out, "--rounds", "2", "--quiet"]
+        way_out = (f"leave {tracker} out of train.log in {out / 'recipe.toml'}: a run's train.log may be edited, "
+                   "it changes no number")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} if out.exists() else None
+    _break(tracker, fault, tmp_path, monkeypatch)
+
+    line = one_line_error(invoke(*args))
+    if fault == "missing":
+        assert line.startswith(f"error: train.log asks for {tracker}, which is not installed: pip install '")
+        assert line.endswith(f"[{tracker}]' (or {way_out})")
+    else:
+        assert line == (f"error: train.log asks for {tracker}, which is installed but does not import ({fault}: "
+                        f"broken {tracker} install): repair it (pip install --force-reinstall {tracker}), or "
+                        f"{way_out}")
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} if out.exists() else None
+    assert after == before  # nothing written: no run folder made, a received run left as it was
+    if how == "resume":  # the way out named is one: with the tracker left out of train.log, the run resumes
+        _with_log(out, [])
+        monkeypatch.undo()
+        assert invoke("train", "--resume", out, "--rounds", "2", "--quiet").exit_code == 0
+        assert RunDir(out).rounds() == [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory) -> Path:
+    """A 2-round run logged to TensorBoard, trained once for this module. Read-only: tests copy it."""
+    run = tmp_path_factory.mktemp("tracked") / "run"
+    loop.start_run(tiny_recipe(train__log=["tensorboard"], train__rounds=2, **MLP), run, progress=False)
+    return run
+
+
+def _unwritable(folder: Path, fault: str, monkeypatch) -> None:
+    """Files made in ``folder`` fail as on a read-only mount (EROFS: every file) or a full disk (ENOSPC:
+    TensorBoard's event files; a small file still fits). Patched, as chmod stops no root."""
+    code = errno.EROFS if fault == "read-only" else errno.ENOSPC
+    real_os_open, real_io_open = os.open, io.open
+
+    def refused(path, writing: bool) -> bool:
+        path = Path(os.fsdecode(path))
+        return writing and path.parent == folder and (fault == "read-only" or "tfevents" in path.name)
+
+    def os_open(path, flags, *args, **kwargs):
+        if refused(path, bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))):
+            raise OSError(code, os.strerror(code))
+        return real_os_open(path, flags, *args, **kwargs)
+
+    def io_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, bytes, os.PathLike)) and refused(file, any(c in mode for c in "wax+")):
+            raise OSError(code, os.strerror(code))
+        return real_io_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(io, "open", io_open)
+
+
+@pytest.mark.parametrize("fault", ["read-only", "disk full"])
+@pytest.mark.parametrize("how", ["analyze", "resume"])
+def test_a_tracker_folder_that_cannot_be_written_is_one_line_and_no_result_goes_unlogged(
+        tracked_run, tmp_path, monkeypatch, fault, how):
+    run = Path(shutil.copytree(tracked_run, tmp_path / "run"))
+    folder = run / "tensorboard"
+    logged_before = tensorboard_logs(run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    thread_errors = []  # what tensorboard's writer thread would print (30 lines): nothing
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)
+    _unwritable(folder, fault, monkeypatch)
+    args = ["analyze", run, "--passes", "loss", "--quiet"] if how == "analyze" else \
+        ["train", "--resume", run, "--rounds", "3", "--quiet"]
+    line = one_line_error(invoke(*args))
+    monkeypatch.undo()
+    assert thread_errors == []
+    reason = "[Errno 30] Read-only file system" if fault == "read-only" else "[Errno 28] No space left on device"
+    if fault == "read-only":  # found before any work: nothing written, nothing left unlogged
+        assert line == (f"error: cannot write TensorBoard logs in {folder}: {reason}; make it writable, or leave "
+                         f"tensorboard out of train.log in {run / 'recipe.toml'}: a run's train.log may be edited, "
+                         "it changes no number")
+        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+        return
+    assert line.startswith(f"error: cannot write TensorBoard logs in {folder}: {reason}")
+    if how == "analyze":  # the result written just before: the message says how it is logged, and it is
+        [(result, _)] = stored_results(run / "analysis" / "round-0002")
+        assert line.endswith(f"; the result analysis/round-0002/{result.name} is written but not logged: once "
+                             "the logs can be written, analyse it again with --force to log it")
+        assert "loss/loss" not in tensorboard_logs(run)
+        assert invoke("analyze", run, "--passes", "loss", "--force", "--quiet").exit_code == 0
+        assert tensorboard_logs(run) == {**logged_before, **as_float32(result_summaries(run))}
+    else:  # the rounds trained meanwhile are logged when the resume runs again
+        assert invoke("train", "--resume", run, "--rounds", "3", "--quiet").exit_code == 0
+        logged = {tag: sorted(steps) for tag, steps in tensorboard_logs(run).items()}  # files read in name order
+        assert logged == as_float32(metrics_scalars(run))
+        assert [step for step, _ in logged["train_loss"]] == [1, 2, 3]
