@@ -30,15 +30,14 @@ from typing import Any
 import numpy as np
 
 from landscape.core.errors import LandscapeError
-from landscape.store.fileio import LOCK_NAME, open_no_follow, os_reason, write_text
+from landscape.store.fileio import LOCK_NAME, RUN_MARKER, open_no_follow, os_reason, write_text
 
 _CKPT = re.compile(r"^round-(\d{4,})\.pt$")
 # Temporary files of atomic_write ('.<name>.<random>.tmp') of a run's own files, left by a killed process.
 _TEMP = re.compile(r"^\.(recipe\.toml|partition\.json|metrics\.jsonl(\.damaged)?|\.landscape-run"
                    r"|round-\d{4,}(\.clients)?\.pt)\.[a-z0-9_]{8}\.tmp$")
-# The file that marks a folder as a run directory this tool made: only such a folder may be replaced
-# (--overwrite). Written before recipe.toml, kept when the run is replaced.
-RUN_MARKER = ".landscape-run"
+# RUN_MARKER (``.landscape-run``, in fileio): the file that marks a folder as a run directory this tool made:
+# only such a folder may be replaced (--overwrite). Written before recipe.toml, kept when the run is replaced.
 # What a run directory holds (its files, folders and leftovers): a folder made before the marker existed may be
 # replaced when it holds nothing else.
 _RUN_FILES = {"recipe.toml", "partition.json", "metrics.jsonl", LOCK_NAME, RUN_MARKER}

@@ -23,6 +23,8 @@ except ImportError:  # pragma: no cover - Windows: no advisory locks, runs are n
     fcntl = None
 
 LOCK_NAME = ".lock"
+# The file that marks a folder as a run directory this tool made (``directory.RunDir.mark``).
+RUN_MARKER = ".landscape-run"
 
 
 def os_reason(error: OSError) -> str:

@@ -9,7 +9,9 @@ user's word imports it. Each test forgets the module first (sys.modules, the reg
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -278,8 +280,6 @@ TRUSTED_READS = {
 @pytest.mark.parametrize("installed", [True, False], ids=["installed", "not-installed"])
 @pytest.mark.parametrize("how", TRUSTED_READS)
 def test_a_trusted_import_never_comes_from_the_current_folder(received_copies, how, installed):
-    import subprocess
-
     base = received_copies
     marks = base / "marks"
     for mark in marks.iterdir():
@@ -287,7 +287,7 @@ def test_a_trusted_import_never_comes_from_the_current_folder(received_copies, h
     package_root = str(Path(landscape.__file__).resolve().parents[1])
     path = [str(base / "site")] * installed + [package_root]
     done = subprocess.run([sys.executable, *TRUSTED_READS[how]], cwd=base / "recv", capture_output=True, text=True,
-                          env={**__import__("os").environ, "PYTHONPATH": __import__("os").pathsep.join(path)},
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
                           timeout=120)
     ran = sorted(p.name for p in marks.iterdir())
     assert not [m for m in ran if m.endswith("-recv")], f"the copies beside the run ran: {ran}\n{done.stderr}"
@@ -299,3 +299,24 @@ def test_a_trusted_import_never_comes_from_the_current_folder(received_copies, h
         last = done.stderr.strip().splitlines()[-1]
         assert "cannot import recipe import" in last and "reading a run does not search the current folder" in last, \
             done.stderr
+
+
+# -- a run's recorded recipe reached through a figure or claim is the run's, not the user's (issue 46, S2) ------
+FIGURE = ('name = "recv"\n[[runs]]\nid = "a"\nset = {}\n[[runs]]\nid = "b"\nset = { "train.lr" = 0.01 }\n'
+          '[[plots]]\nkind = "accuracy"\n[digits.train]\nrecipe = "plain/recipe.toml"\n')
+CLAIM = ('claim = "b is better"\nsource = "a test"\nfigure = "fig.toml"\nseeds = [0, 1]\nquantity = "test_acc"\n'
+         'rounds = "last"\n[[compare]]\nlower = "a"\nhigher = "b"\n')
+
+
+@pytest.mark.parametrize("command", [["figures", "fig.toml"], ["claims", "claim.toml"]], ids=lambda c: c[0])
+def test_a_figure_or_claim_naming_a_runs_recipe_imports_it_only_when_trusted(received, command):
+    here, name = received
+    (here / "fig.toml").write_text(FIGURE)
+    (here / "claim.toml").write_text(CLAIM)
+    marker = here / f"{name}.imported"
+    line = one_line_error(invoke(*command, "--dry-run", "-o", here / "out"))
+    assert not marker.exists(), "a run's recorded recipe named by a figure ran its imports untrusted"
+    assert "plain/recipe.toml" in line and "recorded recipe" in line and name in line and "--trust-imports" in line
+    trusted = _ok(invoke(*command, "--dry-run", "-o", here / "out", "--trust-imports"))
+    assert marker.exists(), "--trust-imports did not import the recorded recipe's module"
+    assert f"note: importing {name} (recipe imports: runs its code)" in trusted.stderr
