@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from landscape.core.errors import LandscapeError
-from landscape.store.fileio import LOCK_NAME, RUN_MARKER, open_no_follow, os_reason, write_text
+from landscape.store.fileio import LOCK_NAME, RUN_MARKER, open_no_follow, os_reason, refuse_links, write_text
 
 _CKPT = re.compile(r"^round-(\d{4,})\.pt$")
 # Temporary files of atomic_write ('.<name>.<random>.tmp') of a run's own files, left by a killed process.
@@ -208,7 +208,7 @@ class RunDir:
         """Temporary files of interrupted atomic writes in the run folder and checkpoints/ (never results)."""
         found = []
         for folder in (self.path, self.checkpoints):
-            if folder.is_dir():
+            if folder.is_dir() and not (folder == self.checkpoints and folder.is_symlink()):  # never outside
                 found += [p for p in folder.iterdir() if _TEMP.match(p.name) and p.is_file()]
         return sorted(found)
 
@@ -221,6 +221,7 @@ class RunDir:
 
     def set_aside(self, path: Path, suffix: str = ".damaged") -> Path:
         """Rename a file out of the way (``round-0004.pt`` -> ``round-0004.pt.damaged``), never deleting it."""
+        refuse_links(path, what="move aside")
         target = path.with_name(path.name + suffix)
         n = 1
         while target.exists():
