@@ -65,3 +65,29 @@ def test_a_link_planted_in_a_run_never_carries_a_write_outside_it(six_round_copy
     assert snapshot(outside) == before, "a file outside the run was written or replaced through a link"
     assert sorted(p.name for p in outside.iterdir()) == sorted(before), "a file was made outside the run"
     assert f"{link} is a symbolic link in the run {run}" in line, line
+
+
+
+@pytest.mark.parametrize("name", ["result", "recipe.toml", "partition.json"])
+def test_a_file_linked_outside_is_never_written_through(six_round_copy, tmp_path, name):
+    """A link in place of one of the run's files (a result, recipe.toml, partition.json), pointing at a user's file
+    outside: the file outside keeps its bytes whatever is done to the run (analyze --force, --resume); a file
+    written anew replaces the link (already so before issue 46: kept here beside the folder links)."""
+    run = six_round_copy
+    if name == "result":
+        assert _analyze(run).exit_code == 0
+        (target,) = (run / "analysis" / "round-0006").glob("loss*.json")
+    else:
+        target = run / name
+    outside = tmp_path / "notes.txt"
+    outside.write_bytes(NOTES)
+    target.unlink()
+    target.symlink_to(outside)
+    done = invoke(*analyze_args(run, "--passes", "loss", "--checkpoints", "6", "--force")) if name == "result" \
+        else _resume(run)
+    assert outside.read_bytes() == NOTES, "the file outside the run was written through the link"
+    if name == "recipe.toml":  # the notes read as the run's recipe: refused, nothing written
+        assert "recipe.toml: not valid TOML" in one_line_error(done) and target.is_symlink()
+    else:  # written beside the link: a plain file in its place
+        assert done.exit_code == 0, done.output
+        assert target.is_file() and not target.is_symlink()
