@@ -91,3 +91,18 @@ def test_a_file_linked_outside_is_never_written_through(six_round_copy, tmp_path
     else:  # written beside the link: a plain file in its place
         assert done.exit_code == 0, done.output
         assert target.is_file() and not target.is_symlink()
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "wandb"])
+def test_a_trackers_folder_linked_outside_is_refused_before_the_tracker_starts(six_round_copy, tmp_path, tracker):
+    """The trackers' folders are checked before either tracker is imported or started (wandb need not be
+    installed for the refusal)."""
+    from landscape.core.errors import LandscapeError
+    from landscape.store.tracking import RunTrackers
+
+    link = _plant(six_round_copy, tmp_path / "outside", tracker)
+    before = snapshot(tmp_path / "outside")
+    with pytest.raises(LandscapeError) as refused:
+        RunTrackers(six_round_copy, [tracker], "p")
+    assert f"{link} is a symbolic link in the run {six_round_copy}" in str(refused.value)
+    assert snapshot(tmp_path / "outside") == before
