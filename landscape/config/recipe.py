@@ -192,6 +192,16 @@ def _factories(raw: dict) -> dict[str, str]:
     return found
 
 
+def recipe_modules(raw: Any) -> tuple[str, ...]:
+    """The modules a raw recipe imports when resolved as the user's own: its ``imports`` (the names given as
+    strings), then the modules of the functions its entries name (a model or data factory)."""
+    if not isinstance(raw, dict):
+        return ()
+    given = raw.get("imports", [])
+    named = tuple(m for m in given if isinstance(m, str)) if isinstance(given, list) else ()
+    return named + tuple(m for m in _factories(raw) if m not in named)
+
+
 def _table(raw: dict, section: str) -> dict:
     given = raw.get(section, {})
     if not isinstance(given, dict):

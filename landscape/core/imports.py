@@ -6,14 +6,18 @@ Importing a module runs its code. A recipe the user names (``landscape train X.t
 ``recipe.resolve``) is the user's own: its imports run, the current folder is searched too (as ``python -m``
 does, so ``imports = ["mylab"]`` finds ./mylab), and each newly imported module is named on stderr. A recorded
 recipe (a run's recipe.toml, a checkpoint's) is someone's output: its imports run only when the user trusts it
-(``--trust-imports``, ``open_run(path, trust_imports=True)``, or ``with trusted_imports():``), and then the
-current folder is not searched, so a .py file that came with a run never runs by lying beside it."""
+(``--trust-imports``, ``open_run(path, trust_imports=True)``, or ``with trusted_imports():``), and then only
+from where the user's environment has them: the current folder is not searched, not even the entry Python itself
+puts first on sys.path (``''`` for ``python -c`` and the interactive prompt, the starting folder for ``python -m``)
+unless the user named that folder in PYTHONPATH, so a .py file that came with a run never runs by lying beside
+it (``without_current_folder``)."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import importlib
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -46,6 +50,70 @@ def imports_trusted() -> bool:
     return _TRUSTED.get()
 
 
+def _implicit_entry() -> str | None:
+    """The folder Python itself put first on sys.path when it started: the starting folder for ``python -m``
+    (``''`` for ``-c`` and the interactive prompt, which sys.path holds as such); None for a script, ``-P`` or
+    ``-I``. Read from how this Python was started (``sys.orig_argv``) when this module is first imported."""
+    if getattr(sys.flags, "safe_path", False) or sys.flags.isolated:
+        return None
+    args = list(getattr(sys, "orig_argv", []))[1:]
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("-X", "-W", "--check-hash-based-pycs"):
+            skip = True  # an option that takes the next argument
+        elif arg == "-m" or (arg.startswith("-m") and not arg.startswith("--")):
+            return os.getcwd()
+        elif arg.startswith("-c") or not arg.startswith("-") or arg == "-":
+            return None  # -c: sys.path holds '' (always taken out); a script (or stdin): its folder is the user's
+    return None
+
+
+_IMPLICIT = _implicit_entry()
+
+
+def _user_path() -> set[str]:
+    """The folders the user named in PYTHONPATH (resolved)."""
+    given = os.environ.get("PYTHONPATH", "")
+    return {os.path.realpath(entry or os.curdir) for entry in given.split(os.pathsep)} if given else set()
+
+
+def _is_current_folder(entry: str, user: set[str]) -> bool:
+    """An entry of sys.path that Python put there for the current folder, not the user: ``''`` (``python -c``,
+    the interactive prompt; always the current folder), the starting folder ``python -m`` put first, and the
+    current folder as the user-named-recipe imports append it; none the user named in PYTHONPATH."""
+    if not isinstance(entry, str):
+        return False
+    where = os.path.realpath(entry or os.curdir)
+    if where in user:
+        return False
+    return entry in ("", os.curdir) or (_IMPLICIT is not None and where == os.path.realpath(_IMPLICIT)) \
+        or entry in _APPENDED
+
+
+# The current folders appended to sys.path by imports of the user's own recipes (``import_module``).
+_APPENDED: set[str] = set()
+
+
+@contextlib.contextmanager
+def without_current_folder() -> Iterator[None]:
+    """Within the block, sys.path holds only the folders of the user's environment: the entries of the current
+    folder (``_is_current_folder``) are taken out, and put back after (with whatever the block added)."""
+    user = _user_path()
+    saved = list(sys.path)
+    kept = [entry for entry in saved if not _is_current_folder(entry, user)]
+    if len(kept) == len(saved):
+        yield
+        return
+    sys.path[:] = kept
+    try:
+        yield
+    finally:
+        added = [entry for entry in sys.path if entry not in kept and entry not in saved]
+        sys.path[:] = saved + added
+
+
 def _one_line(e: BaseException) -> str:
     detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"{type(e).__name__}: {detail}" if detail else type(e).__name__
@@ -62,8 +130,10 @@ def import_module(name: str, what: str = "module", *, search_cwd: bool = True) -
     cwd = str(Path.cwd())
     if search_cwd and cwd not in sys.path:
         sys.path.append(cwd)
+        _APPENDED.add(cwd)
     try:
-        return importlib.import_module(name)
+        with contextlib.nullcontext() if search_cwd else without_current_folder():
+            return importlib.import_module(name)
     except ModuleNotFoundError as e:
         hint = "" if search_cwd else (" (reading a run does not search the current folder: put its module on "
                                       "PYTHONPATH)")

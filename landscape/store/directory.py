@@ -30,15 +30,14 @@ from typing import Any
 import numpy as np
 
 from landscape.core.errors import LandscapeError
-from landscape.store.fileio import LOCK_NAME, open_no_follow, os_reason, write_text
+from landscape.store.fileio import LOCK_NAME, RUN_MARKER, open_no_follow, os_reason, refuse_links, write_text
 
 _CKPT = re.compile(r"^round-(\d{4,})\.pt$")
 # Temporary files of atomic_write ('.<name>.<random>.tmp') of a run's own files, left by a killed process.
 _TEMP = re.compile(r"^\.(recipe\.toml|partition\.json|metrics\.jsonl(\.damaged)?|\.landscape-run"
                    r"|round-\d{4,}(\.clients)?\.pt)\.[a-z0-9_]{8}\.tmp$")
-# The file that marks a folder as a run directory this tool made: only such a folder may be replaced
-# (--overwrite). Written before recipe.toml, kept when the run is replaced.
-RUN_MARKER = ".landscape-run"
+# RUN_MARKER (``.landscape-run``, in fileio): the file that marks a folder as a run directory this tool made:
+# only such a folder may be replaced (--overwrite). Written before recipe.toml, kept when the run is replaced.
 # What a run directory holds (its files, folders and leftovers): a folder made before the marker existed may be
 # replaced when it holds nothing else.
 _RUN_FILES = {"recipe.toml", "partition.json", "metrics.jsonl", LOCK_NAME, RUN_MARKER}
@@ -209,7 +208,7 @@ class RunDir:
         """Temporary files of interrupted atomic writes in the run folder and checkpoints/ (never results)."""
         found = []
         for folder in (self.path, self.checkpoints):
-            if folder.is_dir():
+            if folder.is_dir() and not (folder == self.checkpoints and folder.is_symlink()):  # never outside
                 found += [p for p in folder.iterdir() if _TEMP.match(p.name) and p.is_file()]
         return sorted(found)
 
@@ -222,6 +221,7 @@ class RunDir:
 
     def set_aside(self, path: Path, suffix: str = ".damaged") -> Path:
         """Rename a file out of the way (``round-0004.pt`` -> ``round-0004.pt.damaged``), never deleting it."""
+        refuse_links(path, what="move aside")
         target = path.with_name(path.name + suffix)
         n = 1
         while target.exists():

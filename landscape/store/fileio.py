@@ -1,7 +1,9 @@
 """Safe file writing: atomic writes, one-line OS errors, and the exclusive lock of a run directory.
 
 Every file is written atomically (``atomic_write``: temporary file in the same folder, fsync, rename), never
-through a symbolic link. A process that trains into a run directory holds an exclusive lock on it
+through a symbolic link: a link in place of the file is replaced (its target untouched), and a write inside a run
+directory whose way down from the run passes a link (``analysis`` or ``checkpoints`` or a round folder linked to a
+folder outside) is refused in one line naming the link (``refuse_links``), so nothing outside a run is written. A process that trains into a run directory holds an exclusive lock on it
 (``RunLock``: flock on ``<run>/.lock``, gone with the process).
 """
 
@@ -23,6 +25,8 @@ except ImportError:  # pragma: no cover - Windows: no advisory locks, runs are n
     fcntl = None
 
 LOCK_NAME = ".lock"
+# The file that marks a folder as a run directory this tool made (``directory.RunDir.mark``).
+RUN_MARKER = ".landscape-run"
 
 
 def os_reason(error: OSError) -> str:
@@ -47,14 +51,72 @@ def open_no_follow(path: str, flags: int) -> int:
     return os.open(path, flags | _NOFOLLOW, _FILE_MODE)
 
 
+def _is_run(folder: Path) -> bool:
+    """A run directory: marked by this tool, or (made before the marker) a recipe.toml with a run's files."""
+    try:
+        return (folder / RUN_MARKER).is_file() or ((folder / "recipe.toml").is_file() and (
+            (folder / "checkpoints").is_dir() or (folder / "partition.json").is_file()))
+    except OSError:
+        return False
+
+
+def link_in_run(path: str | Path, *, itself: bool = False) -> tuple[Path, Path] | None:
+    """(the link, the run) when the way down from a run directory to ``path``'s folder (``itself``: to ``path``)
+    passes a symbolic link: the link nearest the run; None otherwise. The folders are taken as written (not
+    resolved): a run reached through a link of its own, or a link above it, is the user's and fine."""
+    path = Path(os.path.abspath(path))
+    links: list[Path] = []
+    for folder in ([path] if itself else []) + list(path.parents):
+        if links and _is_run(folder):
+            return links[-1], folder
+        if folder.is_symlink():
+            links.append(folder)
+    return None
+
+
+def _through_link(doing: str, link: Path, run: Path) -> str:
+    return (f"cannot {doing}: {link} is a symbolic link in the run {run}; nothing is written outside a run through "
+            "a link: remove the link (a run holds plain folders)")
+
+
+def refuse_links(path: str | Path, *, itself: bool = False, what: str = "write") -> None:
+    """A one-line LandscapeError when writing ``path`` inside a run would follow a symbolic link planted in it
+    (``link_in_run``): nothing outside a run is written through a link."""
+    found = link_in_run(path, itself=itself)
+    if found is not None:
+        link, run = found
+        raise LandscapeError(_through_link(f"{what} {path}", link, run))
+
+
+# The folders of a run that its writers write into (``analysis/round-NNNN`` too): none may be a link.
+RUN_FOLDERS = ("checkpoints", "analysis", "tensorboard", "wandb", "figures")
+
+
+def refuse_planted_links(run: str | Path) -> None:
+    """One line naming the first of a run's folders (``RUN_FOLDERS``, the round folders under analysis/) that is
+    a symbolic link: checked before a process writes into the run (``RunLock.acquire``), so that nothing is
+    written, moved aside or replaced outside it."""
+    run = Path(run)
+    for name in RUN_FOLDERS:
+        folder = run / name
+        found = [folder] if folder.is_symlink() else []
+        if not found and name == "analysis" and folder.is_dir():
+            with contextlib.suppress(OSError):
+                found = sorted(p for p in folder.iterdir() if p.is_symlink())
+        if found:
+            raise LandscapeError(_through_link("write into the run", found[0], run))
+
+
 def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
     """Write through ``write(file)`` into a temporary file beside ``path``, then rename it over ``path``.
 
     Either the whole new file is in place or the old one is untouched, and no temporary file is left (a
     killed process may leave one: ``.<name>.<random>.tmp``, which no reader takes for a result). A failed
-    write (full disk, read-only folder) raises a one-line LandscapeError naming the file.
+    write (full disk, read-only folder), and a write inside a run through a link planted in it
+    (``refuse_links``), raise a one-line LandscapeError naming the file.
     """
     path = Path(path)
+    refuse_links(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -101,9 +163,10 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
+        where = self.run_dir.path
+        refuse_planted_links(where)
         if fcntl is None or self._fd is not None:
             return self
-        where = self.run_dir.path
         for _ in range(10):
             try:  # never through a symbolic link: the lock file is written (the pid)
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK, 0o644)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from landscape.core.errors import LandscapeError
-from landscape.store.fileio import os_reason, write_text
+from landscape.store.fileio import os_reason, refuse_links, write_text
 
 TRACKERS = ("tensorboard", "wandb")  # the choices of train.log
 _MODULE = {"tensorboard": "tensorboard", "wandb": "wandb"}  # what each needs installed
@@ -248,6 +248,8 @@ class RunTrackers:
         self.trackers: dict[str, Any] = {}
         self.metrics: dict[str, _Ledger] = {}
         self.results: dict[str, _Ledger] = {}
+        for name in dict.fromkeys(names):  # a tracker's folder linked outside the run is refused (issue 46)
+            refuse_links(self.root / name, itself=True, what="log into")
         try:
             for name in dict.fromkeys(names):
                 tracker = self.trackers[name] = _KINDS[name](self.root, project)

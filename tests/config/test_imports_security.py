@@ -9,7 +9,9 @@ user's word imports it. Each test forgets the module first (sys.modules, the reg
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -231,3 +233,90 @@ def test_open_run_names_a_bad_argument(received, path, trust, message):
     with pytest.raises(LandscapeError) as raised:
         landscape.open_run(path, trust_imports=trust)
     assert str(raised.value) == message
+
+
+# -- trusted imports come from the user's environment, never from the current folder (issue 46, S1) -----------
+# A received run whose recipe imports `<lab>.registry` and `<sidecar>`, copies of both lying beside it in the folder
+# the user works in (`recv/`), the user's own installed ones in `site/` (on PYTHONPATH). Each module, when its code
+# runs, leaves a marker naming itself and where it came from. Real processes: `python -m` and `python -c` put the
+# current folder first on sys.path, as the interactive prompt does; a trusted import must not search it.
+
+COPY = "from pathlib import Path\nPath({marks!r}).joinpath({mark!r}).write_text('ran')\n"
+
+
+@pytest.fixture(scope="module")
+def received_copies(tmp_path_factory):
+    base = tmp_path_factory.mktemp("copies")
+    tag = base.name.replace("-", "_")
+    lab, side = f"mylabx_{tag}", f"sidecar_{tag}"
+    marks = base / "marks"
+    marks.mkdir()
+    for origin in ("site", "recv"):
+        (base / origin / lab).mkdir(parents=True)
+        (base / origin / lab / "__init__.py").write_text("")
+        (base / origin / lab / "registry.py").write_text(COPY.format(marks=str(marks), mark=f"registry-{origin}"))
+        (base / origin / f"{side}.py").write_text(COPY.format(marks=str(marks), mark=f"sidecar-{origin}"))
+    from landscape.train import loop
+
+    sys.path.insert(0, str(base / "site"))
+    try:
+        loop.start_run(tiny_recipe(imports=[f"{lab}.registry", side], model__name="mlp", model__hidden=[8],
+                                   train__rounds=1), base / "recv" / "run", progress=False)
+    finally:
+        sys.path.remove(str(base / "site"))
+        for name in (lab, f"{lab}.registry", side):
+            sys.modules.pop(name, None)
+    return base
+
+
+TRUSTED_READS = {
+    "cli -m": ["-m", "landscape", "analyze", "run", "--passes", "loss", "--dry-run", "--trust-imports"],
+    "open_run(trust_imports=True)": ["-c", "import landscape; landscape.open_run('run', trust_imports=True).model()"],
+    "trusted_imports()": ["-c", "import landscape\nfrom landscape.core.imports import trusted_imports\n"
+                                "with trusted_imports(): landscape.open_run('run').model()"],
+}
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["installed", "not-installed"])
+@pytest.mark.parametrize("how", TRUSTED_READS)
+def test_a_trusted_import_never_comes_from_the_current_folder(received_copies, how, installed):
+    base = received_copies
+    marks = base / "marks"
+    for mark in marks.iterdir():
+        mark.unlink()
+    package_root = str(Path(landscape.__file__).resolve().parents[1])
+    path = [str(base / "site")] * installed + [package_root]
+    done = subprocess.run([sys.executable, *TRUSTED_READS[how]], cwd=base / "recv", capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+                          timeout=120)
+    ran = sorted(p.name for p in marks.iterdir())
+    assert not [m for m in ran if m.endswith("-recv")], f"the copies beside the run ran: {ran}\n{done.stderr}"
+    if installed:
+        assert done.returncode == 0, done.stderr
+        assert ran == ["registry-site", "sidecar-site"], done.stderr
+    else:  # not installed: one line naming the module, never the copy in the current folder
+        assert done.returncode != 0 and ran == []
+        last = done.stderr.strip().splitlines()[-1]
+        assert "cannot import recipe import" in last and "reading a run does not search the current folder" in last, \
+            done.stderr
+
+
+# -- a run's recorded recipe reached through a figure or claim is the run's, not the user's (issue 46, S2) ------
+FIGURE = ('name = "recv"\n[[runs]]\nid = "a"\nset = {}\n[[runs]]\nid = "b"\nset = { "train.lr" = 0.01 }\n'
+          '[[plots]]\nkind = "accuracy"\n[digits.train]\nrecipe = "plain/recipe.toml"\n')
+CLAIM = ('claim = "b is better"\nsource = "a test"\nfigure = "fig.toml"\nseeds = [0, 1]\nquantity = "test_acc"\n'
+         'rounds = "last"\n[[compare]]\nlower = "a"\nhigher = "b"\n')
+
+
+@pytest.mark.parametrize("command", [["figures", "fig.toml"], ["claims", "claim.toml"]], ids=lambda c: c[0])
+def test_a_figure_or_claim_naming_a_runs_recipe_imports_it_only_when_trusted(received, command):
+    here, name = received
+    (here / "fig.toml").write_text(FIGURE)
+    (here / "claim.toml").write_text(CLAIM)
+    marker = here / f"{name}.imported"
+    line = one_line_error(invoke(*command, "--dry-run", "-o", here / "out"))
+    assert not marker.exists(), "a run's recorded recipe named by a figure ran its imports untrusted"
+    assert "plain/recipe.toml" in line and "recorded recipe" in line and name in line and "--trust-imports" in line
+    trusted = _ok(invoke(*command, "--dry-run", "-o", here / "out", "--trust-imports"))
+    assert marker.exists(), "--trust-imports did not import the recorded recipe's module"
+    assert f"note: importing {name} (recipe imports: runs its code)" in trusted.stderr

@@ -279,7 +279,30 @@ def _train_recipe(train: TrainTable, path: Path) -> Path | None:
     found = (path.parent / train.recipe).resolve()
     if not found.is_file():
         raise LandscapeError(f"{path}: train.recipe {train.recipe!r} not found ({found})")
+    _recorded_imports(found, train.recipe, path)
     return found
+
+
+def _recorded_imports(found: Path, given: str, path: Path) -> None:
+    """A training recipe that is a run's recorded one (its folder holds ``.landscape-run``) is someone's output,
+    not the user's own recipe, even when a figure or claim names it: its ``imports`` (and factory modules) are
+    imported only with --trust-imports, then as a run's are (never from the current folder), before anything
+    else reads it; without, one line naming them (``--dry-run`` included: nothing is imported)."""
+    from landscape.config.recipe import recipe_modules
+    from landscape.core.imports import import_recipe_modules, imports_trusted
+    from landscape.store.fileio import RUN_MARKER
+
+    if not (found.parent / RUN_MARKER).is_file():
+        return
+    modules = recipe_modules(read_toml(found, "recipe"))
+    if not modules:
+        return
+    if not imports_trusted():
+        raise LandscapeError(f"{path}: train.recipe {given!r} is a run's recorded recipe ({found.parent} holds "
+                             f"{RUN_MARKER}) whose imports ({', '.join(modules)}) run code: they are not imported "
+                             "from a recipe a figure or claim reaches in a run; pass --trust-imports if you trust "
+                             "that code, or name a recipe of your own")
+    import_recipe_modules(modules, search_cwd=False)
 
 
 def _run_requests(tables: FigureTables, scale: str, path: Path) -> list[RunRequest]:
