@@ -356,8 +356,12 @@ def _surfaces(runs: list[RunData], out: Path, name: str, quantity: str, missing:
 def _no_surface(run: RunData, name: str, directions: str) -> str:
     flags = run.selection.analyze_flags("surface")
     others = f" (it has {name} with {'; '.join(run.unwanted[name])})" if name in run.unwanted else ""
-    return (f"run {run.name} has no {name} analysis{others}; run `landscape analyze {shlex.quote(str(run.path))} "
-            f"--directions {directions}" + (f" {flags}" if flags else "") + "`")
+    command = (f"`landscape analyze {shlex.quote(str(run.path))} --directions {directions}"
+               + (f" {flags}" if flags else "") + "`")
+    busy = run.in_use()
+    if busy:
+        return f"{busy} and has no {name} analysis yet; when it is done, run {command}"
+    return f"run {run.name} has no {name} analysis{others}; run {command}"
 
 
 def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, quantity: str = "loss",
