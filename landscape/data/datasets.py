@@ -82,7 +82,8 @@ def load_dataset(
                    if entry.option_defaults().get(k) != v}
         scales = {k: v for k, v in changed.items() if isinstance(v, float)}  # alpha, beta: not sizes or names
         changed = scales or changed
-        setting = ", ".join(f"dataset.{k}={v!r}" for k, v in changed.items())
+        setting = ", ".join(f"dataset.{k}={v:g}" if isinstance(v, float) else f"dataset.{k}={v!r}"
+                            for k, v in changed.items())
         numpy = next((first_line(w.message) for w in caught if issubclass(w.category, RuntimeWarning)), "")
         raise LandscapeError(
             f"data set {name}" + (f" with {setting}" if setting else "") + f": {problem}"
