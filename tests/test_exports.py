@@ -11,6 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
+import markdown  # mkdocs's renderer (a test dependency: tests/test_docs.py builds the site)
 import pytest
 from support.helpers import invoke
 
@@ -45,7 +46,6 @@ def _runs(root: Path, ids: tuple[str, str]) -> dict[str, list[RunData]]:
 
 @pytest.mark.parametrize("text", HOSTILE)
 def test_claims_md_shows_titles_and_labels_as_text(tmp_path, text):
-    markdown = pytest.importorskip("markdown")
     ids = (f"low {text}", f"high {text}")
     claim = claims.Claim(Path("c.toml"), f"name {text}", f"title {text}", "", Path("fig.toml"), (0, 1, 2),
                          (claims.Comparison(*ids, "flatness_distance", "last"),))
