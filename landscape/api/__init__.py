@@ -104,6 +104,7 @@ def _problem(model: Any, data: Any, *, loss: Any = None, bn_mode: str = "eval", 
     module = checks.copy_module(model).to(device, dtype)
     flat = FlatModel(module)
     objective = Objective(flat, flat.buffers(), data.place(device, dtype), bn_mode, loss=loss)
+    checks.batch_statistics(objective)
     return Problem(objective, flat.vector())
 
 

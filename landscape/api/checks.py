@@ -16,6 +16,8 @@ from torch import Tensor, nn
 
 from landscape.config.setup import using_threads
 from landscape.core.errors import LandscapeError, shown
+from landscape.core.reading import first_line
+from landscape.measure.objective import Objective
 from landscape.measure.operator import Progress
 
 SEED_MAX = 2**32 - 1
@@ -201,3 +203,28 @@ def directions(directions: Any, dims: int, w: Tensor) -> list[Tensor]:
             raise LandscapeError(f"direction {i} is all zeros: the surface along it would be flat")
         chosen.append(vector)
     return chosen
+
+
+def batch_statistics(objective: Objective) -> None:
+    """With ``bn_mode="train-batch-stats"`` BatchNorm normalises every batch by its own mean and variance,
+    which a batch of one sample lacks (one value per channel): the smallest batch of the data goes through the
+    model in that mode once, and a failure is one line naming the batch and the ways out."""
+    if objective.bn_mode != "train-batch-stats" or not objective.has_batchnorm:
+        return
+    ranges = objective.data.batch_ranges()
+    start, stop = min(ranges, key=lambda r: r[1] - r[0])
+    w = objective.flat.vector()
+    try:
+        with torch.no_grad():
+            objective.batch_loss(w, objective.data.batch(start, stop))
+    except LandscapeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch's BatchNorm refuses the batch: one line naming it
+        n, size, batch = len(objective.data), objective.data.batch_size, stop - start
+        one = ("; BatchNorm needs at least 2 samples per batch in this mode: give more data, a batch_size that "
+               "leaves no batch of 1, or bn_mode='eval'") if batch == 1 else ""
+        raise LandscapeError(
+            f"bn_mode='train-batch-stats' normalises each batch by its own statistics, and the model's forward "
+            f"pass in that mode fails on a batch of {batch} sample{'s' if batch > 1 else ''} "
+            f"({objective.data.name}: {n} sample{'s' if n > 1 else ''} in batches of {size}): {first_line(e)}"
+            + one) from None

@@ -12,6 +12,7 @@ of another call's ``claims.json`` (``read_verdicts``: the same claims computed a
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +26,29 @@ COLUMNS = ("claim", "verdict", "comparison (lower < higher)", "lower: mean +- SE
            "higher - lower (95% CI)", "t", "p_t", "p_sign-flip", "p_Holm", "opposite p_t", "opposite p_sign-flip",
            "opposite p_Holm", "detectable at its Holm level")
 Key = tuple[str, ...]  # (claim name,) or (claim name, lower, higher, quantity)
+
+
+_ACTIVE = re.compile(r"[\\`*\[\]|]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+_PLAIN = re.compile(r"[\w.\-/+:=,@ ]*\w[\w.\-/+:=,@ ]*")
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def md_text(text: str) -> str:
+    """``text`` (a claim's title, a run id, a quantity, a folder name: whatever a claim file or a run names) as
+    inert Markdown: HTML's ``& < >`` as entities, Markdown's link, image, code, emphasis and table marks
+    backslash-escaped, line breaks as spaces; so a renderer that passes raw HTML (Python-Markdown, mkdocs) shows
+    the text and runs nothing. Underscores inside a word (``flatness_distance``) stay as written."""
+    text = " ".join(str(text).splitlines())
+    text = "".join(_ENTITIES.get(c, c) for c in text)
+    return _ACTIVE.sub(lambda m: "\\" + m.group(0), text)
+
+
+def md_code(text: str) -> str:
+    """``text`` (a claim's name, a folder) in a code span when it is plain (letters, digits and ``_ . - / + : =
+    , @`` and spaces), else as ``md_text``: a renderer shows a code span as written, but what reads the file as
+    written should find no markup in it either."""
+    text = str(text)
+    return f"`{text}`" if _PLAIN.fullmatch(text) else md_text(text)
 
 
 def _comparison_key(name: str, lower: str, higher: str, quantity: str) -> Key:
@@ -65,7 +89,7 @@ def compare_with(results: Sequence[ClaimResult], other: Mapping[Key, str]) -> li
 
 
 def _fragile(other: str | None, fragile: bool) -> str:
-    return f" FRAGILE ({other} in the other results)" if fragile else ""
+    return f" FRAGILE ({md_text(other or '')} in the other results)" if fragile else ""
 
 
 def _row(result: ClaimResult, r: ComparisonResult, first: bool) -> str:
@@ -73,13 +97,14 @@ def _row(result: ClaimResult, r: ComparisonResult, first: bool) -> str:
     hi, hi_se, _ = mean_se(r.higher)
     head = ("", "")
     if first:
-        head = (f"{result.claim.text} (`{result.claim.name}`)",
+        head = (f"{md_text(result.claim.text)} ({md_code(result.claim.name)})",
                 f"**{result.verdict}**" + _fragile(result.other_verdict, result.fragile))
     diff = "-" if r.ci95 is None else f"{r.mean_difference:.3g} ({r.ci95[0]:.3g} to {r.ci95[1]:.3g})"
     detectable = ("-" if r.detectable_difference is None
                   else f"{r.detectable_difference:.2g} at {r.holm_level:.2g} (step {r.holm_step} of {r.family})")
-    cells = (*head, f"{r.comparison.quantity} ({_rounds_text(r.comparison.rounds)}): {r.comparison.lower} < "
-             f"{r.comparison.higher}: {r.verdict}" + _fragile(r.other_verdict, r.fragile),
+    comparison = (f"{md_text(r.comparison.quantity)} ({md_text(_rounds_text(r.comparison.rounds))}): "
+                  f"{md_text(r.comparison.lower)} < {md_text(r.comparison.higher)}: {r.verdict}")
+    cells = (*head, comparison + _fragile(r.other_verdict, r.fragile),
              _num(lo, lo_se), _num(hi, hi_se), str(n), diff, "-" if r.t is None else f"{r.t:.2f}", _p(r.p),
              _p(r.p_signflip), _p(r.p_holm), _p(r.p_opposite), _p(r.p_signflip_opposite), _p(r.p_holm_opposite),
              detectable)
@@ -90,7 +115,8 @@ def _section(title: str, results: Sequence[ClaimResult]) -> list[str]:
     lines = [title, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += [_row(result, r, i == 0) for result in results for i, r in enumerate(result.comparisons)]
     lines += ["", "Tested as (quantity (scale), rounds; partition):", ""]
-    return lines + [f"- `{result.claim.name}`: {result.operationalisation()}" for result in results] + [""]
+    return lines + [f"- {md_code(result.claim.name)}: {md_text(result.operationalisation())}"
+                    for result in results] + [""]
 
 
 def markdown_table(results: Sequence[ClaimResult], compared_with: str = "") -> str:
@@ -118,7 +144,7 @@ def markdown_table(results: Sequence[ClaimResult], compared_with: str = "") -> s
         rows = sum(r.fragile for result in results for r in result.comparisons)
         missing = sum(r.other_verdict is None for result in results for r in result.comparisons)
         lines.append(
-            f"\nFRAGILE: the verdict differs in `{compared_with}` (the same claims computed another way: "
+            f"\nFRAGILE: the verdict differs in {md_code(compared_with)} (the same claims computed another way: "
             f"`landscape claims --compare-with`): {claims} of {len(results)} claims, {rows} of "
             f"{sum(len(r.comparisons) for r in results)} comparisons"
             + (f"; {missing} comparison(s) are not in it" if missing else "") + ".")

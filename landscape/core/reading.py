@@ -150,6 +150,9 @@ def check_data(x: Tensor, y: Tensor, name: str) -> tuple[Tensor, Tensor]:
     if x.dim() == 0 or y.dim() == 0:
         raise LandscapeError(f"{name}: inputs and targets need a first axis of samples (shapes "
                              f"{tensor_shape(x)} and {tensor_shape(y)})")
+    if x.is_meta or y.is_meta:
+        raise LandscapeError(f"{name}: the {'inputs' if x.is_meta else 'targets'} are on device 'meta', which "
+                             "holds no data (it is for shapes only): give tensors on cpu or cuda")
     if x.shape[0] != y.shape[0]:
         raise LandscapeError(f"{name}: inputs and targets must hold the same number of samples "
                              f"({x.shape[0]} inputs, {y.shape[0]} targets)")

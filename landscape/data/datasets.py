@@ -13,6 +13,7 @@ complete wherever it is read): ``builtin_sets`` (`digits`, `synthetic`, `mnist1d
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from landscape.core.errors import LandscapeError
+from landscape.core.reading import first_line
 from landscape.core.registry import Registry
 
 Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
@@ -69,9 +71,41 @@ def load_dataset(
     inputs cast once to ``dtype`` from the precision the data set was made in (``make_bundle``)."""
     entry = DATASETS.get(name)
     opts = entry.make_options(dict(options or {}), "dataset")
-    bundle = entry.factory(Path(root), download, augment, num_clients, seed, opts)
-    return dataclasses.replace(bundle, train=ArrayDataset(bundle.train.x.to(dtype), bundle.train.y),
-                               test=ArrayDataset(bundle.test.x.to(dtype), bundle.test.y))
+    with warnings.catch_warnings(record=True) as caught:  # numpy's overflow warnings, explained or passed on
+        warnings.simplefilter("always")
+        bundle = entry.factory(Path(root), download, augment, num_clients, seed, opts)
+        bundle = dataclasses.replace(bundle, train=ArrayDataset(bundle.train.x.to(dtype), bundle.train.y),
+                                     test=ArrayDataset(bundle.test.x.to(dtype), bundle.test.y))
+    problem = _non_finite_inputs(bundle, dtype)
+    if problem:
+        changed = {k: v for k, v in (dataclasses.asdict(opts) if opts is not None else {}).items()
+                   if entry.option_defaults().get(k) != v}
+        scales = {k: v for k, v in changed.items() if isinstance(v, float)}  # alpha, beta: not sizes or names
+        changed = scales or changed
+        setting = ", ".join(f"dataset.{k}={v:g}" if isinstance(v, float) else f"dataset.{k}={v!r}"
+                            for k, v in changed.items())
+        numpy = next((first_line(w.message) for w in caught if issubclass(w.category, RuntimeWarning)), "")
+        raise LandscapeError(
+            f"data set {name}" + (f" with {setting}" if setting else "") + f": {problem}"
+            + (f" (numpy: {numpy})" if numpy else "") + "; training on it diverges whatever train.lr is: "
+            + ("choose smaller values of " + ", ".join(f"dataset.{k}" for k in changed) if changed
+               else "the data set's files hold such values"))
+    for w in caught:  # nothing wrong with the inputs: the warnings are the factory's to give
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return bundle
+
+
+def _non_finite_inputs(bundle: DatasetBundle, dtype: torch.dtype) -> str:
+    """'' when every input of the bundle is finite in ``dtype`` (the run's), else what is not: how many values
+    of the training / test inputs are NaN or inf there (they overflow it where the source held them finite)."""
+    for split, x in (("training", bundle.train.x), ("test", bundle.test.x)):
+        if not x.is_floating_point() or bool(torch.isfinite(x.sum(dtype=torch.float64))):
+            continue  # a finite sum: every value is finite (fast); else count them
+        bad = int((~torch.isfinite(x)).sum())
+        if bad:
+            return (f"{bad:,} of its {x.numel():,} {split} input values are not finite in {str(dtype).split('.')[-1]} "
+                    f"(NaN or inf; the largest finite value there is {torch.finfo(dtype).max:.3g})")
+    return ""
 
 
 def dataset_option_defaults(name: str) -> dict[str, Any]:

@@ -47,6 +47,7 @@ import copy
 import csv
 import io
 import math
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,6 +242,22 @@ def _csv_number(value: float | int | None) -> str:
     return str(int(value)) if isinstance(value, int) else repr(float(value))
 
 
+# A text cell that is a decimal number as written (a run named "-3"): OWASP's CSV injection rule leaves it
+# alone, so that numbers stay numbers (compare.csv's number cells are written by _csv_number and stay as they are).
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+# What a spreadsheet takes for the start of a formula (OWASP: = + - @, tab and carriage return).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(cell: str) -> str:
+    """A text cell of compare.csv (a run's name or folder, a column's name) that no spreadsheet evaluates:
+    OWASP's rule, a cell starting with ``= + - @`` (or a tab or carriage return) gets a leading ``'``; a number
+    as written (``-0.5``, ``1e-3``) is kept as it is."""
+    if cell.startswith(_FORMULA_START) and not _NUMBER.fullmatch(cell):
+        return "'" + cell
+    return cell
+
+
 def _numbers_header(names: list[str], shown: list[Quantity], columns: list[int]) -> list[str]:
     header = []
     for k, name in enumerate(names):
@@ -339,8 +356,12 @@ def _surfaces(runs: list[RunData], out: Path, name: str, quantity: str, missing:
 def _no_surface(run: RunData, name: str, directions: str) -> str:
     flags = run.selection.analyze_flags("surface")
     others = f" (it has {name} with {'; '.join(run.unwanted[name])})" if name in run.unwanted else ""
-    return (f"run {run.name} has no {name} analysis{others}; run `landscape analyze {shlex.quote(str(run.path))} "
-            f"--directions {directions}" + (f" {flags}" if flags else "") + "`")
+    command = (f"`landscape analyze {shlex.quote(str(run.path))} --directions {directions}"
+               + (f" {flags}" if flags else "") + "`")
+    busy = run.in_use()
+    if busy:
+        return f"{busy} and has no {name} analysis yet; when it is done, run {command}"
+    return f"run {run.name} has no {name} analysis{others}; run {command}"
 
 
 def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, quantity: str = "loss",
@@ -358,8 +379,9 @@ def compare(runs_in: RunsLike, out: str | Path, *, rho: float | None = None, qua
     header, rows, numbers_header, numbers = _table(runs, shown)
     missing = _lacking(runs, shown)
     buffer = io.StringIO()
-    cells = [row[:2] + [_csv_number(v) for v in extra] for row, extra in zip(rows, numbers)]  # names, numbers
-    csv.writer(buffer, lineterminator="\n").writerows([header[:2] + numbers_header, *cells])
+    cells = [[csv_text(c) for c in row[:2]] + [_csv_number(v) for v in extra]  # names, numbers
+             for row, extra in zip(rows, numbers)]
+    csv.writer(buffer, lineterminator="\n").writerows([[csv_text(c) for c in header[:2] + numbers_header], *cells])
     written = [out / "compare.csv"]
     write_text(written[0], buffer.getvalue())
 

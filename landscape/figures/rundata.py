@@ -23,6 +23,7 @@ from landscape.core.errors import LandscapeError
 from landscape.figures.labels import run_labels
 from landscape.figures.seeds import recipe_groups, without_seed
 from landscape.store.directory import RunDir
+from landscape.store.fileio import lock_holder
 from landscape.store.results.selection import Chosen, Result, Selection, as_results, choose
 from landscape.store.run import PassRecord, Run
 
@@ -108,6 +109,16 @@ class RunData:
     def color(self) -> str:
         return f"C{self.index % 10}"
 
+    def in_use(self) -> str | None:
+        """None, or the words that say another process is training into the run now (its ``RunLock`` is
+        held): 'run NAME is in use by another landscape process (pid N): it is still being trained'. What the
+        run lacks then may only not be written yet."""
+        holder = lock_holder(self.path)
+        if holder is None:
+            return None
+        return (f"run {self.name} is in use by another landscape process{f' ({holder})' if holder else ''}: it is "
+                "still being trained")
+
     def has_metric(self, key: str) -> bool:
         return any(row.get(key) is not None for row in self.metrics)
 
@@ -147,7 +158,13 @@ class RunData:
 
 
 def missing_message(run: RunData, passes: Sequence[str]) -> str:
+    """The run lacks the analysis ``passes``: the command that computes it, or (while another process trains
+    into the run) that it is in use."""
     names = ", ".join(passes)
+    busy = run.in_use()
+    if busy:
+        return (f"{busy} and has no {names} analysis yet; when it is done, run `landscape analyze "
+                f"{shlex.quote(str(run.path))} --passes {','.join(passes)}`")
     flags = " ".join(dict.fromkeys(f for f in (run.selection.analyze_flags(p) for p in passes) if f))
     others = [f"{p} with {'; '.join(run.unwanted[p])}" for p in passes if p in run.unwanted]
     what = f" with {run.selection.describe()}" if run.selection.filters else ""
@@ -170,7 +187,13 @@ def require_passes(runs: Sequence[RunData], passes: Sequence[str]) -> None:
 
 
 def require_metric(runs: Sequence[RunData], key: str, hint: str = "") -> None:
+    """One error naming the runs without ``key`` in metrics.jsonl (with ``hint``, how it is logged), or the
+    runs in use by another process (still being trained: the key may only not be logged yet)."""
     missing = [run for run in runs if not run.has_metric(key)]
+    busy = [text for text in (run.in_use() for run in missing) if text]
+    if busy:
+        raise LandscapeError(f"{'; '.join(busy)} and has no '{key}' in metrics.jsonl yet: wait for it to finish "
+                             "(or stop it), then run this again")
     if missing:
         names = ", ".join(run.name for run in missing)
         known = sorted({k for row in missing[0].metrics for k in row})

@@ -217,3 +217,30 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def lock_holder(run_path: Path) -> str | None:
+    """Whether another process holds the ``RunLock`` of the run directory at ``run_path`` (it is training
+    into it now): None when none does (no lock file, or one nobody holds), else the holder in words ('pid
+    1234', or '' where the file names none). Creates nothing; a lock file that is not a plain file is no
+    lock. Meant for messages: the answer may change the moment after."""
+    if fcntl is None:  # pragma: no cover - Windows: runs are not locked
+        return None
+    path = Path(run_path) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f"pid {holder}" if holder.isdigit() else ""
+        except OSError:
+            return None
+        return None
+    finally:
+        os.close(fd)  # closing it releases the shared lock taken to ask

@@ -1,5 +1,6 @@
 """The trainer's state (``TrainerState``: what a round changes) and its checks: what a training checkpoint must
-hold (``check_training_state``) and what diverged after a round (``divergence``). The trainer
+hold (``check_training_state``), what diverged after a round (``divergence``) and what to try then, the data's
+scale or the step size (``divergence_advice``). The trainer
 (``landscape.train.trainer.Trainer``) writes the state to checkpoints and reads it back."""
 
 from __future__ import annotations
@@ -12,8 +13,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from landscape.config.sections import DatasetSettings
 from landscape.core.errors import LandscapeError
+from landscape.data.datasets import dataset_option_defaults
 from landscape.train.algorithms import Tensors
+
+# Inputs models train on are of unit scale (standardised features, images in [0, 1], signals): training inputs
+# beyond this magnitude make the divergence the data's, not the step size's.
+INPUT_SCALE = 1e4
 
 
 @dataclass
@@ -86,3 +93,25 @@ def divergence(state: TrainerState, row: dict) -> list[str]:
             if bad:
                 problems.append(f"{bad} non-finite {what}" if what == "parameters" else f"non-finite {what}")
     return problems
+
+
+def divergence_advice(train_x: Tensor, dataset: DatasetSettings) -> str:
+    """What to try after a divergence: where the training inputs reach beyond ``INPUT_SCALE`` in magnitude the
+    data is the cause (named with the data set and its options that scale it: the non-default numbers, e.g.
+    dataset.beta), else a smaller step (train.lr, train.clip_norm)."""
+    step = "a smaller train.lr or train.clip_norm may help"
+    largest = float(train_x.detach().abs().max()) if train_x.numel() and train_x.is_floating_point() else 0.0
+    if not largest > INPUT_SCALE:
+        return step
+    try:
+        defaults = dataset_option_defaults(dataset.name)
+    except LandscapeError:  # a data set this process does not know (a factory): no options to name
+        defaults = {}
+    changed = [k for k, v in dict(dataset.options).items()
+               if isinstance(v, float) and k in defaults and defaults[k] != v]
+    setting = ", ".join(f"dataset.{k}={dataset.options[k]:g}" for k in changed)
+    return (f"the training inputs reach |x| = {largest:.3g} (data set {dataset.name}"
+            + (f" with {setting}" if setting else "") + "), far beyond the unit scale models train on: the data is "
+            "the likely cause, whatever train.lr is: "
+            + (f"choose smaller values of {', '.join(f'dataset.{k}' for k in changed)}" if changed
+               else "standardise the inputs"))

@@ -60,7 +60,7 @@ from landscape.train.schedule import (
     sample_clients,
     swa_cycle_ends,
 )
-from landscape.train.state import TrainerState, check_training_state, divergence
+from landscape.train.state import TrainerState, check_training_state, divergence, divergence_advice
 from landscape.train.vectorised import ClientTraining
 
 
@@ -208,8 +208,7 @@ class Trainer:
         raise LandscapeError(
             f"training diverged in round {state.round} ({algorithm}, lr {row['lr']:g}): "
             f"{', '.join(problems)}; stopped without saving that state, {kept}, the event is in "
-            "metrics.jsonl (a smaller train.lr or "
-            "train.clip_norm may help)"
+            f"metrics.jsonl ({divergence_advice(self.train_x, self.recipe.dataset)})"
         )
 
     # -- one client -------------------------------------------------------------------------------------

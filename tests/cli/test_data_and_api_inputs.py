@@ -191,6 +191,11 @@ def _on_xy(function: str):
 
 
 EIGS, TRACE, DENSITY, SHARP, SURF = map(_on_xy, ("hessian_eigs", "trace", "density", "sharpness", "surface"))
+BN_MODEL = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5), nn.Tanh(), nn.Linear(5, 3)).double()
+
+
+def EIGS_ON(data):  # noqa: N802 - named as the calls beside it
+    return landscape.hessian_eigs(MODEL, data, k=2)
 
 
 ARGUMENT_CASES = {
@@ -205,6 +210,18 @@ ARGUMENT_CASES = {
     "device=cuda:99": (lambda: TRACE(device="cuda:99"), "device 'cuda:99'"),
     "device=3.5": (lambda: TRACE(device=3.5), "device must be"),
     "a meta model": (lambda: landscape.hessian_eigs(nn.Linear(4, 3, device="meta"), (X, Y)), "device 'meta'"),
+    "meta data": (lambda: EIGS_ON((X.to("meta"), Y.to("meta"))),
+                  "data: the inputs are on device 'meta', which holds no data"),
+    "meta targets": (lambda: EIGS_ON((X, Y.to("meta"))), "data: the targets are on device 'meta'"),
+    "BatchNorm batch statistics of one sample": (
+        lambda: landscape.hessian_eigs(BN_MODEL, (X[:1], Y[:1]), k=2, bn_mode="train-batch-stats"),
+        r"fails on a batch of 1 sample \(data: 1 sample in batches of 512\).*at least 2 samples per batch"),
+    "BatchNorm batch statistics, batch_size=1": (
+        lambda: landscape.hessian_eigs(BN_MODEL, (X, Y), k=2, bn_mode="train-batch-stats", batch_size=1),
+        r"fails on a batch of 1 sample \(data: 40 samples in batches of 1\)"),
+    "BatchNorm batch statistics, a last batch of 1": (
+        lambda: landscape.trace(BN_MODEL, (X[:9], Y[:9]), hvps=3, bn_mode="train-batch-stats", batch_size=4),
+        r"fails on a batch of 1 sample \(data: 9 samples in batches of 4\)"),
     "dtype='float64x'": (lambda: TRACE(dtype="float64x"), "dtype must be"),
     "dtype=int64": (lambda: TRACE(dtype=torch.int64), "dtype must be"),
     "a vector loss": (lambda: EIGS(loss=_vector_loss),
