@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from landscape.core.errors import LandscapeError
+from landscape.core.reading import special_kind
 from landscape.store.fileio import atomic_write, os_reason
 
 CHECKPOINT_FORMAT = 1
@@ -212,6 +213,10 @@ def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
 def safe_load(path: Path, map_location: str | torch.device = "cpu") -> Any:
     """torch.load with weights_only (no code runs); every failure a one-line ``CheckpointError``."""
     path = Path(path)
+    kind = special_kind(path)  # a FIFO would block torch.load's open: refused before it
+    if kind is not None and kind != "a directory":
+        raise CheckpointError(f"cannot load checkpoint {path}: it is {kind}, not a regular file", path, "foreign",
+                              kind)
     try:
         with warnings.catch_warnings():  # torch warns about the pickle protocol of files it then refuses
             warnings.filterwarnings("ignore", message=".*(pickle protocol|weights_only).*")

@@ -26,6 +26,7 @@ from landscape.figures.report.data import surface_files
 from landscape.figures.report.parts import Page, note, parts
 from landscape.figures.report.plots import line_surface_figure
 from landscape.figures.rundata import RunData
+from landscape.store.results.files import read_arrays
 
 
 def surface_renderer() -> Callable[..., Any] | None:
@@ -149,8 +150,7 @@ def _figure(run: RunData, r: int, path: Path, title: str, kind: str, shared: _Sc
     """(figure, caption) of one surface file, the caption saying what it shows; the note to show instead where
     it cannot be drawn."""
     try:
-        with np.load(path, allow_pickle=False) as f:
-            is_2d = "y_coords" in f.files
+        is_2d = "y_coords" in read_arrays(path)
         if is_2d and shared.renderer is None:
             return (f"{path}: no surface renderer available (landscape.figures.surface.draw.surface_figure); "
                     "the surface is left out")
