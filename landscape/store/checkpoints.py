@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from landscape.core.errors import LandscapeError
-from landscape.core.reading import special_kind
+from landscape.core.reading import open_regular, special_kind
 from landscape.store.fileio import atomic_write, os_reason
 
 CHECKPOINT_FORMAT = 1
@@ -344,7 +344,7 @@ def _partition_from_record(text: str, num_samples: int, num_clients: int | None)
     ``num_samples`` training samples into ``num_clients`` clients)."""
     try:
         record = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return [], "is not JSON"
     clients = record.get("clients") if isinstance(record, dict) else None
     if not isinstance(clients, list) or not clients:
@@ -363,15 +363,21 @@ def _partition_from_record(text: str, num_samples: int, num_clients: int | None)
     return out, ""
 
 
+def _partition_text(path: Path) -> str:
+    """partition.json's text, read through ``open_regular`` (a FIFO in its place: one line, never a hang)."""
+    try:
+        with open_regular(path, "a run's partition") as f:
+            return f.read().decode("utf-8", errors="replace")
+    except OSError as e:
+        raise LandscapeError(f"cannot read {path}: {os_reason(e)}") from None
+
+
 def read_partition(path: Path, num_samples: int, num_clients: int | None = None, *,
                    recorded: bool = False) -> list[np.ndarray]:
     """The per-client index arrays of a partition.json, checked (JSON, one list of whole numbers per client,
     every index one of the ``num_samples`` training samples; a sample may repeat); else a one-line error.
     ``recorded``: the partition is the run's record (partition ``recorded``), not drawn from its seed."""
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError as e:
-        raise LandscapeError(f"cannot read {path}: {os_reason(e)}") from None
+    text = _partition_text(path)
     parts, problem = _partition_from_record(text, num_samples, num_clients)
     if problem and recorded:
         raise LandscapeError(f"{path} {problem}: the clients' split recorded with the run is damaged or is "
@@ -386,9 +392,9 @@ def partition_problem(path: Path, client_indices: list[np.ndarray], num_samples:
     """Why the partition.json at ``path`` is not the partition the recipe makes (``client_indices``): damaged,
     tampered with or another run's; None when it is."""
     try:
-        text = Path(path).read_text(errors="replace")
-    except OSError as e:
-        return f"cannot be read ({os_reason(e)})"
+        text = _partition_text(path)
+    except LandscapeError as e:
+        return f"cannot be read ({str(e).rpartition(': ')[2]})"
     parts, problem = _partition_from_record(text, num_samples, len(client_indices))
     if problem:
         return problem
