@@ -63,8 +63,8 @@ REDO = "`landscape analyze` with the same settings computes it again (or remove 
 
 def read_record(path: Path) -> dict:
     """The record of a result's JSON (``read_json``), checked to be one: a table whose ``settings``,
-    ``summary`` and ``result`` are tables and whose ``arrays`` is a list of names; one LandscapeError naming
-    the file otherwise."""
+    ``summary`` and ``result`` are tables, whose ``arrays`` is a list of names, ``round`` a whole number and
+    ``pass`` a name (where it has them); one LandscapeError naming the file otherwise."""
     record = read_json(path, "an analysis result")
     why = None
     if not isinstance(record, dict):
@@ -76,6 +76,10 @@ def read_record(path: Path) -> dict:
             why = f"its {bad[0]!r} is a {type(record[bad[0]]).__name__}, not a table"
         elif not (isinstance(arrays, list) and all(isinstance(a, str) for a in arrays)):
             why = "its 'arrays' is not a list of names"
+        elif "round" in record and (type(record["round"]) is not int or record["round"] < 0):
+            why = "its 'round' is not a whole number >= 0"
+        elif not isinstance(record.get("pass", ""), str):
+            why = "its 'pass' is not a name"
     if why is not None:
         raise LandscapeError(f"{path} is not an analysis result: {why}; {REDO}")
     return record
