@@ -124,10 +124,11 @@ def test_a_damaged_result_is_one_line_naming_it(run, analysed_run, tmp_path, kin
         assert code == 0
 
 
-@pytest.mark.parametrize("kind", JSON_DAMAGE[:1] + JSON_DAMAGE[2:] + NPZ_DAMAGE)
+@pytest.mark.parametrize("kind", [kind for kind in JSON_DAMAGE + NPZ_DAMAGE if kind != "directory"])
 def test_the_next_analyze_computes_a_damaged_result_again(run, tmp_path, kind):
     """U3, T4: ``landscape analyze`` takes a damaged result (or one whose arrays are missing or cut) for not done
-    and computes it again (never "already done", never the summary table's traceback); the report then reads it."""
+    and computes it again (never "already done", never the summary table's traceback); the report then reads it.
+    A directory in its place is named instead (the next test)."""
     damaged = _damage(run, kind)
     result = invoke(*analyze_args(run, *ANALYSE))
     no_traceback(result)
@@ -173,8 +174,8 @@ def test_a_fifo_in_place_of_a_checkpoint_never_hangs(run):
     checkpoint = run / "checkpoints" / "round-0006.pt"
     checkpoint.unlink()
     os.mkfifo(checkpoint)
-    assert "round-0006.pt" in one_line_error(invoke(*analyze_args(run, *ANALYSE))) and "FIFO" in \
-        one_line_error(invoke(*analyze_args(run, *ANALYSE)))
+    line = one_line_error(invoke(*analyze_args(run, *ANALYSE)))
+    assert "round-0006.pt" in line and "it is a FIFO (named pipe), not a regular file" in line
     with pytest.raises(LandscapeError, match="round-0006.pt.*FIFO"):
         landscape.open_run(run).model(6)
     result = invoke("train", "--resume", run, "--rounds", "7")
