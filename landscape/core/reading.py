@@ -1,14 +1,14 @@
-"""Reading what comes from outside: files a run holds, and data given as tensors, a Dataset or a DataLoader.
+"""Data given as tensors, a Dataset or a DataLoader, read into one (inputs, targets) pair of tensors
+(``read_data``) and checked where it enters (``check_data``), each problem one line naming the data.
 
-Files: every reader of a file a run holds (a result's JSON, a checkpoint, metrics.jsonl) opens it through
-``open_regular`` (a directory, FIFO, socket or device where a file belongs is one line naming it, never a hang:
-the open does not block and the file is checked to be a regular one before a byte is read) and a JSON file
-through ``read_json`` (also one line for text that is not JSON or is nested too deep to read).
-
-Data: read into one (inputs, targets) pair of tensors (``read_data``) and checked where it enters
-(``check_data``), each problem one line naming the data. The analysis
-(``landscape.measure.analysis_data.as_data``) and the data sets made by a user's factory
+The analysis (``landscape.measure.analysis_data.as_data``) and the data sets made by a user's factory
 (``landscape.data.factories``) read data this one way.
+
+Files a run holds are read one way too: every reader of one (a result's JSON and NPZ, a checkpoint's hash,
+metrics.jsonl, partition.json) opens it through ``open_regular`` (a directory, FIFO, socket or device where a
+file belongs is one line naming it, never a hang: the open does not block and the file is checked to be a
+regular one before a byte is read), and a JSON file through ``read_json`` (also one line for text that is not
+JSON or is nested too deep to read).
 """
 
 from __future__ import annotations
