@@ -24,6 +24,7 @@ from landscape.config import recipe as recipes
 from landscape.config.recipe import Recipe
 from landscape.config.setup import DataSetup, build_module, prepare_data, torch_dtype
 from landscape.core.errors import LandscapeError
+from landscape.core.reading import open_regular
 from landscape.core.rounds import Rounds, RoundsUnavailable
 from landscape.store.checkpoints import Checkpoint, load_checkpoint
 from landscape.store.directory import RunDir
@@ -194,7 +195,7 @@ def select_rounds(source: Source, rounds: Rounds | str) -> list[int]:
 
 def file_digest(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, "a checkpoint") as f:  # a FIFO in its place: one line, never a hang
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()

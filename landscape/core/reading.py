@@ -3,16 +3,81 @@
 
 The analysis (``landscape.measure.analysis_data.as_data``) and the data sets made by a user's factory
 (``landscape.data.factories``) read data this one way.
+
+Files a run holds are read one way too: every reader of one (a result's JSON and NPZ, a checkpoint's hash,
+metrics.jsonl, partition.json) opens it through ``open_regular`` (a directory, FIFO, socket or device where a
+file belongs is one line naming it, never a hang: the open does not block and the file is checked to be a
+regular one before a byte is read), and a JSON file through ``read_json`` (also one line for text that is not
+JSON or is nested too deep to read).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import torch
 from torch import Tensor
 
 from landscape.core.errors import LandscapeError, shown
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a plain file")
+
+
+def special_kind(path: str | Path) -> str | None:
+    """What ``path`` is where it is something other than a regular file (``'a directory'``, ``'a FIFO (named
+    pipe)'``, ...; links followed); None for a regular file, or where nothing is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else _kind(mode)
+
+
+def open_regular(path: str | Path, what: str) -> BinaryIO:
+    """``path`` opened for reading in binary, once it is known to be a regular file: the open never blocks (a
+    FIFO), and anything but a regular file, a missing file and an unreadable one are a one-line LandscapeError
+    naming it (``what``: what the file should be, 'an analysis result')."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK)
+    except FileNotFoundError:
+        raise LandscapeError(f"{path} not found ({what})") from None
+    except OSError as e:
+        kind = special_kind(path)
+        reason = f"it is {kind}, not a regular file" if kind else (e.strerror or type(e).__name__)
+        raise LandscapeError(f"cannot read {path} ({what}): {reason}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise LandscapeError(f"cannot read {path} ({what}): it is {_kind(mode)}, not a regular file")
+    if _NONBLOCK:
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """The JSON value of the file ``path`` (read through ``open_regular``); a file that is not UTF-8 JSON, or
+    is nested too deep to read (a hostile file of 200,000 brackets), is one line naming it."""
+    try:
+        with open_regular(path, what) as f:
+            data = f.read()
+    except OSError as e:
+        raise LandscapeError(f"cannot read {path} ({what}): {e.strerror or type(e).__name__}") from None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise LandscapeError(f"{path} is not {what}: its JSON is nested too deep to read") from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
+        raise LandscapeError(f"{path} is not {what}: not JSON ({first_line(e)[:200]})") from None
 
 
 def first_line(error: BaseException) -> str:

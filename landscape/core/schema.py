@@ -249,7 +249,10 @@ def read_toml(path: str | Path, what: str = "recipe") -> dict:
     if not p.exists():
         raise LandscapeError(f"{what} file not found: {p}")
     if not p.is_file():
-        raise LandscapeError(f"{p} is not a regular file (a {what} is a TOML file)")
+        from landscape.core.reading import special_kind  # torch is imported only for this message
+
+        raise LandscapeError(f"{p} is {special_kind(p) or 'not a regular file'}, not a regular file (a {what} is a "
+                             "TOML file)")
     try:
         text = p.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from landscape.core.errors import LandscapeError
+from landscape.core.reading import open_regular, special_kind
 from landscape.store.fileio import atomic_write, os_reason
 
 CHECKPOINT_FORMAT = 1
@@ -236,6 +237,10 @@ def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
 def safe_load(path: Path, map_location: str | torch.device = "cpu") -> Any:
     """torch.load with weights_only (no code runs); every failure a one-line ``CheckpointError``."""
     path = Path(path)
+    kind = special_kind(path)  # a FIFO would block torch.load's open: refused before it
+    if kind is not None and kind != "a directory":
+        raise CheckpointError(f"cannot load checkpoint {path}: it is {kind}, not a regular file", path, "foreign",
+                              kind)
     try:
         with warnings.catch_warnings():  # torch warns about the pickle protocol of files it then refuses
             warnings.filterwarnings("ignore", message=".*(pickle protocol|weights_only).*")
@@ -363,7 +368,7 @@ def _partition_from_record(text: str, num_samples: int, num_clients: int | None)
     ``num_samples`` training samples into ``num_clients`` clients)."""
     try:
         record = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return [], "is not JSON"
     clients = record.get("clients") if isinstance(record, dict) else None
     if not isinstance(clients, list) or not clients:
@@ -382,15 +387,21 @@ def _partition_from_record(text: str, num_samples: int, num_clients: int | None)
     return out, ""
 
 
+def _partition_text(path: Path) -> str:
+    """partition.json's text, read through ``open_regular`` (a FIFO in its place: one line, never a hang)."""
+    try:
+        with open_regular(path, "a run's partition") as f:
+            return f.read().decode("utf-8", errors="replace")
+    except OSError as e:
+        raise LandscapeError(f"cannot read {path}: {os_reason(e)}") from None
+
+
 def read_partition(path: Path, num_samples: int, num_clients: int | None = None, *,
                    recorded: bool = False) -> list[np.ndarray]:
     """The per-client index arrays of a partition.json, checked (JSON, one list of whole numbers per client,
     every index one of the ``num_samples`` training samples; a sample may repeat); else a one-line error.
     ``recorded``: the partition is the run's record (partition ``recorded``), not drawn from its seed."""
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError as e:
-        raise LandscapeError(f"cannot read {path}: {os_reason(e)}") from None
+    text = _partition_text(path)
     parts, problem = _partition_from_record(text, num_samples, num_clients)
     if problem and recorded:
         raise LandscapeError(f"{path} {problem}: the clients' split recorded with the run is damaged or is "
@@ -405,9 +416,9 @@ def partition_problem(path: Path, client_indices: list[np.ndarray], num_samples:
     """Why the partition.json at ``path`` is not the partition the recipe makes (``client_indices``): damaged,
     tampered with or another run's; None when it is."""
     try:
-        text = Path(path).read_text(errors="replace")
-    except OSError as e:
-        return f"cannot be read ({os_reason(e)})"
+        text = _partition_text(path)
+    except LandscapeError as e:
+        return f"cannot be read ({str(e).rpartition(': ')[2]})"
     parts, problem = _partition_from_record(text, num_samples, len(client_indices))
     if problem:
         return problem

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from landscape.core.errors import LandscapeError
+from landscape.core.errors import LandscapeError, shown
+from landscape.core.reading import open_regular
 from landscape.store.fileio import LOCK_NAME, RUN_MARKER, open_no_follow, os_reason, refuse_links, write_text
 
 _CKPT = re.compile(r"^round-(\d{4,})\.pt$")
@@ -44,6 +45,17 @@ _RUN_FILES = {"recipe.toml", "partition.json", "metrics.jsonl", LOCK_NAME, RUN_M
 _RUN_FOLDERS = {"checkpoints", "analysis", "figures"}
 _SET_ASIDE = re.compile(r"^(metrics\.jsonl|partition\.json|round-\d{4,}(\.clients)?\.pt)\.damaged(\.\d+)?$")
 _CHECKPOINT_FILE = re.compile(r"^round-\d{4,}(\.clients)?\.pt$")
+
+
+# The values the training loop logs in every round row, numbers all (NaN and inf written as NaN / Infinity).
+NUMERIC_METRICS = ("lr", "train_loss", "test_loss", "test_acc", "seconds", "update_norm", "uplink_floats",
+                   "client_update_sq", "flatness_distance", "flatness_distance_normalized",
+                   "flatness_distance_relative", "flatness_distance_to_global",
+                   "flatness_distance_to_global_normalized")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _current_row(row: dict) -> dict:
@@ -82,7 +94,8 @@ class RunDir:
         return sorted(int(m.group(1)) for m in found if m)
 
     def is_run(self) -> bool:
-        return self.recipe.is_file()
+        """A recipe.toml is there (of whatever kind: one that is a FIFO or a folder is named when read)."""
+        return self.recipe.exists() or self.recipe.is_symlink()
 
     @property
     def marker(self) -> Path:
@@ -121,31 +134,52 @@ class RunDir:
         """The intact rows of metrics.jsonl (round rows and event rows: JSON objects with an integer
         ``round``) and its damaged lines as (line number, text). A last line without its newline is what a
         killed process leaves: it is neither (a resume drops it and recomputes its round)."""
-        if not self.metrics.is_file():
+        rows, damaged = self._scan_metrics()
+        return [row for _, row in rows], damaged
+
+    def _scan_metrics(self) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
+        """``scan_metrics``, each intact row with its line number."""
+        if not self.metrics.exists():
             return [], []
-        try:
-            text = self.metrics.read_bytes().decode("utf-8", errors="replace")
+        try:  # through open_regular: a FIFO or folder in its place is one line, never a hang
+            with open_regular(self.metrics, "the metrics of a run") as f:
+                text = f.read().decode("utf-8", errors="replace")
         except OSError as e:
             raise LandscapeError(f"cannot read {self.metrics}: {os_reason(e)}") from None
         lines = text.split("\n")
-        rows: list[dict] = []
+        rows: list[tuple[int, dict]] = []
         damaged: list[tuple[int, str]] = []
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 row = None
             if isinstance(row, dict) and isinstance(row.get("round"), int) and not isinstance(row["round"], bool):
-                rows.append(row)
+                rows.append((number, row))
             elif number < len(lines):  # a whole line (the last one has no newline after it)
                 damaged.append((number, line + "\n"))
         return rows, damaged
 
     def _read_rows(self) -> list[dict]:
-        """Every intact row of metrics.jsonl (round rows and event rows); damaged lines are skipped."""
-        return self.scan_metrics()[0]
+        """Every intact row of metrics.jsonl (round rows and event rows); damaged lines are skipped. A round
+        row whose measured value is not a number (``"test_acc": "high"``, null, a list: a hand-edited or
+        hostile file) is one line naming the file, the line and the key: the figures and tables read these
+        values as numbers. A value counts as measured where the training loop logs it (``NUMERIC_METRICS``) or
+        where another row of the file holds a number under its key."""
+        rows = self._scan_metrics()[0]
+        numeric = set(NUMERIC_METRICS) | {key for _, row in rows if "event" not in row for key, value in row.items()
+                                          if _is_number(value)}
+        for number, row in rows:
+            if "event" in row:
+                continue
+            bad = next((key for key in row if key in numeric and not _is_number(row[key])), None)
+            if bad is not None:
+                raise LandscapeError(f"{self.metrics}, line {number}: {shown(bad, 40)} is "
+                                     f"{shown(json.dumps(row[bad]), 40)}, not a number (a damaged metrics.jsonl: "
+                                     "correct or remove that line)")
+        return [row for _, row in rows]
 
     def read_rows(self) -> tuple[list[dict], list[dict]]:
         """(``read_metrics``, ``read_events``) from one reading of metrics.jsonl."""
@@ -187,7 +221,7 @@ class RunDir:
         every event row (the run's history: a divergence stays on record), in their order; put the
         ``recomputed`` rows of rounds that had none in their place. Damaged lines are left out (see
         ``set_aside_lines``)."""
-        rows = [r for r in self._read_rows() if "event" in r or r["round"] <= last_round]
+        rows = [r for r in self.scan_metrics()[0] if "event" in r or r["round"] <= last_round]
         for new in sorted(recomputed, key=lambda r: r["round"]):
             at = next((i for i, r in enumerate(rows) if "event" not in r and r["round"] > new["round"]), len(rows))
             rows.insert(at, new)

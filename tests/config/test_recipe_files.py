@@ -42,7 +42,7 @@ def test_a_recipe_with_a_utf8_byte_order_mark_reads(tmp_path):
 
 def test_a_recipe_that_is_not_a_regular_file_says_so():
     line = one_line_error(invoke("train", "/dev/zero", "--dry-run"))
-    assert line == "error: /dev/zero is not a regular file (a recipe is a TOML file)"
+    assert line == "error: /dev/zero is a character device, not a regular file (a recipe is a TOML file)"
 
 
 def test_a_huge_unknown_key_is_not_echoed_in_full(tmp_path):

@@ -44,6 +44,7 @@ from landscape.figures.report.layout import (
 )
 from landscape.figures.rundata import RunData
 from landscape.figures.seeds import SeedGroup, groups, series_mean
+from landscape.store.results.files import read_arrays
 
 SEED_BAND_ALPHA = 0.2
 SEED_NOTE = "mean over seeds, band: ± standard error"
@@ -462,8 +463,8 @@ def line_surface_figure(path: Path, title: str, color: str) -> Any:
     """A 1D surface (loss along one direction, ``x_coords``) as a line on its own axes."""
     import plotly.graph_objects as go
 
-    with np.load(path, allow_pickle=False) as f:
-        x, loss = np.asarray(f["x_coords"], float), np.asarray(f["loss"], float)
+    f = read_arrays(path, ["x_coords", "loss"])
+    x, loss = np.asarray(f["x_coords"], float), np.asarray(f["loss"], float)
     fig = go.Figure(go.Scatter(x=x, y=loss, mode="lines+markers", name="loss", marker={"size": 4},
                                line={"color": color}))
     return figure_layout(fig, title, rounds=False, xaxis_title="step along the direction", yaxis_title="loss")

@@ -10,7 +10,6 @@ macro of ``templates/parts.html``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from landscape.figures.report.data import surface_files
 from landscape.figures.report.parts import Page, note, parts
 from landscape.figures.report.plots import line_surface_figure
 from landscape.figures.rundata import RunData
+from landscape.store.results.files import read_arrays, read_record
 
 
 def surface_renderer() -> Callable[..., Any] | None:
@@ -43,9 +43,9 @@ def _surface_kind(path: Path) -> tuple[str, str]:
     'line to <target>', from the record beside the NPZ; 'loss surface' without one) and, where they are not the
     defaults, its settings ('' where they are): the settings go below the plot, never into its title."""
     try:
-        record = json.loads(path.with_suffix(".json").read_text())
+        record = read_record(path.with_suffix(".json"))
         meta = record.get("result", {})
-    except (OSError, ValueError, AttributeError):
+    except LandscapeError:
         return "loss surface", ""
     kind = meta.get("directions") if isinstance(meta, dict) else None
     from landscape.figures.surface.data import normalization_of
@@ -149,8 +149,7 @@ def _figure(run: RunData, r: int, path: Path, title: str, kind: str, shared: _Sc
     """(figure, caption) of one surface file, the caption saying what it shows; the note to show instead where
     it cannot be drawn."""
     try:
-        with np.load(path, allow_pickle=False) as f:
-            is_2d = "y_coords" in f.files
+        is_2d = "y_coords" in read_arrays(path)
         if is_2d and shared.renderer is None:
             return (f"{path}: no surface renderer available (landscape.figures.surface.draw.surface_figure); "
                     "the surface is left out")

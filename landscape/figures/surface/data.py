@@ -19,7 +19,6 @@ the panels.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from landscape.core.errors import LandscapeError
+from landscape.core.reading import read_json
+from landscape.store.results.files import read_arrays
 
 # -- reading ----------------------------------------------------------------------------------------------
 
@@ -91,22 +92,15 @@ def load_surface(path: str | Path) -> SurfaceData:
     """Read ``surface.npz`` (give the NPZ or its JSON) and the JSON record beside it when present."""
     path = Path(path)
     npz = path.with_suffix(".npz")
-    if not npz.is_file():
+    if not npz.exists():
         raise LandscapeError(f"surface file not found: {npz}")
-    try:
-        with np.load(npz, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError) as e:
-        raise LandscapeError(f"cannot read surface file {npz}: {e}") from None
+    arrays = read_arrays(npz)  # a cut, oversized or special file: one line naming it
     if "loss" not in arrays or "x_coords" not in arrays:
         raise LandscapeError(f"{npz} is not a surface file (it has no 'loss' and 'x_coords')")
     record: dict[str, Any] = {}
     sidecar = npz.with_suffix(".json")
-    if sidecar.is_file():
-        try:
-            record = json.loads(sidecar.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise LandscapeError(f"cannot read {sidecar}: {e}") from None
+    if sidecar.exists():
+        record = read_json(sidecar, "a surface record")
         if not isinstance(record, dict) or not isinstance(record.get("result", {}), dict):
             raise LandscapeError(f"{sidecar} is not a surface record (a JSON object with a 'result' table); "
                                  "rerun the surface pass with --force")

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from landscape.core.errors import LandscapeError
+from landscape.store.results.files import REDO, read_arrays, read_record
 
 if TYPE_CHECKING:
     import pandas
@@ -107,17 +108,14 @@ class PassRecord:
 
     def arrays(self) -> dict[str, np.ndarray]:
         if self._arrays is None:
+            listed = self.record.get("arrays")
             npz = self.path.with_suffix(".npz")
-            if not self.record.get("arrays"):
+            if not listed:
                 self._arrays = {}
-            elif not npz.is_file():
-                raise LandscapeError(f"{self.path} lists arrays but {npz.name} is missing beside it")
+            elif not npz.exists() and not npz.is_symlink():
+                raise LandscapeError(f"{self.path} lists arrays but {npz.name} is missing beside it; {REDO}")
             else:
-                try:
-                    with np.load(npz, allow_pickle=False) as f:
-                        self._arrays = {k: f[k] for k in f.files}
-                except (OSError, ValueError) as e:
-                    raise LandscapeError(f"cannot read {npz}: {e}") from None
+                self._arrays = read_arrays(npz, listed)
         return self._arrays
 
     def value(self, key: str, default: Any = _MISSING) -> Any:
@@ -152,12 +150,7 @@ def read_results(path: Path) -> dict[int, list[PassRecord]]:
         if not match or not round_dir.is_dir():
             continue
         for json_path in sorted(round_dir.glob("*.json")):
-            try:
-                record = json.loads(json_path.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise LandscapeError(f"{json_path}: not a readable analysis record ({e})") from None
-            if not isinstance(record, dict):
-                continue
+            record = read_record(json_path)  # a damaged or special file: one line naming it
             analyses.setdefault(int(match.group(1)), []).append(PassRecord(json_path, record))
     return analyses
 
