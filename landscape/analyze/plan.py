@@ -247,7 +247,7 @@ def format_plan(jobs: list[Job], settings: AnalysisSettings, done: list[bool] | 
     with using_threads(settings.threads):
         ctx = CheckpointContext(todo[0].source, todo[0].round, settings)
         for job in todo:  # what the run would refuse is refused here too (a Hessian's top_k above the dimension)
-            check_sizes(job.name, job.options, ctx.flat.dim, ctx.w.element_size())
+            check_sizes(job.name, job.options, ctx.flat.dim, ctx.w.element_size(), ctx.device)
         gradient, product = time_products(ctx)
     finished = len(jobs) - len(todo)
     head = (f"{len(todo)} jobs to compute" + (f" ({finished} already done with these settings)" if finished else "")

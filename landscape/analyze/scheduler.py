@@ -213,7 +213,7 @@ class WorkBar:
 
 def _run_job(job: Job, contexts: _Contexts, work: WorkBar | None = None) -> tuple[PassOutput, Computed]:
     ctx = contexts.get(job)
-    check_sizes(job.name, job.options, ctx.flat.dim, ctx.w.element_size())
+    check_sizes(job.name, job.options, ctx.flat.dim, ctx.w.element_size(), ctx.device)
     ctx.progress = work.start(job.name, planned_work(job).hvps) if work is not None else None
     ctx.result_name = job.result_name
     started = time.perf_counter()

@@ -33,9 +33,13 @@ def gib(n: float) -> str:
     return f"{value:,.1f} GiB" if value < 1e6 else f"{value:.1e} GiB"
 
 
-def require_memory(needed: float, what: str, advice: str, free: int | None = None) -> None:
-    """Refuse in one line when ``needed`` bytes are more than the CPU has free: '<what> needs about X GiB of
-    memory, Y GiB are free: <advice>'. ``free`` defaults to ``free_cpu_memory()``; unknown free memory passes."""
-    free = free_cpu_memory() if free is None else free
-    if free is not None and needed > free:
+_CPU = object()
+
+
+def require_memory(needed: float, what: str, advice: str, free: int | None | object = _CPU) -> None:
+    """Refuse in one line when ``needed`` bytes are more than are free: '<what> needs about X GiB of memory, Y GiB
+    are free: <advice>'. ``free``: the bytes free where the memory is wanted (a device's), by default the CPU's
+    (``free_cpu_memory()``); unknown (None) passes."""
+    free = free_cpu_memory() if free is _CPU else free
+    if isinstance(free, int) and needed > free:
         raise LandscapeError(f"{what} needs about {gib(needed)} of memory, {gib(free)} are free: {advice}")

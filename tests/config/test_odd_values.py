@@ -118,6 +118,16 @@ def test_analysis_sizes_beyond_the_model_or_memory_are_refused_in_the_dry_run_as
         assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
 
 
+def test_a_pass_s_vectors_are_checked_against_the_free_memory_of_the_analysis_device():
+    """The device's free bytes are the ones checked (a GPU's on a GPU): unknown (None) passes."""
+    spec = load_passes().get("hessian")
+    options = spec.make_options({})
+    spec.size_check(options, 1000, 4, None)
+    spec.size_check(options, 1000, 4, 60 * 1000 * 4)
+    with pytest.raises(LandscapeError, match=r"hessian.trace_hvps = 60 \(60 vectors of the dimension 1,000, 4 bytes"):
+        spec.size_check(options, 1000, 4, 60 * 1000 * 4 - 1)
+
+
 def test_the_sharpness_estimate_counts_its_starts():
     cost = load_passes().get("sharpness").cost
     options = load_passes().get("sharpness").make_options

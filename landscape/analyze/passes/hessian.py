@@ -48,7 +48,7 @@ def _hessian_cost(o: HessianOptions) -> Cost:
     return Cost(hvps=lanczos + 2 * o.trace_hvps + o.density_runs * o.density_steps + clients)
 
 
-def _check_sizes(o: HessianOptions, dim: int, itemsize: int) -> None:
+def _check_sizes(o: HessianOptions, dim: int, itemsize: int, free: int | None) -> None:
     """top_k at most the dimension; the vectors the solvers hold at once within free memory: the Lanczos basis
     (a Krylov space of up to 2 (top_k + 10) vectors), the trace's trace_hvps probes, the SLQ basis of
     density_steps vectors. Refused in one line before any product."""
@@ -59,7 +59,7 @@ def _check_sizes(o: HessianOptions, dim: int, itemsize: int) -> None:
     vectors, setting = largest
     require_memory(vectors * dim * itemsize, f"{setting} = {o.top_k if setting.endswith('top_k') else vectors:,} "
                    f"({vectors:,} vectors of the dimension {dim:,}, {itemsize} bytes each entry)",
-                   f"choose a smaller {setting}")
+                   f"choose a smaller {setting}", free)
 
 
 def _first_eigenvalue(result: StoredResult) -> tuple[Any, Any]:

@@ -42,11 +42,11 @@ def _sharpness_cost(o: SharpnessOptions) -> Cost:
     return Cost(gradients=1 + (len(o.rhos) * o.steps * (2 if o.adaptive else 1) + o.steps) * o.starts)
 
 
-def _check_sizes(o: SharpnessOptions, dim: int, itemsize: int) -> None:
+def _check_sizes(o: SharpnessOptions, dim: int, itemsize: int, free: int | None) -> None:
     """The starts' directions, held at once (``measure.ascent.unit_directions``: one unit vector of the
     dimension per start), within free memory: refused in one line before any ascent."""
     require_memory(o.starts * dim * itemsize, f"sharpness.starts = {o.starts:,} ({o.starts:,} directions of the "
-                   f"dimension {dim:,}, {itemsize} bytes each entry)", "choose fewer sharpness.starts")
+                   f"dimension {dim:,}, {itemsize} bytes each entry)", "choose fewer sharpness.starts", free)
 
 
 def _sharpness_at(rho: float) -> Quantity:
