@@ -128,6 +128,18 @@ def test_a_pass_s_vectors_are_checked_against_the_free_memory_of_the_analysis_de
         spec.size_check(options, 1000, 4, 60 * 1000 * 4 - 1)
 
 
+@pytest.mark.parametrize("setting, message", [
+    ("split=nan", "--settings split=nan: settings.split must be one of train, test (got nan)"),
+    ("seed=-1", "--settings seed=-1: settings.seed must be in 0..4294967295 (got -1)"),
+    ("hessian.top_k=0", "--settings hessian.top_k=0: hessian.top_k must be >= 1 (got 0)"),
+    ("grid=nan", "--settings grid=nan: surface.grid must be a string (got nan)"),
+])
+def test_compare_refuses_a_settings_filter_no_result_can_have(run_dir, tmp_path, setting, message):
+    line = one_line_error(invoke("compare", run_dir, run_dir, "--out", tmp_path / "cmp", "--settings", setting))
+    assert line == f"error: {message}"
+    assert not (tmp_path / "cmp").exists()
+
+
 def test_the_sharpness_estimate_counts_its_starts():
     cost = load_passes().get("sharpness").cost
     options = load_passes().get("sharpness").make_options
