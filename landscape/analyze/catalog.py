@@ -29,3 +29,15 @@ def pass_options(name: str, values: dict[str, Any]) -> Any:
     if spec.machine_check is not None:
         spec.machine_check(options)
     return options
+
+
+def check_sizes(name: str, options: Any, dim: int, itemsize: int, device: Any) -> None:
+    """The pass's options against a model of ``dim`` trainable parameters of ``itemsize`` bytes on ``device``
+    (``PassSpec.size_check``: a Hessian's top_k at most the dimension, its vectors within the device's free
+    memory): one line, before the pass's work (and in ``--dry-run``'s plan, which never plans what the run
+    refuses)."""
+    spec = load_passes().get(name)
+    if spec.size_check is not None:
+        from landscape.measure.products import free_memory
+
+        spec.size_check(options, dim, itemsize, free_memory(device))

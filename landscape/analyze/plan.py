@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from landscape.analyze.catalog import load_passes
+from landscape.analyze.catalog import check_sizes, load_passes
 from landscape.analyze.context import CheckpointContext
 from landscape.analyze.passes import RESULT_NAMES
 from landscape.analyze.registry import Cost, needs_kept_clients
@@ -246,6 +246,8 @@ def format_plan(jobs: list[Job], settings: AnalysisSettings, done: list[bool] | 
                 "them again)")
     with using_threads(settings.threads):
         ctx = CheckpointContext(todo[0].source, todo[0].round, settings)
+        for job in todo:  # what the run would refuse is refused here too (a Hessian's top_k above the dimension)
+            check_sizes(job.name, job.options, ctx.flat.dim, ctx.w.element_size(), ctx.device)
         gradient, product = time_products(ctx)
     finished = len(jobs) - len(todo)
     head = (f"{len(todo)} jobs to compute" + (f" ({finished} already done with these settings)" if finished else "")

@@ -116,6 +116,11 @@ class PassSpec(Entry):
     # what the options ask of the machine that is to run them (a surface grid's memory), checked when
     # options are made for work (``catalog.pass_options``), not when stored results are read
     machine_check: Callable[[Any], None] | None = None
+    # what the options ask of the machine for a model of ``dim`` trainable parameters of ``itemsize`` bytes, with
+    # the analysis device's free bytes (None: unknown) (a Hessian's Lanczos basis, the trace's probes): refused
+    # in one line with the memory they need, checked when the checkpoint is known (``catalog.check_sizes``: the
+    # dry-run's plan, and before a job runs)
+    size_check: Callable[[Any, int, int, int | None], None] | None = None
 
     def make_options(self, values: Any, where: str | None = None, *, noun: str = "pass option") -> Any:
         """The options from recipe, ``--set`` or recorded values (``Entry.make_options``: one line naming

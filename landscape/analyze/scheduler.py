@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from landscape.analyze.catalog import load_passes
+from landscape.analyze.catalog import check_sizes, load_passes
 from landscape.analyze.context import CheckpointContext
 from landscape.analyze.passes import RESULT_NAMES
 from landscape.analyze.plan import Job, partition_warnings, plan, planned_work, skip_unavailable, split_work
@@ -213,6 +213,7 @@ class WorkBar:
 
 def _run_job(job: Job, contexts: _Contexts, work: WorkBar | None = None) -> tuple[PassOutput, Computed]:
     ctx = contexts.get(job)
+    check_sizes(job.name, job.options, ctx.flat.dim, ctx.w.element_size(), ctx.device)
     ctx.progress = work.start(job.name, planned_work(job).hvps) if work is not None else None
     ctx.result_name = job.result_name
     started = time.perf_counter()

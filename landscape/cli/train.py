@@ -253,12 +253,13 @@ def _one_run(run: Any, dry_run: bool, quiet: bool) -> None:
 
     recipe, out, status = run.recipe, run.path, run.status
     if dry_run:
-        from landscape.config.setup import prepare_data, resolve_device
+        from landscape.config.setup import check_module, prepare_data, resolve_device
         from landscape.data.partitions import format_partition_table, heterogeneity
         from landscape.train.trainer import check_local_work
 
         resolve_device(recipe.train.device)  # unknown or not here: refused now, as the run would be
         setup = prepare_data(recipe)
+        check_module(recipe, setup.bundle)  # a model too big for this machine: refused as the run would be
         check_local_work(recipe.train)
         click.echo(recipes.to_toml(recipe))
         click.echo(f"# run directory: {out} ({status})")

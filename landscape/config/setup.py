@@ -23,7 +23,7 @@ from landscape.core.errors import LandscapeError
 from landscape.core.rng import derived_seed
 from landscape.data.datasets import DatasetBundle, load_dataset
 from landscape.data.partitions import class_histogram, make_partition
-from landscape.models import build_model
+from landscape.models import build_model, check_model
 
 DTYPES = {name: getattr(torch, name) for name in recipe_sections.DTYPES}  # the recipe's dtype names -> torch
 
@@ -128,3 +128,9 @@ def build_module(recipe: recipes.Recipe, bundle: DatasetBundle) -> torch.nn.Modu
     """The recipe's model for this data set, initialised from the recipe's seed (CPU, float32)."""
     torch.manual_seed(derived_seed(recipe.seed))
     return build_model(recipe.model.name, bundle.input_shape, bundle.num_classes, dict(recipe.model.options))
+
+
+def check_module(recipe: recipes.Recipe, bundle: DatasetBundle) -> None:
+    """What ``build_module`` checks, nothing built (a dry run): the model's options, its fit to the data and
+    to this machine's memory (a built-in model's size from the meta device)."""
+    check_model(recipe.model.name, bundle.input_shape, bundle.num_classes, dict(recipe.model.options))

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from landscape.core.errors import LandscapeError
+from landscape.core.machine import require_memory
 from landscape.data.datasets import DATASETS, DatasetBundle, make_bundle, require
 
 # ---------------------------------------------------------------------------------------------------------
@@ -73,6 +74,7 @@ def load_synthetic(root: Path, download: bool, augment: bool, num_clients: int, 
     d, c = opts.dimension, opts.classes
     sizes = rng.lognormal(SYNTHETIC_LOGNORMAL_MEAN, SYNTHETIC_LOGNORMAL_SIGMA, num_clients).astype(int)
     sizes = sizes + SYNTHETIC_MIN_SAMPLES
+    _check_synthetic_memory(opts, num_clients, int(sizes.sum(dtype=object)))  # before the data is drawn
     model_mean = rng.normal(0.0, opts.alpha, num_clients)  # u_k (the mean of both W_k and b_k)
     input_mean_of_mean = rng.normal(0.0, opts.beta, num_clients)  # B_k
     input_mean = rng.normal(input_mean_of_mean[:, None], 1.0, (num_clients, d))  # v_k
@@ -84,7 +86,10 @@ def load_synthetic(root: Path, download: bool, augment: bool, num_clients: int, 
         weight = rng.normal(model_mean[k], 1.0, (d, c))
         bias = rng.normal(model_mean[k], 1.0, c)
         x = input_mean[k] + input_std * rng.normal(size=(sizes[k], d))
-        y = np.argmax(x @ weight + bias, axis=1)  # argmax of softmax(W x + b) = argmax of the logits
+        with np.errstate(all="ignore"):  # overflow is refused just below, naming the setting
+            logits = x @ weight + bias
+        _check_synthetic_values(opts, x, logits)
+        y = np.argmax(logits, axis=1)  # argmax of softmax(W x + b) = argmax of the logits
         order = rng.permutation(sizes[k])
         n_train = int((1.0 - opts.test_fraction) * sizes[k])
         train, test = order[:n_train], order[n_train:]
@@ -96,6 +101,31 @@ def load_synthetic(root: Path, download: bool, augment: bool, num_clients: int, 
         offset += n_train
     return make_bundle("synthetic", np.concatenate(x_train), np.concatenate(y_train), np.concatenate(x_test),
                        np.concatenate(y_test), num_classes=c, natural_partition=natural)
+
+
+# Peak memory of the generator per input value (float64): a client's x, the lists of the splits and their
+# concatenation, then the bundle's copy.
+SYNTHETIC_COPIES = 4
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _check_synthetic_memory(opts: SyntheticOptions, num_clients: int, samples: int) -> None:
+    """Refuse in one line, before anything is drawn, a data set that cannot fit in this machine's memory."""
+    d, c = opts.dimension, opts.classes
+    needed = 8 * (SYNTHETIC_COPIES * samples * d + num_clients * d + 2 * d * c + samples * c)
+    require_memory(needed, f"the synthetic data set of dimension {d:,} with {c:,} classes ({num_clients:,} "
+                           f"clients, {samples:,} samples)", "choose a smaller dataset.dimension or dataset.classes")
+
+
+def _check_synthetic_values(opts: SyntheticOptions, x: np.ndarray, logits: np.ndarray) -> None:
+    """Inputs beyond float32 (inf in a run) or non-finite logits (labels from argmax of NaN: all one class)
+    refused, naming the settings that made them."""
+    settings = f"dataset.alpha = {opts.alpha:g}, dataset.beta = {opts.beta:g}"
+    require(bool(np.isfinite(x).all()) and float(np.abs(x).max(initial=0.0)) <= FLOAT32_MAX,
+            f"synthetic inputs overflow float32 with {settings}: choose a smaller dataset.beta")
+    require(bool(np.isfinite(logits).all()),
+            f"synthetic labels are not defined with {settings} (the logits W x + b overflow to inf or NaN): "
+            "choose a smaller dataset.alpha or dataset.beta")
 
 
 # ---------------------------------------------------------------------------------------------------------

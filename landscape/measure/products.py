@@ -24,7 +24,6 @@ the operator keeps gradient graphs.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 
 import torch
@@ -34,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel, ParameterLeaves
+from landscape.core.machine import free_cpu_memory
 from landscape.measure.gradient_graphs import product_gradient_graphs
 
 # A batch's gradient with its graph: one tensor per parameter (None: constant in w), or None where H_b = 0.
@@ -136,15 +136,5 @@ def free_memory(device: torch.device) -> int | None:
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     if device.type == "cpu":
-        try:
-            with open("/proc/meminfo") as meminfo:
-                for line in meminfo:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        try:
-            return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-        except (ValueError, OSError, AttributeError):
-            return None
+        return free_cpu_memory()
     return None

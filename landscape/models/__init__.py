@@ -9,6 +9,7 @@ so the caller's torch.manual_seed fully determines the parameters.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,8 +18,9 @@ from typing import Any
 
 from torch import nn
 
-from landscape.core.errors import LandscapeError
+from landscape.core.errors import LandscapeError, shown
 from landscape.core.imports import check_factory_spec
+from landscape.core.machine import require_memory
 from landscape.core.registry import Registry
 from landscape.models.lstm import StackedLSTM
 from landscape.models.resnet import ResNet18, norm_factory
@@ -27,13 +29,26 @@ ModelBuilder = Callable[[tuple[int, ...], int, Any], nn.Module]
 
 MODELS = Registry("model")  # each factory a ModelBuilder
 
-__all__ = ["MODELS", "ModelBuilder", "build_model"]
+__all__ = ["MODELS", "ModelBuilder", "build_model", "check_model", "model_parameters"]
 
 
 def build_model(
     name: str, input_shape: Sequence[int], num_classes: int, options: dict[str, Any] | None = None
 ) -> nn.Module:
-    """Build model `name` for inputs of shape (C, H, W), (C, L) or (D,) with `num_classes` logits."""
+    """Build model `name` for inputs of shape (C, H, W), (C, L) or (D,) with `num_classes` logits. A model
+    whose training cannot fit in this machine's memory is refused first (``check_model``)."""
+    entry, shape, opts = _checked(name, input_shape, num_classes, options)
+    return entry.factory(shape, num_classes, opts)
+
+
+def check_model(name: str, input_shape: Sequence[int], num_classes: int, options: dict[str, Any] | None = None) -> None:
+    """What ``build_model`` checks, nothing built (a dry run): the options, the fit to the input and to this
+    machine's memory (a built-in model's size from the meta device)."""
+    _checked(name, input_shape, num_classes, options)
+
+
+def _checked(name: str, input_shape: Sequence[int], num_classes: int,
+             options: dict[str, Any] | None) -> tuple[Any, tuple[int, ...], Any]:
     entry = MODELS.get(name)
     if not input_shape or not all(
         isinstance(d, Integral) and not isinstance(d, bool) and d > 0 for d in input_shape
@@ -43,7 +58,47 @@ def build_model(
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise LandscapeError(f"{name}: num_classes must be a positive integer, got {num_classes!r}")
     opts = entry.make_options(dict(options or {}), "model")
-    return entry.factory(shape, num_classes, opts)
+    if name != "factory":  # a factory of the user's own is called once, as they wrote it
+        check_model_memory(name, entry.factory, shape, num_classes, opts)
+    return entry, shape, opts
+
+
+# Copies of the parameters that training holds at once: the global model, a client's model, its gradient and
+# the optimizer's or algorithm's state (momentum, control variates); each float32 (4 bytes) at the least.
+MODEL_COPIES = 4
+
+
+def model_parameters(name: str, factory: ModelBuilder, shape: tuple[int, ...], num_classes: int, opts: Any) -> int:
+    """The model's parameter count, from a build on the meta device (no memory allocated, no random numbers
+    drawn); a size torch cannot even represent is refused in one line."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            module = factory(shape, num_classes, opts)
+    except (RuntimeError, TypeError, ValueError, OverflowError) as error:
+        if isinstance(error, LandscapeError):
+            raise
+        text = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = "a layer's size overflows torch's 64-bit sizes" if "overflow" in text.lower() else shown(text, 120)
+        raise LandscapeError(f"{name} with {_options_text(opts)} cannot be built ({reason}): choose smaller "
+                             "model options") from None
+    return sum(p.numel() for p in module.parameters())
+
+
+def check_model_memory(name: str, factory: ModelBuilder, shape: tuple[int, ...], num_classes: int,
+                       opts: Any) -> None:
+    """Refuse in one line, before anything is allocated, a model whose training cannot fit in this machine's
+    memory (``MODEL_COPIES`` float32 copies of its parameters)."""
+    count = model_parameters(name, factory, shape, num_classes, opts)
+    require_memory(MODEL_COPIES * 4 * count, f"{name} with {_options_text(opts)} ({count:,} parameters, "
+                   f"{MODEL_COPIES} float32 copies in training)", "choose smaller model options")
+
+
+def _options_text(opts: Any) -> str:
+    if opts is None or not dataclasses.is_dataclass(opts):
+        return "its defaults"
+    return ", ".join(f"model.{f.name} = {shown(repr(getattr(opts, f.name)), 60)}" for f in dataclasses.fields(opts))
 
 
 def _check_positive_int(model: str, option: str, value: Any) -> None:

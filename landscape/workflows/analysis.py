@@ -53,7 +53,9 @@ def analysis_request(*, path: Path, flags: dict[str, Any], given: set[str], reci
             passes = ",".join(analysis.passes)
     chosen.update(set_settings)
     rounds = _checkpoints(checkpoints, "checkpoints" in given, analysis, foreign is not None)
-    if chosen["analysis_samples"] < 0:
+    samples = chosen["analysis_samples"]  # of the flag: named so (--set and recipe values: AnalysisSettings)
+    if "analysis_samples" not in set_settings and isinstance(samples, int) and not isinstance(samples, bool) \
+            and samples < 0:
         raise LandscapeError(f"--analysis-samples must be >= 0 (got {chosen['analysis_samples']})")
     names = _pass_names(passes, surface_flags, set_options, foreign is not None)
     _check_declared(names, None if foreign is not None else Path(path))

@@ -11,6 +11,7 @@ import numpy as np
 from landscape.analyze.passes._common import client_objectives, keys, measured
 from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, StoredResult
 from landscape.core.errors import LandscapeError
+from landscape.core.machine import require_memory
 from landscape.core.schema import rule
 from landscape.store.results.serial import split_result
 
@@ -47,6 +48,20 @@ def _hessian_cost(o: HessianOptions) -> Cost:
     return Cost(hvps=lanczos + 2 * o.trace_hvps + o.density_runs * o.density_steps + clients)
 
 
+def _check_sizes(o: HessianOptions, dim: int, itemsize: int, free: int | None) -> None:
+    """top_k at most the dimension; the vectors the solvers hold at once within free memory: the Lanczos basis
+    (a Krylov space of up to 2 (top_k + 10) vectors), the trace's trace_hvps probes, the SLQ basis of
+    density_steps vectors. Refused in one line before any product."""
+    if o.top_k > dim:
+        raise LandscapeError(f"hessian.top_k must be at most the Hessian's dimension {dim:,} (got {o.top_k:,})")
+    largest = max((2 * (o.top_k + 10), "hessian.top_k"), (o.trace_hvps, "hessian.trace_hvps"),
+                  (o.density_steps, "hessian.density_steps"))
+    vectors, setting = largest
+    require_memory(vectors * dim * itemsize, f"{setting} = {o.top_k if setting.endswith('top_k') else vectors:,} "
+                   f"({vectors:,} vectors of the dimension {dim:,}, {itemsize} bytes each entry)",
+                   f"choose a smaller {setting}", free)
+
+
 def _first_eigenvalue(result: StoredResult) -> tuple[Any, Any]:
     values = np.atleast_1d(result.array("top.values"))
     return (float(values[0]) if values.size else None), None
@@ -62,6 +77,7 @@ PASSES.declare("hessian", options=HessianOptions,
                summary="Lanczos top-k eigenvalues, trace (XTrace; Hutchinson baseline), SLQ density, client "
                        "lambda_max",
                cost=_hessian_cost,
+               size_check=_check_sizes,
                reads=frozenset({"backend", "hvp"}),  # the PyHessian cross-check; the products' backend
                quantities=(Quantity("lambda_max", "&lambda;<sub>max</sub>", "top.values",
                                     read_result=_first_eigenvalue),

@@ -10,6 +10,7 @@ import numpy as np
 
 from landscape.analyze.passes._common import ALL, client_objectives, keys, measured
 from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, StoredResult
+from landscape.core.machine import require_memory
 from landscape.core.progress import Budget
 from landscape.core.schema import rule
 from landscape.store.results.serial import split_result
@@ -37,8 +38,15 @@ class SharpnessOptions:
 
 def _sharpness_cost(o: SharpnessOptions) -> Cost:
     """Every radius's ascent (twice with the adaptive profile) and the per-client ascents (N x 1/N of the
-    data)."""
-    return Cost(gradients=1 + len(o.rhos) * o.steps * (2 if o.adaptive else 1) + o.steps)
+    data), each from ``starts`` starts."""
+    return Cost(gradients=1 + (len(o.rhos) * o.steps * (2 if o.adaptive else 1) + o.steps) * o.starts)
+
+
+def _check_sizes(o: SharpnessOptions, dim: int, itemsize: int, free: int | None) -> None:
+    """The starts' directions, held at once (``measure.ascent.unit_directions``: one unit vector of the
+    dimension per start), within free memory: refused in one line before any ascent."""
+    require_memory(o.starts * dim * itemsize, f"sharpness.starts = {o.starts:,} ({o.starts:,} directions of the "
+                   f"dimension {dim:,}, {itemsize} bytes each entry)", "choose fewer sharpness.starts", free)
 
 
 def _sharpness_at(rho: float) -> Quantity:
@@ -62,6 +70,7 @@ def _trials(o: SharpnessOptions, clients: int | None) -> int:
 PASSES.declare("sharpness", options=SharpnessOptions,
                summary="rho-ball sharpness S_rho (and adaptive) of F; per-client S_rho of F_i and the gap",
                cost=_sharpness_cost,
+               size_check=_check_sizes,
                quantities=(_sharpness_at,
                            Quantity("local-global S_rho", "local &minus; global S<sub>&rho;</sub>", "local.gap")),
                # S_rho per radius is the summary's (the arrays global.sharpness at global.rhos)
