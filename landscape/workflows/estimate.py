@@ -2,15 +2,15 @@
 analysis jobs to compute (never those already done with the same settings), each priced with rates measured on
 this machine.
 
-The rates (``Rates``) are measured once per kind of run (its recipe less its seed and length: ``rate_key``) by
-training a throwaway copy in a temporary folder: one client per round, rounds of one local step and rounds of three
+The rates (``Rates``) are measured once per kind of run (its data set, model, algorithm and partition and how its
+steps are computed: ``rate_key``) by training a throwaway copy in a temporary folder: one client per round, rounds of one local step and rounds of three
 (the mean of two after a warm-up; the per-step cost is the slope, the rest of a client's round its intercept), a
 test evaluation, and one full-data gradient and one Hessian-vector product at the analysis settings on its
 checkpoint (``analyze.plan.time_products``, as ``landscape analyze --dry-run`` times them), the last two on
 ``TIMED_SAMPLES`` samples and scaled to all. A run's training is then rounds x clients per round x (mean local
-steps x step + client) + evaluations x evaluation, and a job's analysis
-its pass's cost model (``PassSpec.cost``) in products and gradients. Rough: a factor of 2 either way. Nothing
-measured here is stored anywhere: no recorded number depends on a clock.
+steps x step + client) + evaluations x evaluation, and a job's analysis its pass's cost model (``PassSpec.cost``)
+in products and gradients. Rough: a factor of 2 either way. Nothing measured here is stored anywhere: no recorded
+number depends on a clock.
 """
 
 from __future__ import annotations
