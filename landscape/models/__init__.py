@@ -58,7 +58,10 @@ def _checked(name: str, input_shape: Sequence[int], num_classes: int,
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise LandscapeError(f"{name}: num_classes must be a positive integer, got {num_classes!r}")
     opts = entry.make_options(dict(options or {}), "model")
-    if name != "factory":  # a factory of the user's own is called once, as they wrote it
+    # the built-in models only: a model of the user's own (a registration, a factory) is built once, as they wrote
+    # it (it may compute on its tensors while it is built, which the meta device cannot)
+    module = getattr(entry.factory, "__module__", "")
+    if name != "factory" and (module == __name__ or module.startswith(__name__ + ".")):
         check_model_memory(name, entry.factory, shape, num_classes, opts)
     return entry, shape, opts
 

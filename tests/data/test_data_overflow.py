@@ -20,7 +20,6 @@ def synthetic(beta: float, dtype: torch.dtype):
 
 
 @pytest.mark.parametrize(("beta", "dtype", "refused"), [
-    (1e308, torch.float32, True),  # overflows numpy's float64 already
     (1e40, torch.float32, True),  # finite as made (float64), inf in a float32 run
     (1e40, torch.float64, False),
     (1e30, torch.float32, False),
@@ -42,7 +41,7 @@ def test_inputs_not_finite_in_the_run_s_dtype_are_refused_naming_the_setting(bet
 
 @pytest.mark.parametrize(("beta", "expected"), [
     # not finite in float32: refused where the data enters, before a run folder is made
-    ("1e308", "error: data set synthetic with dataset.beta=1e+308: "),
+    ("1e40", "error: data set synthetic with dataset.beta=1e+40: "),
     # finite but far beyond unit scale: the run diverges, and the message says the data, not the step size
     ("1e15", "the training inputs reach |x| = "),
 ])
@@ -52,7 +51,7 @@ def test_training_on_data_of_an_odd_scale_says_the_data(tmp_path, beta, expected
                                  "--out", tmp_path / "run"))
     assert expected in line, line
     assert "a smaller train.lr" not in line and "dataset.beta" in line, line
-    if beta == "1e308":
+    if beta == "1e40":
         assert line.startswith(expected) and not (tmp_path / "run").exists()
     else:
         assert line.startswith("error: training diverged in round 1") and "choose smaller values of dataset.beta" in line
