@@ -61,7 +61,9 @@ class CheckpointContext:
         self.flat = FlatModel(module)
         self.reference_state = module.state_dict()
         ckpt.check_model(self.reference_state, self.source.model_name, self.source.run_dtype)
-        self.source.check_recipe(ckpt)
+        self.source.check_recipe(ckpt)  # another run's checkpoint is named as such first
+        if not isinstance(self.source, StateDictSource):  # a run's (or a loose folder's) round-NNNN.pt
+            ckpt.check_round(self.round)
         # Evaluation and analysis use x_swa once server SWA has produced it.
         self.w, self.buffers = self.flat.from_state_dict(ckpt.analysed_state)
         # x^t of training (differs from w only under server SWA): flatness distance is measured to it.

@@ -305,6 +305,15 @@ class Checkpoint:
     def round(self) -> int:
         return int(self.payload.get("round", -1))
 
+    def check_round(self, round: int) -> None:
+        """The round it records is ``round``, the one its file name (``round-NNNN.pt``) says: a checkpoint renamed,
+        or copied over another round's, is refused in one line, never analysed or loaded under the name's round.
+        A file that records no round (a plain state_dict) is not checked."""
+        recorded = self.payload.get("round")
+        if type(recorded) is int and recorded != round:
+            raise LandscapeError(f"{self.path} holds round {recorded}, its name says round {round}: it is not that "
+                                 "round's checkpoint (renamed, or copied over another round's); move it back or away")
+
     @property
     def recipe_text(self) -> str | None:
         """The resolved recipe the checkpoint was trained with (TOML), when it carries one."""

@@ -189,7 +189,9 @@ class Run:
         if round not in rounds:
             raise LandscapeError(f"round {round} has no checkpoint in {self.path}; checkpointed rounds: "
                                  + ", ".join(map(str, rounds)))
-        return Checkpoint.load(self.dir.checkpoint(round))
+        ckpt = Checkpoint.load(self.dir.checkpoint(round))
+        ckpt.check_round(round)
+        return ckpt
 
     def model(self, round: int | None = None) -> torch.nn.Module:
         """The global model of a checkpointed round (default: the last; x_swa once server SWA has begun),
