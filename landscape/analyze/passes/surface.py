@@ -186,18 +186,12 @@ GRID_BYTES_PER_CELL = 160
 def check_grid_memory(options: SurfaceOptions) -> None:
     """No grid needs more memory than the machine has free: refused in one line before anything is
     allocated (checked when options are made for work, not when stored results are read)."""
-    import torch
-
-    from landscape.measure.operator import free_memory
+    from landscape.core.machine import require_memory
 
     sizes = parse_grid(options.grid, 1 if options.directions == "interpolate" else 2)
     cells = int(np.prod(sizes, dtype=object))
-    needed = cells * GRID_BYTES_PER_CELL
-    free = free_memory(torch.device("cpu"))
-    if free is not None and needed > free:
-        raise LandscapeError(f"a {'x'.join(map(str, sizes))} grid ({cells:,} cells) needs about "
-                             f"{needed / 2**30:,.1f} GiB of memory, {free / 2**30:,.1f} GiB are free: "
-                             "choose a smaller grid")
+    require_memory(cells * GRID_BYTES_PER_CELL, f"a {'x'.join(map(str, sizes))} grid ({cells:,} cells)",
+                   "choose a smaller grid")
 
 
 # Work of a surface besides Hessian-vector products, in full-data gradient equivalents: a cell is one forward
