@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from landscape.analyze.model_code import model_code
 from landscape.analyze.registry import PASSES, needs_clients
 from landscape.analyze.source import Source
 from landscape.config.setup import DataSetup
@@ -35,22 +35,11 @@ from landscape.measure.analysis_data import AnalysisData, as_data, check_model_d
 from landscape.store.checkpoints import Checkpoint, load_state_dict_file
 
 
-def _source_text(obj: object) -> str:
-    """``inspect.getsource(obj)``; "" where there is none (a builtin, code typed at a prompt)."""
-    try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError):
-        return ""
-
-
 def model_sha256(factory: Callable, module: nn.Module) -> str:
-    """SHA-256 of what a model factory makes the numbers of: the factory's source, the source of each class
-    outside torch among the returned module's submodules (its own class first, then in ``modules()`` order)
-    and ``repr(module)`` (the layers and their settings), joined by NUL bytes."""
-    classes = list(dict.fromkeys(type(m) for m in module.modules()))
-    own = [_source_text(c) for c in classes if c.__module__.split(".")[0] != "torch"]
-    text = "\0".join([_source_text(factory), *own, repr(module)])
-    return hashlib.sha256(text.encode()).hexdigest()
+    """SHA-256 of what a model factory makes the numbers of (``model_code.model_code``): the sources of the
+    factory, of the module's classes outside torch and of the user's functions and classes their code reads,
+    the library objects they read by name, the values (module constants) they read, and ``repr(module)``."""
+    return hashlib.sha256(model_code(factory, module).encode()).hexdigest()
 
 
 def data_sha256(x: Tensor, y: Tensor) -> str:

@@ -59,6 +59,29 @@ USER_MODULE = textwrap.dedent('''
         return x[:24], y[:24]
 
 
+    SCALE = 1.0
+    act = torch.relu
+
+
+    def squash(x):  # a module-level helper forward calls
+        return torch.tanh(x)
+
+
+    class Scaled(nn.Module):  # its forward reads a helper, an alias of a torch function and a constant
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 12))
+            self.head = nn.Linear(12, 10)
+
+        def forward(self, x):
+            return self.head(squash(act(self.body(x))) * SCALE)
+
+
+    def make_scaled():
+        torch.manual_seed(3)
+        return Scaled()
+
+
     def not_a_net():
         return 3
 
@@ -293,29 +316,45 @@ def _direct_loss(module, factory: str, dataset: str, state_file: Path) -> float:
         return torch.nn.functional.cross_entropy(net.eval()(x), y).item()
 
 
+# the code forward runs, edited outside the model's class (issue 46, W1): (old text, new text) in the module
+HELPER_EDITS = {"edited helper": ("return torch.tanh(x)", "return torch.sigmoid(x)"),
+                "edited alias": ("act = torch.relu", "act = torch.tanh"),
+                "edited constant": ("SCALE = 1.0", "SCALE = 2.0")}
+
+
+def _reimport(tmp_path, user_module, old: str, new: str):
+    """The user module with ``old`` replaced by ``new`` in its file, imported afresh."""
+    from landscape.models import MODELS
+
+    source = tmp_path / f"{user_module}.py"
+    assert old in source.read_text()
+    source.write_text(source.read_text().replace(old, new))
+    shutil.rmtree(tmp_path / "__pycache__", ignore_errors=True)
+    sys.modules.pop(user_module)
+    MODELS._entries.pop("usernet", None)  # registered again by the edited module
+    importlib.invalidate_caches()
+    return importlib.import_module(user_module)
+
+
 @pytest.mark.parametrize("change", ["none", "model factory", "edited model code", "data factory",
-                                    "registered data set", "result without inputs"])
+                                    "registered data set", "result without inputs", *HELPER_EDITS])
 def test_a_state_dict_result_is_keyed_by_the_model_and_data_that_made_it(tmp_path, user_module, change):
-    """Issue 20: another model, data or model code on the same file is recomputed, never "already done"."""
+    """Issue 20: another model, data or model code on the same file is recomputed, never "already done"; issue 46
+    (W1): the code forward runs outside the class too (a module-level helper, an alias, a constant)."""
     module = __import__(user_module)
     state_file = tmp_path / "mine.pt"
-    torch.save(module.make_net().state_dict(), state_file)
-    model, dataset = f"{user_module}:make_net", f"{user_module}:make_data"
+    factory = "make_scaled" if change in HELPER_EDITS else "make_net"
+    torch.save(getattr(module, factory)().state_dict(), state_file)
+    model, dataset = f"{user_module}:{factory}", f"{user_module}:make_data"
     first = _analyze_loss(state_file, model, dataset)
     assert first.exit_code == 0 and "1 computed, 0 already done" in first.output, first.output
     out = tmp_path / "analysis" / "mine"
     if change == "model factory":
         model = f"{user_module}:make_relu"
     elif change == "edited model code":  # the same --model, its class edited (another activation)
-        from landscape.models import MODELS
-
-        source = tmp_path / f"{user_module}.py"
-        source.write_text(source.read_text().replace("nn.Tanh()", "nn.Sigmoid()"))
-        shutil.rmtree(tmp_path / "__pycache__", ignore_errors=True)
-        sys.modules.pop(user_module)
-        MODELS._entries.pop("usernet", None)  # registered again by the edited module
-        importlib.invalidate_caches()
-        module = importlib.import_module(user_module)
+        module = _reimport(tmp_path, user_module, "nn.Tanh()", "nn.Sigmoid()")
+    elif change in HELPER_EDITS:  # the same --model and class, code it calls edited
+        module = _reimport(tmp_path, user_module, *HELPER_EDITS[change])
     elif change == "data factory":
         dataset = f"{user_module}:half"
     elif change == "registered data set":
