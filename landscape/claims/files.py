@@ -19,7 +19,7 @@ from landscape.core.errors import LandscapeError
 from landscape.core.rounds import Rounds, RoundsUnavailable
 from landscape.core.schema import load, read_toml, rule
 from landscape.figures.report.data import quantities
-from landscape.figures.rundata import RunData
+from landscape.figures.rundata import WAIT, RunData
 
 DEFAULT_TAU = 0.5  # nats above the centre's loss: the level set whose area ``surface width`` measures
 SURFACE_WIDTH = "surface width"
@@ -266,9 +266,17 @@ def check_run_ids(claim: Claim, known: Sequence[str]) -> None:
 
 # -- one number per run -----------------------------------------------------------------------------------------
 
+def _in_use(run: RunData, what: str) -> None:
+    """Refused in one line when another process trains into the run now (``RunData.lacks_while_in_use``)."""
+    busy = run.lacks_while_in_use(what)
+    if busy:
+        raise LandscapeError(f"{busy}: {WAIT}")
+
+
 def _pick(rounds_have: Sequence[int], spec: Rounds, run: RunData, what: str) -> list[int]:
     have = sorted(rounds_have)
     if not have:
+        _in_use(run, what)
         raise LandscapeError(f"run {run.path} has no {what}")
     try:
         return spec.select(have)
@@ -316,6 +324,7 @@ def run_value(run: RunData, quantity: str, rounds: Rounds | str | int | tuple[in
     output = analysis_output(quantity)
     if output is None:
         if not run.has_metric(quantity):
+            _in_use(run, f"{quantity!r} in metrics.jsonl")
             known = ", ".join(sorted(_QUANTITIES) + [SURFACE_WIDTH])
             raise LandscapeError(f"run {run.path}: {quantity!r} is neither a metrics.jsonl key it logged nor an "
                                  f"analysis quantity ({known})")

@@ -358,9 +358,9 @@ def _no_surface(run: RunData, name: str, directions: str) -> str:
     others = f" (it has {name} with {'; '.join(run.unwanted[name])})" if name in run.unwanted else ""
     command = (f"`landscape analyze {shlex.quote(str(run.path))} --directions {directions}"
                + (f" {flags}" if flags else "") + "`")
-    busy = run.in_use()
+    busy = run.lacks_while_in_use(f"{name} analysis")
     if busy:
-        return f"{busy} and has no {name} analysis yet; when it is done, run {command}"
+        return f"{busy}; when it is done, run {command}"
     return f"run {run.name} has no {name} analysis{others}; run {command}"
 
 

@@ -119,6 +119,12 @@ class RunData:
         return (f"run {self.name} is in use by another landscape process{f' ({holder})' if holder else ''}: it is "
                 "still being trained")
 
+    def lacks_while_in_use(self, what: str) -> str | None:
+        """None, or the words that say the run lacks ``what`` because another process is training into it now
+        (``in_use``): what it lacks may only not be written yet, so the advice for a finished run is wrong."""
+        busy = self.in_use()
+        return f"{busy} and has no {what} yet" if busy else None
+
     def has_metric(self, key: str) -> bool:
         return any(row.get(key) is not None for row in self.metrics)
 
@@ -161,9 +167,9 @@ def missing_message(run: RunData, passes: Sequence[str]) -> str:
     """The run lacks the analysis ``passes``: the command that computes it, or (while another process trains
     into the run) that it is in use."""
     names = ", ".join(passes)
-    busy = run.in_use()
+    busy = run.lacks_while_in_use(f"{names} analysis")
     if busy:
-        return (f"{busy} and has no {names} analysis yet; when it is done, run `landscape analyze "
+        return (f"{busy}; when it is done, run `landscape analyze "
                 f"{shlex.quote(str(run.path))} --passes {','.join(passes)}`")
     flags = " ".join(dict.fromkeys(f for f in (run.selection.analyze_flags(p) for p in passes) if f))
     others = [f"{p} with {'; '.join(run.unwanted[p])}" for p in passes if p in run.unwanted]
@@ -186,14 +192,16 @@ def require_passes(runs: Sequence[RunData], passes: Sequence[str]) -> None:
         raise LandscapeError("; ".join(problems))
 
 
+WAIT = "wait for it to finish (or stop it), then run this again"
+
+
 def require_metric(runs: Sequence[RunData], key: str, hint: str = "") -> None:
     """One error naming the runs without ``key`` in metrics.jsonl (with ``hint``, how it is logged), or the
     runs in use by another process (still being trained: the key may only not be logged yet)."""
     missing = [run for run in runs if not run.has_metric(key)]
-    busy = [text for text in (run.in_use() for run in missing) if text]
+    busy = [text for text in (run.lacks_while_in_use(f"'{key}' in metrics.jsonl") for run in missing) if text]
     if busy:
-        raise LandscapeError(f"{'; '.join(busy)} and has no '{key}' in metrics.jsonl yet: wait for it to finish "
-                             "(or stop it), then run this again")
+        raise LandscapeError(f"{'; '.join(busy)}: {WAIT}")
     if missing:
         names = ", ".join(run.name for run in missing)
         known = sorted({k for row in missing[0].metrics for k in row})

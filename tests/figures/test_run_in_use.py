@@ -1,5 +1,5 @@
-"""A run another process is training into (its ``RunLock`` held) is named as in use where a figure, the report
-or compare read what it lacks (issue 46, U5), instead of the advice for a finished run ("train with
+"""A run another process is training into (its ``RunLock`` held) is named as in use where a figure, the report,
+compare or a claim read what it lacks (issue 46, U5), instead of the advice for a finished run ("train with
 --eval-every", "run landscape analyze")."""
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ import textwrap
 
 import pytest
 
+from landscape.claims.files import run_value
 from landscape.core.errors import LandscapeError
 from landscape.figures import curves, extract
 from landscape.figures.compare import compare
+from landscape.figures.report.build import build_report
+from landscape.figures.rundata import load_runs
 from landscape.store.directory import RunDir
 from landscape.store.fileio import LOCK_NAME, RunLock, lock_holder
 
@@ -47,10 +50,23 @@ def training(one_round_run, tmp_path):
         holder.wait(timeout=10)
 
 
-@pytest.mark.parametrize("read", ["accuracy", "hessian", "compare"])
+@pytest.mark.parametrize("read", ["accuracy", "hessian", "compare", "report", "claim metric", "claim analysis"])
 def test_a_run_in_use_is_named_so(training, tmp_path, read):
     runs, holder = training
     in_use = f"run prox is in use by another landscape process (pid {holder.pid}): it is still being trained"
+    if read == "report":  # the report draws what it can; the curve no run logs yet names the run in use
+        page = build_report(runs)
+        assert f"no run has &#39;test_acc&#39; in metrics.jsonl yet: {in_use}" in page, page
+        return
+    if read.startswith("claim"):  # one number per run: the run in use is named, the other as before
+        quantity = "test_acc" if read == "claim metric" else "lambda_max"
+        prox, avg = load_runs(runs)
+        with pytest.raises(LandscapeError) as e:
+            run_value(prox, quantity, "last")
+        assert str(e.value).startswith(f"{in_use} and has no ") and "\n" not in str(e.value), str(e.value)
+        with pytest.raises(LandscapeError, match="^run .*avg"):
+            run_value(avg, quantity, "last")
+        return
     if read == "compare":  # compare draws what it can and lists what is missing, one line per run
         lines = compare(runs, tmp_path / "cmp").missing
         assert any(line.startswith(f"{in_use} and has no ") for line in lines), lines

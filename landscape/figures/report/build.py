@@ -110,7 +110,8 @@ def _curves(runs: Sequence[RunData], page: Page) -> list[Markup]:
         if group:
             blocks.append(page.plot(name, curve_figure(group, key), CURVE_CAPTIONS[key]))
         else:
-            blocks.append(note(f"no run has '{key}' in metrics.jsonl"))
+            busy = [text for text in (run.in_use() for run in runs) if text]  # it may only not be logged yet
+            blocks.append(note(f"no run has '{key}' in metrics.jsonl" + (f" yet: {'; '.join(busy)}" if busy else "")))
     return blocks
 
 
