@@ -1,8 +1,9 @@
-"""What the commands share: progress lines on stderr, the --trust-imports flag, the check of flag values."""
+"""What the commands share: progress lines on stderr, the --trust-imports flag, the check of flag values, the
+results ``--settings`` picks."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -10,6 +11,7 @@ from landscape.core import parallel
 from landscape.core.errors import LandscapeError
 
 if TYPE_CHECKING:
+    from landscape.store.results.selection import Selection
     from landscape.workflows.ensure import Notify
 
 
@@ -53,3 +55,43 @@ def set_option(examples: str, takes: str):
     """The --set option of a command: its examples, the shared grammar, and which kinds the command takes."""
     return click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
                         help=f"{examples}. {SET_GRAMMAR}; {takes}")
+
+
+def results_selection(settings: tuple[str, ...]) -> Selection:
+    """The results ``--settings KEY=VALUE`` (compare, report) picks: parsed, each value checked
+    (``_check_filter_values``)."""
+    from landscape.analyze.passes import RESULT_NAMES
+    from landscape.store.results.selection import Selection
+
+    selection = Selection.parse(RESULT_NAMES, settings)
+    _check_filter_values(selection.filters)  # split=nan: refused naming the values allowed
+    return selection
+
+
+def _check_filter_values(filters: Any, flag: str = "--settings") -> None:
+    """Each ``(key, value)`` of a results filter (``compare --settings split=test``) a value its setting could
+    hold: an analysis setting as ``AnalysisSettings`` takes it, ``PASS.OPTION`` as the pass's options do, a bare
+    option name as at least one pass that has it; else one line naming the allowed values (``--settings
+    split=nan: settings.split must be one of train, test (got nan)``), so that no filter matches nothing and
+    no hint names an ``analyze`` command that is refused."""
+    from landscape.analyze.passes import PASSES as registry
+    from landscape.analyze.settings import AnalysisSettings
+    for key, value in filters:
+        if "." in key:
+            pass_name, _, option = key.partition(".")
+            tries = [lambda p=pass_name, o=option: registry.get(p).make_options({o: value})]
+        elif key in AnalysisSettings().record():
+            tries = [lambda: AnalysisSettings(**{key: value})]
+        else:
+            tries = [lambda p=name: registry.get(p).make_options({key: value}) for name in registry.names()
+                     if key in registry.get(name).option_defaults()]
+        errors = []
+        for attempt in tries:
+            try:
+                attempt()
+                break
+            except LandscapeError as error:
+                errors.append(str(error))
+        else:
+            if errors:
+                raise LandscapeError(f"{flag} {key}={value!r}: {errors[0]}")

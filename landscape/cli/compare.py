@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -31,12 +30,10 @@ def compare_command(runs: tuple[Path, ...], out: Path, rho: float | None, quanti
     surfaces-3d.png|pdf, surfaces.html). Reads files only; what a run lacks is named with its command.
     Results of one checkpoint analysed with different settings all stay on disk: --settings picks which are
     read (default: the training split, global data, default options); the lines under the table say which."""
-    from landscape.analyze.passes import RESULT_NAMES
+    from landscape.cli.common import results_selection
     from landscape.figures.compare import compare, text_table
-    from landscape.store.results.selection import Selection
 
-    selection = Selection.parse(RESULT_NAMES, settings)
-    _check_filter_values(selection.filters)  # split=nan: refused naming the values allowed
+    selection = results_selection(settings)
     result = compare(list(runs), out, rho=rho, quantity=quantity, directions=directions, selection=selection)
     click.echo(text_table(result.header, result.rows))
     for line in result.settings:
@@ -44,34 +41,3 @@ def compare_command(runs: tuple[Path, ...], out: Path, rho: float | None, quanti
     for line in [] if quiet else result.missing:
         click.echo(f"note: {line}", err=True)
     click.echo("wrote " + ", ".join(str(p) for p in result.written))
-
-
-def _check_filter_values(filters: Any, flag: str = "--settings") -> None:
-    """Each ``(key, value)`` of a results filter (``compare --settings split=test``) a value its setting could
-    hold: an analysis setting as ``AnalysisSettings`` takes it, ``PASS.OPTION`` as the pass's options do, a bare
-    option name as at least one pass that has it; else one line naming the allowed values (``--settings
-    split=nan: settings.split must be one of train, test (got nan)``), so that no filter matches nothing and
-    no hint names an ``analyze`` command that is refused."""
-    from landscape.analyze.passes import PASSES as registry
-    from landscape.analyze.settings import AnalysisSettings
-    from landscape.core.errors import LandscapeError
-
-    for key, value in filters:
-        if "." in key:
-            pass_name, _, option = key.partition(".")
-            tries = [lambda p=pass_name, o=option: registry.get(p).make_options({o: value})]
-        elif key in AnalysisSettings().record():
-            tries = [lambda: AnalysisSettings(**{key: value})]
-        else:
-            tries = [lambda p=name: registry.get(p).make_options({key: value}) for name in registry.names()
-                     if key in registry.get(name).option_defaults()]
-        errors = []
-        for attempt in tries:
-            try:
-                attempt()
-                break
-            except LandscapeError as error:
-                errors.append(str(error))
-        else:
-            if errors:
-                raise LandscapeError(f"{flag} {key}={value!r}: {errors[0]}")

@@ -22,11 +22,10 @@ from landscape.core.errors import LandscapeError
 def report_command(runs: tuple[Path, ...], out: Path, title: str, settings: tuple[str, ...]) -> None:
     """One self-contained HTML page (opens with no network) over RUNS (run directories or folders of runs):
     each run's recipe, curves, spectra, surfaces and tables of the analysis, and a comparison table."""
-    from landscape.analyze.passes import RESULT_NAMES
+    from landscape.cli.common import results_selection
     from landscape.figures.report.build import write_report
-    from landscape.store.results.selection import Selection
 
-    selection = Selection.parse(RESULT_NAMES, settings)
+    selection = results_selection(settings)
     for path in runs:
         if not path.is_dir():
             raise LandscapeError(f"{path} is not a directory (give run directories or folders of runs)")

@@ -134,10 +134,13 @@ def test_a_pass_s_vectors_are_checked_against_the_free_memory_of_the_analysis_de
     ("hessian.top_k=0", "--settings hessian.top_k=0: hessian.top_k must be >= 1 (got 0)"),
     ("grid=nan", "--settings grid=nan: surface.grid must be a string (got nan)"),
 ])
-def test_compare_refuses_a_settings_filter_no_result_can_have(run_dir, tmp_path, setting, message):
-    line = one_line_error(invoke("compare", run_dir, run_dir, "--out", tmp_path / "cmp", "--settings", setting))
+@pytest.mark.parametrize("command", ["compare", "report"])
+def test_compare_and_report_refuse_a_settings_filter_no_result_can_have(run_dir, tmp_path, setting, message,
+                                                                        command):
+    out = tmp_path / ("cmp" if command == "compare" else "report.html")
+    line = one_line_error(invoke(command, run_dir, run_dir, "--out", out, "--settings", setting))
     assert line == f"error: {message}"
-    assert not (tmp_path / "cmp").exists()
+    assert not out.exists()
 
 
 def test_the_sharpness_estimate_counts_its_starts():
