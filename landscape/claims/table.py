@@ -19,6 +19,7 @@ from pathlib import Path
 
 from landscape.claims.checks import POWER, ClaimResult, ComparisonResult, _num, _p, _rounds_text
 from landscape.core.errors import LandscapeError
+from landscape.core.reading import read_json
 from landscape.figures.seeds import mean_se
 from landscape.store.fileio import write_text
 
@@ -60,15 +61,15 @@ def read_verdicts(folder: Path) -> dict[Key, str]:
     output), by (claim name,) and (claim name, lower, higher, quantity); one line if it cannot be read."""
     path = Path(folder) / "claims.json"
     try:
-        records = json.loads(path.read_text())
+        records = read_json(path, "a claims.json of `landscape claims`")
         verdicts: dict[Key, str] = {}
         for record in records:
             name = record.get("name") or Path(record["file"]).stem
             verdicts[(name,)] = record["verdict"]
             for c in record["comparisons"]:
                 verdicts[_comparison_key(name, c["lower"], c["higher"], c["quantity"])] = c["verdict"]
-    except OSError as e:
-        raise LandscapeError(f"--compare-with {folder}: cannot read {path} ({e.strerror or e})") from None
+    except LandscapeError as e:
+        raise LandscapeError(f"--compare-with {folder}: {e}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise LandscapeError(f"--compare-with {folder}: {path} is not a claims.json of `landscape claims` "
                              f"({type(e).__name__}: {e})") from None

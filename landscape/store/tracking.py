@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from landscape.core.errors import LandscapeError
+from landscape.core.reading import read_json
 from landscape.store.fileio import os_reason, refuse_links, write_text
 
 TRACKERS = ("tensorboard", "wandb")  # the choices of train.log
@@ -230,9 +231,9 @@ class _Ledger:
         self.path = path
         self.data = dict(empty)
         try:
-            found = json.loads(path.read_text()) if path.is_file() else {}
-        except (OSError, ValueError):
-            found = {}  # unreadable: what is there is logged again, never lost
+            found = read_json(path, "a tracker's ledger") if path.is_file() else {}
+        except LandscapeError:
+            found = {}  # unreadable (damaged, nested too deep, not a file): what is there is logged again, never lost
         if isinstance(found, dict):
             self.data.update({k: v for k, v in found.items() if k in empty and type(v) is type(empty[k])})
 

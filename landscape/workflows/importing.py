@@ -8,15 +8,14 @@ writer would have recorded from the same models, and an interrupted import conti
 from __future__ import annotations
 
 import glob
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from landscape.core.errors import LandscapeError
+from landscape.core.reading import read_json
 from landscape.store.checkpoints import load_state_dict_file
-from landscape.store.fileio import os_reason
 from landscape.store.writer import RunWriter
 
 PREVIOUS = "previous"  # --start previous: the clients started from the previous round's global model
@@ -72,12 +71,7 @@ class Pattern:
 
 def read_partition_file(path: Path) -> dict[int, list[int]]:
     """{client: indices} of a JSON file: landscape's partition.json, {"0": [...], ...} or [[...], ...]."""
-    try:
-        record = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise LandscapeError(f"cannot read the partition {path}: {os_reason(e)}") from None
-    except ValueError:
-        raise LandscapeError(f"the partition {path} is not JSON") from None
+    record = read_json(path, "a partition: JSON")  # a FIFO, a folder, a damaged or deep file: one line
     if isinstance(record, dict) and isinstance(record.get("clients"), list):
         record = [c.get("indices") if isinstance(c, dict) else None for c in record["clients"]]
     if isinstance(record, list):

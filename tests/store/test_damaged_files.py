@@ -190,3 +190,32 @@ def test_a_fifo_in_place_of_the_recipe_is_named(run, tmp_path):
     with pytest.raises(LandscapeError, match="recipe.toml is a FIFO"):
         landscape.open_run(run)
     assert "recipe.toml is a FIFO" in one_line_error(invoke("report", run, "-o", tmp_path / "r.html"))
+
+
+def _hostile_json(path: Path, kind: str) -> None:
+    if kind == "deep":
+        path.write_text("[" * 200_000 + "]" * 200_000)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+
+
+@pytest.mark.parametrize("kind", ["deep", "fifo", "directory"])
+@pytest.mark.parametrize("reader", ["partition", "claims.json", "tracker ledger"])
+def test_other_json_files_a_run_or_a_command_reads_are_one_line(tmp_path, kind, reader):
+    """The JSON read besides results: a partition file given to `landscape import`, a claims.json given to
+    `claims --compare-with`, a tracker's ledger in a run (read again on resume: unreadable is logged again)."""
+    from landscape.claims.table import read_verdicts
+    from landscape.store.tracking import _Ledger
+    from landscape.workflows.importing import read_partition_file
+
+    name = {"partition": "partition.json", "claims.json": "claims.json", "tracker ledger": "logged-results.json"}
+    path = tmp_path / name[reader]
+    _hostile_json(path, kind)
+    if reader == "tracker ledger":
+        assert _Ledger(path, {"results": []}).data == {"results": []}
+        return
+    with pytest.raises(LandscapeError) as e:
+        read_partition_file(path) if reader == "partition" else read_verdicts(tmp_path)
+    assert str(e.value).count("\n") == 0 and str(path) in str(e.value), str(e.value)
