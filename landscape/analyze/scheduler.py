@@ -27,6 +27,7 @@ from landscape.core.errors import LandscapeError
 from landscape.core.rounds import Rounds
 from landscape.store import tracking
 from landscape.store.checkpoints import CheckpointError
+from landscape.store.fileio import refuse_links
 from landscape.store.results.files import SCHEMA_VERSION, find_result, result_record, store_result
 
 
@@ -337,6 +338,8 @@ def run_analysis(
     report.warnings += partition_warnings([job for job, done in zip(jobs, recorded) if done is None])
     summaries = {i: summary for i, summary in enumerate(recorded) if summary is not None}
     report.skipped = len(summaries)
+    # a link planted in a run is refused before any work, not when the first result is filed
+    parallel.on_main(lambda: _refuse_links([job for job, done in zip(jobs, recorded) if done is None]))
     queues, together = split_work(jobs, [i for i, s in enumerate(recorded) if s is None], parallel.world_size())
     runner = _Runner(jobs, settings, report, summaries, progress and main)
     threads = contextlib.ExitStack()
@@ -353,6 +356,12 @@ def run_analysis(
     _fill_report(report, jobs, summaries)
     report.data = _data_text(jobs, settings)
     return report
+
+
+def _refuse_links(jobs: list[Job]) -> None:
+    """One line naming a symbolic link planted on the way to a result folder the jobs write into."""
+    for folder in dict.fromkeys(job.out_dir for job in jobs):
+        refuse_links(folder, itself=True, what="write results into")
 
 
 def _data_text(jobs: list[Job], settings: AnalysisSettings) -> str:

@@ -106,3 +106,16 @@ def test_a_trackers_folder_linked_outside_is_refused_before_the_tracker_starts(s
         RunTrackers(six_round_copy, [tracker], "p")
     assert f"{link} is a symbolic link in the run {six_round_copy}" in str(refused.value)
     assert snapshot(tmp_path / "outside") == before
+
+
+@pytest.mark.parametrize("where", ["analysis", "analysis/round-0006"])
+def test_analyze_refuses_a_planted_link_before_any_work(six_round_copy, tmp_path, monkeypatch, where):
+    """The link is named before a pass is computed, not when its first result is filed."""
+    from landscape.analyze import scheduler
+
+    computed = []
+    monkeypatch.setattr(scheduler, "_run_job", lambda job, *args, **kwargs: computed.append(job))
+    link = _plant(six_round_copy, tmp_path / "outside", where)
+    line = one_line_error(_analyze(six_round_copy))
+    assert f"{link} is a symbolic link in the run {six_round_copy}" in line, line
+    assert computed == [], "a pass was computed before the link was refused"
