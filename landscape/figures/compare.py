@@ -65,6 +65,7 @@ from landscape.figures.labels import (
     settings_lines,
 )
 from landscape.figures.report.data import (
+    SAME_DRAWS,
     ComparisonGroup,
     ComparisonRow,
     SeedStat,
@@ -127,12 +128,16 @@ class Comparison:
 
 
 def _cell(value: Any, se: Any = None) -> str:
+    """A number of one run as the printed table shows it (as the report does): '0.1234 +- 0.0056'; 'n/a' for
+    NaN; a standard error of 0 as ``SAME_DRAWS``; '-' for none."""
     if value is None:
         return "-"
     v = float(value)
+    if math.isnan(v):
+        return "n/a"
     text = f"{v:.4g}"
     if se is not None and math.isfinite(float(se)):
-        text += f" +- {float(se):.2g}"
+        text += f" +- {float(se):.2g}" if float(se) else f" ({SAME_DRAWS})"
     return text
 
 

@@ -339,3 +339,19 @@ def test_a_value_without_a_number_says_why_and_a_zero_error_is_not_plus_minus_ze
     assert re.search(r'<td>0 <small class="why" title="the Monte-Carlo standard error is 0[^"]*">\(every draw the '
                      r'same\)</small></td>', comparison)
     assert "nan" not in comparison.lower().replace("fednsam", "") and "&plusmn; 0<" not in text
+
+
+@pytest.mark.parametrize("value, se, per_seed, shown", [
+    (0.25, 0.0, [0.25], "0.25 (every draw the same)"),  # one run: the pass's Monte-Carlo error of 0
+    (0.25, 0.0, [0.25, 0.25], "0.25 (every seed the same)"),  # a group: every seed gave it
+    (float("nan"), None, [float("nan")], "n/a"),
+    (0.25, 0.015, [0.25], "0.25 +- 0.015"),
+])
+def test_compare_prints_no_plus_minus_zero_and_no_nan(value, se, per_seed, shown):
+    """`landscape compare`'s printed table says what the report says: NaN is n/a, an error of 0 what it means."""
+    from landscape.figures.compare import _cell
+    from landscape.figures.report.data import SeedStat
+
+    assert SeedStat(value, se, len(per_seed), per_seed).text() == shown
+    if len(per_seed) == 1:
+        assert _cell(value, se) == shown

@@ -10,6 +10,7 @@ surfaces, whatever their directions and settings.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,12 @@ def comparison_rows(runs: Sequence[RunData], shown: Sequence[Quantity]) -> list[
     return rows
 
 
+# A standard error of exactly 0 is no error estimate: not "+- 0" but what it means (a pass's Monte-Carlo draws, or
+# the seeds of a group, all gave this value).
+SAME_DRAWS = "every draw the same"
+SAME_SEEDS = "every seed the same"
+
+
 @dataclass(frozen=True)
 class SeedStat:
     """One quantity over the seeds of a group: mean, standard error (None for one value), how many seeds have
@@ -99,10 +106,15 @@ class SeedStat:
     per_seed: list[float | None]
 
     def text(self, *, plusmn: str = "+-", digits: str = ".4g") -> str:
-        """'0.1234 +- 0.0056', with '(n=2)' when fewer seeds than the group's have the value; '-' for none."""
+        """'0.1234 +- 0.0056', with '(n=2)' when fewer seeds than the group's have the value; '-' for none, 'n/a'
+        for NaN; a standard error of 0 as what it means (``SAME_DRAWS`` for one run's, ``SAME_SEEDS`` over seeds)."""
         if self.mean is None:
             return "-"
-        out = f"{self.mean:{digits}}" + (f" {plusmn} {self.se:.2g}" if self.se is not None else "")
+        if math.isnan(self.mean):
+            return "n/a"
+        same = SAME_DRAWS if len(self.per_seed) == 1 else SAME_SEEDS
+        error = "" if self.se is None else f" {plusmn} {self.se:.2g}" if self.se else f" ({same})"
+        out = f"{self.mean:{digits}}" + error
         return out + (f" (n={self.n})" if self.n < len(self.per_seed) else "")
 
     def seeds_text(self) -> str:

@@ -31,6 +31,7 @@ from matplotlib.colors import to_hex
 from landscape.analyze.registry import Quantity
 from landscape.figures.over_seeds import rounds_text
 from landscape.figures.report.data import (
+    SAME_DRAWS,
     ComparisonGroup,
     SeedStat,
     comparison_groups,
@@ -118,8 +119,6 @@ class Value:
     why: str | None = None
 
 
-# A Monte-Carlo standard error of exactly 0: not "+- 0" (no uncertainty) but what it means.
-SAME_DRAWS = "every draw the same"
 SAME_DRAWS_TITLE = ("the Monte-Carlo standard error is 0: every draw gave this value, so the draws give no error "
                     "estimate (a rate of 0 here: no draw counted)")
 
