@@ -110,11 +110,12 @@ def check_out_dir(run_dir: RunDir, overwrite: bool) -> None:
         if foreign:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
             raise LandscapeError(f"{path} holds files that are not a run's ({shown}); --overwrite replaces only a "
-                                 "run directory this tool made: move them away, or choose another --out")
+                                 "run directory this tool made: move them away, or choose another --out (or --name, "
+                                 "for a single run)")
         if not run_dir.holds_run_files():
             raise LandscapeError(f"{path} holds a recipe.toml but no run files (partition.json, metrics.jsonl, "
                                  "checkpoints/); --overwrite replaces only a run directory this tool made: "
-                                 "move it away, or choose another --out")
+                                 "move it away, or choose another --out (or --name, for a single run)")
 
 
 def check_run_folder(run_dir: RunDir) -> None:
@@ -214,7 +215,7 @@ def _owned_run_status(recipe: Recipe, path: Path) -> str:
     if stale is not None:
         if not (path.parent / OWNED_MARKER).is_file():
             raise LandscapeError(f"{path} holds a run this command did not make ({stale}); it is left as it is: "
-                                 "move it away or choose another --out")
+                                 "move it away or choose another --out (or --name, for a single run)")
         return "replace"
     return _done_or_resume(run_dir, recipe)
 
