@@ -290,13 +290,15 @@ def client_lambda_max(
     krylov: int | None = None,
     max_iter: int | None = None,
     progress: Progress | None = None,
+    products: Progress | None = None,
 ) -> dict[int, EigenResult]:
     """lambda_max(grad^2 F_i(w)) for each client i: ``lanczos_topk`` with k = 1 on each client's objective
     (the same seed, hence the same start vector, for every client). Each client's gradient graphs are freed
-    before the next client's are built. ``progress(clients done, clients)`` after each client."""
+    before the next client's are built. ``progress(clients done, clients)`` after each client; ``products(done,
+    None)`` after every product of a client's operator (its count starts again with each client)."""
     results = {}
     for done, (client, objective) in enumerate(objectives.items(), start=1):
-        op = HessianOperator(objective, w, backend)
+        op = HessianOperator(objective, w, backend, progress=products)
         results[client] = lanczos_topk(op, 1, krylov=krylov, tol=tol, max_iter=max_iter, seed=seed)
         op.release()
         if progress is not None:

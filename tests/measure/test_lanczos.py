@@ -155,5 +155,10 @@ def test_solvers_report_progress(digits_mlp):
     objectives = {c: Objective(flat, flat.buffers(), data.subset(torch.arange(c * 50, c * 50 + 50)))
                   for c in range(3)}
     calls, progress = progress_recorder()
-    client_lambda_max(objectives, w, progress=progress)
+    products, on_product = progress_recorder()
+    results = client_lambda_max(objectives, w, progress=progress, products=on_product)
     assert calls == [(1, 3), (2, 3), (3, 3)]
+    # every product of every client's operator, each client's count from 1
+    starts = [i for i, (done, total) in enumerate(products) if done == 1]
+    assert len(starts) == 3 and all(total is None for _, total in products)
+    assert len(products) == sum(r.hvp_count for r in results.values())

@@ -145,7 +145,8 @@ def hessian_pass(ctx: CheckpointContext, opts: HessianOptions) -> PassOutput:
                "trace": float(trace.estimate)}
     if opts.clients >= 0 and ctx.num_clients:
         objectives = client_objectives(ctx, opts.clients, "per-client lambda_max")
-        local = client_lambda_max(objectives, ctx.w, tol=opts.tol, seed=seed, backend=backend)
+        local = client_lambda_max(objectives, ctx.w, tol=opts.tol, seed=seed, backend=backend,
+                                  products=ctx.progress)  # the bar moves with every client's products
         values = np.array([float(local[i].values[0]) for i in sorted(local)])
         out["clients"] = {"clients": sorted(local), "lambda_max": values.tolist(),
                           "hvp_count": sum(r.hvp_count for r in local.values()),
