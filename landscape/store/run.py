@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import warnings
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
@@ -46,11 +45,10 @@ from landscape.store.results.records import (
 from landscape.store.results.validity import (
     CheckpointHashes,
     Stale,
-    StaleResultWarning,
     run_checkpoints,
     split_current,
     split_loose,
-    stale_note,
+    warn_stale,
 )
 
 if TYPE_CHECKING:
@@ -139,7 +137,7 @@ class Run:
         loose, stale_loose = split_loose(loose_arrays(self.path), checkpoints)
         stale += stale_loose
         if stale:
-            warnings.warn(stale_note(self.path, stale), StaleResultWarning, stacklevel=4)
+            warn_stale(self.path, stale)
         return records, loose, stale
 
     def records(self) -> dict[int, list[PassRecord]]:

@@ -24,9 +24,12 @@ analyze``, which takes one as done only when its file's SHA-256 (and its model a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shlex
+import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -165,6 +168,19 @@ def stale_note(run_path: Path, stale: Sequence[Stale], lead: str = "left out") -
     n = len(stale)
     return (f"run {run_path.name}: {n} analysis result{'s' if n != 1 else ''} {lead}, not current: "
             f"{'; '.join(parts)}; {'; '.join(ways)} (Run.stale_results() lists them)")
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[2])  # the landscape package's folder
+
+
+def warn_stale(run_path: Path, stale: Sequence[Stale]) -> None:
+    """One ``StaleResultWarning`` (``stale_note``), attributed to the first caller outside the package (the
+    notebook line that read the run)."""
+    level, frame = 2, sys._getframe(1)  # level 2: the caller of this function
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE)
+                                 or frame.f_code.co_filename == functools.__file__):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(stale_note(run_path, stale), StaleResultWarning, stacklevel=level)
 
 
 def _redoable(item: Stale) -> bool:
