@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -114,6 +115,18 @@ def test_compare_reads_the_latest_current_round_with_one_note(run, analysed, tmp
     latest = "6" if case == "copied round folder" else "4"  # the stale round (99, or 6) is not the latest analysed
     assert rows["run"]["Delta_D round"] == latest, rows
     assert rows["other"]["Delta_D round"] == "6", rows
+
+
+def test_a_checkpoint_that_cannot_be_read_leaves_its_results_out_in_one_line(run):
+    checkpoint = run / "checkpoints" / "round-0006.pt"
+    checkpoint.unlink()
+    os.mkfifo(checkpoint)  # never a hang: the file is not opened for hashing
+    with pytest.warns(StaleResultWarning) as caught:
+        assert 6 not in landscape.open_run(run).records()
+    line = str(caught[0].message)
+    assert "round 6 (flatness, loss: its checkpoint cannot be read (cannot read" in line, line
+    assert f"it is a FIFO (named pipe), not a regular file)); replace {checkpoint} by a checkpoint, or move it away" \
+        in line, line
 
 
 def test_a_current_run_reads_without_a_warning_and_hashes_each_checkpoint_once(run, monkeypatch):

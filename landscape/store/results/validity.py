@@ -92,6 +92,9 @@ class CheckpointHashes:
         return self._known[key]
 
 
+UNREADABLE = "its checkpoint cannot be read"
+
+
 def stale_reason(folder_round: int, record: Mapping, checkpoints: Mapping[int, Path],
                  hashes: CheckpointHashes) -> str | None:
     """Why the result ``record``, stored in the folder of ``folder_round``, is not current (None: it is), given
@@ -109,7 +112,7 @@ def stale_reason(folder_round: int, record: Mapping, checkpoints: Mapping[int, P
     try:
         now = hashes.sha256(checkpoint)
     except LandscapeError as e:
-        return f"its checkpoint cannot be read ({e})"
+        return f"{UNREADABLE} ({e})"
     return None if now == recorded else "checkpoint changed since analysed"
 
 
@@ -152,9 +155,10 @@ def stale_note(run_path: Path, stale: Sequence[Stale], lead: str = "left out") -
     parts = []
     for r, reasons in sorted(by_round.items()):
         parts += [f"round {r} ({', '.join(dict.fromkeys(names))}: {why})" for why, names in reasons.items()]
-    redo = sorted({item.round for item in stale if _redoable(item)})
-    passes = list(dict.fromkeys(item.pass_name for item in stale if _redoable(item) and item.pass_name))
-    remove = sorted({item.round for item in stale if not _redoable(item)})
+    redo = sorted({item.round for item in stale if _way_out(item) == "redo"})
+    passes = list(dict.fromkeys(item.pass_name for item in stale if _way_out(item) == "redo" and item.pass_name))
+    remove = sorted({item.round for item in stale if _way_out(item) == "remove"})
+    unreadable = sorted({item.round for item in stale if _way_out(item) == "repair"})
     ways = []
     quoted = shlex.quote(str(run_path))
     if redo:
@@ -165,6 +169,9 @@ def stale_note(run_path: Path, stale: Sequence[Stale], lead: str = "left out") -
     if remove:
         folders = ", ".join(shlex.quote(str(run_path / "analysis" / f"round-{r:04d}")) for r in remove)
         ways.append(f"remove {folders} (the run has no checkpoint for {'them' if len(remove) > 1 else 'it'})")
+    if unreadable:
+        files = ", ".join(shlex.quote(str(RunDir(run_path).checkpoint(r))) for r in unreadable)
+        ways.append(f"replace {files} by a checkpoint, or move {'them' if len(unreadable) > 1 else 'it'} away")
     n = len(stale)
     return (f"run {run_path.name}: {n} analysis result{'s' if n != 1 else ''} {lead}, not current: "
             f"{'; '.join(parts)}; {'; '.join(ways)} (Run.stale_results() lists them)")
@@ -183,9 +190,12 @@ def warn_stale(run_path: Path, stale: Sequence[Stale]) -> None:
     warnings.warn(stale_note(run_path, stale), StaleResultWarning, stacklevel=level)
 
 
-def _redoable(item: Stale) -> bool:
-    """Whether ``landscape analyze --force`` replaces the stale result: its round has a checkpoint."""
-    return "no checkpoint" not in item.reason
+def _way_out(item: Stale) -> str:
+    """How a stale result goes: 'redo' (``landscape analyze --force`` replaces it: its round has a checkpoint),
+    'remove' (its round has no checkpoint: its folder goes) or 'repair' (its checkpoint cannot be read)."""
+    if item.reason.startswith(UNREADABLE):
+        return "repair"
+    return "remove" if "no checkpoint" in item.reason else "redo"
 
 
 def stale_in(run_path: Path, hashes: CheckpointHashes | None = None) -> list[Stale]:
