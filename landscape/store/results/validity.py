@@ -164,7 +164,7 @@ def stale_note(run_path: Path, stale: Sequence[Stale], lead: str = "left out") -
     if redo:
         ways.append(f"`landscape analyze {quoted} --checkpoints {','.join(map(str, redo))}"
                     + (f" --passes {','.join(passes)}" if passes else "") + " --force` recomputes "
-                    + ("them" if not remove else f"those of round{'s' if len(redo) > 1 else ''} "
+                    + ("them" if not (remove or unreadable) else f"those of round{'s' if len(redo) > 1 else ''} "
                        + ", ".join(map(str, redo))))
     if remove:
         folders = ", ".join(shlex.quote(str(run_path / "analysis" / f"round-{r:04d}")) for r in remove)
@@ -177,7 +177,7 @@ def stale_note(run_path: Path, stale: Sequence[Stale], lead: str = "left out") -
             f"{'; '.join(parts)}; {'; '.join(ways)} (Run.stale_results() lists them)")
 
 
-_PACKAGE = str(Path(__file__).resolve().parents[2])  # the landscape package's folder
+_PACKAGE = str(Path(__file__).parents[2]) + os.sep  # the landscape package's folder
 
 
 def warn_stale(run_path: Path, stale: Sequence[Stale]) -> None:
