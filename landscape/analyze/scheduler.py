@@ -29,6 +29,7 @@ from landscape.store import tracking
 from landscape.store.checkpoints import CheckpointError
 from landscape.store.fileio import refuse_links
 from landscape.store.results.files import SCHEMA_VERSION, find_result, result_record, store_result
+from landscape.store.results.validity import stale_in, stale_note
 
 
 @dataclass(frozen=True)
@@ -355,6 +356,7 @@ def run_analysis(
         raise _failed_files_error(jobs, runner.failed)
     _fill_report(report, jobs, summaries)
     report.data = _data_text(jobs, settings)
+    report.notes += parallel.on_main(lambda: _stale_left(jobs))
     return report
 
 
@@ -362,6 +364,13 @@ def _refuse_links(jobs: list[Job]) -> None:
     """One line naming a symbolic link planted on the way to a result folder the jobs write into."""
     for folder in dict.fromkeys(job.out_dir for job in jobs):
         refuse_links(folder, itself=True, what="write results into")
+
+
+def _stale_left(jobs: list[Job]) -> list[str]:
+    """One note per run whose stored results are not current after the analysis (``store.results.validity``: of
+    passes or rounds it was not asked for; it recomputes only what it is asked for), naming them and the way out."""
+    runs = list(dict.fromkeys(job.source.run.path for job in jobs if job.source.run is not None))
+    return [stale_note(path, stale, "left as they are") for path in runs if (stale := stale_in(path))]
 
 
 def _data_text(jobs: list[Job], settings: AnalysisSettings) -> str:

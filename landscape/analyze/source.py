@@ -12,7 +12,6 @@ Plain state_dicts (a file, or a folder of them) are a ``StateDictSource`` (``sta
 
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 
@@ -24,10 +23,10 @@ from landscape.config import recipe as recipes
 from landscape.config.recipe import Recipe
 from landscape.config.setup import DataSetup, build_module, prepare_data, torch_dtype
 from landscape.core.errors import LandscapeError
-from landscape.core.reading import open_regular
 from landscape.core.rounds import Rounds, RoundsUnavailable
 from landscape.store.checkpoints import Checkpoint, load_checkpoint
 from landscape.store.directory import RunDir
+from landscape.store.results.validity import file_sha256
 from landscape.store.run import Run
 
 _ROUND_FILE = re.compile(r"^round-(\d{4,})\.pt$")
@@ -194,8 +193,6 @@ def select_rounds(source: Source, rounds: Rounds | str) -> list[int]:
 
 
 def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open_regular(path, "a checkpoint") as f:  # a FIFO in its place: one line, never a hang
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    """The checkpoint file's SHA-256, as its results record it and every reader checks it
+    (``store.results.validity.file_sha256``; a FIFO in its place: one line, never a hang)."""
+    return file_sha256(path)

@@ -3,6 +3,7 @@ a workflow of ``landscape.workflows`` or one stage, print)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import click
@@ -19,20 +20,40 @@ from landscape.cli.report import report_command
 from landscape.cli.train import train_command
 from landscape.core import parallel
 from landscape.core.errors import LandscapeError
+from landscape.store.results.validity import StaleResultWarning
 
 
 class _Group(click.Group):
-    """Turns a LandscapeError into one line on stderr and exit status 1, never a traceback."""
+    """Turns a LandscapeError into one line on stderr and exit status 1, never a traceback; a run's results left
+    out as not current (``StaleResultWarning``) into one ``note:`` line on stderr per run."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", StaleResultWarning)
+                warnings.showwarning = _notes_shown_once(warnings.showwarning)
+                return super().invoke(ctx)
         except LandscapeError as e:
             click.echo(f"error: {e}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+
+
+def _notes_shown_once(show: Any) -> Any:
+    """``warnings.showwarning`` that prints a ``StaleResultWarning`` as ``note: ...`` on stderr, each text once
+    (a run read twice says it once), and passes every other warning to ``show``."""
+    said: set[str] = set()
+
+    def shown(message, category, filename, lineno, file=None, line=None) -> None:
+        if not issubclass(category, StaleResultWarning):
+            show(message, category, filename, lineno, file, line)
+        elif str(message) not in said:
+            said.add(str(message))
+            click.echo(f"note: {message}", err=True)
+
+    return shown
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

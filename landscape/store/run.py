@@ -4,7 +4,9 @@ the report and the claims; each analysis result it holds is a ``PassRecord`` (``
 A ``Run`` reads each part of the directory once, on first use, and keeps it: the recipe as recorded
 (``recipe_table``) and resolved (``recipe``), the metrics rows and event rows of metrics.jsonl, the
 checkpointed rounds, and every analysis result of every round (``records``: ``analysis/round-NNNN/*.json``,
-whatever its settings, each NPZ opened on first use; ``results``: their numbers as a pandas DataFrame). What
+whatever its settings, each NPZ opened on first use; ``results``: their numbers as a pandas DataFrame), only
+those still current (``landscape.store.results.validity``: the round their record names is their folder's, the
+run has that round's checkpoint, and its SHA-256 is the one they record; ``stale_results`` lists the others). What
 a result is of (its pass, output and settings) is told by what its JSON records: ``landscape.store.results.selection``
 reads that, this module only the files. A model, the data sets and the partition are built on demand
 (``model``, ``data``, ``partition``, ``client_data``).
@@ -32,7 +34,22 @@ import numpy as np
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import Checkpoint, read_partition
 from landscape.store.directory import RunDir
-from landscape.store.results.records import ROUND_DIR, Measures, PassRecord, frame, read_results, result_rows
+from landscape.store.results.records import (
+    Measures,
+    PassRecord,
+    frame,
+    loose_arrays,
+    read_results,
+    result_rows,
+)
+from landscape.store.results.validity import (
+    CheckpointHashes,
+    Stale,
+    run_checkpoints,
+    split_current,
+    split_loose,
+    warn_stale,
+)
 
 if TYPE_CHECKING:
     import pandas
@@ -51,7 +68,9 @@ class Run:
     ``.rounds()`` (checkpointed rounds), ``.records()`` (round -> every analysis result there, a
     ``PassRecord`` each), each read once, on first use; ``.results()`` (their numbers, a DataFrame);
     ``.model(round)`` (nn.Module with those weights, eval mode), ``.data()`` (train and test sets as the run
-    used them), ``.client_data(i)`` and ``.partition()``.
+    used them), ``.client_data(i)`` and ``.partition()``. Results that are not current (their checkpoint
+    changed or is gone since they were analysed, or their folder is not their round's) are left out of
+    ``records()`` and ``results()`` with one ``StaleResultWarning``; ``.stale_results()`` lists them.
     """
 
     def __init__(self, path: str | Path, trust_imports: bool = False, measures: Measures | None = None) -> None:
@@ -61,6 +80,7 @@ class Run:
         self.trust_imports = trust_imports
         self.measures = measures  # what ``results()`` holds of each pass's results (``landscape.open_run``'s)
         self._setup = None
+        self._hashes = CheckpointHashes()  # each checkpoint file hashed once (results are checked against it)
 
     @property
     def path(self) -> Path:
@@ -110,13 +130,31 @@ class Run:
         return self._rounds
 
     @cached_property
-    def _results(self) -> dict[int, list[PassRecord]]:
-        return read_results(self.path)
+    def _checked(self) -> tuple[dict[int, list[PassRecord]], list[tuple[int, Path]], list[Stale]]:
+        """The current results, the loose arrays of checkpointed rounds, and what is not current; said once."""
+        checkpoints = run_checkpoints(self.path, self.rounds())
+        records, stale = split_current(read_results(self.path), checkpoints, self._hashes)
+        loose, stale_loose = split_loose(loose_arrays(self.path), checkpoints)
+        stale += stale_loose
+        if stale:
+            warn_stale(self.path, stale)
+        return records, loose, stale
 
     def records(self) -> dict[int, list[PassRecord]]:
-        """Round -> the list of every analysis result stored there, whatever its settings (``read_results``): a
-        ``PassRecord`` each (``.name``, ``.settings``, ``.summary``, ``.value(key)``), in file-name order."""
-        return self._results
+        """Round -> the list of every current analysis result stored there, whatever its settings
+        (``read_results``): a ``PassRecord`` each (``.name``, ``.settings``, ``.summary``, ``.value(key)``), in
+        file-name order. Results that are not current are left out (``stale_results``)."""
+        return self._checked[0]
+
+    def stale_results(self) -> list[Stale]:
+        """The analysis results of the run that its readers leave out (``records``, ``results``, report, compare,
+        figures) because they are not current, a ``Stale`` each: ``(path, reason, round, pass_name)``, the reason
+        'checkpoint changed since analysed' (the checkpoint's SHA-256 is not the one the result records),
+        'no checkpoint for round 99', or 'its record says round 3' (a round folder copied under another round's
+        name). A result written before results recorded their checkpoint's SHA-256 counts as current while its
+        round and checkpoint are there. ``landscape analyze RUN --checkpoints R --passes P --force`` recomputes
+        those of a checkpointed round; the others go when their folder is removed. Read once, with ``records``."""
+        return self._checked[2]
 
     def results(self) -> pandas.DataFrame:
         """Every analysis result of the run as a tidy pandas DataFrame, one row per measured quantity: columns
@@ -132,18 +170,11 @@ class Run:
         number of every result)."""
         return frame(result_rows(self.path.name, self.records(), self.measures))
 
-    @cached_property
-    def _loose(self) -> list[tuple[int, Path]]:
-        folder = self.path / "analysis"
-        rounds = sorted(p for p in folder.iterdir() if ROUND_DIR.match(p.name) and p.is_dir()) \
-            if folder.is_dir() else []
-        return [(int(ROUND_DIR.match(d.name).group(1)), npz) for d in rounds for npz in sorted(d.glob("*.npz"))
-                if not npz.with_suffix(".json").is_file()]
-
     def loose_arrays(self) -> list[tuple[int, Path]]:
         """(round, path) of the NPZ files in ``analysis/round-NNNN/`` with no JSON beside them, so no result:
-        partial surface grids (``*.partial.npz``) and surfaces written before results had a record."""
-        return self._loose
+        partial surface grids (``*.partial.npz``) and surfaces written before results had a record; those of a
+        round without a checkpoint are left out (``stale_results``)."""
+        return self._checked[1]
 
     # -- built on demand ------------------------------------------------------------------------------------
     def data_setup(self):

@@ -116,6 +116,8 @@ def _run_dir(path, seed: int):
     path.mkdir(parents=True)
     (path / "recipe.toml").write_text(to_toml(tiny_recipe(seed=seed)))
     (path / "metrics.jsonl").write_text(json.dumps({"round": 3, "test_acc": 0.5, "train_loss": 1.0}) + "\n")
+    (path / "checkpoints").mkdir()
+    (path / "checkpoints" / "round-0003.pt").write_bytes(b"")  # results are read only where their checkpoint is
     folder = path / "analysis" / "round-0003"
     folder.mkdir(parents=True)
     return folder

@@ -245,7 +245,8 @@ def test_side_by_side_planes_say_whether_they_are_one_plane_and_print_each_weigh
 
 
 def _fake_run(root, name, algorithm, norm, surfaces):
-    """A run directory with only what compare reads: its recipe and surface results (as the pass writes)."""
+    """A run directory with only what compare reads: its recipe, surface results (as the pass writes, without the
+    checkpoint's SHA-256, as an older version wrote them) and the file of the checkpoint they are of."""
     from landscape.analyze.catalog import pass_options
     from landscape.analyze.passes import RESULT_NAMES
     from landscape.analyze.settings import AnalysisSettings
@@ -257,6 +258,8 @@ def _fake_run(root, name, algorithm, norm, surfaces):
     (run / "recipe.toml").write_text(f'seed = 0\n[algorithm]\nname = "{algorithm}"\n'
                                      '[partition]\nname = "dirichlet"\nalpha = 0.1\n')
     (run / "metrics.jsonl").write_text("")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "round-0010.pt").write_bytes(b"")  # a result is read only where its checkpoint is
     xs, ys = grid(5, 5)
     for options, d1 in surfaces:
         opts = pass_options("surface", options)

@@ -25,7 +25,8 @@ Tables and curves read one set of settings per quantity (``landscape.store.resul
 unless a ``Selection`` says otherwise), named on the page where they are not the ones asked for: under the
 comparison table, and in the settings line below each figure (``settings_line``), never in a title; every
 computed surface is drawn, its settings in the line below it. A figure's caption says what it shows, never a
-file name.
+file name. Results that are not current (``landscape.store.results.validity``: their checkpoint changed or is gone
+since they were analysed) are not shown; a note under the comparison table says which.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from landscape.figures.rundata import RunData, RunsLike, as_runs
 from landscape.figures.seeds import groups
 from landscape.store.fileio import write_text
 from landscape.store.results.selection import Selection
+from landscape.store.results.validity import stale_note
 
 CURVE_KEYS = [("accuracy", "test_acc"), ("train_loss", "train_loss"),
               ("flatness_distance", "flatness_distance")]
@@ -88,7 +90,9 @@ def _comparison(runs: Sequence[RunData], rho: float | None) -> dict[str, Any]:
     """The comparison table, whether a row is over seeds, the settings read and the results left out."""
     outputs = [output for run in runs for output in run.chosen]
     return {"table": comparison_table(runs, rho), "seeded": any(group.n > 1 for group in groups(runs)),
-            "settings": settings_lines(runs, outputs), "notes": [line for run in runs for line in run.notes()]}
+            "settings": settings_lines(runs, outputs),
+            "notes": [stale_note(run.path, run.run.stale_results()) for run in runs if run.run.stale_results()]
+            + [line for run in runs for line in run.notes()]}
 
 
 def settings_line(runs: Sequence[RunData], outputs: Sequence[str]) -> str:

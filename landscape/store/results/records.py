@@ -155,6 +155,16 @@ def read_results(path: Path) -> dict[int, list[PassRecord]]:
     return analyses
 
 
+def loose_arrays(path: Path) -> list[tuple[int, Path]]:
+    """(round, path) of the NPZ files in the run directory ``path``'s ``analysis/round-NNNN/`` with no JSON
+    beside them, so no result: partial surface grids (``*.partial.npz``) and surfaces written before results
+    had a record."""
+    folder = Path(path) / "analysis"
+    rounds = sorted(p for p in folder.iterdir() if ROUND_DIR.match(p.name) and p.is_dir()) if folder.is_dir() else []
+    return [(int(ROUND_DIR.match(d.name).group(1)), npz) for d in rounds for npz in sorted(d.glob("*.npz"))
+            if not npz.with_suffix(".json").is_file()]
+
+
 class Measures(Protocol):
     """What the table holds of each pass's results (the analysis declares it: ``PassSpec.measures``)."""
 
