@@ -3,6 +3,7 @@ a workflow of ``landscape.workflows`` or one stage, print)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import click
@@ -18,7 +19,7 @@ from landscape.cli.listing import list_command
 from landscape.cli.report import report_command
 from landscape.cli.train import train_command
 from landscape.core import parallel
-from landscape.core.errors import LandscapeError
+from landscape.core.errors import LandscapeError, RecipeEditedWarning
 
 
 class _Group(click.Group):
@@ -26,13 +27,31 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                _notes_of_warnings()
+                return super().invoke(ctx)
         except LandscapeError as e:
             click.echo(f"error: {e}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+
+
+def _notes_of_warnings() -> None:
+    """Inside ``warnings.catch_warnings()``: each ``RecipeEditedWarning`` (a run's recipe.toml edited after
+    training) printed once as ``note: ...`` on stderr (on rank 0 under torchrun), every other warning as before."""
+    original, printed = warnings.showwarning, set()
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if not issubclass(category, RecipeEditedWarning):
+            original(message, category, filename, lineno, file, line)
+        elif str(message) not in printed and parallel.is_main():
+            printed.add(str(message))
+            click.echo(f"note: {message}", err=True)
+
+    warnings.simplefilter("always", RecipeEditedWarning)
+    warnings.showwarning = show
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -1,10 +1,16 @@
-"""The one exception type the CLI turns into a one-line message (no traceback)."""
+"""The one exception type the CLI turns into a one-line message (no traceback), and the warning it turns into a
+one-line note."""
 
 import unicodedata
 
 
 class LandscapeError(Exception):
     """A problem with the user's input or files, explained in one line."""
+
+
+class RecipeEditedWarning(UserWarning):
+    """A run's recipe.toml differs from the recipe its checkpoints record (edited after training): the recorded
+    recipe is used (``landscape.store.recorded``). The command line prints it as one ``note: ...`` line."""
 
 
 # Control characters and line or paragraph separators: what would break a one-line message.

@@ -32,6 +32,7 @@ import numpy as np
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import Checkpoint, read_partition
 from landscape.store.directory import RunDir
+from landscape.store.recorded import RecipeEditedWarning, RunRecipe, check_recipe, run_recipe, warn_edited
 from landscape.store.results.records import ROUND_DIR, Measures, PassRecord, frame, read_results, result_rows
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
     from landscape.config.recipe import Recipe
 
-__all__ = ["PassRecord", "Run", "Runs", "open_run", "read_results", "results", "run_dirs"]
+__all__ = ["PassRecord", "RecipeEditedWarning", "Run", "Runs", "open_run", "read_results", "results", "run_dirs"]
 
 class Run:
     """One run directory read: ``open_run("runs/x")``, and what every figure, comparison, report and claim
@@ -71,23 +72,37 @@ class Run:
 
     # -- what is on disk, read once -----------------------------------------------------------------------
     @cached_property
-    def _table(self) -> dict:
+    def _recipe(self) -> RunRecipe:
         from landscape.core.schema import read_toml
 
-        return read_toml(self.dir.recipe, "recipe")
+        found = run_recipe(self.dir, self.rounds(), read_toml(self.dir.recipe, "recipe"))
+        warn_edited(found)  # once: a RecipeEditedWarning (the command line's note)
+        return found
 
     def recipe_table(self) -> dict:
-        """recipe.toml as recorded: its tables, not validated (a recipe an older version wrote reads too)."""
-        return self._table
+        """The recipe the run was trained with, its tables, not validated (a recipe an older version wrote reads
+        too): the one its checkpoints record (``landscape.store.recorded``), recipe.toml where it agrees with
+        them but for the keys a resume may change (rounds, device, logging, ``dataset.root``), or where none
+        records one (a run without checkpoints, a ``RunWriter``'s or an imported run, checkpoints of a version
+        before they carried it). A recipe.toml edited after training in another key is not used, and a
+        ``RecipeEditedWarning`` says so once; checkpoints that disagree among themselves are refused."""
+        return self._recipe.table
 
     @cached_property
     def recipe(self) -> Recipe:
-        """The recorded recipe resolved (``config.recipe.resolve(recorded=True)``; its imports as the class
-        says); a data set, model or partition that only untrusted imports provide is refused when built."""
+        """The recipe the run was trained with (``recipe_table``) resolved (``config.recipe.resolve(recorded=
+        True)``; its imports as the class says); a data set, model or partition that only untrusted imports
+        provide is refused when built."""
         from landscape.config.recipe import resolve
 
-        return resolve(self._table, algorithms=False, recorded=True, trust_imports=self.trust_imports or None,
-                       defer=True, origin=str(self.dir.recipe))
+        return resolve(self._recipe.table, algorithms=False, recorded=True, trust_imports=self.trust_imports or None,
+                       defer=True, origin=self._recipe.origin)
+
+    @property
+    def recipe_here(self) -> str:
+        """How a difference from the run's recipe names it: 'in recipe.toml', or 'in its checkpoints' where
+        recipe.toml was edited after training."""
+        return self._recipe.here
 
     @cached_property
     def _rows(self) -> tuple[list[dict], list[dict]]:
@@ -190,6 +205,7 @@ class Run:
             raise LandscapeError(f"round {round} has no checkpoint in {self.path}; checkpointed rounds: "
                                  + ", ".join(map(str, rounds)))
         ckpt = Checkpoint.load(self.dir.checkpoint(round))
+        check_recipe(ckpt.path, ckpt.recipe_text, self.recipe_table(), self.path.name, self.recipe_here)  # as analyze does
         ckpt.check_round(round)
         return ckpt
 
