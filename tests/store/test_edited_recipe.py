@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from support.helpers import analyze_args, invoke, recipe6
+from support.helpers import analyze_args, drop_recorded_recipes, invoke, recipe6
 
 import landscape
 from landscape.config import recipe as recipes
@@ -134,11 +134,7 @@ def test_keys_a_resume_may_change_are_recipe_tomls(edited):
 def test_checkpoints_without_a_recipe_read_recipe_toml(edited):
     """Checkpoints of a version before they carried the recipe (as a RunWriter's or an imported run's carry
     none): recipe.toml is all there is, read as before."""
-    for round in RunDir(edited).rounds():
-        path = RunDir(edited).checkpoint(round)
-        payload = load_checkpoint(path)
-        del payload["recipe"]
-        torch.save(payload, path)
+    drop_recorded_recipes(edited)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RecipeEditedWarning)
         run = landscape.open_run(edited)
