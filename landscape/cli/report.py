@@ -15,7 +15,8 @@ from landscape.core.errors import LandscapeError
               show_default=True, help="the HTML file to write")
 @click.option("--title", default="landscape report", show_default=True)
 @click.option("--quiet", is_flag=True, expose_value=False,
-              help="accepted as on every command; report prints no progress or notes, only its result line")
+              help="accepted as on every command; report prints no progress, only its result line (and a note where a "
+                   "run's recipe.toml was edited after training: the recorded recipe is used)")
 @click.option("--settings", "settings", multiple=True, metavar="KEY=VALUE",
               help="read the results analysed with these settings (as landscape compare --settings) "
                    "[default: the defaults]. Repeatable")

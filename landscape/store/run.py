@@ -1,8 +1,9 @@
 """The one read model of a run directory (``Run``), shared by the notebook's ``open_run``, the figures, compare,
 the report and the claims; each analysis result it holds is a ``PassRecord`` (``landscape.store.results.records``).
 
-A ``Run`` reads each part of the directory once, on first use, and keeps it: the recipe as recorded
-(``recipe_table``) and resolved (``recipe``), the metrics rows and event rows of metrics.jsonl, the
+A ``Run`` reads each part of the directory once, on first use, and keeps it: the recipe the run was trained
+with, the one its checkpoints record (``recipe_table``; ``landscape.store.recorded``: a recipe.toml edited after
+training is not used, and a ``RecipeEditedWarning`` says so) and resolved (``recipe``), the metrics rows and event rows of metrics.jsonl, the
 checkpointed rounds, and every analysis result of every round (``records``: ``analysis/round-NNNN/*.json``,
 whatever its settings, each NPZ opened on first use; ``results``: their numbers as a pandas DataFrame). What
 a result is of (its pass, output and settings) is told by what its JSON records: ``landscape.store.results.selection``
@@ -47,7 +48,8 @@ class Run:
     """One run directory read: ``open_run("runs/x")``, and what every figure, comparison, report and claim
     reads of a run.
 
-    ``.recipe`` (the resolved ``Recipe``), ``.recipe_table()`` (recipe.toml as recorded, its tables),
+    ``.recipe`` (the resolved ``Recipe``), ``.recipe_table()`` (the recipe the run was trained with, its
+    tables: the one its checkpoints record; recipe.toml where none records one),
     ``.metrics()`` (per-round rows of metrics.jsonl), ``.events()`` (its event rows, e.g. a divergence),
     ``.rounds()`` (checkpointed rounds), ``.records()`` (round -> every analysis result there, a
     ``PassRecord`` each), each read once, on first use; ``.results()`` (their numbers, a DataFrame);
@@ -294,8 +296,10 @@ def run_dirs(path: str | Path, who: str = "open_run") -> list[Path]:
 
 
 def open_run(path: str | Path, trust_imports: bool = False, measures: Measures | None = None) -> Run | Runs:
-    """Open a run directory for reading (see ``Run``; its recipe is read and resolved now), or every run of a
-    folder of runs (``Runs``: a list of ``Run``, sorted by name, each opened so); ``trust_imports=True``
+    """Open a run directory for reading (see ``Run``; its recipe is read and resolved now: the recipe the run was
+    trained with, as its checkpoints record it, with a ``RecipeEditedWarning`` where recipe.toml was edited after
+    training; recipe.toml for a run without checkpoints, or whose checkpoints carry none: a ``RunWriter``'s, an
+    imported run, one of an older version), or every run of a folder of runs (``Runs``: a list of ``Run``, sorted by name, each opened so); ``trust_imports=True``
     imports the modules the recipes' ``imports`` name (their code runs); ``measures``: what their
     ``results()`` hold of each pass's results (``landscape.open_run`` gives the analysis's declaration)."""
     if not isinstance(path, (str, os.PathLike)):
