@@ -2,7 +2,8 @@
 
 A checkpoint holds only tensors and plain containers; every failure to load one (missing, damaged, unsafe,
 foreign, non-finite) is a one-line ``CheckpointError`` naming the file. ``Checkpoint`` is one loaded
-``round-NNNN.pt``; ``load_client_models`` reads a ``round-NNNN.clients.pt``. ``read_partition`` and
+``round-NNNN.pt``; ``read_recipe_text`` reads the recipe it records without loading its weights;
+``load_client_models`` reads a ``round-NNNN.clients.pt``. ``read_partition`` and
 ``partition_problem`` check a partition.json (damaged, tampered with, or another run's).
 """
 
@@ -279,9 +280,9 @@ def read_recipe_text(path: Path) -> str | None:
     """The recipe text a checkpoint carries (``Checkpoint.recipe_text``; None when it carries none: a
     ``RunWriter``'s or an imported run's, or one of a version before checkpoints carried it), read without loading
     its weights: torch's zip format keeps the record (``data.pkl``) apart from the tensors, and the record is read
-    by ``_RecordOnly`` (no code runs, no tensor is read), so its cost does not grow with the model. A file in
-    another format is loaded safely (``load_checkpoint``, no finite check). A file that
-    cannot be read (damaged, unsafe, foreign, not a regular file) is a ``CheckpointError``."""
+    by ``_RecordOnly`` (no code runs, no tensor is read), so its cost hardly grows with the model. A file in
+    another format is loaded safely (``load_checkpoint``, no finite check). A file that cannot be read
+    (damaged, unsafe, foreign, not a regular file) is a ``CheckpointError``."""
     path = Path(path)
     kind = special_kind(path)
     if kind is not None:  # a FIFO would block the open: refused before it

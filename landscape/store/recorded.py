@@ -96,13 +96,12 @@ def _with_free_keys(recorded: dict, toml: dict) -> dict:
     for key in sorted(free_keys()):
         section, _, name = key.rpartition(".")
         source = toml.get(section) if section else toml
-        target = out.setdefault(section, {}) if section else out
-        if not isinstance(target, dict):
-            continue
         if isinstance(source, dict) and name in source:
-            target[name] = source[name]
-        else:
-            target.pop(name, None)
+            target = out.setdefault(section, {}) if section else out
+            if isinstance(target, dict):
+                target[name] = source[name]
+        elif isinstance(out.get(section) if section else out, dict):
+            (out[section] if section else out).pop(name, None)
     return out
 
 
