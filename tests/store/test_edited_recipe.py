@@ -1,9 +1,10 @@
 """A run's recipe is the one its checkpoints record (issue 46, W4): a recipe.toml edited after training (a fedavg
-run's made to say fedsam, rho = 0.1) is not what report, compare, ``open_run(...).recipe`` and
+run's made to say fedsam, rho = 0.1) is not what report, compare, the figures, ``open_run(...).recipe`` and
 ``open_run(...).model()`` use; one line says it was edited (the CLI's ``note:``, the library's
-``RecipeEditedWarning``). Checkpoints that disagree among themselves are refused in one line; a checkpoint
-changed after the run was opened is checked by ``.model()`` as ``analyze`` checks it. Runs whose checkpoints
-carry no recipe read recipe.toml, as before; the keys a resume may change are recipe.toml's."""
+``RecipeEditedWarning``); ``analyze`` takes the recorded recipe too. Checkpoints that disagree among themselves
+are refused in one line; a checkpoint changed after the run was opened is checked by ``.model()`` as
+``analyze`` checks it. Runs whose checkpoints carry no recipe read recipe.toml, as before; the keys a resume
+may change are recipe.toml's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import warnings
 
 import pytest
 import torch
-from support.helpers import analyze_args, drop_recorded_recipes, invoke, recipe6
+from support.helpers import ROOT, analyze_args, drop_recorded_recipes, invoke, recipe6
 
 import landscape
 from landscape.config import recipe as recipes
@@ -46,7 +47,7 @@ def note(run) -> str:
             "\"fedsam\" in recipe.toml); the recorded recipe is used")
 
 
-@pytest.mark.parametrize("reader", ["report", "compare", "open_run().recipe", "open_run().model()"])
+@pytest.mark.parametrize("reader", ["report", "compare", "figures", "open_run().recipe", "open_run().model()"])
 def test_readers_take_the_recipe_the_run_was_trained_with(edited, six_round_run, tmp_path, reader):
     if reader == "report":
         result = invoke("report", edited, "-o", tmp_path / "report.html")
@@ -61,6 +62,12 @@ def test_readers_take_the_recipe_the_run_was_trained_with(edited, six_round_run,
         table = (tmp_path / "cmp" / "compare.csv").read_text()
         assert "FedSAM" not in table and "FedSAM" not in result.output
         assert "FedAvg alpha=0.5 (edited)" in table
+    elif reader == "figures":
+        result = invoke("figures", ROOT / "figures" / "accuracy.toml", "--runs", edited, "-o", tmp_path / "fig", "--quiet")
+        assert result.exit_code == 0, result.output
+        assert result.output.count(f"note: {note(edited)}") == 1, result.output
+        caption = (tmp_path / "fig" / "accuracy.caption.txt").read_text()
+        assert "Runs: FedAvg alpha=0.5 (edited)." in caption and "FedSAM" not in caption
     elif reader == "open_run().recipe":
         with pytest.warns(RecipeEditedWarning) as caught:
             run = landscape.open_run(edited)
