@@ -26,6 +26,7 @@ from landscape.core.errors import LandscapeError
 from landscape.core.rounds import Rounds, RoundsUnavailable
 from landscape.store.checkpoints import Checkpoint, load_checkpoint
 from landscape.store.directory import RunDir
+from landscape.store.recorded import check_recipe
 from landscape.store.results.validity import file_sha256
 from landscape.store.run import Run
 
@@ -43,6 +44,7 @@ class Source:
         self.checkpoints = checkpoints
         self.analysis_dir = analysis_dir
         self.run = run
+        self.recipe_here = "in recipe.toml"  # how a difference from ``recipe`` names it (a loose folder: its file)
         self._setup: DataSetup | None = None
 
     @property
@@ -104,16 +106,15 @@ class Source:
         return torch_dtype(self.recipe.train.dtype)
 
     def check_recipe(self, checkpoint: Checkpoint) -> None:
-        """A checkpoint that carries another recipe than this run's (another seed's run copied in, an edited
-        recipe.toml) is refused, as resuming refuses it: its analysis would rebuild other data and partition."""
-        from landscape.store.lifecycle import RESUME_FREE_KEYS
-
-        if checkpoint.recipe_text is None:
-            return
-        difference = recipes.difference(checkpoint.recipe_text, self.recipe, RESUME_FREE_KEYS)
-        if difference:
-            raise LandscapeError(f"{checkpoint.path} was written by another recipe ({difference}); it is not a "
-                                 f"checkpoint of {self.name}: move it away, or analyse it where it came from")
+        """A checkpoint that carries another recipe than this run's (another seed's run copied in) is refused,
+        as resuming refuses it: its analysis would rebuild other data and partition (``store.recorded.
+        check_recipe``, the check ``open_run(...).model()`` makes). A run's recipe is the one its checkpoints
+        record (``Run.recipe_table``: a recipe.toml edited after training is not used, and a note says so)."""
+        if self.run is not None:
+            check_recipe(checkpoint.path, checkpoint.recipe_text, self.run.recipe_table(), self.name,
+                         self.run.recipe_here)
+        else:
+            check_recipe(checkpoint.path, checkpoint.recipe_text, self.recipe, self.name, self.recipe_here)
 
     @property
     def train_batch_size(self) -> int:
@@ -145,7 +146,9 @@ def _source_from_checkpoints(folder: Path, files: list[Path]) -> Source:
         raise LandscapeError(f"{last.path} carries no recipe and is not inside a run directory")
     recipe = recipes.resolve(recipes.tomllib.loads(last.recipe_text), algorithms=False, recorded=True, defer=True,
                              origin=f"the recipe in {last.path}")
-    return Source(folder.name, recipe, ckpts, folder / "analysis", None)
+    source = Source(folder.name, recipe, ckpts, folder / "analysis", None)
+    source.recipe_here = f"in {last.path.name}"
+    return source
 
 
 def find_sources(path: Path) -> tuple[list[Source], int | None]:

@@ -47,7 +47,8 @@ class Run(store.Run):
 
 def open_run(path: str | Path, trust_imports: bool = False) -> store.Run | store.Runs:
     """Open a run directory for reading (a ``Run``: ``.recipe``, ``.metrics()``, ``.records()``,
-    ``.results()``, ``.model(round)``, ``.data()``; its recipe is read and resolved now), or every run of a
+    ``.results()``, ``.model(round)``, ``.data()``; its recipe is read and resolved now: the one its checkpoints
+    record, with a ``RecipeEditedWarning`` where recipe.toml was edited after training), or every run of a
     folder of runs (``Runs``: a list of ``Run``, sorted by name, each opened so); ``trust_imports=True``
     imports the modules the recipes' ``imports`` name (their code runs). Their ``results()`` hold what each
     pass declares it measures (``landscape.store.run.open_run`` with ``DECLARED``)."""

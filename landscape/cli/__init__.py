@@ -19,8 +19,7 @@ from landscape.cli.listing import list_command
 from landscape.cli.report import report_command
 from landscape.cli.train import train_command
 from landscape.core import parallel
-from landscape.core.errors import LandscapeError
-from landscape.store.results.validity import StaleResultWarning
+from landscape.core.errors import LandscapeError, LandscapeNote
 
 
 class _Group(click.Group):
@@ -30,8 +29,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("always", StaleResultWarning)
-                warnings.showwarning = _notes_shown_once(warnings.showwarning)
+                _notes_of_warnings()
                 return super().invoke(ctx)
         except LandscapeError as e:
             click.echo(f"error: {e}", err=True)
@@ -41,19 +39,21 @@ class _Group(click.Group):
             ctx.exit(130)
 
 
-def _notes_shown_once(show: Any) -> Any:
-    """``warnings.showwarning`` that prints a ``StaleResultWarning`` as ``note: ...`` on stderr, each text once
-    (a run read twice says it once), and passes every other warning to ``show``."""
-    said: set[str] = set()
+def _notes_of_warnings() -> None:
+    """Inside ``warnings.catch_warnings()``: each ``LandscapeNote`` (results left out as not current, a run's
+    recipe.toml edited after training) printed once as ``note: ...`` on stderr (on rank 0 under torchrun), every
+    other warning as before."""
+    original, printed = warnings.showwarning, set()
 
-    def shown(message, category, filename, lineno, file=None, line=None) -> None:
-        if not issubclass(category, StaleResultWarning):
-            show(message, category, filename, lineno, file, line)
-        elif str(message) not in said:
-            said.add(str(message))
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if not issubclass(category, LandscapeNote):
+            original(message, category, filename, lineno, file, line)
+        elif str(message) not in printed and parallel.is_main():
+            printed.add(str(message))
             click.echo(f"note: {message}", err=True)
 
-    return shown
+    warnings.simplefilter("always", LandscapeNote)
+    warnings.showwarning = show
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -16,7 +16,8 @@ from landscape.core.errors import LandscapeError
 @click.option("--title", default="landscape report", show_default=True)
 @click.option("--quiet", is_flag=True, expose_value=False,
               help="accepted as on every command; report prints no progress, only its result line (and a note "
-                   "per run whose results it leaves out as not current)")
+                   "per run whose results it leaves out as not current, or whose recipe.toml was edited after "
+                   "training)")
 @click.option("--settings", "settings", multiple=True, metavar="KEY=VALUE",
               help="read the results analysed with these settings (as landscape compare --settings) "
                    "[default: the defaults]. Repeatable")

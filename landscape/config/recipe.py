@@ -355,9 +355,11 @@ PLACE_KEYS = frozenset({"name", "train.device", "train.threads", "train.vectoriz
                         "dataset.root", "dataset.download"})
 
 
-def difference(recorded: str, recipe: Recipe, ignore: frozenset[str] = frozenset()) -> str | None:
-    """The first key in which a recorded recipe (TOML text, e.g. a checkpoint's) differs from ``recipe``,
-    ignoring the keys in ``ignore``, as 'model.width is 32 there, 8 in recipe.toml'; None when they agree."""
+def difference(recorded: str, recipe: Recipe | Mapping[str, Any], ignore: frozenset[str] = frozenset(), *, there: str = "there",
+               here: str = "in recipe.toml") -> str | None:
+    """The first key in which a recorded recipe (TOML text, e.g. a checkpoint's) differs from ``recipe`` (a
+    ``Recipe``, or a recipe's tables as read: recipe.toml's), ignoring the keys in ``ignore``, as 'model.width is 32 there, 8 in recipe.toml' (``there`` and ``here`` name
+    the two: 'is 32 in its checkpoints, 8 in recipe.toml'); None when they agree."""
 
     def flat(table: dict, prefix: str = "") -> dict:
         out = {}
@@ -376,9 +378,9 @@ def difference(recorded: str, recipe: Recipe, ignore: frozenset[str] = frozenset
             continue
         a, b = theirs.get(key, missing), ours.get(key, missing)
         if a != b:
-            there = "not set" if a is missing else json.dumps(a)
-            here = "not set" if b is missing else json.dumps(b)
-            return f"{key} is {there} there, {here} in recipe.toml"
+            theirs_shown = "not set" if a is missing else json.dumps(a)
+            ours_shown = "not set" if b is missing else json.dumps(b)
+            return f"{key} is {theirs_shown} {there}, {ours_shown} {here}"
     return None
 
 

@@ -1,10 +1,21 @@
-"""The one exception type the CLI turns into a one-line message (no traceback)."""
+"""The one exception type the CLI turns into a one-line message (no traceback), and the warning it turns into a
+one-line note."""
 
 import unicodedata
 
 
 class LandscapeError(Exception):
     """A problem with the user's input or files, explained in one line."""
+
+
+class LandscapeNote(UserWarning):
+    """A warning the command line prints as one ``note: ...`` line on stderr, each text once (on rank 0 under
+    torchrun): something the user should know about what was read, not an error."""
+
+
+class RecipeEditedWarning(LandscapeNote):
+    """A run's recipe.toml differs from the recipe its checkpoints record (edited after training): the recorded
+    recipe is used (``landscape.store.recorded``). The command line prints it as one ``note: ...`` line."""
 
 
 # Control characters and line or paragraph separators: what would break a one-line message.

@@ -2,12 +2,14 @@
 
 A checkpoint holds only tensors and plain containers; every failure to load one (missing, damaged, unsafe,
 foreign, non-finite) is a one-line ``CheckpointError`` naming the file. ``Checkpoint`` is one loaded
-``round-NNNN.pt``; ``load_client_models`` reads a ``round-NNNN.clients.pt``. ``read_partition`` and
+``round-NNNN.pt``; ``read_recipe_text`` reads the recipe it records without loading its weights;
+``load_client_models`` reads a ``round-NNNN.clients.pt``. ``read_partition`` and
 ``partition_problem`` check a partition.json (damaged, tampered with, or another run's).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import pickletools
@@ -256,6 +258,47 @@ def safe_load(path: Path, map_location: str | torch.device = "cpu") -> Any:
         kind, reason = _load_failure(path, e)
         raise CheckpointError(f"cannot load checkpoint {path}: {reason}", path, kind, reason) from None
     return obj
+
+
+class _RecordOnly(pickle.Unpickler):
+    """Reads the plain record of a checkpoint's pickle (its dicts, strings and numbers) and nothing else: no
+    global is ever imported or called (each becomes a function that gives None, a state_dict's OrderedDict a
+    dict) and no tensor is read (its storage is None), so nothing in the file runs and no weight is loaded."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return dict if (module, name) == ("collections", "OrderedDict") else _nothing
+
+    def persistent_load(self, pid: Any) -> None:
+        return None
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def read_recipe_text(path: Path) -> str | None:
+    """The recipe text a checkpoint carries (``Checkpoint.recipe_text``; None when it carries none: a
+    ``RunWriter``'s or an imported run's, or one of a version before checkpoints carried it), read without loading
+    its weights: torch's zip format keeps the record (``data.pkl``) apart from the tensors, and the record is read
+    by ``_RecordOnly`` (no code runs, no tensor is read), so its cost hardly grows with the model. A file in
+    another format is loaded safely (``load_checkpoint``, no finite check). A file that cannot be read
+    (damaged, unsafe, foreign, not a regular file) is a ``CheckpointError``."""
+    path = Path(path)
+    kind = special_kind(path)
+    if kind is not None:  # a FIFO would block the open: refused before it
+        raise CheckpointError(f"cannot load checkpoint {path}: it is {kind}, not a regular file", path, "foreign",
+                              kind)
+    data = _pickle_bytes(path, 1 << 24) if zipfile.is_zipfile(path) else None
+    record = None
+    if data:
+        try:
+            record = _RecordOnly(io.BytesIO(data)).load()
+        except Exception:  # noqa: BLE001 - any stream the record reader cannot follow is loaded safely instead
+            record = None
+    if not (isinstance(record, dict) and record.get("format") == CHECKPOINT_FORMAT and "model" in record):
+        record = load_checkpoint(path, finite=False)
+    text = record.get("recipe")
+    return text if isinstance(text, str) else None
 
 
 def check_model_state(state: Any, reference: dict[str, torch.Tensor], model_name: str, where: Path | str,

@@ -1,15 +1,16 @@
 """The one read model of a run directory (``Run``), shared by the notebook's ``open_run``, the figures, compare,
 the report and the claims; each analysis result it holds is a ``PassRecord`` (``landscape.store.results.records``).
 
-A ``Run`` reads each part of the directory once, on first use, and keeps it: the recipe as recorded
-(``recipe_table``) and resolved (``recipe``), the metrics rows and event rows of metrics.jsonl, the
-checkpointed rounds, and every analysis result of every round (``records``: ``analysis/round-NNNN/*.json``,
-whatever its settings, each NPZ opened on first use; ``results``: their numbers as a pandas DataFrame), only
-those still current (``landscape.store.results.validity``: the round their record names is their folder's, the
-run has that round's checkpoint, and its SHA-256 is the one they record; ``stale_results`` lists the others). What
-a result is of (its pass, output and settings) is told by what its JSON records: ``landscape.store.results.selection``
-reads that, this module only the files. A model, the data sets and the partition are built on demand
-(``model``, ``data``, ``partition``, ``client_data``).
+A ``Run`` reads each part of the directory once, on first use, and keeps it: the recipe the run was trained
+with, the one its checkpoints record (``recipe_table``; ``landscape.store.recorded``: a recipe.toml edited
+after training is not used, and a ``RecipeEditedWarning`` says so) and resolved (``recipe``), the metrics rows
+and event rows of metrics.jsonl, the checkpointed rounds, and every analysis result of every round
+(``records``: ``analysis/round-NNNN/*.json``, whatever its settings, each NPZ opened on first use; ``results``:
+their numbers as a pandas DataFrame), only those still current (``landscape.store.results.validity``: the round
+their record names is their folder's, the run has that round's checkpoint, and its SHA-256 is the one they
+record; ``stale_results`` lists the others). What a result is of (its pass, output and settings) is told by
+what its JSON records: ``landscape.store.results.selection`` reads that, this module only the files. A model,
+the data sets and the partition are built on demand (``model``, ``data``, ``partition``, ``client_data``).
 
 Reading a run never imports the recipe's ``imports`` (modules that run code when imported): they are imported
 only with ``trust_imports=True`` (or inside ``landscape.core.imports.trusted_imports()``); without, the
@@ -34,6 +35,7 @@ import numpy as np
 from landscape.core.errors import LandscapeError
 from landscape.store.checkpoints import Checkpoint, read_partition
 from landscape.store.directory import RunDir
+from landscape.store.recorded import RecipeEditedWarning, RunRecipe, check_recipe, run_recipe, warn_edited
 from landscape.store.results.records import (
     Measures,
     PassRecord,
@@ -57,13 +59,14 @@ if TYPE_CHECKING:
 
     from landscape.config.recipe import Recipe
 
-__all__ = ["PassRecord", "Run", "Runs", "open_run", "read_results", "results", "run_dirs"]
+__all__ = ["PassRecord", "RecipeEditedWarning", "Run", "Runs", "open_run", "read_results", "results", "run_dirs"]
 
 class Run:
     """One run directory read: ``open_run("runs/x")``, and what every figure, comparison, report and claim
     reads of a run.
 
-    ``.recipe`` (the resolved ``Recipe``), ``.recipe_table()`` (recipe.toml as recorded, its tables),
+    ``.recipe`` (the resolved ``Recipe``), ``.recipe_table()`` (the recipe the run was trained with, its
+    tables: the one its checkpoints record; recipe.toml where none records one),
     ``.metrics()`` (per-round rows of metrics.jsonl), ``.events()`` (its event rows, e.g. a divergence),
     ``.rounds()`` (checkpointed rounds), ``.records()`` (round -> every analysis result there, a
     ``PassRecord`` each), each read once, on first use; ``.results()`` (their numbers, a DataFrame);
@@ -91,23 +94,37 @@ class Run:
 
     # -- what is on disk, read once -----------------------------------------------------------------------
     @cached_property
-    def _table(self) -> dict:
+    def _recipe(self) -> RunRecipe:
         from landscape.core.schema import read_toml
 
-        return read_toml(self.dir.recipe, "recipe")
+        found = run_recipe(self.dir, self.rounds(), read_toml(self.dir.recipe, "recipe"))
+        warn_edited(found)  # once: a RecipeEditedWarning (the command line's note)
+        return found
 
     def recipe_table(self) -> dict:
-        """recipe.toml as recorded: its tables, not validated (a recipe an older version wrote reads too)."""
-        return self._table
+        """The recipe the run was trained with, its tables, not validated (a recipe an older version wrote reads
+        too): the one its checkpoints record (``landscape.store.recorded``), recipe.toml where it agrees with
+        them but for the keys a resume may change (rounds, device, logging, ``dataset.root``), or where none
+        records one (a run without checkpoints, a ``RunWriter``'s or an imported run, checkpoints of a version
+        before they carried it). A recipe.toml edited after training in another key is not used, and a
+        ``RecipeEditedWarning`` says so once; checkpoints that disagree among themselves are refused."""
+        return self._recipe.table
 
     @cached_property
     def recipe(self) -> Recipe:
-        """The recorded recipe resolved (``config.recipe.resolve(recorded=True)``; its imports as the class
-        says); a data set, model or partition that only untrusted imports provide is refused when built."""
+        """The recipe the run was trained with (``recipe_table``) resolved (``config.recipe.resolve(recorded=
+        True)``; its imports as the class says); a data set, model or partition that only untrusted imports
+        provide is refused when built."""
         from landscape.config.recipe import resolve
 
-        return resolve(self._table, algorithms=False, recorded=True, trust_imports=self.trust_imports or None,
-                       defer=True, origin=str(self.dir.recipe))
+        return resolve(self._recipe.table, algorithms=False, recorded=True, trust_imports=self.trust_imports or None,
+                       defer=True, origin=self._recipe.origin)
+
+    @property
+    def recipe_here(self) -> str:
+        """How a difference from the run's recipe names it: 'in recipe.toml', or 'in its checkpoints' where
+        recipe.toml was edited after training."""
+        return self._recipe.here
 
     @cached_property
     def _rows(self) -> tuple[list[dict], list[dict]]:
@@ -221,6 +238,7 @@ class Run:
             raise LandscapeError(f"round {round} has no checkpoint in {self.path}; checkpointed rounds: "
                                  + ", ".join(map(str, rounds)))
         ckpt = Checkpoint.load(self.dir.checkpoint(round))
+        check_recipe(ckpt.path, ckpt.recipe_text, self.recipe_table(), self.path.name, self.recipe_here)  # as analyze does
         ckpt.check_round(round)
         return ckpt
 
@@ -309,8 +327,10 @@ def run_dirs(path: str | Path, who: str = "open_run") -> list[Path]:
 
 
 def open_run(path: str | Path, trust_imports: bool = False, measures: Measures | None = None) -> Run | Runs:
-    """Open a run directory for reading (see ``Run``; its recipe is read and resolved now), or every run of a
-    folder of runs (``Runs``: a list of ``Run``, sorted by name, each opened so); ``trust_imports=True``
+    """Open a run directory for reading (see ``Run``; its recipe is read and resolved now: the recipe the run was
+    trained with, as its checkpoints record it, with a ``RecipeEditedWarning`` where recipe.toml was edited after
+    training; recipe.toml for a run without checkpoints, or whose checkpoints carry none: a ``RunWriter``'s, an
+    imported run, one of an older version), or every run of a folder of runs (``Runs``: a list of ``Run``, sorted by name, each opened so); ``trust_imports=True``
     imports the modules the recipes' ``imports`` name (their code runs); ``measures``: what their
     ``results()`` hold of each pass's results (``landscape.open_run`` gives the analysis's declaration)."""
     if not isinstance(path, (str, os.PathLike)):

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from support.helpers import analyze_args, invoke, no_traceback, one_line_error, recipe6, tiny_recipe
+from support.helpers import (
+    analyze_args,
+    drop_recorded_recipes,
+    invoke,
+    no_traceback,
+    one_line_error,
+    recipe6,
+    tiny_recipe,
+)
 
 import landscape
 from landscape.analyze.catalog import pass_options
@@ -125,6 +133,7 @@ def test_round_that_does_not_exist(run_copy):
 
 
 def test_checkpoint_that_does_not_match_the_recipe(run_copy):
+    drop_recorded_recipes(run_copy)  # else the recipe the checkpoints record is used (tests/store/test_edited_recipe.py)
     recipe = run_copy / "recipe.toml"
     recipe.write_text(recipe.read_text().replace("width = 32", "width = 8"))
     result = analyze(run_copy, "--passes", "loss")

@@ -159,3 +159,16 @@ def write_user_module(tmp_path: Path, monkeypatch, prefix: str, text: str) -> st
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     return name
+
+
+def drop_recorded_recipes(run: Path) -> None:
+    """Each checkpoint of ``run`` without the recipe it records, as a version before checkpoints carried one
+    wrote it (a ``RunWriter``'s or an imported run's carry none either): its readers then read recipe.toml."""
+    from landscape.store.checkpoints import load_checkpoint
+    from landscape.store.directory import RunDir
+
+    for round in RunDir(run).rounds():
+        path = RunDir(run).checkpoint(round)
+        payload = load_checkpoint(path)
+        del payload["recipe"]
+        torch.save(payload, path)

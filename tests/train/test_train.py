@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from support.helpers import tiny_recipe
+from support.helpers import drop_recorded_recipes, tiny_recipe
 
 import landscape
 from landscape.config.sections import TrainSettings
@@ -228,6 +228,7 @@ def test_open_run_gives_the_logged_model_and_data(tmp_path):
 
 def test_model_mismatch_is_a_clear_error(tmp_path):
     loop.start_run(tiny_recipe(train__rounds=1), tmp_path / "r", progress=False)
+    drop_recorded_recipes(tmp_path / "r")  # else the recipe the checkpoints record is used (test_edited_recipe.py)
     recipe_file = tmp_path / "r" / "recipe.toml"
     recipe_file.write_text(recipe_file.read_text().replace("width = 32", "width = 8"))
     with pytest.raises(LandscapeError, match="round-0001.pt does not match the model 'cnn': 'conv1.weight' has shape"):

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from landscape.core.errors import LandscapeError
+from landscape.core.errors import LandscapeError, LandscapeNote
 from landscape.core.reading import open_regular
 from landscape.store.directory import RunDir
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from landscape.store.results.records import PassRecord
 
 
-class StaleResultWarning(UserWarning):
+class StaleResultWarning(LandscapeNote):
     """Results of a run left out by its readers because they are not current (``landscape.store.results.validity``):
     one warning per run, naming how many, which rounds, why, and the way out. The command line prints it as a
     ``note:`` line."""
