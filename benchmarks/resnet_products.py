@@ -202,3 +202,7 @@ def main() -> None:
         now, former = (left_after(objective, w, v, decide=decide, memory_budget=budget, former=old)
                        for old in (False, True))
         print(f"| {label} | {now[0] / 2**20:,.0f} | {now[1]} | {former[0] / 2**20:,.0f} | {former[1]} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
