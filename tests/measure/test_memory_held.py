@@ -1,6 +1,7 @@
 """No graph, tensor or operator outlives the call that made it (issue 47, item 1): after ``hessian_eigs``, the
-hessian pass's sequence of solvers on one operator, or a Hessian operator's kept gradient graphs, the tensors
-alive after a garbage collection are those alive before, in number and in bytes. Before the fix every operator
+hessian pass (in ``landscape analyze``, and its sequence of solvers on one operator), or a Hessian operator's
+kept gradient graphs, the tensors alive after a garbage collection are those alive before, in number and in
+bytes. Before the fix every operator
 left its first batch's gradient graph behind (the saved-tensor pack hook of ``products.measured_gradient`` kept
 each saved tensor with its ``grad_fn``: a reference cycle through C++ that no collection frees): 15 tensors
 (0.27 MiB) per ``hessian_eigs`` on the small CNN here, 45 MiB (graph measured, then rebuilt) to 90 MiB (kept
@@ -9,9 +10,11 @@ graphs) per operator on the ResNet-18-GN."""
 from __future__ import annotations
 
 import gc
+import shutil
 
 import pytest
 import torch
+from support.helpers import analyze_args, invoke
 from torch import nn
 
 import landscape
@@ -88,6 +91,20 @@ def test_the_hessian_pass_solvers_on_one_operator_leave_no_tensor_behind():
         client_lambda_max(clients, p.w, seed=0, backend=backend)
 
     held = held_after_each(hessian_pass, times=2)
+    assert held == [held[0]] * len(held), held
+
+
+def test_the_hessian_pass_leaves_no_tensor_behind(six_round_run, tmp_path):
+    """``landscape analyze --passes hessian`` in process, on a fresh copy of the six-round run each time."""
+    copies = iter(range(10))
+
+    def analyze() -> None:
+        run = shutil.copytree(six_round_run, tmp_path / f"run-{next(copies)}", ignore=shutil.ignore_patterns("analysis"))
+        result = invoke(*analyze_args(run, "--passes", "hessian", "--set", "hessian.top_k=2",
+                                      "--set", "hessian.trace_hvps=6", "--set", "hessian.density_steps=5"))
+        assert result.exit_code == 0, result.output
+
+    held = held_after_each(analyze, times=2)
     assert held == [held[0]] * len(held), held
 
 
