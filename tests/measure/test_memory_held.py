@@ -1,11 +1,11 @@
 """No graph, tensor or operator outlives the call that made it (issue 47, item 1): after ``hessian_eigs``, the
 hessian pass (in ``landscape analyze``, and its sequence of solvers on one operator), or a Hessian operator's
 kept gradient graphs, the tensors alive after a garbage collection are those alive before, in number and in
-bytes. Before the fix every operator
-left its first batch's gradient graph behind (the saved-tensor pack hook of ``products.measured_gradient`` kept
-each saved tensor with its ``grad_fn``: a reference cycle through C++ that no collection frees): 15 tensors
-(0.27 MiB) per ``hessian_eigs`` on the small CNN here, 45 MiB (graph measured, then rebuilt) to 90 MiB (kept
-graphs) per operator on the ResNet-18-GN."""
+bytes. Before the fix every operator left its first batch's gradient graph behind (the saved-tensor pack hook
+of ``products.measured_gradient`` kept each saved tensor with its ``grad_fn``: a reference cycle through C++
+that no collection frees): 15 tensors (0.27 MiB) per ``hessian_eigs`` on the small CNN here, 59 per hessian
+pass on the six-round run, 45 MiB (graph measured, then rebuilt) to 90 MiB (kept graphs) per operator on the
+ResNet-18-GN."""
 
 from __future__ import annotations
 
