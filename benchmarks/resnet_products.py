@@ -15,7 +15,15 @@ record of CPU allocations), plus, for kept graphs, the bytes they hold (as the o
 memory rule); the floating-point operations of one call, those of its matrix products and convolutions
 (``FlopCount`` of benchmarks/clients_scaling.py, 2 per multiply-add; GroupNorm, activations and pooling are not
 counted), and their ratio to the gradient's: what "x gradient" would be if a product ran its arithmetic at the
-gradient's rate; and the products' agreement. Usage:
+gradient's rate; and the products' agreement.
+
+Then the memory left after the call (issue 47): a fresh ``auto`` operator makes one product and is deleted
+and garbage-collected, as the hessian pass makes its operator (its backend decided first, on a measured
+first-batch graph; then the graphs kept), as ``client_lambda_max`` makes a client's (graphs kept), and where the
+graphs do not fit (``memory_budget=0``: the first graph measured, every product rebuilding it): the bytes
+allocated in that time and not freed (the profiler's record of CPU allocations) and the tensors alive after it
+that were not before, now and with the saved-tensor pack hook as it was before (``former_measured_gradient``: it
+kept each saved tensor itself, with its ``grad_fn``, a reference cycle that no collection frees). Usage:
 
     .venv/bin/python benchmarks/resnet_products.py [--samples 64] [--batch-size 32] [--calls 3]
 """
@@ -23,14 +31,18 @@ gradient's rate; and the products' agreement. Usage:
 from __future__ import annotations
 
 import argparse
+import gc
 from collections.abc import Callable
+from contextlib import nullcontext
+from unittest import mock
 
 import torch
 from clients_scaling import FlopCount  # benchmarks/ is on the path of a script run from it
 from hessian_vs_pyhessian import min_seconds
 from torch.profiler import ProfilerActivity, profile
 
-from landscape.core.flat import FlatModel
+from landscape.core.flat import FlatModel, ParameterLeaves
+from landscape.measure import products
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.objective import Objective
 from landscape.measure.operator import HessianOperator
@@ -60,7 +72,7 @@ def pytorch_kept_products(objective: Objective, w: torch.Tensor,
     def pack(t: torch.Tensor) -> torch.Tensor:
         if t.untyped_storage().data_ptr() not in existing:
             saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
+        return t.detach()  # not t: a saved output's grad_fn would hold it in a cycle (see former_measured_gradient)
 
     for start, stop in data.batch_ranges():
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -77,6 +89,48 @@ def pytorch_kept_products(objective: Objective, w: torch.Tensor,
         return out
 
     return product, sum(saved.values())
+
+
+def former_measured_gradient(loss: products.BatchLoss, leaves: ParameterLeaves,
+                             existing: set[int]) -> tuple[products.Gradient, int]:
+    """``products.measured_gradient`` as it was before issue 47: its pack hook kept each saved tensor itself,
+    so a saved output held its own ``grad_fn`` (node -> saved tensor -> node, through C++: never collected)."""
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in existing:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        grad = products.batch_gradient(loss, leaves)
+    return grad, sum(saved.values()) + sum(g.numel() * g.element_size() for g in grad or () if g is not None)
+
+
+def live_tensors() -> int:
+    """Tensors alive after a full garbage collection."""
+    gc.collect()
+    return sum(1 for obj in gc.get_objects() if issubclass(type(obj), torch.Tensor))
+
+
+def left_after(objective: Objective, w: torch.Tensor, v: torch.Tensor, *, decide: bool, memory_budget: int | None,
+               former: bool) -> tuple[int, int]:
+    """(bytes allocated and not freed, tensors alive that were not) after a fresh ``auto`` operator made one
+    product (``decide``: its backend decided first, on a measured first-batch graph, as the hessian pass does)
+    and was deleted; ``former``: with ``former_measured_gradient``."""
+    def call() -> None:
+        op = HessianOperator(objective, w, "auto", memory_budget=memory_budget)
+        if decide:
+            op.decide_backend()
+        op @ v
+        del op
+        gc.collect()
+
+    before = live_tensors()
+    with mock.patch.object(products, "measured_gradient", former_measured_gradient) if former else nullcontext():
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            call()
+    return sum(e.self_cpu_memory_usage for e in prof.events()), live_tensors() - before
 
 
 def main() -> None:
@@ -134,6 +188,20 @@ def main() -> None:
           "chosen by a timing).")
     print(f"\nThe kept gradient graphs hold {kept.graph_bytes / 2**20:,.0f} MiB for {args.samples} samples "
           f"({kept.graph_bytes / args.samples / 2**20:.1f} MiB per sample).")
+    kept.release()
+    pytorch = paths = None  # the reference graphs go before the next operators are built
+    print("\nMemory left after the call: a fresh auto operator, one product, the operator deleted and garbage-"
+          "collected; MiB allocated in that time and not freed (the profiler's record), tensors left alive; now and "
+          "with the saved-tensor pack hook as it was before issue 47:\n")
+    print("| operator | MiB left | tensors left | MiB left, former pack hook (before) | tensors left, former |")
+    print("|---|---|---|---|---|")
+    for label, decide, budget in (
+            ("the hessian pass's: backend decided (a measured graph), a product through the kept graphs", True, None),
+            ("a client's (client_lambda_max): a product through the kept graphs", False, None),
+            ("where the graphs do not fit (memory_budget=0): a product, the graph rebuilt", False, 0)):
+        now, former = (left_after(objective, w, v, decide=decide, memory_budget=budget, former=old)
+                       for old in (False, True))
+        print(f"| {label} | {now[0] / 2**20:,.0f} | {now[1]} | {former[0] / 2**20:,.0f} | {former[1]} |", flush=True)
 
 
 if __name__ == "__main__":

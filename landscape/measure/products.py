@@ -54,14 +54,20 @@ def batch_gradient(loss: BatchLoss, leaves: ParameterLeaves) -> Gradient:
 
 def measured_gradient(loss: BatchLoss, leaves: ParameterLeaves, existing: set[int]) -> tuple[Gradient, int]:
     """(``batch_gradient``, the bytes of the tensors its graph saves, with the gradient itself): every storage
-    counted once, except those whose ``data_ptr`` is in ``existing`` (tensors that exist anyway)."""
+    counted once, except those whose ``data_ptr`` is in ``existing`` (tensors that exist anyway).
+
+    The pack hook keeps ``t.detach()``, never ``t``: a saved tensor that is an output of the node saving it
+    carries that node as its ``grad_fn``, so keeping ``t`` would make node -> saved tensor -> node a reference
+    cycle through C++ that no garbage collection frees (the graph, and everything it saves, would outlive its
+    operator: issue 47; PyTorch's saved-tensor hooks documentation, pytorch/pytorch#115255). Autograd gives an
+    unpacked tensor its ``grad_fn`` back itself, so the graph and its numbers are the same."""
     saved: dict[int, int] = {}
 
     def pack(t: Tensor) -> Tensor:
         storage = t.untyped_storage()
         if storage.data_ptr() not in existing:
             saved[storage.data_ptr()] = storage.nbytes()
-        return t
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         grad = batch_gradient(loss, leaves)
