@@ -61,6 +61,7 @@ from landscape.measure.incompatibility import (
     perturbation_terms,
     sampled_mean_se,
     share,
+    shared_mode,
 )
 
 _STREAM_ANALYSIS_BATCHES = 101  # keeps the analysis minibatch streams apart from training's streams
@@ -337,17 +338,19 @@ def flatness_incompatibility(
     pairs = loss_level_mask(len(client_objectives), batches, loss_level_pairs, seed)
     w = w.detach()
     clients = sorted(client_objectives)
-    f0, grad = full_gradient(global_objective, w, gradients)
-    e_star = rho * perturb.normalized(grad)
-    f_star = float(global_objective.loss(w + e_star)) if loss_level else float("nan")
-    at = _At(global_objective, w, grad, e_star, rho, batch_size, batches, seed, loss_level, gradients)
-    rule, note, measured = _applied_rule(applied, clients[0], grad)
-    per_client = [
-        _client_record(at, c, client_objectives[c],
-                       (lambda g, c=c: applied.direction(c, g)) if measured else None,  # type: ignore[union-attr]
-                       pairs[k])
-        for k, c in enumerate(clients)
-    ]
+    every = [*client_objectives.values(), *getattr(global_objective, "objectives", [global_objective])]
+    with shared_mode(every):  # the model's flag set once for the pass's thousands of small evaluations
+        f0, grad = full_gradient(global_objective, w, gradients)
+        e_star = rho * perturb.normalized(grad)
+        f_star = float(global_objective.loss(w + e_star)) if loss_level else float("nan")
+        at = _At(global_objective, w, grad, e_star, rho, batch_size, batches, seed, loss_level, gradients)
+        rule, note, measured = _applied_rule(applied, clients[0], grad)
+        per_client = [
+            _client_record(at, c, client_objectives[c],
+                           (lambda g, c=c: applied.direction(c, g)) if measured else None,  # type: ignore[union-attr]
+                           pairs[k])
+            for k, c in enumerate(clients)
+        ]
     fi_i, _, fi, fi_se = draw_mean_se(_samples(per_client, "fi"))
     batch_i, _, batch_mean, batch_se = draw_mean_se(_samples(per_client, "batch"))
     cross_i, _, cross, cross_se = draw_mean_se(_samples(per_client, "cross"))

@@ -29,7 +29,8 @@ N * M <= K or K = 0 every pair is evaluated, exactly as without sampling.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,19 @@ GLOBAL_OBJECTIVES = ("client-mean", "size-weighted")  # F: the clients' plain av
 _STREAM_LOSS_PAIRS = 102  # the loss level's sample of (client, draw) pairs: a stream of its own (module docstring)
 
 
+def shared_mode(objectives: Iterable[Any]) -> contextlib.AbstractContextManager:
+    """The training flag the objectives evaluate under, set once for the block where they all share one model
+    and BN mode (``Objective.bn_mode_context``): each evaluation inside then finds it set and switches no module
+    (the same numbers; a flag switch per call costs as much as a small client's forward pass). Objectives of
+    other kinds, or of several models or modes: each switches for itself, as without the block."""
+    objectives = list(objectives)
+    first = objectives[0] if objectives else None
+    shared = first is not None and all(
+        hasattr(o, "bn_mode_context") and getattr(o, "flat", None) is first.flat
+        and getattr(o, "bn_mode", None) == first.bn_mode for o in objectives)
+    return first.bn_mode_context() if shared else contextlib.nullcontext()
+
+
 class ClientMean:
     """F = (1/N) sum_i F_i over ``objectives`` (every client of the run): ``loss`` and ``loss_and_grad`` as an
     Objective's; each grad F_i from ``gradients`` when given (the passes' shared cache)."""
@@ -56,14 +70,16 @@ class ClientMean:
         self.gradients = gradients
 
     def loss(self, w: Tensor) -> Tensor:
-        return sum(o.loss(w).double() for o in self.objectives) / len(self.objectives)
+        with shared_mode(self.objectives):  # one flag switch for the N evaluations
+            return sum(o.loss(w).double() for o in self.objectives) / len(self.objectives)
 
     def loss_and_grad(self, w: Tensor) -> tuple[Tensor, Tensor]:
-        loss, grad = full_gradient(self.objectives[0], w, self.gradients)
-        loss, grad = loss.double(), grad.clone()
-        for o in self.objectives[1:]:  # summed in client order, then divided: (1/N) sum_i
-            f_i, g_i = full_gradient(o, w, self.gradients)
-            loss, grad = loss + f_i.double(), grad.add_(g_i)
+        with shared_mode(self.objectives):
+            loss, grad = full_gradient(self.objectives[0], w, self.gradients)
+            loss, grad = loss.double(), grad.clone()
+            for o in self.objectives[1:]:  # summed in client order, then divided: (1/N) sum_i
+                f_i, g_i = full_gradient(o, w, self.gradients)
+                loss, grad = loss + f_i.double(), grad.add_(g_i)
         return loss / len(self.objectives), grad / len(self.objectives)
 
 

@@ -140,3 +140,16 @@ def test_the_option_names_a_result_only_off_its_default():
     # a result recorded before the option has its default
     assert RESULT_NAMES.result_name("incompatibility", {"analysis": AnalysisSettings().record(), "pass": {}}) == \
         "incompatibility"
+
+
+def test_the_model_is_switched_to_the_bn_mode_once_per_pass_not_per_evaluation(digits, every_pair, monkeypatch):
+    """The analysis model stays in training mode: each evaluation switched every module's flag to eval and
+    back, about as long as a small client's forward pass. The pass sets it once, with the same numbers."""
+    flat = digits[0]
+    assert flat.module.training  # as the analysis holds it
+    switches = []
+    train = type(flat.module).train
+    monkeypatch.setattr(type(flat.module), "train", lambda self, mode=True: switches.append(mode) or train(self, mode))
+    result = incompatibility(digits)
+    assert switches == [False] and flat.module.training
+    assert differing(result, every_pair) == set()
