@@ -324,10 +324,10 @@ def flatness_incompatibility(
     """Delta_FI and its decompositions at x (module docstring). ``global_objective`` is F: the clients' plain
     average (``incompatibility.ClientMean``, the paper's) or an Objective over F's data. ``batch_size`` is the
     training batch size; ``batches`` the Monte-Carlo minibatches per client (>= 2). ``loss_level=False`` skips
-    the N * (M + 1) full passes of F that the loss-level figures cost (they are then NaN): F(x + e_i^B) is F at
-    client i's own perturbation, so no client's term serves another; ``loss_level_pairs`` = K > 0 evaluates a
-    seeded sample of K of the N * M (client, draw) pairs where there are more (``incompatibility.
-    loss_level_mask``; 0: every pair). ``gradients``: grad F, grad F_i and the
+    the N * (M + 1) + 1 full passes of F (K + N + 1 on a sample) that the loss-level figures cost (they are
+    then NaN): F(x + e_i^B) is F at client i's own perturbation, so no client's term serves another;
+    ``loss_level_pairs`` = K > 0 evaluates a seeded sample of K of the N * M (client, draw) pairs where there
+    are more (``incompatibility.loss_level_mask``; 0: every pair). ``gradients``: grad F, grad F_i and the
     g_i^B at x precomputed by other passes of the checkpoint (``gradient_cache``; the same numbers).
     ``applied``: the algorithm's own perturbation, measured beside plain SAM's (the applied_* figures)."""
     if not rho > 0:
