@@ -57,8 +57,11 @@ from landscape.measure.gradient_cache import GradientCache, full_gradient
 from landscape.measure.incompatibility import (
     AppliedPerturbation,
     IncompatibilityResult,
+    loss_level_mask,
     perturbation_terms,
+    sampled_mean_se,
     share,
+    shared_mode,
 )
 
 _STREAM_ANALYSIS_BATCHES = 101  # keeps the analysis minibatch streams apart from training's streams
@@ -216,8 +219,10 @@ class _At:
     gradients: GradientCache | None
 
 
-def _client_record(at: _At, c: int, obj: Any, direction: Callable[[Tensor], Tensor] | None) -> dict[str, Tensor]:
-    """Client c's terms, per draw (stacked) and exact, on the host; with ``direction`` the applied ones too."""
+def _client_record(at: _At, c: int, obj: Any, direction: Callable[[Tensor], Tensor] | None,
+                   evaluate: np.ndarray) -> dict[str, Tensor]:
+    """Client c's terms, per draw (stacked) and exact, on the host; with ``direction`` the applied ones too;
+    F(x + e_i^B) at the draws ``evaluate`` is true at (NaN at the others), with the loss level."""
     w, rho = at.w, at.rho
     nan = torch.full((), float("nan"), dtype=torch.float64, device=w.device)
     _, grad_i = full_gradient(obj, w, at.gradients)
@@ -228,7 +233,7 @@ def _client_record(at: _At, c: int, obj: Any, direction: Callable[[Tensor], Tens
     base = obj.batch_losses(w, minibatches)  # f_i^{B'}(x), the M draws in one forward
     rows: dict[str, list[Tensor]] = {k: [] for k in ("fi", "batch", "cross", "gtotal", "gnoise", "gcross",
                                                       "gnorm", "ploss", "friendly")}
-    for g in draw_gradients:
+    for b, g in enumerate(draw_gradients):
         e_b = rho * perturb.normalized(g)
         zeta = g - grad_i
         for key, value in zip(("fi", "batch", "cross"), perturbation_terms(e_b, e_i, at.e_star)):
@@ -237,7 +242,7 @@ def _client_record(at: _At, c: int, obj: Any, direction: Callable[[Tensor], Tens
         rows["gnoise"].append((zeta**2).sum())
         rows["gcross"].append(torch.dot(zeta.reshape(-1), delta.reshape(-1)))
         rows["gnorm"].append(g.norm())
-        rows["ploss"].append(at.global_objective.loss(w + e_b).double() if at.loss_level else nan)
+        rows["ploss"].append(at.global_objective.loss(w + e_b).double() if at.loss_level and evaluate[b] else nan)
         moved = obj.batch_losses(w + e_b, minibatches)  # f_i^{B'}(x + e_i^B) for every draw B'
         rows["friendly"].append(moved < base)  # entry b (B' = B) is masked out later
     if direction is not None:  # the algorithm's own: a_i^B = rho d(g_i^B) / ||d(g_i^B)||, a_i from gradF_i
@@ -312,14 +317,17 @@ def flatness_incompatibility(
     batches: int,
     seed: int = 0,
     loss_level: bool = True,
+    loss_level_pairs: int = 0,
     gradients: GradientCache | None = None,
     applied: AppliedPerturbation | None = None,
 ) -> IncompatibilityResult:
     """Delta_FI and its decompositions at x (module docstring). ``global_objective`` is F: the clients' plain
     average (``incompatibility.ClientMean``, the paper's) or an Objective over F's data. ``batch_size`` is the
     training batch size; ``batches`` the Monte-Carlo minibatches per client (>= 2). ``loss_level=False`` skips
-    the N * (M + 1) full passes of F that the loss-level figures cost (they are then NaN): F(x + e_i^B) is F at
-    client i's own perturbation, so no client's term serves another. ``gradients``: grad F, grad F_i and the
+    the N * (M + 1) + 1 full passes of F (K + N + 1 on a sample) that the loss-level figures cost (they are
+    then NaN): F(x + e_i^B) is F at client i's own perturbation, so no client's term serves another;
+    ``loss_level_pairs`` = K > 0 evaluates a seeded sample of K of the N * M (client, draw) pairs where there
+    are more (``incompatibility.loss_level_mask``; 0: every pair). ``gradients``: grad F, grad F_i and the
     g_i^B at x precomputed by other passes of the checkpoint (``gradient_cache``; the same numbers).
     ``applied``: the algorithm's own perturbation, measured beside plain SAM's (the applied_* figures)."""
     if not rho > 0:
@@ -327,18 +335,22 @@ def flatness_incompatibility(
     check_minibatch_settings(batch_size, batches)
     if not client_objectives:
         raise LandscapeError("flatness incompatibility needs at least one client objective")
+    pairs = loss_level_mask(len(client_objectives), batches, loss_level_pairs, seed)
     w = w.detach()
     clients = sorted(client_objectives)
-    f0, grad = full_gradient(global_objective, w, gradients)
-    e_star = rho * perturb.normalized(grad)
-    f_star = float(global_objective.loss(w + e_star)) if loss_level else float("nan")
-    at = _At(global_objective, w, grad, e_star, rho, batch_size, batches, seed, loss_level, gradients)
-    rule, note, measured = _applied_rule(applied, clients[0], grad)
-    per_client = [
-        _client_record(at, c, client_objectives[c],
-                       (lambda g, c=c: applied.direction(c, g)) if measured else None)  # type: ignore[union-attr]
-        for c in clients
-    ]
+    every = [*client_objectives.values(), *getattr(global_objective, "objectives", [global_objective])]
+    with shared_mode(every):  # the model's flag set once for the pass's thousands of small evaluations
+        f0, grad = full_gradient(global_objective, w, gradients)
+        e_star = rho * perturb.normalized(grad)
+        f_star = float(global_objective.loss(w + e_star)) if loss_level else float("nan")
+        at = _At(global_objective, w, grad, e_star, rho, batch_size, batches, seed, loss_level, gradients)
+        rule, note, measured = _applied_rule(applied, clients[0], grad)
+        per_client = [
+            _client_record(at, c, client_objectives[c],
+                           (lambda g, c=c: applied.direction(c, g)) if measured else None,  # type: ignore[union-attr]
+                           pairs[k])
+            for k, c in enumerate(clients)
+        ]
     fi_i, _, fi, fi_se = draw_mean_se(_samples(per_client, "fi"))
     batch_i, _, batch_mean, batch_se = draw_mean_se(_samples(per_client, "batch"))
     cross_i, _, cross, cross_se = draw_mean_se(_samples(per_client, "cross"))
@@ -346,7 +358,10 @@ def flatness_incompatibility(
     gnoise_i, _, gnoise, gnoise_se = draw_mean_se(_samples(per_client, "gnoise"))
     gcross_i, _, gcross, gcross_se = draw_mean_se(_samples(per_client, "gcross"))
     ploss_samples = _samples(per_client, "ploss")
-    ploss_i, _, ploss, ploss_se = draw_mean_se(ploss_samples)
+    if pairs.all():  # every pair: the mean over draws, then clients, as every other figure
+        ploss_i, _, ploss, ploss_se = draw_mean_se(ploss_samples)
+    else:  # a sample of pairs: their mean and s / sqrt(K)
+        ploss_i, ploss, ploss_se = sampled_mean_se(ploss_samples, pairs)
     rate_i, rate_se_i, rate, rate_se = pair_mean_se(_samples(per_client, "friendly"))
     het_i, ghet_i, full_i = _exact(per_client, "het"), _exact(per_client, "ghet"), _exact(per_client, "full_ploss")
     het, ghet = float(het_i.mean()), float(ghet_i.mean())
@@ -368,6 +383,7 @@ def flatness_incompatibility(
         client_gradient_cross=gcross_i, client_gradient_norm=_exact(per_client, "gradnorm"),
         client_minibatch_gradient_norm=_samples(per_client, "gnorm").mean(axis=1),
         perturbed_global_loss=f_star, local_perturbed_loss=ploss, local_perturbed_loss_se=ploss_se,
+        loss_level_pairs=int(pairs.sum()) if loss_level else 0,
         loss_gap=f_star - ploss, loss_gap_se=ploss_se, full_local_perturbed_loss=float(full_i.mean()),
         full_local_loss_gap=f_star - float(full_i.mean()), client_perturbed_loss=ploss_i,
         client_full_perturbed_loss=full_i, perturbed_loss_samples=ploss_samples,

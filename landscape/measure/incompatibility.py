@@ -14,11 +14,23 @@ client's own state and its minibatch gradient. Delta_FI with it in place of plai
     a_i^B = rho d_i(g_i^B) / ||d_i(g_i^B)||,   a_i = rho d_i(gradF_i) / ||d_i(gradF_i)||   (0 for d = 0)
     applied Delta_FI = mean_i E_B ||a_i^B - e*||^2 = heterogeneity + batch_part + 2 cross   (a_i, a_i^B for e_i,
 e_i^B). ASAM's e = rho T^2 g / ||T g|| is taken by its direction, at radius rho, like every other.
+
+Loss level on a sample of pairs (``loss_level_mask``, ``sampled_mean_se``): the local perturbed loss
+(1/N) sum_i E_B F(x + e_i^B) needs one full evaluation of F per (client, draw) pair, N * M in all. With
+``pairs`` = K > 0 and N * M > K, K pairs drawn uniformly without replacement (a generator of their own, seeded
+by (seed, 102): no other draw moves) are evaluated and averaged. Every client has M draws, so a uniform pair
+is a uniform client then one of its draws, a minibatch drawn at random: each value is F(x + e_c^B) with c
+uniform over the N clients and B random, whose mean is the target (1/N) sum_i E_B F(x + e_i^B) with the
+clients fixed (the target of every other SE of the result, ``flatness`` docstring) and whose variance (between
+the clients' means and within a client's draws) the sample variance s^2 of the K values estimates; their mean
+has SE s / sqrt(K) (ddof 1), a slight overstatement as the pairs are drawn without replacement. Where
+N * M <= K or K = 0 every pair is evaluated, exactly as without sampling.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +39,24 @@ import torch
 from torch import Tensor
 
 from landscape.core.errors import LandscapeError
+from landscape.core.rng import derived_seed
 from landscape.measure.gradient_cache import GradientCache, full_gradient
 
 GLOBAL_OBJECTIVES = ("client-mean", "size-weighted")  # F: the clients' plain average (the paper's), or over the union
+_STREAM_LOSS_PAIRS = 102  # the loss level's sample of (client, draw) pairs: a stream of its own (module docstring)
+
+
+def shared_mode(objectives: Iterable[Any]) -> contextlib.AbstractContextManager:
+    """The training flag the objectives evaluate under, set once for the block where they all share one model
+    and BN mode (``Objective.bn_mode_context``): each evaluation inside then finds it set and switches no module
+    (the same numbers; a flag switch per call costs as much as a small client's forward pass). Objectives of
+    other kinds, or of several models or modes: each switches for itself, as without the block."""
+    objectives = list(objectives)
+    first = objectives[0] if objectives else None
+    shared = first is not None and all(
+        hasattr(o, "bn_mode_context") and getattr(o, "flat", None) is first.flat
+        and getattr(o, "bn_mode", None) == first.bn_mode for o in objectives)
+    return first.bn_mode_context() if shared else contextlib.nullcontext()
 
 
 class ClientMean:
@@ -43,14 +70,16 @@ class ClientMean:
         self.gradients = gradients
 
     def loss(self, w: Tensor) -> Tensor:
-        return sum(o.loss(w).double() for o in self.objectives) / len(self.objectives)
+        with shared_mode(self.objectives):  # one flag switch for the N evaluations
+            return sum(o.loss(w).double() for o in self.objectives) / len(self.objectives)
 
     def loss_and_grad(self, w: Tensor) -> tuple[Tensor, Tensor]:
-        loss, grad = full_gradient(self.objectives[0], w, self.gradients)
-        loss, grad = loss.double(), grad.clone()
-        for o in self.objectives[1:]:  # summed in client order, then divided: (1/N) sum_i
-            f_i, g_i = full_gradient(o, w, self.gradients)
-            loss, grad = loss + f_i.double(), grad.add_(g_i)
+        with shared_mode(self.objectives):
+            loss, grad = full_gradient(self.objectives[0], w, self.gradients)
+            loss, grad = loss.double(), grad.clone()
+            for o in self.objectives[1:]:  # summed in client order, then divided: (1/N) sum_i
+                f_i, g_i = full_gradient(o, w, self.gradients)
+                loss, grad = loss + f_i.double(), grad.add_(g_i)
         return loss / len(self.objectives), grad / len(self.objectives)
 
 
@@ -105,6 +134,31 @@ def perturbation_terms(e_draw: Tensor, e_i: Tensor, e_star: Tensor) -> tuple[Ten
     """||e^B - e*||^2, ||e^B - e_i||^2 and <e^B - e_i, e_i - e*> of one draw (Delta_FI's terms)."""
     return (((e_draw - e_star) ** 2).sum(), ((e_draw - e_i) ** 2).sum(),
             torch.dot((e_draw - e_i).reshape(-1), (e_i - e_star).reshape(-1)))
+
+
+def loss_level_mask(clients: int, batches: int, pairs: int, seed: int) -> np.ndarray:
+    """[N, M] booleans, true at the (client, draw) pairs whose F(x + e_i^B) the loss level evaluates: every pair
+    where ``pairs`` is 0 or N * M <= ``pairs``, else ``pairs`` of them drawn uniformly without replacement from
+    a generator seeded by (seed, 102) (module docstring)."""
+    if isinstance(pairs, bool) or not isinstance(pairs, (int, np.integer)) or pairs < 0:
+        raise LandscapeError(f"loss_level_pairs must be an integer >= 0 (0: every pair) (got {pairs!r})")
+    total = int(clients) * int(batches)
+    if pairs == 0 or total <= pairs:
+        return np.ones((clients, batches), dtype=bool)
+    generator = np.random.default_rng(derived_seed(int(seed), _STREAM_LOSS_PAIRS))
+    mask = np.zeros(total, dtype=bool)
+    mask[generator.choice(total, size=int(pairs), replace=False)] = True
+    return mask.reshape(clients, batches)
+
+
+def sampled_mean_se(samples: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """[N, M] values, evaluated where ``mask`` is true -> per-client means over the evaluated draws (NaN where
+    none), the mean of the K evaluated values (row by row) and its SE s / sqrt(K), ddof 1 (NaN for K < 2)."""
+    values = samples[mask]
+    k = values.size
+    client = np.array([row[m].mean() if m.any() else np.nan for row, m in zip(samples, mask)])
+    se = float(values.std(ddof=1) / np.sqrt(k)) if k > 1 else float("nan")
+    return client, float(values.mean()) if k else float("nan"), se
 
 
 def share(part: float, other: float) -> float:
@@ -174,15 +228,16 @@ class IncompatibilityResult:
     client_minibatch_gradient_norm: np.ndarray  # mean over draws of ||g_i^B||
     # loss level (NaN when loss_level=False)
     perturbed_global_loss: float  # F(x + e*)
-    local_perturbed_loss: float  # mean_i E_B F(x + e_i^B)
+    local_perturbed_loss: float  # mean_i E_B F(x + e_i^B) (over loss_level_pairs pairs where they are a sample)
     local_perturbed_loss_se: float
+    loss_level_pairs: int  # the (client, draw) pairs evaluated: N * M (all), K (a sample), 0 without loss_level
     loss_gap: float  # F(x + e*) - mean_i E_B F(x + e_i^B)
     loss_gap_se: float
     full_local_perturbed_loss: float  # mean_i F(x + e_i) (exact)
     full_local_loss_gap: float  # F(x + e*) - mean_i F(x + e_i) (exact)
-    client_perturbed_loss: np.ndarray  # E_B F(x + e_i^B)
+    client_perturbed_loss: np.ndarray  # E_B F(x + e_i^B) over the client's evaluated draws (NaN where none)
     client_full_perturbed_loss: np.ndarray  # F(x + e_i)
-    perturbed_loss_samples: np.ndarray  # [N, M] F(x + e_i^B)
+    perturbed_loss_samples: np.ndarray  # [N, M] F(x + e_i^B), NaN at the pairs not evaluated
     # friendly adversary
     friendly_rate: float  # fraction of ordered pairs (B, B'), B != B', with f^{B'}(x + e^B) < f^{B'}(x)
     friendly_rate_se: float

@@ -29,15 +29,30 @@ class IncompatibilityOptions:
     batches: Annotated[int, rule(gt=0)] = 8  # Monte-Carlo minibatches per client (--set incompatibility.batches=N)
     batch_size: Annotated[int, rule(TRAINING_BATCH, ge=0)] = 0  # 0: the run's training batch size
     clients: Annotated[int, rule(ALL, ge=0)] = 0  # all clients (0) or a seeded sample
-    loss_level: bool = True  # also the loss-level gap (N * (M + 1) extra passes over F)
+    loss_level: bool = True  # also the loss-level gap (K + N + 1 extra passes over F)
+    # K: the (client, draw) pairs whose F(x + e_i^B) the loss level evaluates, a seeded sample where N * M > K
+    # (0: every pair, N * M)
+    loss_level_pairs: Annotated[int, rule("0: every pair", ge=0)] = 64
     # F: the clients' plain average (the paper's) or size-weighted (over the analysis data)
     global_objective: Literal["client-mean", "size-weighted"] = "client-mean"
+
+
+# Work besides the gradients, in full-data gradient equivalents: an evaluation of F is one forward pass over the
+# data, about 0.4 of a gradient (the surface's cell).
+FORWARD_COST = 0.4
+
+
+def _incompatibility_cost(o: IncompatibilityOptions) -> Cost:
+    """The gradients (grad F, every grad F_i, the minibatch gradients and the friendly rate's minibatch losses:
+    4 full-data gradients), and with the loss level its K + 1 evaluations of F (F(x + e*) and the K pairs; the N
+    full-local ones and K = 0, every pair, depend on the run's clients and are not counted)."""
+    return Cost(gradients=4.0 + (FORWARD_COST * (o.loss_level_pairs + 1) if o.loss_level else 0.0))
 
 
 PASSES.declare("incompatibility", options=IncompatibilityOptions,
                summary="flatness incompatibility Delta_FI (plain SAM's and the algorithm's own perturbation), its "
                        "heterogeneity / minibatch split, friendly rate",
-               needs=(CLIENTS,), cost=lambda o: Cost(gradients=4.0),
+               needs=(CLIENTS,), cost=_incompatibility_cost,
                quantities=(Quantity("Delta_FI", "&Delta;<sub>FI</sub>", "incompatibility", "incompatibility_se"),
                            Quantity("Delta_FI applied", "&Delta;<sub>FI</sub> applied", "applied_incompatibility",
                                     "applied_incompatibility_se"),
@@ -61,7 +76,7 @@ PASSES.declare("incompatibility", options=IncompatibilityOptions,
                     "applied_incompatibility_se": "Delta_FI_applied_se"}),
                # F of its global objective is the loss pass's client_loss_mean (client-mean; size-weighted: its
                # loss); loss_gap's standard error is local_perturbed_loss_se (F(w + e*) is exact)
-               bookkeeping=keys("rho batch_size batches seed friendly_pairs global_loss loss_gap_se"))
+               bookkeeping=keys("rho batch_size batches seed friendly_pairs global_loss loss_gap_se loss_level_pairs"))
 
 
 @PASSES.implement("incompatibility")
@@ -75,7 +90,8 @@ def incompatibility_pass(ctx: CheckpointContext, opts: IncompatibilityOptions) -
         if opts.global_objective == "client-mean" else ctx.objective
     result = flatness_incompatibility(
         glob, clients, ctx.w, opts.rho, batch_size=training_batch_size(ctx, opts.batch_size), batches=opts.batches,
-        seed=ctx.settings.seed, loss_level=opts.loss_level, gradients=ctx.gradients,  # shared with alignment, sharpness
+        seed=ctx.settings.seed, loss_level=opts.loss_level, loss_level_pairs=opts.loss_level_pairs,
+        gradients=ctx.gradients,  # shared with alignment, sharpness
         applied=ctx.applied_perturbation(),
     )
     scalars, arrays = split_result(result)
