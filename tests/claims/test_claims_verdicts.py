@@ -175,7 +175,7 @@ def test_fragile_marks_the_verdicts_that_differ_in_the_other_results(tmp_path):
     assert "a < c: INCONCLUSIVE FRAGILE (HELD in the other results)" in table
     assert "`runs/claims-other`" in table and "1 of 2 claims, 1 of 3 comparisons; 1 comparison(s) are not in it" in table
     assert "FRAGILE" in marked[0].lines()[0] and marked[0].to_dict()["fragile"] is True
-    with pytest.raises(LandscapeError, match="cannot read") as e:
+    with pytest.raises(LandscapeError, match="claims.json not found") as e:
         claims_table.read_verdicts(tmp_path / "nowhere")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "claims.json").write_text('[{"verdict": "HELD"}]')
