@@ -121,6 +121,11 @@ class PassSpec(Entry):
     # in one line with the memory they need, checked when the checkpoint is known (``catalog.check_sizes``: the
     # dry-run's plan, and before a job runs)
     size_check: Callable[[Any, int, int, int | None], None] | None = None
+    # {option: value}: what a stored result that lacks an option (written before the option existed) was computed
+    # with, where that is not the option's default (incompatibility.loss_level_pairs: every pair, 0). Such a
+    # result is named and compared by this value, so the default's new computation never takes it for done.
+    # Not hashed (a dict).
+    recorded_before: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def make_options(self, values: Any, where: str | None = None, *, noun: str = "pass option") -> Any:
         """The options from recipe, ``--set`` or recorded values (``Entry.make_options``: one line naming

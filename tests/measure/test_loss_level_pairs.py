@@ -137,9 +137,15 @@ def test_the_option_names_a_result_only_off_its_default():
     assert name() == name(loss_level_pairs=64) == "incompatibility"
     assert name(loss_level_pairs=0) == "incompatibility@loss_level_pairs-0"
     assert name(loss_level_pairs=200) == "incompatibility@loss_level_pairs-200"
-    # a result recorded before the option has its default
-    assert RESULT_NAMES.result_name("incompatibility", {"analysis": AnalysisSettings().record(), "pass": {}}) == \
-        "incompatibility"
+    # a result recorded before the option evaluated every pair: it is named (and looked up) as such, so the
+    # default's sampled computation never takes it for done
+    old = dataclasses.asdict(PASSES.get("incompatibility").make_options({}))
+    del old["loss_level_pairs"]
+    before = {"analysis": AnalysisSettings().record(), "pass": old}
+    assert RESULT_NAMES.result_name("incompatibility", before) == "incompatibility@loss_level_pairs-0"
+    now = {"analysis": AnalysisSettings().record(), "pass": {**old, "loss_level_pairs": 64}}
+    assert not RESULT_NAMES.same_settings("incompatibility", before, now)
+    assert RESULT_NAMES.same_settings("incompatibility", before, {**now, "pass": {**old, "loss_level_pairs": 0}})
 
 
 def test_the_model_is_switched_to_the_bn_mode_once_per_pass_not_per_evaluation(digits, every_pair, monkeypatch):

@@ -38,6 +38,9 @@ class DeclaredSettings:
         # A pass not declared (a result of a pass since removed) has no options to name.
         return to_plain(PASSES.get(pass_name).option_defaults()) if pass_name in PASSES else {}
 
+    def options_recorded_before(self, pass_name: str) -> dict[str, Any]:
+        return to_plain(dict(PASSES.get(pass_name).recorded_before)) if pass_name in PASSES else {}
+
     def option_names(self) -> dict[str, set[str]]:
         return {entry.name: set(entry.option_defaults()) for entry in PASSES.entries()}
 

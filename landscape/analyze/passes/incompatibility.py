@@ -76,7 +76,8 @@ PASSES.declare("incompatibility", options=IncompatibilityOptions,
                     "applied_incompatibility_se": "Delta_FI_applied_se"}),
                # F of its global objective is the loss pass's client_loss_mean (client-mean; size-weighted: its
                # loss); loss_gap's standard error is local_perturbed_loss_se (F(w + e*) is exact)
-               bookkeeping=keys("rho batch_size batches seed friendly_pairs global_loss loss_gap_se loss_level_pairs"))
+               bookkeeping=keys("rho batch_size batches seed friendly_pairs global_loss loss_gap_se loss_level_pairs"),
+               recorded_before={"loss_level_pairs": 0})  # results before the option evaluated every pair
 
 
 @PASSES.implement("incompatibility")

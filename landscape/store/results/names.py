@@ -80,6 +80,10 @@ class SettingsCatalog(Protocol):
         """The pass's options at their defaults, plain; {} for a pass not declared (a result of a pass since
         removed)."""
 
+    def options_recorded_before(self, pass_name: str) -> dict[str, Any]:
+        """{option: value} a stored result that lacks the option was computed with, where that is not its default
+        (``PassSpec.recorded_before``); {} for most passes."""
+
     def option_names(self) -> dict[str, set[str]]:
         """Pass -> the names of its options, for every declared pass."""
 
@@ -105,11 +109,13 @@ class ResultNames:
     def qualified_settings(self, pass_name: str, settings: Any) -> dict[str, Any]:
         """A settings record (``settings_record``) as one flat dict: the analysis settings by name (``split``),
         the pass's options as ``<pass>.<option>`` (``surface.grid``), without ``NOT_NAMED``. A setting the
-        record lacks (it was written before the setting existed) has its default."""
+        record lacks (it was written before the setting existed) has its default, or the value such results were
+        computed with where the pass declares one (``options_recorded_before``); no record (None): the defaults."""
         settings = settings if isinstance(settings, dict) else {}
         analysis, options = settings.get("analysis"), settings.get("pass")
         flat = {**self.catalog.analysis_defaults(), **(analysis if isinstance(analysis, dict) else {})}
-        merged = {**self.catalog.option_defaults(pass_name), **(options if isinstance(options, dict) else {})}
+        before = self.catalog.options_recorded_before(pass_name) if isinstance(options, dict) else {}
+        merged = {**self.catalog.option_defaults(pass_name), **before, **(options if isinstance(options, dict) else {})}
         flat.update({f"{pass_name}.{k}": v for k, v in merged.items()})
         return {k: to_plain(v) for k, v in flat.items() if k not in NOT_NAMED}
 
