@@ -4,7 +4,8 @@ data from ``--dataset``, and no clients.
 A plain ``torch.save(model.state_dict())`` file, or a folder of them, is a ``StateDictSource``: the model
 comes from ``--model`` (a registered model name or ``package.module:factory``) and the data from ``--dataset``
 (a registered data set or ``package.module:factory``); it has no clients, so only the passes that need none
-run on it. Its results go to ``analysis/<file stem>/`` next to the files, keyed by the model and data that
+run on it. Its results go to ``analysis/<file stem>/`` next to the files (``file_label``: the whole name where
+another state_dict file beside it has the same stem), keyed by the model and data that
 produced them (``StateDictSource.inputs``) besides the file's SHA-256 and the settings.
 
 A folder of state_dicts is not a trajectory: each file is labelled by its name (its stem), and has a round only
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import glob
 import hashlib
 import re
 from collections.abc import Callable
@@ -119,7 +121,7 @@ class StateDictSource(Source):
         self._inputs: dict | None = None
 
     def result_dir(self, round: int) -> Path:
-        return self.analysis_dir / self.checkpoints[round].stem
+        return self.analysis_dir / self.label(round)
 
     def clients_checkpoint(self, round: int) -> Path:
         return self.analysis_dir / "no-clients"  # never a file: a state_dict has no clients
@@ -129,8 +131,8 @@ class StateDictSource(Source):
         return Checkpoint(self.checkpoints[round], {"model": load_state_dict_file(self.checkpoints[round]), **named})
 
     def label(self, key: int) -> str:
-        """A file's label in tables, records and messages: its name without the suffix (its results' folder)."""
-        return self.checkpoints[key].stem
+        """A file's label in tables, records and messages, and its results' folder: ``file_label``."""
+        return file_label(self.checkpoints[key])
 
     def where(self, key: int) -> dict:
         """What names a file's results (their JSON, the summary's rows): ``file``, its label, and ``round`` only
@@ -330,6 +332,15 @@ class StateDictSource(Source):
 STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin")
 
 
+def file_label(path: Path) -> str:
+    """A state_dict file's label and results' folder: its name without the suffix (``mine``), or its whole name
+    (``mine.pt``) where another state_dict file beside it has the same stem (``mine.pth``), so that two files that
+    differ only in suffix never share a folder of results."""
+    twins = [p for p in path.parent.glob(f"{glob.escape(path.stem)}.*")
+             if p.name != path.name and p.suffix in STATE_DICT_SUFFIXES and p.stem == path.stem and p.is_file()]
+    return path.name if twins else path.stem
+
+
 def state_dict_sources(path: Path, spec: ForeignModel) -> list[Source]:
     """One source of the state_dict file ``path``, or of every state_dict file in the folder ``path``. The
     model and the data are checked here (``StateDictSource.inputs``: both factories imported and called once),
@@ -337,7 +348,7 @@ def state_dict_sources(path: Path, spec: ForeignModel) -> list[Source]:
     if not path.exists():
         raise LandscapeError(f"{path} does not exist")
     if path.is_file():
-        source = StateDictSource(path.stem, [path], spec, path.parent / "analysis")
+        source = StateDictSource(file_label(path), [path], spec, path.parent / "analysis")
     else:
         files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in STATE_DICT_SUFFIXES)
         if not files:

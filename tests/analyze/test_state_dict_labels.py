@@ -211,3 +211,20 @@ def test_a_registered_data_set_of_a_state_dict_is_its_split_not_the_clients_unio
         record = next(r for r in (json.loads(p.read_text()) for p in (tmp_path / "analysis" / "net").glob("*.json"))
                       if r["settings"]["analysis"]["split"] == split)
         assert record["data"] == words
+
+
+def test_two_files_that_differ_only_in_suffix_never_share_a_result(tmp_path, lab):
+    """Issue 46: mine.pt and mine.pth beside each other (other weights) were both filed in analysis/mine/, each
+    analysis replacing the other's result. Each now has its own folder, by its whole name; a file alone keeps its
+    stem."""
+    _states(tmp_path, ["mine.pt", "mine.pth", "other.pt"], __import__(lab))
+    for name in ("mine.pt", "mine.pth", "other.pt"):
+        assert "1 computed, 0 already done" in _analyze(tmp_path / name, lab, "--passes", "loss").output
+    for name in ("mine.pt", "mine.pth", "other.pt"):  # nothing evicted: each is done
+        assert "0 computed, 1 already done" in _analyze(tmp_path / name, lab, "--passes", "loss").output
+    assert sorted(p.name for p in (tmp_path / "analysis").iterdir()) == ["mine.pt", "mine.pth", "other"]
+    losses = {name: json.loads(result_file(tmp_path / "analysis" / name, "loss").read_text())["result"]["loss"]
+              for name in ("mine.pt", "mine.pth")}
+    assert losses["mine.pt"] != losses["mine.pth"]
+    folder = _analyze(tmp_path, lab, "--passes", "loss")  # the folder of files: the same results, all done
+    assert "0 computed, 3 already done" in folder.output, folder.output
