@@ -13,7 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.helpers import analyze_args, invoke, no_traceback, one_line_error, shared_folder
+from support.helpers import (
+    analyze_args,
+    invoke,
+    no_traceback,
+    one_line_error,
+    shared_analysed_run,
+)
 
 import landscape
 from landscape.core.errors import LandscapeError
@@ -28,13 +34,7 @@ SETTINGS = ("--settings", "analysis_samples=200")
 @pytest.fixture(scope="session")
 def analysed_run(six_round_run, tmp_path_factory) -> Path:
     """The six-round run with its round 6 analysed (loss, and a hessian whose record lists arrays in an NPZ)."""
-
-    def build(folder: Path) -> None:
-        shutil.copytree(six_round_run, folder / "run")
-        result = invoke(*analyze_args(folder / "run", *ANALYSE))
-        assert result.exit_code == 0, result.output
-
-    return shared_folder(tmp_path_factory, "damaged-analysed", build) / "run"
+    return shared_analysed_run(tmp_path_factory, six_round_run, "damaged-analysed", *ANALYSE)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.helpers import analyze_args, invoke, shared_folder
+from support.helpers import analyze_args, invoke, shared_analysed_run
 
 import landscape
 from landscape.store.checkpoints import load_checkpoint
@@ -26,13 +26,7 @@ PASSES = ("--checkpoints", "4,6", "--passes", "flatness,loss")
 @pytest.fixture(scope="module")
 def analysed(six_round_run, tmp_path_factory) -> Path:
     """The six-round run with its rounds 4 and 6 analysed (the flatness and loss passes)."""
-
-    def build(folder: Path) -> None:
-        shutil.copytree(six_round_run, folder / "run")
-        result = invoke(*analyze_args(folder / "run", *PASSES))
-        assert result.exit_code == 0, result.output
-
-    return shared_folder(tmp_path_factory, "validity-analysed", build) / "run"
+    return shared_analysed_run(tmp_path_factory, six_round_run, "validity-analysed", *PASSES)
 
 
 @pytest.fixture

@@ -47,6 +47,18 @@ def shared_folder(tmp_path_factory, name: str, build) -> Path:
     return folder
 
 
+def shared_analysed_run(tmp_path_factory, run: Path, name: str, *args: str) -> Path:
+    """A copy of ``run`` analysed once per test session by ``landscape analyze`` with ``args`` (``shared_folder``:
+    read-only for the tests; one that writes copies it)."""
+
+    def build(folder: Path) -> None:
+        shutil.copytree(run, folder / "run")
+        result = invoke(*analyze_args(folder / "run", *args))
+        assert result.exit_code == 0, result.output
+
+    return shared_folder(tmp_path_factory, name, build) / "run"
+
+
 def load_script(relative: str):
     """The repository's script at ``relative`` (a tool or benchmark, not part of the package), imported as a
     module named after its file (registered in sys.modules, which its dataclasses need)."""
