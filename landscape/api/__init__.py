@@ -100,9 +100,9 @@ def _problem(model: Any, data: Any, *, loss: Any = None, bn_mode: str = "eval", 
         raise LandscapeError("give the data to analyse the model on")
     device, dtype = checks.placement(model, device, dtype)
     data = as_data(data, batch_size)
-    # A copy on the analysis device and dtype: the caller's module is never moved or changed.
-    module = checks.copy_module(model).to(device, dtype)
-    flat = FlatModel(module)
+    # A copy on the analysis device and dtype, laid out as `landscape analyze` lays out its model: the caller's
+    # module is never moved or changed.
+    flat = checks.analysis_model(model, device, dtype, bn_mode)
     objective = Objective(flat, flat.buffers(), data.place(device, dtype), bn_mode, loss=loss)
     checks.batch_statistics(objective)
     return Problem(objective, flat.vector())
