@@ -22,7 +22,10 @@ vectors, as directions are); ``landscape.plot_surface``, ``landscape.plot_spectr
 ``landscape.plot_sharpness`` draw them (``landscape.api.plots``). Data and arguments are checked where they
 enter: a bad one is a one-line ``LandscapeError`` naming it (``data: class 57 is outside 0..9 ...``, ``k must be a whole
 number >= 1 (got 1.5)``). ``loss`` is the cross-entropy unless named (``"mse"``) or given as a callable
-``(outputs, targets) -> mean loss``. The model's device and dtype are used unless ``device`` / ``dtype`` say otherwise. Only the
+``(outputs, targets) -> mean loss``. The model's device and dtype are used unless ``device`` / ``dtype`` say otherwise.
+The copy analysed is laid out as ``landscape analyze`` lays out its model (``analyze.memory_format = "auto"``, by
+the same rule: channels-last on the CPU for a model with 2-D convolutions, contiguous otherwise;
+``Problem.flat.channels_last``), so a function gives the CLI's numbers bit for bit on the same data, at its speed. Only the
 trainable parameters (``requires_grad=True``) are analysed: the flat vector w, the Hessian's dimension and every
 direction are theirs; frozen parameters are constants at their values (``Problem.flat.dim``,
 ``Problem.flat.frozen_dim``: the two counts). Each function runs with ``threads`` CPU threads: 1 unless told,
