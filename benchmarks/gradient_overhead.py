@@ -31,7 +31,7 @@ as it is now (the flags set once where the model is made; a weight's copy reused
 laid out as the CLI). Rows: a client of ``CLIENT`` samples, its F and its gradient (``CLIENT_CALLS`` per timed
 call) and one S_rho ascent (``functions.sharpness``: 8 starts of at most 50 steps, what the sharpness pass runs
 per client); the whole set through ``landscape.problem``, F and its gradient. Each ratio to the plain row of its
-scope. Usage:
+scope (the ascent's: to before). Usage:
 
     .venv/bin/python benchmarks/gradient_overhead.py [--calls 20] [--models mlp,cnn]
 """
@@ -257,7 +257,8 @@ def main() -> None:
         for label, path, seconds, ratio in rows_for(name, x, y, args.calls):
             print(f"| {label} | {path} | {seconds * 1e3:.{2 if seconds >= 0.01 else 3}f} | {ratio:.2f}x |", flush=True)
     if "cnn" in args.models.split(","):
-        print(f"\nIssue 47, the digits CNN ({CLIENT_CALLS} calls a timed client F or gradient call):\n")
+        print(f"Issue 47, the digits CNN in channels-last layout, before and after (ms of one call; a client's F "
+              f"and gradient timed {CLIENT_CALLS} calls at a time; the S_rho ascent's ratio is to before):\n")
         print("| scope | path | ms | x plain |")
         print("|---|---|---|---|")
         for scope, path, seconds, ratio in issue_47_rows(x, y, args.calls):
