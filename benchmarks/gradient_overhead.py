@@ -187,6 +187,13 @@ def before_issue_47(p: landscape.Problem, api: bool = False) -> landscape.Proble
     return landscape.Problem(Objective(flat, flat.buffers(), o.data, o.bn_mode), p.w)
 
 
+def plain_set_loss(module: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The mean cross-entropy over ``batches`` as plain PyTorch evaluates it, without a graph."""
+    with torch.no_grad():
+        return sum(F.cross_entropy(module(xb), yb, reduction="sum") for xb, yb in batches) / sum(len(yb) for _, yb
+                                                                                                in batches)
+
+
 def ascent(p: landscape.Problem):
     """S_rho at 0.05 as the sharpness pass runs it on a client (its defaults: 8 starts of at most 50 steps)."""
     return functions.sharpness(p, [0.05], steps=50, tol=1e-3, starts=8, adaptive=False, eta=0.01, seed=0)
@@ -209,6 +216,7 @@ def issue_47_rows(x: torch.Tensor, y: torch.Tensor, calls: int) -> list[tuple[st
     if sharp[0].tolist() != sharp[1].tolist():
         raise SystemExit("issue 47: S_rho differs from the one before")
     n = CLIENT_CALLS
+    batches = [(xs[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(y), BATCH)]  # F's batches, as the API's
     paths = {
         f"client of {CLIENT}, F: plain loss, channels-last": repeated(lambda: plain_loss(plain, xc, yc), n),
         f"client of {CLIENT}, F: Objective.loss before": repeated(lambda: old_client.objective.loss(client.w), n),
@@ -221,11 +229,10 @@ def issue_47_rows(x: torch.Tensor, y: torch.Tensor, calls: int) -> list[tuple[st
             lambda: client.objective.loss_and_grad(client.w), n),
         f"client of {CLIENT}, S_rho ascent: before": lambda: ascent(old_client),
         f"client of {CLIENT}, S_rho ascent: after": lambda: ascent(client),
-        f"set of {len(y):,}, F: plain loss, channels-last": lambda: plain_loss(plain, xs, y),
+        f"set of {len(y):,}, F: plain loss, channels-last": lambda: plain_set_loss(plain, batches),
         f"set of {len(y):,}, F: API before (contiguous)": lambda: old_whole.objective.loss(whole.w),
         f"set of {len(y):,}, F: API after (channels-last, as the CLI)": lambda: whole.objective.loss(whole.w),
-        f"set of {len(y):,}, gradient: plain gradient, channels-last": lambda: plain_gradient(
-            plain, [(xs[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(y), BATCH)], len(y)),
+        f"set of {len(y):,}, gradient: plain gradient, channels-last": lambda: plain_gradient(plain, batches, len(y)),
         f"set of {len(y):,}, gradient: API before (contiguous)": lambda: old_whole.objective.loss_and_grad(whole.w),
         f"set of {len(y):,}, gradient: API after (channels-last, as the CLI)": lambda: whole.objective.loss_and_grad(
             whole.w),
