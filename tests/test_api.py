@@ -245,3 +245,32 @@ def test_every_result_holds_numpy_arrays_float64_for_measurements():
     eigs, dens = results["hessian_eigs"], results["density"]
     assert eigs.values.dtype == eigs.residuals.dtype == np.float64 and eigs.converged.dtype == np.bool_
     assert all(a.dtype == np.float64 for a in (dens.grid, dens.density, dens.nodes, dens.weights))
+
+
+def test_the_api_lays_out_a_convolutional_model_as_the_cli_and_gives_its_numbers_bit_for_bit(one_round_run, tmp_path):
+    """Issue 47: the API chose no memory layout (a CNN ran contiguous on the CPU, slower, and its numbers differed
+    from `landscape analyze`'s in the last bits); it now resolves "auto" by the CLI's own rule."""
+    import json
+    import shutil
+
+    from landscape.analyze.context import CheckpointContext
+    from landscape.analyze.source import find_sources
+
+    run = shutil.copytree(one_round_run, tmp_path / "run")
+    settings = AnalysisSettings(device="cpu")
+    run_analysis(run, passes=["loss"], settings=settings, options={"loss": pass_options("loss", {})}, progress=False)
+    (loss_file,) = (run / "analysis" / "round-0001").glob("loss*.json")
+    stored = json.loads(loss_file.read_text())
+    cli = stored["result"]
+    assert stored["memory_format"]["name"] == "channels-last"  # the CNN on the CPU: what the CLI chose
+
+    sources, _ = find_sources(run)
+    ctx = CheckpointContext(sources[0], 1, settings)
+    data = (ctx.global_data.x, ctx.global_data.y)  # the analysis data as the CLI reads it, in its order
+    p = landscape.problem(landscape.open_run(run).model(1), data)
+    assert p.flat.channels_last
+    loss, grad = p.objective.loss_and_grad(p.w)
+    assert (loss.item(), grad.norm().item(), p.objective.accuracy(p.w)) == (cli["loss"], cli["grad_norm"],
+                                                                            cli["accuracy"])
+    mlp = landscape.problem(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), data)
+    assert not mlp.flat.channels_last  # no convolutions: contiguous, as the CLI

@@ -25,7 +25,7 @@ from landscape.core.memory_format import MemoryFormatChoice, choose_memory_forma
 from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.gradient_cache import GradientCache
 from landscape.measure.incompatibility import AppliedPerturbation, algorithm_perturbation
-from landscape.measure.objective import Objective, Problem
+from landscape.measure.objective import Objective, Problem, evaluation_mode
 from landscape.store.checkpoints import Checkpoint, load_client_models, non_finite_weights
 
 _UNREAD = object()  # the clients file not read yet (``CheckpointContext._recorded_start``)
@@ -58,6 +58,8 @@ class CheckpointContext:
         auto = self.settings.dtype == "auto"
         self.dtype = self.source.dtype_of(ckpt) if auto else torch_dtype(self.settings.dtype)
         module = self.source.build_module().to(self.device, self.dtype)
+        # in the BN mode's training flag once: every evaluation's mode switch then switches nothing (issue 47)
+        module.train(evaluation_mode(self.settings.bn_mode))
         self.flat = FlatModel(module)
         self.reference_state = module.state_dict()
         ckpt.check_model(self.reference_state, self.source.model_name, self.source.run_dtype)

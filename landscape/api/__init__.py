@@ -22,7 +22,10 @@ vectors, as directions are); ``landscape.plot_surface``, ``landscape.plot_spectr
 ``landscape.plot_sharpness`` draw them (``landscape.api.plots``). Data and arguments are checked where they
 enter: a bad one is a one-line ``LandscapeError`` naming it (``data: class 57 is outside 0..9 ...``, ``k must be a whole
 number >= 1 (got 1.5)``). ``loss`` is the cross-entropy unless named (``"mse"``) or given as a callable
-``(outputs, targets) -> mean loss``. The model's device and dtype are used unless ``device`` / ``dtype`` say otherwise. Only the
+``(outputs, targets) -> mean loss``. The model's device and dtype are used unless ``device`` / ``dtype`` say otherwise.
+The copy analysed is laid out as ``landscape analyze`` lays out its model (``analyze.memory_format = "auto"``, by
+the same rule: channels-last on the CPU for a model with 2-D convolutions, contiguous otherwise;
+``Problem.flat.channels_last``), so a function gives the CLI's numbers bit for bit on the same data, at its speed. Only the
 trainable parameters (``requires_grad=True``) are analysed: the flat vector w, the Hessian's dimension and every
 direction are theirs; frozen parameters are constants at their values (``Problem.flat.dim``,
 ``Problem.flat.frozen_dim``: the two counts). Each function runs with ``threads`` CPU threads: 1 unless told,
@@ -100,9 +103,9 @@ def _problem(model: Any, data: Any, *, loss: Any = None, bn_mode: str = "eval", 
         raise LandscapeError("give the data to analyse the model on")
     device, dtype = checks.placement(model, device, dtype)
     data = as_data(data, batch_size)
-    # A copy on the analysis device and dtype: the caller's module is never moved or changed.
-    module = checks.copy_module(model).to(device, dtype)
-    flat = FlatModel(module)
+    # A copy on the analysis device and dtype, laid out as `landscape analyze` lays out its model: the caller's
+    # module is never moved or changed.
+    flat = checks.analysis_model(model, device, dtype, bn_mode)
     objective = Objective(flat, flat.buffers(), data.place(device, dtype), bn_mode, loss=loss)
     checks.batch_statistics(objective)
     return Problem(objective, flat.vector())

@@ -224,7 +224,7 @@ def _objectives(model: Any, clients_data: Any, data: Any, *, loss: Any, bn_mode:
         f_data = as_data(data, eval_batch_size, name="data")
     else:
         f_data = _union(parts, eval_batch_size) if union else None
-    flat = FlatModel(checks.copy_module(model).to(device, dtype))
+    flat = checks.analysis_model(model, device, dtype, bn_mode)  # a copy, laid out as `landscape analyze`'s
     buffers = flat.buffers()
     # the clients' first: a sample that does not fit the model is named by its client, not as one of the union's
     clients = {i: Objective(flat, buffers, d.place(device, dtype), bn_mode, loss=loss) for i, d in parts.items()}

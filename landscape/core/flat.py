@@ -16,9 +16,11 @@ frozen ones. For a model whose parameters are all trainable the layout is every 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
@@ -92,6 +94,10 @@ class FlatModel:
         # (train.memory_format) and by the analysis (analyze.memory_format) as landscape.core.memory_format chose
         self.channels_last = False
         self._parameter_names = frozenset(n for n, _ in named)  # buffers keep their layout (updated in place)
+        # parameter name -> (its source tensor, the source's version, where in it, the channels-last copy):
+        # ``_channels_last_parameter`` reuses a copy while its weights are unchanged
+        self._layout_copies: dict[str, tuple[weakref.ref, int, tuple, Tensor]] = {}
+        self._reuse_layout_copies = True  # not under torch.compile (``compile``)
         self._forward = self._call_module
         self._modules = list(module.modules())  # for ``mode``: every module's training flag
         # functional_call's tie_weights=True looks for tied tensors on every call (a tenth of a millisecond on
@@ -131,18 +137,49 @@ class FlatModel:
             self.channels_last = before
 
     def compile(self) -> None:
-        """Run the forward passes through ``torch.compile`` (the training model: ``train.compile = true``)."""
+        """Run the forward passes through ``torch.compile`` (the training model: ``train.compile = true``); the
+        compiled forward copies the weights into channels-last layout itself (no reused copies)."""
+        self._reuse_layout_copies = False
         self._forward = torch.compile(self._call_module)
 
     def _call_module(self, tensors: dict[str, Tensor], x: Tensor) -> Tensor:
         """The module's outputs at ``tensors`` on ``x``. With ``channels_last``, a 4-D ``x`` and every 4-D
         parameter (a convolution weight) are first copied into channels-last layout (differentiable copies:
         gradients reach w unchanged in layout), so the CPU's faster channels-last convolution and pooling
-        kernels run; the values equal the contiguous ones to float rounding."""
+        kernels run; the values equal the contiguous ones to float rounding. A weight's copy is made once and
+        reused while the weights are unchanged, where that is safe (``_channels_last_parameter``)."""
         if self.channels_last:
-            tensors = {n: channels_last_copy(t) if n in self._parameter_names else t for n, t in tensors.items()}
+            tensors = {n: self._channels_last_parameter(n, t) if n in self._parameter_names else t
+                       for n, t in tensors.items()}
             x = channels_last_copy(x)
         return self.call(tensors, x)
+
+    def _channels_last_parameter(self, name: str, tensor: Tensor) -> Tensor:
+        """``channels_last_copy(tensor)``, the parameter ``name``'s weights, reused from an earlier forward while
+        they are unchanged (issue 47: the copies were 4% of a training round, made again at every forward of the
+        same weights: every batch of F(w), every evaluation of a client at w).
+
+        Reused only where nothing can tell a reused copy from a new one: the weights are a view of the same
+        source tensor (w, a flat vector: ``params(w)`` makes new views every call) at the same place, and the
+        source's version counter is unchanged (an in-place change of w, or of any view of it, bumps it); and the
+        copy is not part of a graph: no gradient is recorded for the weights (``torch.no_grad`` or weights that do
+        not require one), no torch.func transform wraps them (vmap, grad, jvp) and no forward-mode level is open.
+        A gradient's forward, the vmapped surface cells and a compiled forward copy as before. The copy holds the
+        same values in the same strides as a new one: every number is bit-identical."""
+        if tensor.dim() != 4:
+            return tensor
+        if (not self._reuse_layout_copies or (tensor.requires_grad and torch.is_grad_enabled())
+                or forward_ad._current_level >= 0 or type(tensor) not in (Tensor, nn.Parameter)
+                or torch._C._functorch.is_functorch_wrapped_tensor(tensor)):
+            return channels_last_copy(tensor)
+        source = tensor if tensor._base is None else tensor._base
+        place = (tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+        kept = self._layout_copies.get(name)
+        if kept is not None and kept[0]() is source and kept[1] == source._version and kept[2] == place:
+            return kept[3]
+        copy = channels_last_copy(tensor)
+        self._layout_copies[name] = (weakref.ref(source), source._version, place, copy)
+        return copy
 
     # -- conversions ------------------------------------------------------------------------------------
     def _constants(self) -> dict[str, Tensor]:

@@ -18,7 +18,8 @@ An earlier release timed both layouts at start-up; two runs of one recipe and se
 differed under other load (a claims verdict with them). The trainer resolves the setting when a run's state
 begins and records the choice in every checkpoint; a resume and a rerun take it from there
 (``landscape.train.trainer.Trainer.settle_memory_format``). The analysis resolves it per checkpoint
-and records it in every result beside its threads (``landscape.analyze.context``); its Hessian-vector
+and records it in every result beside its threads (``landscape.analyze.context``), and the function API resolves
+"auto" by the same rule for its copy of the model (``landscape.api.checks.analysis_model``); its Hessian-vector
 products are contiguous in every case: channels-last ones measured close to them, a little faster for some
 models and slower for others (the table).
 """
