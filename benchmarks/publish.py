@@ -88,6 +88,9 @@ REGISTRY: dict[str, Table] = {
                          "the same on a digits MLP against its dense Hessian"),
     "gradient-overhead": Table((PY, "benchmarks/gradient_overhead.py"),
                                "our gradient and Hessian-vector product against a plain nn.Module gradient"),
+    "train-overhead": Table((PY, "benchmarks/train_overhead.py"),
+                            "one client's local steps: landscape's training path against a plain channels-last "
+                            "loop, now and at b02ec39"),
     "memory-format": Table((PY, "benchmarks/memory_format.py"),
                            "contiguous against channels-last layout: training step, loss, gradient, product"),
     "lanczos-overhead": Table((PY, "benchmarks/lanczos_overhead.py"),
