@@ -92,11 +92,19 @@ class FlopCount(TorchDispatchMode):
         return self.flops / 1e9
 
 
+def _names_runs(cwd: Path | None) -> bool:
+    """Whether the package in ``cwd`` names a single run with ``--name`` (--out its folder); an older one (a
+    baseline commit) takes the run directory itself as ``--out``."""
+    shown = subprocess.run([sys.executable, "-m", "landscape", "train", "--help"], check=True, capture_output=True,
+                           text=True, cwd=cwd)
+    return "--name" in shown.stdout
+
+
 def train(run: Path, clients: int, cwd: Path | None = None) -> None:
     """Train ``run`` with ``clients`` clients unless it is there (by the package in ``cwd``)."""
     if not (run / "metrics.jsonl").is_file():
-        subprocess.run([sys.executable, "-m", "landscape", *TRAIN, "--clients", str(clients),
-                        "--out", str(run.parent), "--name", run.name, "--overwrite"],
+        where = ["--out", str(run.parent), "--name", run.name] if _names_runs(cwd) else ["--out", str(run)]
+        subprocess.run([sys.executable, "-m", "landscape", *TRAIN, "--clients", str(clients), *where, "--overwrite"],
                        check=True, stdout=subprocess.DEVNULL, cwd=cwd)
 
 
