@@ -250,7 +250,7 @@ def test_the_choice_is_a_place_key_recorded_in_every_checkpoint(tmp_path):
     assert auto.train_cfg.vectorize == "auto"
     assert auto.clients.choice == vectorised.Vectorisation(
         False, "train.vectorize = \"auto\" on cpu: one after another")
-    assert {"train.vectorize"} <= lifecycle.PLACE_KEYS & lifecycle.RESUME_FREE_KEYS
+    assert {"train.vectorize"} <= lifecycle.PLACE_KEYS & recipes.RESUME_FREE_KEYS
     assert recipes.difference(recipes.to_toml(recipe), tiny_recipe(model__name="mlp", model__hidden=[8],
                                                                    train__rounds=1), lifecycle.PLACE_KEYS) is None
     with pytest.raises(LandscapeError, match="train.vectorize must be one of auto, on, off"):

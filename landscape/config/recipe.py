@@ -354,6 +354,14 @@ def toml_value(value: Any) -> str:
 PLACE_KEYS = frozenset({"name", "train.device", "train.threads", "train.vectorize", "train.memory_format",
                         "dataset.root", "dataset.download"})
 
+# Recipe keys that may differ between a checkpoint and the run it continues (a resume, and the recipe readers
+# take from the checkpoints: ``store.recorded``): they change where and how often things are written, how long
+# the run is (--rounds), or where and how the same round is computed (device, compile, threads, vectorize,
+# memory_format: the last bits may differ; a resume with another thread count warns), never the rule of a round.
+RESUME_FREE_KEYS = frozenset({"name", "train.rounds", "train.device", "train.compile", "train.checkpoint_every",
+                              "train.eval_every", "train.keep_clients", "train.threads", "train.vectorize",
+                              "train.memory_format", "dataset.root", "dataset.download", "train.log"})
+
 
 def difference(recorded: str, recipe: Recipe | Mapping[str, Any], ignore: frozenset[str] = frozenset(), *, there: str = "there",
                here: str = "in recipe.toml") -> str | None:

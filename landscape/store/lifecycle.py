@@ -27,15 +27,6 @@ from landscape.store.fileio import LOCK_NAME, os_reason, write_text
 # The file that marks a folder whose runs a command made (and may therefore retrain when their recipe changes).
 OWNED_MARKER = ".landscape-owned"
 
-# Recipe keys that may differ between a checkpoint and the run it continues: they change where and how
-# often things are written, how long the run is (--rounds), or where and how the same round is computed
-# (device, compile, threads, vectorize, memory_format: the last bits may differ; a resume with another thread
-# count warns), never the rule of a round.
-RESUME_FREE_KEYS = frozenset({"name", "train.rounds", "train.device", "train.compile", "train.checkpoint_every",
-                              "train.eval_every", "train.keep_clients", "train.threads", "train.vectorize",
-                              "train.memory_format", "dataset.root", "dataset.download", "train.log"})
-
-
 
 def print_warning(message: str) -> None:
     """The default ``warn`` of a resume: one line on stderr."""

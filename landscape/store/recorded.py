@@ -55,10 +55,8 @@ class RunRecipe:
 
 
 def free_keys() -> frozenset[str]:
-    """The keys a checkpoint and its run may differ in (``lifecycle.RESUME_FREE_KEYS``)."""
-    from landscape.store.lifecycle import RESUME_FREE_KEYS
-
-    return RESUME_FREE_KEYS
+    """The keys a checkpoint and its run may differ in (``config.recipe.RESUME_FREE_KEYS``)."""
+    return recipes.RESUME_FREE_KEYS
 
 
 def check_recipe(path: Path, text: str | None, recipe: Recipe | dict, run_name: str,

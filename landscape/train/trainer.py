@@ -40,7 +40,7 @@ from landscape.core.distances import round_distances
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
 from landscape.core.memory_format import MemoryFormatChoice, choose_memory_format, recorded_choice
-from landscape.store import lifecycle, tracking
+from landscape.store import tracking
 from landscape.store.checkpoints import CHECKPOINT_FORMAT, Checkpoint
 from landscape.store.directory import RunDir
 from landscape.store.writer import write_round_files
@@ -138,7 +138,7 @@ class Trainer:
         """The training state in a checkpoint, after checking that it belongs to this recipe and model."""
         checkpoint = Checkpoint(path, ckpt)
         if checkpoint.recipe_text is not None:
-            difference = recipes.difference(checkpoint.recipe_text, self.recipe, lifecycle.RESUME_FREE_KEYS)
+            difference = recipes.difference(checkpoint.recipe_text, self.recipe, recipes.RESUME_FREE_KEYS)
             if difference:
                 raise LandscapeError(f"{path} was written by another recipe ({difference}); it cannot "
                                      "continue this run")

@@ -33,7 +33,6 @@ from landscape.measure.analysis_data import AnalysisData
 from landscape.measure.objective import Objective
 from landscape.measure.operator import HessianOperator
 from landscape.measure.surface.evaluation import evaluate_surface
-from landscape.store import lifecycle
 from landscape.store.checkpoints import load_checkpoint
 from landscape.store.directory import RunDir
 from landscape.train import loop
@@ -285,7 +284,7 @@ def test_compile_wraps_the_training_forward_only(tmp_path, monkeypatch):
     assert compiled and all(fn == trainer.flat._call_module for fn in compiled)
     torch.testing.assert_close(state.x, plain.run_round(plain.initial_state())[0].x, rtol=0, atol=0)
     assert recipes.difference(recipes.to_toml(tiny_recipe(train__compile=True)), tiny_recipe(),
-                              lifecycle.RESUME_FREE_KEYS) is None
+                              recipes.RESUME_FREE_KEYS) is None
 
 
 def test_streamed_analysis_data_gives_the_resident_numbers():
