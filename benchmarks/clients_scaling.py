@@ -38,9 +38,7 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -163,22 +161,6 @@ def flops_and_rates(run: Path) -> dict[str, dict[str, float]]:
     return {"rates": rates, "flops": flops}
 
 
-@contextlib.contextmanager
-def worktree(commit: str) -> Iterator[Path]:
-    """The package as it was at ``commit``: a detached git worktree (a working directory for ``train`` and
-    ``analyse``: `python -m` imports the package of its cwd first), removed afterwards."""
-    root = Path(__file__).resolve().parent.parent
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=root, check=True,
-                       capture_output=True)
-        try:
-            yield tree
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=root, check=True,
-                           capture_output=True)
-
-
 def mean_of(analyses: list[tuple[dict[str, float], float]]) -> tuple[dict[str, float], float]:
     """Each pass's mean seconds over ``analyses`` (``analyse``'s results of the same run), and the process's."""
     passes = analyses[0][0]
@@ -206,6 +188,8 @@ def timings(out: Path, counts: list[int], baseline: str, pairs: int) -> tuple[di
         return {n: analyse(out / f"clients{n}") for n in counts}, None
     last = counts[-1]
     base_run = (out / f"baseline-clients{last}").resolve()
+    from publish import worktree  # this folder's tool (run as a script: benchmarks/ is on the path)
+
     with worktree(baseline) as tree:
         train(base_run, last, cwd=tree)
         measured = {n: analyse(out / f"clients{n}") for n in counts[:-1]}

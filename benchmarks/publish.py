@@ -24,6 +24,7 @@ header says it was given, not read. Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,6 +135,21 @@ def _git(*args: str, root: Path) -> str:
 
 
 RECIPE_FOLDERS = ("train", "analyze", "figures", "claims")  # recipes a benchmark runs: part of what it measured
+
+
+@contextlib.contextmanager
+def worktree(commit: str, root: Path = ROOT) -> Iterator[Path]:
+    """The package as it was at ``commit``, for a benchmark's baseline column: a detached git worktree (a working
+    directory for its processes: `python -m` imports the package of its cwd first), removed afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=root, check=True,
+                       capture_output=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=root, check=True,
+                           capture_output=True)
 
 
 def commit_line(root: Path, scripts: list[str], given: str = "") -> str:

@@ -32,7 +32,6 @@ table. Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import math
@@ -42,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,20 +221,6 @@ def run_worker(repeats: int, package_root: Path) -> dict:
     return record
 
 
-@contextlib.contextmanager
-def worktree(commit: str) -> Iterator[Path]:
-    """The package as it was at ``commit``: a detached git worktree, removed afterwards."""
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True,
-                       capture_output=True)
-        try:
-            yield tree
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=True,
-                           capture_output=True)
-
-
 def merged(records: list[dict]) -> dict:
     """Each algorithm's calls of ``records`` (workers of one package) together; the largest difference."""
     out = {}
@@ -263,6 +248,8 @@ def main() -> None:
     ours: list[dict] = []
     theirs: list[dict] = []
     if args.baseline:
+        from publish import worktree  # this folder's tool (run as a script: benchmarks/ is on the path)
+
         with worktree(args.baseline) as tree:
             for _ in range(args.pairs):
                 ours.append(run_worker(args.repeats, ROOT))
