@@ -23,8 +23,8 @@ from landscape.core.errors import LandscapeError, LandscapeNote
 
 
 class _Group(click.Group):
-    """Turns a LandscapeError into one line on stderr and exit status 1, never a traceback; a run's results left
-    out as not current (``StaleResultWarning``) into one ``note:`` line on stderr per run."""
+    """Turns a LandscapeError into one line on stderr and exit status 1, never a traceback; a ``LandscapeNote``
+    (a run's results left out as not current, its recipe.toml edited after training) into one ``note:`` line."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -46,6 +46,7 @@ def evaluation_mode(bn_mode: str) -> bool:
     """
     return bn_mode == "train-batch-stats"
 
+
 # A loss function: (model outputs of a batch, its targets) -> the mean loss over the batch (a 0-d tensor).
 LossFn = Callable[[Tensor, Tensor], Tensor]
 LOSSES: dict[str, LossFn] = {"cross-entropy": F.cross_entropy, "mse": F.mse_loss}
