@@ -27,7 +27,7 @@ from landscape.core.rounds import Rounds, RoundsUnavailable
 from landscape.store.checkpoints import Checkpoint, load_checkpoint
 from landscape.store.directory import RunDir
 from landscape.store.recorded import check_recipe
-from landscape.store.results.validity import file_sha256
+from landscape.store.results.validity import PROCESS_HASHES
 from landscape.store.run import Run
 
 _ROUND_FILE = re.compile(r"^round-(\d{4,})\.pt$")
@@ -197,5 +197,6 @@ def select_rounds(source: Source, rounds: Rounds | str) -> list[int]:
 
 def file_digest(path: Path) -> str:
     """The checkpoint file's SHA-256, as its results record it and every reader checks it
-    (``store.results.validity.file_sha256``; a FIFO in its place: one line, never a hang)."""
-    return file_sha256(path)
+    (``store.results.validity.file_sha256``; a FIFO in its place: one line, never a hang), hashed once per
+    process while the file is unchanged (``validity.PROCESS_HASHES``)."""
+    return PROCESS_HASHES.sha256(path)

@@ -114,6 +114,7 @@ class StateDictSource(Source):
         # the keys are the files' places in that order, used only inside the analysis (``where``, ``select``)
         super().__init__(name, None, dict(enumerate(ordered)), analysis_dir, None)
         self.rounds = {key: rounds[f] for key, f in enumerate(ordered) if f in rounds}  # key -> its name's round
+        self._labels = {key: file_label(f) for key, f in enumerate(ordered)}  # each folder listed once, not per call
         self.spec = spec
         self._data: dict[str, tuple[Tensor, Tensor]] = {}
         self._bundle = None
@@ -132,7 +133,7 @@ class StateDictSource(Source):
 
     def label(self, key: int) -> str:
         """A file's label in tables, records and messages, and its results' folder: ``file_label``."""
-        return file_label(self.checkpoints[key])
+        return self._labels[key]
 
     def where(self, key: int) -> dict:
         """What names a file's results (their JSON, the summary's rows): ``file``, its label, and ``round`` only

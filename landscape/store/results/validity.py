@@ -80,8 +80,8 @@ class CheckpointHashes:
     def sha256(self, path: Path) -> str:
         try:
             info = os.stat(path)
-        except OSError as e:
-            raise LandscapeError(f"cannot read {path} (a checkpoint): {e.strerror or type(e).__name__}") from None
+        except OSError:
+            return file_sha256(path)  # gone, or not to be looked at: its own one line (``open_regular``)
         key = (str(path), info.st_ino, info.st_size, info.st_mtime_ns)
         if key not in self._known:
             try:
@@ -91,6 +91,10 @@ class CheckpointHashes:
             self.hashed += 1
         return self._known[key]
 
+
+# One process's hashes of the files ``landscape analyze`` checks (``analyze.source.file_digest``: the lookup of
+# results done, the checkpoint analysed, the stale results it leaves): each file hashed once while unchanged.
+PROCESS_HASHES = CheckpointHashes()
 
 UNREADABLE = "its checkpoint cannot be read"
 
@@ -204,6 +208,6 @@ def stale_in(run_path: Path, hashes: CheckpointHashes | None = None) -> list[Sta
     from landscape.store.results.records import loose_arrays, read_results
 
     checkpoints = run_checkpoints(run_path, RunDir(run_path).rounds())
-    hashes = hashes if hashes is not None else CheckpointHashes()
+    hashes = hashes if hashes is not None else PROCESS_HASHES
     _, stale = split_current(read_results(run_path), checkpoints, hashes)
     return stale + split_loose(loose_arrays(run_path), checkpoints)[1]
