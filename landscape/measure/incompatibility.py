@@ -30,7 +30,7 @@ N * M <= K or K = 0 every pair is evaluated, exactly as without sampling.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,19 +59,75 @@ def shared_mode(objectives: Iterable[Any]) -> contextlib.AbstractContextManager:
     return first.bn_mode_context() if shared else contextlib.nullcontext()
 
 
+def joint_batches(objectives: Sequence[Any]) -> list[list[tuple[int, int, int]]] | None:
+    """The forward passes that evaluate every client's F_i together: each a list of (objective index, start,
+    stop) pieces, every piece one of its client's own analysis batches, packed in client order into passes of
+    at most the analysis batch size (a batch never split). None where a client's losses could depend on the
+    other samples of its forward pass, or where the objectives do not share one model, BN mode, loss and
+    buffers: BatchNorm normalising by batch statistics (``train-batch-stats``) or recomputing them on each
+    client's data (``recompute``), or objectives that are not ``Objective``s."""
+    from landscape.measure.objective import Objective
+
+    first = objectives[0] if objectives else None
+    if not isinstance(first, Objective) or (first.has_batchnorm and first.bn_mode != "eval"):
+        return None
+    if not all(type(o) is type(first) and o.flat is first.flat and o.bn_mode == first.bn_mode
+               and o.loss_fn is first.loss_fn and o.buffers.keys() == first.buffers.keys()
+               and all(o.buffers[k] is v for k, v in first.buffers.items())
+               and (o.data.device, o.data.dtype) == (first.data.device, first.data.dtype) for o in objectives):
+        return None
+    size = first.data.batch_size
+    passes: list[list[tuple[int, int, int]]] = [[]]
+    room = size
+    for k, o in enumerate(objectives):
+        for start, stop in o.data.batch_ranges():
+            if passes[-1] and stop - start > room:
+                passes.append([])
+                room = size
+            passes[-1].append((k, start, stop))
+            room -= stop - start
+    return passes
+
+
 class ClientMean:
     """F = (1/N) sum_i F_i over ``objectives`` (every client of the run): ``loss`` and ``loss_and_grad`` as an
-    Objective's; each grad F_i from ``gradients`` when given (the passes' shared cache)."""
+    Objective's; each grad F_i from ``gradients`` when given (the passes' shared cache).
+
+    ``loss`` evaluates the clients together where their losses do not depend on each other's samples
+    (``joint_batches``): forward passes of several clients' batches at once, each batch's summed loss taken
+    from its own rows of the outputs, so that F costs what a forward pass over the union costs however small
+    the clients are (a forward pass per client cost 1.7x that at 100 digits clients of 14 samples; issue 47).
+    The arithmetic is each client's own (its batches' summed losses added in order, over its size, the
+    clients' F_i added in order, over N); only a matrix product's last bits may differ from a forward pass of
+    the client alone, as its kernel's blocking follows the number of rows (3 of 100 digits clients' F_i moved,
+    by at most 2.4e-7 in a logit). Elsewhere each client is evaluated alone."""
 
     def __init__(self, objectives: Mapping[int, Any], gradients: GradientCache | None = None) -> None:
         if not objectives:
             raise LandscapeError("the clients' mean F needs at least one client objective")
         self.objectives = [objectives[c] for c in sorted(objectives)]
         self.gradients = gradients
+        self.joint = joint_batches(self.objectives)
 
     def loss(self, w: Tensor) -> Tensor:
+        if self.joint is not None:
+            return self._joint_loss(w)
         with shared_mode(self.objectives):  # one flag switch for the N evaluations
             return sum(o.loss(w).double() for o in self.objectives) / len(self.objectives)
+
+    def _joint_loss(self, w: Tensor) -> Tensor:
+        """``loss`` by the forward passes of ``joint_batches`` (class docstring)."""
+        first = self.objectives[0]
+        totals = [torch.zeros((), dtype=torch.float64, device=w.device) for _ in self.objectives]
+        buffers = first.buffers_for(w)
+        with torch.no_grad(), first.bn_mode_context():
+            for pieces in self.joint:
+                batches = [self.objectives[k].data.batch(start, stop) for k, start, stop in pieces]
+                x = batches[0][0] if len(batches) == 1 else torch.cat([xb for xb, _ in batches])
+                outputs = first.flat.logits(w, x, buffers).split([len(yb) for _, yb in batches])
+                for (k, _, _), out, (_, yb) in zip(pieces, outputs, batches):
+                    totals[k] += first.summed_loss(out, yb).double()
+        return sum(t / len(o.data) for t, o in zip(totals, self.objectives)) / len(self.objectives)
 
     def loss_and_grad(self, w: Tensor) -> tuple[Tensor, Tensor]:
         with shared_mode(self.objectives):
