@@ -9,7 +9,8 @@ analysis of any model on any data, with no run directory: ``landscape.hessian_ei
 ``landscape.flatness_distance``, and over a model's clients ``landscape.incompatibility(model, clients_data)``
 and ``landscape.alignment`` (see ``landscape.api``), and their figures ``landscape.plot_surface``,
 ``landscape.plot_spectrum``, ``landscape.plot_sharpness`` (see ``landscape.api.plots``); a run recorded from a training loop of your own:
-``landscape.RunWriter`` (see ``landscape.store.writer``). ``dir(landscape)`` lists exactly these names
+``landscape.RunWriter`` (see ``landscape.store.writer``); what reading a run may warn: ``landscape.LandscapeNote``,
+its ``RecipeEditedWarning`` and ``StaleResultWarning`` (the command line's ``note:`` lines). ``dir(landscape)`` lists exactly these names
 (``__all__``).
 """
 
@@ -20,6 +21,9 @@ __version__ = "0.1.0"
 # Name -> the module it comes from, imported on first use so that `landscape --help` does not wait for torch.
 _LAZY = {
     "LandscapeError": "landscape.core.errors",
+    "LandscapeNote": "landscape.core.errors",
+    "RecipeEditedWarning": "landscape.core.errors",
+    "StaleResultWarning": "landscape.core.errors",
     "Run": "landscape.api.runs",
     "RunWriter": "landscape.store.writer",
     "open_run": "landscape.api.runs",

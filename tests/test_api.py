@@ -16,6 +16,7 @@ from landscape.analyze.scheduler import run_analysis
 from landscape.analyze.settings import AnalysisSettings
 from landscape.core.errors import LandscapeError
 from landscape.core.flat import FlatModel
+from landscape.store.results import validity
 from landscape.train import loop
 
 
@@ -149,8 +150,13 @@ def test_dir_lists_the_api_and_importing_the_package_loads_no_torch():
     import sys
 
     for name in ("open_run", "results", "hessian_eigs", "trace", "density", "sharpness", "surface",
-                 "flatness_distance", "problem", "LandscapeError", "Run"):
+                 "flatness_distance", "problem", "LandscapeError", "Run", "LandscapeNote", "RecipeEditedWarning",
+                 "StaleResultWarning"):
         assert name in landscape.__all__ and name in dir(landscape)
+    # what reading a run warns, to filter or catch by class: the notes the command line prints as `note:`
+    assert issubclass(landscape.StaleResultWarning, landscape.LandscapeNote)
+    assert issubclass(landscape.RecipeEditedWarning, landscape.LandscapeNote)
+    assert landscape.StaleResultWarning is validity.StaleResultWarning
     assert sorted(dir(landscape)) == sorted(landscape.__all__)
     assert all(getattr(landscape, name) is not None for name in landscape.__all__)  # each name resolves
     assert landscape.LandscapeError is LandscapeError and landscape.results.__module__ == "landscape.api.runs"

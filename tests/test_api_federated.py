@@ -91,6 +91,19 @@ def test_incompatibility_equals_the_pass(six_round_run, objective):
     assert _differences(_flat(*split_result(got)), _flat(expected.scalars, expected.arrays)) < RTOL
 
 
+def test_incompatibility_samples_the_loss_level_as_the_pass_does(six_round_run):
+    """``loss_level_pairs`` = K: the same seeded sample of K (client, draw) pairs as the pass's option; the API's
+    default (0) evaluates every pair, the N M = 12 here."""
+    ctx = _pass_context(six_round_run, 2)
+    expected = incompatibility_pass(ctx, IncompatibilityOptions(batches=3, loss_level_pairs=5))
+    run = landscape.open_run(six_round_run)
+    got = landscape.incompatibility(run.model(2), _clients(run), rho=0.05, batches=3, loss_level_pairs=5,
+                                    minibatch_size=run.recipe.train.batch_size, dtype=torch.float64,
+                                    algorithm=run.recipe.algorithm.name)
+    assert got.loss_level_pairs == 5 and int(np.isnan(got.perturbed_loss_samples).sum()) == 12 - 5
+    assert _differences(_flat(*split_result(got)), _flat(expected.scalars, expected.arrays)) < RTOL
+
+
 @pytest.fixture(scope="module")
 def fedsmoo_run(tmp_path_factory):
     """Four FedSMOO rounds of the tiny MLP: a server state (s, H) and client states (mu_i, h_i) to perturb from."""
@@ -280,6 +293,8 @@ def test_bad_input_is_a_one_line_error():
         (lambda: inc(minibatch_size=2.5), r"^minibatch_size must be a whole number >= 1 \(got 2\.5\)$"),
         (lambda: inc(seed=-1), r"^seed must be a whole number in 0\.\.2\*\*32-1 \(got -1\)$"),
         (lambda: inc(loss_level="yes"), r"^loss_level must be True or False \(got 'yes'\)$"),
+        (lambda: inc(loss_level_pairs=-1), r"^loss_level_pairs must be an integer >= 0 \(0: every pair\) \(got -1\)$"),
+        (lambda: inc(loss_level_pairs=2.5), r"^loss_level_pairs must be an integer >= 0"),
         (lambda: inc(loss="hinge"), r"unknown loss"),
         (lambda: inc(bn_mode="frozen"), r"^unknown BN mode 'frozen'"),
         (lambda: inc(batch_size=0), r"^batch_size must be a whole number >= 1 \(got 0\)$"),

@@ -61,14 +61,17 @@ DEFAULT_EVAL_BATCH = 512  # as_data's default chunk, for the union of the client
 
 def incompatibility(model: nn.Module, clients_data: Any, *, data: Any = None, global_objective: str | None = None,
                     rho: float = 0.05, batches: int = 8, minibatch_size: int = 32, seed: int = 0,
-                    loss_level: bool = True, algorithm: str | None = None, algorithm_options: Any = None,
+                    loss_level: bool = True, loss_level_pairs: int = 0, algorithm: str | None = None,
+                    algorithm_options: Any = None,
                     server_state: Any = None, client_states: Any = None, loss: str | LossFn | None = None,
                     bn_mode: str = "eval", batch_size: int | None = None, device: str | torch.device | None = None,
                     dtype: torch.dtype | str | None = None, threads: int = DEFAULT_THREADS) -> IncompatibilityResult:
     """The flatness incompatibility Delta_FI = mean_i E_B ||e_i^B - e*||^2 at ``model`` (docs/metrics.md),
     e* = rho grad F / ||grad F|| (F: module docstring), e_i^B the SAM perturbation of one of client i's
     minibatches; with its heterogeneity / minibatch split, the gradient-level split, the loss-level gap
-    (``loss_level``: N (M + 1) more evaluations of F) and the friendly-adversary rate: the result of the
+    (``loss_level``: N (M + 1) more evaluations of F; ``loss_level_pairs`` = K > 0: F at a seeded sample of K of
+    the N M (client, draw) pairs where there are more, with its standard error, as the pass's option of that name
+    (default there 64, here 0: every pair); docs/metrics.md) and the friendly-adversary rate: the result of the
     incompatibility pass (``IncompatibilityResult``, the same fields). ``batches`` >= 2 draws of
     ``minibatch_size`` samples per client (pairs of draws are compared). ``algorithm`` (a registered name, with
     its ``algorithm_options``): the applied_* figures, with the perturbation it applies at the start of a round
@@ -86,7 +89,7 @@ def incompatibility(model: nn.Module, clients_data: Any, *, data: Any = None, gl
         applied = None if algorithm is None else _applied(
             algorithm, algorithm_options, server_state, client_states, clients[min(clients)].flat, len(clients), w)
         return flatness_incompatibility(glob, clients, w, rho, batch_size=minibatch_size, batches=batches, seed=seed,
-                                        loss_level=loss_level, applied=applied)
+                                        loss_level=loss_level, loss_level_pairs=loss_level_pairs, applied=applied)
 
 
 def _global_objective(kind: Any, data: Any) -> str:

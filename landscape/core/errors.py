@@ -18,6 +18,12 @@ class RecipeEditedWarning(LandscapeNote):
     recipe is used (``landscape.store.recorded``). The command line prints it as one ``note: ...`` line."""
 
 
+class StaleResultWarning(LandscapeNote):
+    """Results of a run left out by its readers because they are not current (``landscape.store.results.validity``):
+    one warning per run, naming how many, which rounds, why, and the way out. The command line prints it as a
+    ``note:`` line."""
+
+
 # Control characters and line or paragraph separators: what would break a one-line message.
 _LINE_BREAKING = ("Cc", "Zl", "Zp")
 

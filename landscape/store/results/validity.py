@@ -34,18 +34,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from landscape.core.errors import LandscapeError, LandscapeNote
+from landscape.core.errors import LandscapeError, StaleResultWarning
 from landscape.core.reading import open_regular
 from landscape.store.directory import RunDir
 
 if TYPE_CHECKING:
     from landscape.store.results.records import PassRecord
-
-
-class StaleResultWarning(LandscapeNote):
-    """Results of a run left out by its readers because they are not current (``landscape.store.results.validity``):
-    one warning per run, naming how many, which rounds, why, and the way out. The command line prints it as a
-    ``note:`` line."""
 
 
 class Stale(NamedTuple):
