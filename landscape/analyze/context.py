@@ -50,6 +50,10 @@ class CheckpointContext:
     memory_format: MemoryFormatChoice | None = field(init=False, default=None)
     # s^t as recorded beside the kept clients' models (``kept_clients``): None when the file holds none
     _recorded_start: Tensor | None | object = field(init=False, default=_UNREAD, repr=False)
+    # the files besides the checkpoint that the running pass reads (kept client models, other checkpoints), in
+    # the order read: its result records their SHA-256 and is current only while they are unchanged (the
+    # scheduler empties it before each pass)
+    files_read: dict[Path, None] = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         path = self.source.checkpoints[self.round]
@@ -82,6 +86,7 @@ class CheckpointContext:
     def load_global(self, path: Path, analysed: bool = True) -> Tensor:
         """The flat model vector of another checkpoint of this run (x_swa when ``analysed`` and it exists,
         else x^t), checked against the model."""
+        self.files_read[Path(path)] = None
         ckpt = Checkpoint.load(path)
         ckpt.check_model(self.reference_state, self.source.model_name)
         return self.flat.from_state_dict(ckpt.analysed_state if analysed else ckpt.model_state)[0]
@@ -161,6 +166,7 @@ class CheckpointContext:
                 f"{self.source.name} has no client models for round {self.round}; "
                 "train with --keep-clients to save them at checkpoints"
             )
+        self.files_read[path] = None
         kept, start = load_client_models(path, self.reference_state, self.source.model_name, self.source.run_dtype,
                                          self.num_clients)
         # s^t, recorded beside them (run format 2): kept, so that broadcast_start reads the file no second time
@@ -184,6 +190,7 @@ class CheckpointContext:
         if self._recorded_start is _UNREAD and self.source.clients_checkpoint(self.round).is_file():
             self.kept_clients()  # reads the start beside the clients' models
         if isinstance(self._recorded_start, Tensor):
+            self.files_read[self.source.clients_checkpoint(self.round)] = None  # read by an earlier pass, maybe
             return self._recorded_start.to(self.device, self.dtype)
         return self.rebuilt_start()
 
@@ -202,6 +209,7 @@ class CheckpointContext:
         # The algorithm rules (never the training loop): what the server sent is defined by them alone.
         from landscape.train.algorithms import ParamLayout, build_algorithm
 
+        self.files_read[path] = None
         ckpt = Checkpoint.load(path)
         ckpt.check_model(self.reference_state, self.source.model_name)
         state = ckpt.model_state

@@ -29,7 +29,7 @@ from landscape.store import tracking
 from landscape.store.checkpoints import CheckpointError
 from landscape.store.fileio import refuse_links
 from landscape.store.results.files import SCHEMA_VERSION, find_result, result_record, store_result
-from landscape.store.results.validity import stale_in, stale_note
+from landscape.store.results.validity import PROCESS_HASHES, files_changed, files_label, stale_in, stale_note
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class Computed:
     digest: str
     seconds: float
     memory_format: dict[str, str] | None
+    files: dict[str, str] | None = None  # the other files it read, by ``validity.files_label``: their SHA-256
 
 
 def write_output(job: Job, settings: AnalysisSettings, output: PassOutput, computed: Computed) -> None:
@@ -51,7 +52,7 @@ def write_output(job: Job, settings: AnalysisSettings, output: PassOutput, compu
         inputs=job.inputs_record(settings),  # a state_dict's model and data, and the data measured in words
         settings=job.settings, seconds=computed.seconds,
         threads=thread_count(settings.threads), memory_format=computed.memory_format,
-        summary=output.summary, result=output.scalars)
+        summary=output.summary, result=output.scalars, files=computed.files)
     store_result(job.out_dir, job.result_name, record, output.arrays, RESULT_NAMES)
 
 
@@ -91,7 +92,8 @@ def recorded_summaries(jobs: list[Job], settings: AnalysisSettings,
                 digests[path] = file_digest(path)
             # the same settings, NOT_NAMED aside (find_result): computed on another device is the same result
             if (recorded.get("schema_version") == SCHEMA_VERSION
-                    and recorded.get("checkpoint_sha256") == digests[path]):
+                    and recorded.get("checkpoint_sha256") == digests[path]
+                    and files_changed(recorded, Path(path), PROCESS_HASHES) is None):  # its other files as well
                 inputs = job.source.inputs
                 if inputs is None or recorded.get("inputs") == inputs:
                     summary = recorded.get("summary", {})
@@ -218,6 +220,7 @@ def _run_job(job: Job, contexts: _Contexts, work: WorkBar | None = None) -> tupl
     check_sizes(job.name, job.options, ctx.flat.dim, ctx.w.element_size(), ctx.device)
     ctx.progress = work.start(job.name, planned_work(job).hvps) if work is not None else None
     ctx.result_name = job.result_name
+    ctx.files_read = {}
     started = time.perf_counter()
     try:
         output = load_passes().get(job.name).factory(ctx, job.options)
@@ -225,8 +228,12 @@ def _run_job(job: Job, contexts: _Contexts, work: WorkBar | None = None) -> tupl
         ctx.progress = ctx.result_name = None
         if work is not None:
             work.close()
+    seconds = time.perf_counter() - started
     layout = None if ctx.memory_format is None else ctx.memory_format.record()
-    return output, Computed(ctx.digest, time.perf_counter() - started, layout)
+    checkpoint = Path(job.source.checkpoints[job.round])
+    files = {files_label(path, checkpoint): PROCESS_HASHES.sha256(path) for path in ctx.files_read
+             if Path(path) != checkpoint}  # each file hashed once per process while unchanged
+    return output, Computed(ctx.digest, seconds, layout, files)
 
 
 class _Runner:

@@ -134,7 +134,7 @@ def test_a_current_run_reads_without_a_warning_and_hashes_each_checkpoint_once(r
         opened.results()
         opened.records()
         assert opened.stale_results() == []
-    assert opened._hashes.hashed == 2  # rounds 4 and 6, each once
+    assert opened._hashes.hashed == 4  # rounds 4 and 6 and their kept client models (flatness read them), once
 
 
 def test_a_record_without_a_checkpoint_hash_is_current_while_its_checkpoint_is_there(run):
@@ -171,3 +171,58 @@ def test_analyze_says_which_results_it_leaves_stale_without_recomputing_them(run
     with pytest.warns(StaleResultWarning):
         stale = landscape.open_run(run).stale_results()
     assert [(why, pass_name) for _, why, _, pass_name in stale] == [("checkpoint changed since analysed", "flatness")]
+
+
+@pytest.mark.parametrize("change", ["changed", "removed"])
+def test_a_result_is_not_current_once_the_client_models_it_read_change(run, change):
+    """The flatness pass reads the round's kept client models (``round-0006.clients.pt``): its record holds
+    their SHA-256 (``files_sha256``) beside the checkpoint's, and the result is left out once they change or go;
+    the loss pass, which never read them, stays. ``landscape analyze`` computes it again (no longer done)."""
+    import hashlib
+
+    clients = run / "checkpoints" / "round-0006.clients.pt"
+    folder = run / "analysis" / "round-0006"
+    (flatness,) = folder.glob("flatness*.json")
+    (loss,) = folder.glob("loss*.json")
+    digest = hashlib.sha256(clients.read_bytes()).hexdigest()
+    assert json.loads(flatness.read_text())["files_sha256"] == {"round-0006.clients.pt": digest}
+    assert "files_sha256" not in json.loads(loss.read_text())
+    if change == "changed":  # one weight of one client's model, in place (the file keeps its name)
+        payload = load_checkpoint(clients)
+        state = next(iter(payload["clients"].values()))
+        next(iter(state.values())).view(-1)[0] += 1e-3
+        torch.save(payload, clients)
+    else:
+        clients.unlink()
+    with pytest.warns(StaleResultWarning) as caught:
+        table = landscape.open_run(run).results()
+    line = str(caught[0].message)
+    assert (f"run run: 1 analysis result left out, not current: round 6 (flatness: round-0006.clients.pt {change} "
+            "since analysed)") in line, line
+    assert "--checkpoints 6 --passes flatness --force` recomputes them" in line, line
+    assert set(table[table["round"] == 6]["pass"]) == {"loss"} and "flatness" in set(table[table["round"] == 4]["pass"])
+    if change == "changed":
+        result = invoke(*analyze_args(run, "--checkpoints", "6", "--passes", "flatness,loss"))
+        assert result.exit_code == 0 and "1 computed, 1 already done" in result.output, result.output
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", StaleResultWarning)
+            assert "flatness" in set(landscape.open_run(run).results().query("round == 6")["pass"])
+
+
+def test_a_file_outside_the_checkpoints_folder_is_named_by_its_whole_path(tmp_path):
+    from landscape.store.results.validity import CheckpointHashes, files_changed, files_label
+
+    checkpoint, beside, elsewhere = tmp_path / "run" / "round-0002.pt", tmp_path / "run" / "round-0001.pt", \
+        tmp_path / "other" / "round-0009.pt"
+    for path in (checkpoint, beside, elsewhere):
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(path.name.encode())
+    hashes = CheckpointHashes()
+    files = {files_label(p, checkpoint): hashes.sha256(p) for p in (beside, elsewhere)}
+    assert list(files) == ["round-0001.pt", str(elsewhere)]
+    record = {"files_sha256": files}
+    assert files_changed(record, checkpoint, hashes) is None and files_changed({}, checkpoint, hashes) is None
+    elsewhere.write_bytes(b"another")
+    assert files_changed(record, checkpoint, CheckpointHashes()) == f"{elsewhere} changed since analysed"
+    beside.unlink()
+    assert files_changed(record, checkpoint, CheckpointHashes()) == "round-0001.pt removed since analysed"

@@ -35,9 +35,10 @@ SCHEMA_VERSION = 2  # 2: Delta_D around the clients' mean, trainable parameters 
 
 def result_record(pass_name: str, *, run: str, where: dict, checkpoint: str, digest: str, inputs: dict,
                   settings: dict, seconds: float, threads: int, memory_format: dict[str, str] | None,
-                  summary: dict, result: dict) -> dict:
+                  summary: dict, result: dict, files: dict[str, str] | None = None) -> dict:
     """The record of one result, in the order its JSON lists it: the pass and run, where its checkpoint is
-    (``round``; a state_dict's ``file``), the checkpoint and its SHA-256, a state_dict's model and data
+    (``round``; a state_dict's ``file``), the checkpoint and its SHA-256, the other files it was computed from
+    and theirs where it read any (``files``, {``validity.files_label``: SHA-256}), a state_dict's model and data
     (``inputs``), the settings record, the seconds, how it was computed (threads and, where it evaluated
     anything, the memory format: the last bits depend on these, recorded beside the settings), the summary
     and the result's scalars."""
@@ -47,6 +48,7 @@ def result_record(pass_name: str, *, run: str, where: dict, checkpoint: str, dig
         **where,
         "checkpoint": checkpoint,
         "checkpoint_sha256": digest,
+        **({"files_sha256": files} if files else {}),
         **inputs,
         "settings": settings,
         "seconds": seconds,

@@ -10,7 +10,10 @@ A result in ``analysis/round-NNNN/`` is current when
 - the run has that round's checkpoint (``checkpoints/round-NNNN.pt``: also a run recorded with
   ``landscape.RunWriter`` or made by ``landscape import``, which write the same files), and
 - the checkpoint file's SHA-256 is the one its record holds (``checkpoint_sha256``: the checkpoint was not
-  changed, or replaced by another run's through ``train --overwrite``, since it was analysed).
+  changed, or replaced by another run's through ``train --overwrite``, since it was analysed), and
+- so is each other file it was computed from (``files_sha256``, where the pass read any: the round's kept client
+  models ``round-NNNN.clients.pt`` of the flatness and alignment passes and of the client-plane surface, the
+  previous round's checkpoint of the update cosines, another checkpoint of a surface): none removed or changed.
 
 A record without ``checkpoint_sha256`` (written by an older version) is current while its round and checkpoint
 are there: nothing tells whether that checkpoint changed. Each checkpoint file is hashed at most once per
@@ -111,7 +114,33 @@ def stale_reason(folder_round: int, record: Mapping, checkpoints: Mapping[int, P
         now = hashes.sha256(checkpoint)
     except LandscapeError as e:
         return f"{UNREADABLE} ({e})"
-    return None if now == recorded else "checkpoint changed since analysed"
+    return "checkpoint changed since analysed" if now != recorded else files_changed(record, checkpoint, hashes)
+
+
+def files_label(path: Path, checkpoint: Path) -> str:
+    """How a result names a file it was computed from besides its checkpoint (``files_sha256``): by its name
+    where it lies beside the checkpoint (``round-0006.clients.pt``, ``round-0005.pt``: a run moved or copied
+    keeps its results current), else by its whole path."""
+    path = Path(path)
+    return path.name if path.parent == Path(checkpoint).parent else str(path)
+
+
+def files_changed(record: Mapping, checkpoint: Path, hashes: CheckpointHashes) -> str | None:
+    """Why a result is not current for the files besides its checkpoint that it was computed from (its record's
+    ``files_sha256``, {``files_label``: SHA-256}: a round's kept client models, the previous round's checkpoint,
+    another checkpoint of a surface): the first one removed or changed since; None while they are unchanged
+    (and for a record that names none)."""
+    files = record.get("files_sha256")
+    for label, recorded in (files.items() if isinstance(files, Mapping) else ()):
+        path = Path(label) if os.path.isabs(label) else Path(checkpoint).parent / label
+        if not path.is_file():
+            return f"{label} removed since analysed"
+        try:
+            if hashes.sha256(path) != recorded:
+                return f"{label} changed since analysed"
+        except LandscapeError as e:
+            return f"{label} cannot be read ({e})"
+    return None
 
 
 def split_current(records: Mapping[int, Sequence[PassRecord]], checkpoints: Mapping[int, Path],
