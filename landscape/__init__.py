@@ -9,9 +9,9 @@ analysis of any model on any data, with no run directory: ``landscape.hessian_ei
 ``landscape.flatness_distance``, and over a model's clients ``landscape.incompatibility(model, clients_data)``
 and ``landscape.alignment`` (see ``landscape.api``), and their figures ``landscape.plot_surface``,
 ``landscape.plot_spectrum``, ``landscape.plot_sharpness`` (see ``landscape.api.plots``); a run recorded from a training loop of your own:
-``landscape.RunWriter`` (see ``landscape.store.writer``); what reading a run may warn: ``landscape.LandscapeNote``,
-its ``RecipeEditedWarning`` and ``StaleResultWarning`` (the command line's ``note:`` lines). ``dir(landscape)`` lists exactly these names
-(``__all__``).
+``landscape.RunWriter`` (see ``landscape.store.writer``); what reading a run may warn:
+``landscape.LandscapeNote``, its ``RecipeEditedWarning`` and ``StaleResultWarning`` (the command line's ``note:``
+lines). ``dir(landscape)`` lists exactly these names (``__all__``).
 """
 
 from __future__ import annotations
