@@ -220,6 +220,7 @@ def test_a_file_outside_the_checkpoints_folder_is_named_by_its_whole_path(tmp_pa
     hashes = CheckpointHashes()
     files = {files_label(p, checkpoint): hashes.sha256(p) for p in (beside, elsewhere)}
     assert list(files) == ["round-0001.pt", str(elsewhere)]
+    assert files_label(os.path.relpath(elsewhere), checkpoint) == str(elsewhere)  # whatever the working folder
     record = {"files_sha256": files}
     assert files_changed(record, checkpoint, hashes) is None and files_changed({}, checkpoint, hashes) is None
     elsewhere.write_bytes(b"another")

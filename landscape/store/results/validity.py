@@ -120,9 +120,9 @@ def stale_reason(folder_round: int, record: Mapping, checkpoints: Mapping[int, P
 def files_label(path: Path, checkpoint: Path) -> str:
     """How a result names a file it was computed from besides its checkpoint (``files_sha256``): by its name
     where it lies beside the checkpoint (``round-0006.clients.pt``, ``round-0005.pt``: a run moved or copied
-    keeps its results current), else by its whole path."""
+    keeps its results current), else by its whole absolute path."""
     path = Path(path)
-    return path.name if path.parent == Path(checkpoint).parent else str(path)
+    return path.name if path.parent == Path(checkpoint).parent else str(path.resolve())
 
 
 def files_changed(record: Mapping, checkpoint: Path, hashes: CheckpointHashes) -> str | None:
