@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from landscape.core.registry import Entry, Registry
+from landscape.store.results.records import Indexed
 
 
 @dataclass
@@ -108,6 +109,9 @@ class PassSpec(Entry):
     # always tabulated, by their own name unless named here), one name per concept; None: every number of the
     # result (a pass that does not say). Not hashed (a dict): a spec hashes as before.
     measures: Mapping[str, str] | None = field(default=None, hash=False)
+    # Numbers its results hold as short arrays that ``results()`` tabulates too, one quantity per entry (the
+    # adaptive S_rho per radius: ``store.results.records.Indexed``).
+    indexed: tuple[Indexed, ...] = ()
     # The result's other numbers (dotted keys; a key covers the values under it): the settings it echoes,
     # seeds, counts of work and samples, sizes, and numbers another pass's quantity gives. Not tabulated.
     bookkeeping: frozenset[str] = frozenset()

@@ -11,13 +11,13 @@ results (``landscape.store.results.records``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from landscape.analyze.passes import PASSES
 from landscape.store import run as store
-from landscape.store.results.records import Measures
+from landscape.store.results.records import Indexed, Measures
 
 if TYPE_CHECKING:
     import pandas
@@ -31,6 +31,9 @@ class DeclaredMeasures:
 
     def measures(self, pass_name: str) -> Mapping[str, str] | None:
         return PASSES.get(pass_name).measures if pass_name in PASSES else None
+
+    def indexed(self, pass_name: str) -> Sequence[Indexed]:
+        return PASSES.get(pass_name).indexed if pass_name in PASSES else ()
 
 
 DECLARED = DeclaredMeasures()

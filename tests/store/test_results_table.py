@@ -108,6 +108,9 @@ def test_results_holds_the_declared_quantities_each_concept_once(analysed):
         for key, value in numbers.items():
             if key in spec.measures:
                 expected.setdefault(spec.measures[key], value)
+        for each in spec.indexed:  # the arrays tabulated, an entry each (the adaptive S_rho per radius)
+            for where, value in zip(record.value(each.at), record.value(each.values)):
+                expected.setdefault(each.name.format(where), float(value))
         assert got.keys() == expected.keys(), name
         assert all(got[k] == expected[k] or math.isnan(got[k]) and math.isnan(expected[k]) for k in got), name
         # bookkeeping is no quantity, under its key or its last name (hvp_count, seed, samples, dim)
@@ -166,6 +169,31 @@ def test_only_the_notebook_api_passes_the_declarations(analysed):
     assert landscape.Run(analysed).results().equals(declared)  # the package's Run: the notebook's too
 
 
+def test_the_adaptive_s_rho_is_a_quantity_per_radius_where_the_pass_computed_it(analysed, tmp_path):
+    """The sharpness pass's adaptive (ASAM-ball) profile, held as arrays, is tabulated at each radius under the
+    name claims give it; a result computed with ``adaptive = false`` has none."""
+    import landscape
+    from landscape.analyze.catalog import pass_options
+    from landscape.analyze.scheduler import run_analysis
+    from landscape.analyze.settings import AnalysisSettings
+
+    table = landscape.open_run(analysed).results()
+    (path,) = (analysed / "analysis" / "round-0006").glob("sharpness*.json")
+    record = PassRecord(path, json.loads(path.read_text()))
+    adaptive = table[table["quantity"].str.startswith("adaptive S_rho(")]
+    assert dict(zip(adaptive["quantity"], adaptive["value"])) == {
+        "adaptive S_rho(0.02)": record.value("adaptive.sharpness")[0],
+        "adaptive S_rho(0.05)": record.value("adaptive.sharpness")[1]}
+    run_dir = tmp_path / "run"
+    shutil.copytree(analysed, run_dir)
+    shutil.rmtree(run_dir / "analysis")
+    options = {"rhos": [0.05], "steps": 2, "starts": 2, "adaptive": False}
+    run_analysis(run_dir, rounds="6", passes=["sharpness"], options={"sharpness": pass_options("sharpness", options)},
+                 settings=AnalysisSettings(device="cpu", analysis_samples=100), progress=False)
+    quantities = set(landscape.open_run(run_dir).results()["quantity"])
+    assert "S_rho(0.05)" in quantities and not any(q.startswith("adaptive") for q in quantities)
+
+
 def test_the_notebook_guide_lists_the_quantities_of_every_pass(analysed):
     """docs/guides/notebook.md lists each pass's quantities as the table names them (every form the fixture
     analyses: S_rho one per radius, the PyHessian ones, a line's, a reference model's)."""
@@ -178,6 +206,6 @@ def test_the_notebook_guide_lists_the_quantities_of_every_pass(analysed):
     listed = {match.group(1): re.findall(r"`([^`]+)`", match.group(2))
               for match in re.finditer(r"^\| `([a-z]+)` \| (`.*`) \|$", guide, re.MULTILINE)}
     table = landscape.open_run(analysed).results()
-    names = {name: list(dict.fromkeys(re.sub(r"^S_rho\(.*\)$", "S_rho(<rho>)", q) for q in rows["quantity"]))
+    names = {name: list(dict.fromkeys(re.sub(r"S_rho\(.*\)$", "S_rho(<rho>)", q) for q in rows["quantity"]))
              for name, rows in table.groupby("pass")}
     assert {name: sorted(q) for name, q in listed.items()} == {name: sorted(q) for name, q in names.items()}

@@ -212,6 +212,13 @@ def _numbers_of(node, key=""):
         yield key, float(node)
 
 
+def _in(result: dict, key: str):
+    """The JSON result's value at a dotted key."""
+    for part in key.split("."):
+        result = result[part]
+    return result
+
+
 def _hessian_options(top_k: int) -> dict:
     from landscape.analyze.catalog import pass_options
 
@@ -243,6 +250,9 @@ def test_run_results_is_a_tidy_table_of_the_measured_numbers_of_every_result(six
         got = dict(zip(rows["quantity"], rows["value"]))
         numbers = {measures[k]: v for k, v in _numbers_of(record["result"]) if k in measures}
         numbers.update({measures.get(k, k): v for k, v in record["summary"].items() if k != "lower_bounds"})
+        for each in PASSES.get(record["pass"]).indexed:  # arrays of quantities (the adaptive S_rho per radius)
+            numbers.update({each.name.format(at): value for at, value in zip(
+                _in(record["result"], each.at), _in(record["result"], each.values))})
         # the quantities are the declared numbers of the result and its summary, with their values
         assert got.keys() == numbers.keys() and len(rows) == len(got)
         assert all(got[k] == numbers[k] or (math.isnan(got[k]) and math.isnan(numbers[k])) for k in got)

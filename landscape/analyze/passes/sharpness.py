@@ -13,6 +13,7 @@ from landscape.analyze.registry import PASSES, Cost, PassOutput, Quantity, Store
 from landscape.core.machine import require_memory
 from landscape.core.progress import Budget
 from landscape.core.schema import rule
+from landscape.store.results.records import Indexed
 from landscape.store.results.serial import split_result
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ PASSES.declare("sharpness", options=SharpnessOptions,
                # S_rho per radius is the summary's (the arrays global.sharpness at global.rhos)
                measures=measured("local.mean_local_sharpness local.mean_local_sharpness_se",
                                  {"local.gap": "local_gap"}),
+               # the adaptive (ASAM-ball) S_rho at each radius, beside S_rho's (the summary's): claims' name for it
+               indexed=(Indexed("adaptive.sharpness", "adaptive.rhos", "adaptive S_rho({:g})"),),
                # what each ascent was asked and did; F(w) and ||grad F|| (the loss pass's loss and grad_norm); the
                # local comparison's global S_rho at local_rho (S_rho(local_rho) where the radii include it)
                bookkeeping=keys(" ".join(f"{part}.{key}" for part in ("global", "adaptive", "local")

@@ -165,18 +165,34 @@ def loose_arrays(path: Path) -> list[tuple[int, Path]]:
             if not npz.with_suffix(".json").is_file()]
 
 
+@dataclass(frozen=True)
+class Indexed:
+    """Numbers a result holds as a short array (``values``, a dotted key) beside the array of what each is at
+    (``at``): each a quantity of its own, named ``name`` with its ``at`` value formatted in (the adaptive S_rho
+    per radius: ``Indexed("adaptive.sharpness", "adaptive.rhos", "adaptive S_rho({:g})")``)."""
+
+    values: str
+    at: str
+    name: str
+
+
 class Measures(Protocol):
-    """What the table holds of each pass's results (the analysis declares it: ``PassSpec.measures``)."""
+    """What the table holds of each pass's results (the analysis declares it: ``PassSpec.measures`` and
+    ``PassSpec.indexed``)."""
 
     def measures(self, pass_name: str) -> Mapping[str, str] | None:
         """{key of the result (dotted) or of its summary: its name in the table} of the pass; None for a pass
         that declares none (every number of its result is then a quantity)."""
 
+    def indexed(self, pass_name: str) -> Sequence[Indexed]:
+        """The pass's numbers held as arrays, a quantity each (``Indexed``); () for none."""
 
-def quantities(rec: PassRecord, measures: Mapping[str, str] | None = None) -> dict[str, float]:
+
+def quantities(rec: PassRecord, measures: Mapping[str, str] | None = None,
+               indexed: Sequence[Indexed] = ()) -> dict[str, float]:
     """Quantity -> value of one result: its summary's numbers, by the name ``measures`` gives them or their own,
-    then the numbers of its result that ``measures`` names, under that name (a name once, the first value
-    found); with ``measures`` None, every number of its result by its dotted path."""
+    then the numbers of its result that ``measures`` names, under that name, then those ``indexed`` names (a
+    name once, the first value found); with ``measures`` None, every number of its result by its dotted path."""
     names = measures if measures is not None else {}
     found: dict[str, float] = {}
     for key, value in _numbers(rec.summary):
@@ -186,6 +202,12 @@ def quantities(rec: PassRecord, measures: Mapping[str, str] | None = None) -> di
             found.setdefault(key, value)
         elif key in measures:
             found.setdefault(measures[key], value)
+    for each in indexed:
+        values, at = rec.value(each.values, None), rec.value(each.at, None)
+        if values is None or at is None:
+            continue  # a result without them (the sharpness pass's adaptive = false)
+        for where, value in zip(np.atleast_1d(_restore(at)), np.atleast_1d(_restore(values))):
+            found.setdefault(each.name.format(float(where)), float(value))
     return found
 
 
@@ -229,8 +251,9 @@ def result_rows(run: str, records: Mapping[int, Sequence[PassRecord]],
         for rec in recs:
             settings = settings_columns(rec.name, rec.settings)
             declared = measures.measures(rec.name) if measures is not None else None
+            indexed = measures.indexed(rec.name) if measures is not None else ()
             rows += [{"run": run, "round": round_number, "pass": rec.name, "quantity": quantity, "value": value,
-                      **settings} for quantity, value in quantities(rec, declared).items()]
+                      **settings} for quantity, value in quantities(rec, declared, indexed).items()]
     return rows
 
 
