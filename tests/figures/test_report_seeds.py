@@ -189,6 +189,18 @@ def test_seeds_of_other_clients_keep_their_own_heatmaps(root, tmp_path):
     assert len(fig.data) == 3
     titles = [a.text for a in fig.layout.annotations]
     assert [t.split(",")[1] for t in titles] == [" seed 0", " seed 1", " seed 2"] and not any("n=" in t for t in titles)
+    # each panel's axes label client numbers at a step that keeps them apart (three panels: at most 13 each)
+    steps = {(axis.dtick, axis.tickmode) for axis in (fig.layout.xaxis, fig.layout.yaxis3)}
+    assert steps == {(report_plotly.client_tick_step(len(fig.data[0].x), 3), "linear")}
+
+
+def test_heatmap_axes_label_every_client_while_the_numbers_fit():
+    """1, 2, 5, 10, 20, 50, ...: the least step that labels at most 20 clients along a panel's axis with one or
+    two panels in a row (20 of 100 clients ran together at every 4th), 13 with three."""
+    assert [report_plotly.client_tick_step(n) for n in (1, 20, 21, 40, 41, 100, 101, 1000, 3500)] == \
+        [1, 1, 2, 2, 5, 5, 10, 50, 200]
+    assert report_plotly.client_tick_step(100, 2) == 5
+    assert [report_plotly.client_tick_step(n, 3) for n in (13, 14, 20, 100)] == [1, 2, 2, 10]
 
 
 def test_a_single_seed_report_draws_its_figures_as_before(single_page, root):

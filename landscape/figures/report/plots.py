@@ -398,6 +398,18 @@ def incompatibility_figure(runs: Sequence[RunData]) -> Any:
 
 PANEL_COLUMNS = 3  # panels of one run each side by side at most; more go on further rows
 ROW_GAP_PX = 140  # between rows of panels: the next row's titles (up to 5 lines) and this row's axis titles
+# client numbers labelled along a heatmap's axis at most, with one or two panels side by side: a panel is about
+# 300 px wide at a 900 px window, room for about 20 labels of up to three digits at the ticks' size (two thirds
+# of that with three panels)
+CLIENT_LABELS = 20
+
+
+def client_tick_step(clients: int, columns: int = 1) -> int:
+    """Every how many clients a heatmap's axis labels one: 1, 2, 5, 10, 20, 50, ... , the least that labels at
+    most ``CLIENT_LABELS`` in a row of ``columns`` panels (at 100 clients and two panels every 5th, where every
+    4th ran the numbers together)."""
+    most = CLIENT_LABELS * min(2, columns) // max(1, columns)
+    return next(m * 10**e for e in range(12) for m in (1, 2, 5) if clients <= most * m * 10**e)
 
 
 def _grid(panels: int, row_px: int) -> tuple[int, int, int, float]:
@@ -446,10 +458,11 @@ def cosine_figure(runs: Sequence[RunData]) -> Any:
     for k, (_, heatmap) in enumerate(panels):
         row, col = k // cols + 1, k % cols + 1
         fig.add_trace(heatmap, row=row, col=col)
-        fig.update_xaxes(type="category", title_text="client j", tickangle=0, tickfont={"size": 9},
+        ticks = {"tickmode": "linear", "tick0": 0, "dtick": client_tick_step(len(heatmap.x), cols)}
+        fig.update_xaxes(type="category", title_text="client j", tickangle=0, tickfont={"size": 9}, **ticks,
                          row=row, col=col)
         fig.update_yaxes(type="category", autorange="reversed", title_text="client i" if col == 1 else None,
-                         scaleanchor=f"x{k + 1 if k else ''}", constrain="domain", constraintoward="top",
+                         scaleanchor=f"x{k + 1 if k else ''}", constrain="domain", constraintoward="top", **ticks,
                          row=row, col=col)  # square cells, right under the panel's title
     fig.update_layout(coloraxis={"colorscale": "RdBu_r", "cmin": -1.0, "cmax": 1.0,
                                  "colorbar": {"title": {"text": "cos(∇F<sub>i</sub>, ∇F<sub>j</sub>)"},
