@@ -251,7 +251,8 @@ def result_rows(run: str, records: Mapping[int, Sequence[PassRecord]],
         for rec in recs:
             settings = settings_columns(rec.name, rec.settings)
             declared = measures.measures(rec.name) if measures is not None else None
-            indexed = measures.indexed(rec.name) if measures is not None else ()
+            # a Measures of its own that predates ``indexed`` tabulates no arrays
+            indexed = measures.indexed(rec.name) if hasattr(measures, "indexed") else ()
             rows += [{"run": run, "round": round_number, "pass": rec.name, "quantity": quantity, "value": value,
                       **settings} for quantity, value in quantities(rec, declared, indexed).items()]
     return rows
